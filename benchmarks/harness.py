@@ -1,0 +1,77 @@
+"""Shared helpers of the benchmarks: interleaved timing, Markdown tables, target verdicts.
+
+Every figure the suite reports comes from measurements taken side by side in
+one run: callables under comparison are timed in alternating order, round after
+round, so a slow phase of a noisy machine hits all of them alike, and a figure
+is the median of its rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+def interleaved(
+    candidates: Mapping[str, Callable[[], Any]], rounds: int, *, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per call of each candidate: ``warmup`` untimed rounds, then ``rounds`` timed ones.
+
+    The order of the candidates rotates from round to round. Results are dropped
+    and garbage collected outside the timed region.
+    """
+    names = list(candidates)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            gc.collect()
+            start = time.perf_counter()
+            result = candidates[name]()
+            elapsed = time.perf_counter() - start
+            del result
+            if r >= warmup:
+                times[name].append(elapsed)
+    gc.collect()
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (first column left-aligned, the rest right-aligned)."""
+    align = [":--"] + ["--:"] * (len(header) - 1)
+    lines = [header, align, *rows]
+    return "\n".join("| " + " | ".join(str(c) for c in line) + " |" for line in lines)
+
+
+@dataclasses.dataclass
+class Target:
+    """One promise of the project, the figure measured for it and whether it holds."""
+
+    name: str
+    measured: str
+    met: bool | None  # None: not measured in this run (the reason is in ``measured``)
+
+    def row(self) -> list[str]:
+        verdict = {True: "met", False: "**NOT met**", None: "not measured"}[self.met]
+        return [self.name, self.measured, verdict]
+
+
+@dataclasses.dataclass
+class Section:
+    """What one benchmark contributes to the report."""
+
+    title: str
+    body: str
+    targets: list[Target] = dataclasses.field(default_factory=list)

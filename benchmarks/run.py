@@ -1,0 +1,58 @@
+"""Run every benchmark and print one Markdown report: ``python benchmarks/run.py [--quick]``.
+
+Figures are ratios of measurements taken side by side in this run, never
+absolute times checked by a test; the last table says which of the project's
+targets this machine meets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+import bench_compare
+import bench_example
+import bench_io
+import bench_startup
+import torch
+from harness import table
+
+SECTIONS = {
+    "io": bench_io,
+    "compare": bench_compare,
+    "startup": bench_startup,
+    "example": bench_example,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few rounds (smoke)")
+    parser.add_argument(
+        "--only", choices=SECTIONS, action="append", help="run only these sections (repeatable)"
+    )
+    args = parser.parse_args()
+
+    start = time.perf_counter()
+    print(f"# pytest-rollout-golden benchmarks{' (--quick)' if args.quick else ''}\n")
+    print(
+        f"Python {platform.python_version()}, torch {torch.__version__}, {platform.machine()},"
+        f" {os.cpu_count()} CPUs, {platform.system()} {platform.release()}\n"
+    )
+    targets = []
+    for name in args.only or SECTIONS:
+        section = SECTIONS[name].run(args.quick)
+        print(f"## {section.title}\n\n{section.body}\n", flush=True)
+        targets += section.targets
+
+    print("## Targets\n")
+    print(table(["target", "measured", "verdict"], [t.row() for t in targets]))
+    print(f"\nTotal benchmark time: {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Turn a rollout batch into named arrays plus a JSON layout, and back, without pickle.
+
+A batch is any nesting of mappings, lists and tuples whose leaves are torch
+tensors, numpy arrays, numpy scalars, bytes or JSON scalars; TensorDicts and
+verl/ROLL ``DataProto``-like objects (``.batch``, ``.non_tensor_batch``,
+``.meta_info``) are recognised by shape, without importing those frameworks.
+Numeric arrays go to safetensors under a path-like key; everything else is
+described by the layout, a JSON tree in which a node is a JSON scalar, a list
+of nodes, or a tagged object ``{"t": ...}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import inspect
+import math
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import GoldenFormatError, UnsupportedValueError
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """A ``DataProto``-shaped batch, returned on replay when the original class is unavailable."""
+
+    batch: Any
+    non_tensor_batch: dict[str, Any]
+    meta_info: dict[str, Any]
+
+    def __len__(self) -> int:
+        for value in self.batch.values():
+            return int(value.shape[0])
+        for value in self.non_tensor_batch.values():
+            return len(value)
+        return 0
+
+
+def is_dataproto_like(value: Any) -> bool:
+    return not isinstance(value, Mapping) and all(
+        hasattr(value, attr) for attr in ("batch", "non_tensor_batch", "meta_info")
+    )
+
+
+def _is_tensordict_like(value: Any) -> bool:
+    module = type(value).__module__ or ""
+    return module.split(".")[0] == "tensordict" and hasattr(value, "batch_size")
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_numpy(value: Any, kind: str) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray if kind == "array" else np.generic)
+
+
+def _where(path: list[str]) -> str:
+    return "".join(f"[{p!r}]" if not p.isdigit() else f"[{p}]" for p in path) or "<top>"
+
+
+def flatten(value: Any) -> tuple[dict[str, Any], Any]:
+    """Split ``value`` into ``(arrays, layout)``: named tensors/arrays and a JSON-able tree."""
+    arrays: dict[str, Any] = {}
+
+    def key_for(path: list[str]) -> str:
+        key = "/".join(path) or "value"
+        unique, n = key, 1
+        while unique in arrays:
+            unique, n = f"{key}#{n}", n + 1
+        return unique
+
+    def node(v: Any, path: list[str]) -> Any:
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else {"t": "float", "v": repr(v)}
+        if _is_torch_tensor(v):
+            if v.is_sparse or v.is_quantized or v.is_nested:
+                raise UnsupportedValueError(
+                    f"tensor at {_where(path)} is sparse, quantized or nested; "
+                    "store it dense (`.to_dense()`, `.dequantize()`) before recording"
+                )
+            key = key_for(path)
+            arrays[key] = v
+            return {"t": "torch", "k": key, "device": str(v.device)}
+        if _is_numpy(v, "array"):
+            if v.dtype.kind in "OUSV":
+                return {
+                    "t": "ndarray",
+                    "dtype": v.dtype.str,
+                    "shape": list(v.shape),
+                    "v": [node(x, [*path, str(i)]) for i, x in enumerate(v.reshape(-1).tolist())],
+                }
+            key = key_for(path)
+            arrays[key] = v
+            return {"t": "numpy", "k": key}
+        if _is_numpy(v, "scalar"):
+            return {"t": "npscalar", "dtype": v.dtype.str, "v": node(v.item(), path)}
+        if isinstance(v, bytes):
+            return {"t": "bytes", "v": base64.b64encode(v).decode("ascii")}
+        if _is_tensordict_like(v):
+            return {
+                "t": "tensordict",
+                "batch_size": list(v.batch_size),
+                "items": _items(v.items(), path, node),
+            }
+        if is_dataproto_like(v):
+            cls = type(v)
+            return {
+                "t": "dataproto",
+                "cls": f"{cls.__module__}:{cls.__qualname__}",
+                "batch": node(v.batch, [*path, "batch"]) if v.batch is not None else None,
+                "non_tensor_batch": node(dict(v.non_tensor_batch), [*path, "non_tensor_batch"]),
+                "meta_info": node(dict(v.meta_info), [*path, "meta_info"]),
+            }
+        if isinstance(v, Mapping):
+            return {"t": "dict", "items": _items(v.items(), path, node)}
+        if isinstance(v, list):
+            return [node(x, [*path, str(i)]) for i, x in enumerate(v)]
+        if isinstance(v, tuple):
+            return {"t": "tuple", "v": [node(x, [*path, str(i)]) for i, x in enumerate(v)]}
+        raise UnsupportedValueError(
+            f"value at {_where(path)} has type {type(v).__module__}.{type(v).__qualname__}, "
+            "which cannot be stored without pickle; convert it to a torch tensor, a numpy "
+            "array or a JSON-able value (str, int, float, bool, None, list, dict) before recording"
+        )
+
+    return arrays, node(value, [])
+
+
+def _items(pairs: Any, path: list[str], node: Callable[[Any, list[str]], Any]) -> list[Any]:
+    out = []
+    for k, v in pairs:
+        if isinstance(k, bool) or not isinstance(k, (str, int)):
+            raise UnsupportedValueError(
+                f"mapping key {k!r} at {_where(path)} is a {type(k).__name__}; "
+                "only str and int keys can be recorded"
+            )
+        out.append([k, node(v, [*path, str(k)])])
+    return out
+
+
+def unflatten(
+    arrays: Mapping[str, Any], layout: Any, *, rebuild: Callable[..., Any] | None = None
+) -> Any:
+    """Rebuild the value described by ``layout`` from ``arrays`` (inverse of :func:`flatten`)."""
+
+    def node(n: Any) -> Any:
+        if n is None or isinstance(n, (bool, int, float, str)):
+            return n
+        if isinstance(n, list):
+            return [node(x) for x in n]
+        if not isinstance(n, dict) or "t" not in n:
+            raise GoldenFormatError(f"unknown layout node {str(n)[:80]!r}")
+        tag = n["t"]
+        if tag == "float":
+            return float(n["v"])
+        if tag == "torch":
+            return _to_device(arrays[n["k"]], n.get("device", "cpu"))
+        if tag == "numpy":
+            return arrays[n["k"]]
+        if tag == "ndarray":
+            import numpy as np
+
+            out = np.empty(len(n["v"]), dtype=np.dtype(n["dtype"]))
+            for i, x in enumerate(n["v"]):
+                out[i] = node(x)
+            return out.reshape(n["shape"])
+        if tag == "npscalar":
+            import numpy as np
+
+            return np.array(node(n["v"]), dtype=np.dtype(n["dtype"]))[()]
+        if tag == "bytes":
+            return base64.b64decode(n["v"])
+        if tag == "tuple":
+            return tuple(node(x) for x in n["v"])
+        if tag == "dict":
+            return {k: node(v) for k, v in n["items"]}
+        if tag == "tensordict":
+            items = {k: node(v) for k, v in n["items"]}
+            td = sys.modules.get("tensordict")
+            return td.TensorDict(items, batch_size=n["batch_size"]) if td else items
+        if tag == "dataproto":
+            parts = {p: node(n[p]) for p in ("batch", "non_tensor_batch", "meta_info")}
+            factory = rebuild or _already_imported_class(n["cls"]) or RolloutBatch
+            return factory(**parts)
+        raise GoldenFormatError(f"unknown layout tag {tag!r}")
+
+    try:
+        return node(layout)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GoldenFormatError(f"layout does not match the stored arrays ({exc!r})") from exc
+
+
+def _to_device(tensor: Any, device: str) -> Any:
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = device.partition(":")[2]
+            if index and int(index) >= torch.cuda.device_count():
+                device = "cuda"
+            return tensor.to(device)
+    return tensor
+
+
+def _already_imported_class(spec: str) -> Callable[..., Any] | None:
+    """The recorded DataProto class, if the test process already imported it.
+
+    Nothing is imported on behalf of a golden file, and only a class whose
+    constructor takes ``batch``, ``non_tensor_batch`` and ``meta_info`` is used,
+    so a crafted layout cannot make us call an arbitrary callable.
+    """
+    module_name, _, qualname = spec.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split(".") if obj is not None else []:
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, type):
+        return None
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return None
+    if not {"batch", "non_tensor_batch", "meta_info"} <= params.keys():
+        return None
+    return obj

@@ -1,0 +1,190 @@
+"""The one comparison routine: a recorded value against a replayed one, under a tolerance.
+
+Scalars and tensors take the same path (scalars are 0-d tensors). Bit-equal
+inputs return after a single pass; only a real mismatch pays for the
+element-wise analysis, whose message follows torch.testing's: mismatched
+elements k / n (p%), greatest absolute and relative difference and their index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .tolerance import Tolerance
+
+PASS, FAIL, MISSING, NEW, UPDATED = "pass", "fail", "missing", "new", "updated"
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The verdict on one metric or tensor at one step, with everything a report needs."""
+
+    name: str
+    step: int
+    verdict: str
+    kind: str = "metric"
+    rank: int | None = None
+    micro: int | None = None
+    expected: Any = None
+    actual: Any = None
+    abs_diff: float | None = None
+    rel_diff: float | None = None
+    tolerance: Tolerance | None = None
+    tolerance_source: str = ""
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in (FAIL, MISSING)
+
+    @property
+    def where(self) -> str:
+        parts = [f"step {self.step}"]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.micro is not None:
+            parts.append(f"micro {self.micro}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance else None
+        for key in ("expected", "actual", "abs_diff", "rel_diff"):
+            out[key] = json_number(out[key])
+        return out
+
+
+def json_number(value: Any) -> Any:
+    """Strict-JSON form of a float: non-finite values become "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+@dataclasses.dataclass
+class Difference:
+    """Outcome of :func:`compare_values`."""
+
+    ok: bool
+    abs_diff: float
+    rel_diff: float
+    detail: str = ""
+
+
+def _as_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (bool, int, float)):
+        return torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else None)
+    return torch.as_tensor(value)
+
+
+def _work_dtype(a: Any, b: Any) -> Any:
+    import torch
+
+    if a.is_complex() or b.is_complex():
+        return torch.complex128
+    if torch.float64 in (a.dtype, b.dtype) or not (a.is_floating_point() and b.is_floating_point()):
+        return torch.float64
+    return torch.float32
+
+
+def _bit_equal_elements(e: Any, a: Any) -> Any:
+    import torch
+
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    if e.is_complex():
+        e, a = torch.view_as_real(e), torch.view_as_real(a)
+        return _bit_equal_elements(e, a).all(dim=-1)
+    if e.dtype == torch.bool:
+        return e == a
+    view = ints[e.element_size()]
+    return e.contiguous().view(view) == a.contiguous().view(view)
+
+
+def _bits(t: Any) -> Any:
+    import torch
+
+    t = t.contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.element_size() else t
+
+
+def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: bool) -> Difference:
+    """Compare ``actual`` with ``expected`` (tensors, arrays or numbers) under ``tol``."""
+    import torch
+
+    e, a = _as_tensor(expected), _as_tensor(actual)
+    if a.device != e.device:
+        a = a.to(e.device)
+    if e.shape != a.shape:
+        return Difference(False, math.nan, math.nan,
+                          f"shape {tuple(a.shape)} differs from the recorded {tuple(e.shape)}")
+    if check_dtype and e.dtype != a.dtype:
+        return Difference(False, math.nan, math.nan,
+                          f"dtype {a.dtype} differs from the recorded {e.dtype}")
+    if tol.exact and e.dtype == a.dtype and torch.equal(_bits(e), _bits(a)):
+        return Difference(True, 0.0, 0.0)
+    if not tol.exact and e.dtype == a.dtype and torch.equal(e, a):
+        return Difference(True, 0.0, 0.0)
+    if e.numel() == 0:
+        return Difference(True, 0.0, 0.0)
+
+    same_bits = _bit_equal_elements(e, a) if tol.exact and e.dtype == a.dtype else None
+    dtype = _work_dtype(e, a)
+    e, a = e.to(dtype), a.to(dtype)
+    diff = (a - e).abs()
+    both_nan = e.isnan() & a.isnan()
+    if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0 and NaN payloads
+        ok = same_bits
+    else:
+        allowed = 0.0 if tol.exact else tol.atol + tol.rtol * e.abs()
+        ok = (a == e) | (diff <= allowed)
+        if tol.equal_nan or tol.exact:
+            ok |= both_nan
+    diff = torch.where(both_nan | (a == e), torch.zeros_like(diff), diff)
+    rel = diff / e.abs()
+    rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
+    bad = ~ok
+    n_bad, n = int(bad.sum()), e.numel()
+    abs_max, abs_idx = _greatest(diff)
+    rel_max, rel_idx = _greatest(rel)
+    if n_bad == 0:
+        return Difference(True, abs_max, rel_max)
+    if e.dim() == 0:
+        return Difference(False, abs_max, rel_max, "")
+    lines = [f"Mismatched elements: {n_bad} / {n} ({100.0 * n_bad / n:.1f}%)"]
+    nan_vs_value = int((e.isnan() ^ a.isnan()).sum())
+    if nan_vs_value:
+        first = tuple(int(i) for i in torch.nonzero(e.isnan() ^ a.isnan())[0].tolist())
+        lines.append(f"NaN against a number at {nan_vs_value} element(s), first at index {first}")
+    nan_vs_nan = int((both_nan & bad).sum())
+    if nan_vs_nan:
+        lines.append(f"NaN against NaN at {nan_vs_nan} element(s) (equal_nan is off)")
+    allowed_abs = "0 (bit-exact)" if tol.exact else f"{tol.atol:.3g}"
+    allowed_rel = "0 (bit-exact)" if tol.exact else f"{tol.rtol:.3g}"
+    lines.append(f"Greatest absolute difference: {abs_max:.6g} at index "
+                 f"{_index(abs_idx, e.shape)} (up to {allowed_abs} allowed)")
+    lines.append(f"Greatest relative difference: {rel_max:.6g} at index "
+                 f"{_index(rel_idx, e.shape)} (up to {allowed_rel} allowed)")
+    return Difference(False, abs_max, rel_max, "\n".join(lines))
+
+
+def _greatest(values: Any) -> tuple[float, int]:
+    flat = values.reshape(-1)
+    if flat.numel() == 0:
+        return 0.0, 0
+    ranked = flat.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # NaN mismatches are reported on their own line
+    value, index = ranked.max(dim=0)
+    return (float(value) if value > -math.inf else math.nan), int(index)
+
+
+def _index(flat: int, shape: Any) -> tuple[int, ...]:
+    out = []
+    for size in reversed(tuple(shape)):
+        out.append(flat % size)
+        flat //= size
+    return tuple(reversed(out))

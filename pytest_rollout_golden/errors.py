@@ -1,0 +1,28 @@
+"""Exceptions raised by pytest-rollout-golden.
+
+Every message names the file, key or step involved and says what to do next.
+"""
+
+from __future__ import annotations
+
+REMEDY_UPDATE = "run `pytest --update-golden` locally and commit the golden/ directory"
+
+
+class GoldenError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class GoldenFormatError(GoldenError):
+    """A golden file is corrupted, truncated, foreign (e.g. a pickle) or of an unknown schema."""
+
+
+class GoldenMissingError(GoldenError):
+    """A golden, step, batch or metric was asked for in a mode that never records."""
+
+
+class UnsupportedValueError(GoldenError, TypeError):
+    """A value handed to the recorder cannot be stored without pickle."""
+
+
+class GoldenMismatch(AssertionError):
+    """Replayed values drifted beyond their tolerances; the message lists every mismatch."""

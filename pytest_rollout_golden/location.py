@@ -1,0 +1,59 @@
+"""Where a test's golden lives: ``<golden root>/<test file without .py>/<test name>/``.
+
+Names are made filesystem-safe; a name that had to change gets a short hash of
+the original appended, so two names never collapse into one directory and no
+name can climb out of the golden root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+_DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.=\[\]-]")
+_FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+_MAX = 100
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.blake2s(text.encode(), digest_size=4).hexdigest()
+
+
+def safe_name(name: str, *, strict: bool = False) -> str:
+    """``name`` as one path component; ``strict`` allows only ``[A-Za-z0-9_]``."""
+    safe = (_FILE_UNSAFE if strict else _DIR_UNSAFE).sub("_", name)
+    if safe.startswith("."):
+        safe = "_" + safe[1:]
+    if safe != name or len(safe) > _MAX or not safe:
+        safe = f"{safe[:_MAX]}~{_short_hash(name)}"
+    return safe
+
+
+def golden_dir(
+    root: Path, rootdir: Path, test_path: Path, test_name: str, *, key: str | None = None
+) -> Path:
+    """The golden directory of test ``test_name`` (``Class::test[id]``) in ``test_path``.
+
+    ``key`` replaces the test name so that several tests of one file share a golden.
+    """
+    try:
+        rel = Path(os.path.relpath(test_path.with_suffix(""), rootdir))
+    except ValueError:  # another drive on Windows
+        rel = Path("_external", *test_path.with_suffix("").parts[1:])
+    if rel.parts and rel.parts[0] == "..":
+        rel = Path("_external", *Path(test_path.with_suffix("")).resolve().parts[1:])
+    parts = [safe_name(p) for p in rel.parts]
+    names = [key] if key is not None else test_name.split("::")
+    return root.joinpath(*parts, *(safe_name(n) for n in names))
+
+
+def owning_test_file(root: Path, rootdir: Path, directory: Path) -> Path | None:
+    """The test file a golden directory belongs to (inverse of :func:`golden_dir`), if any."""
+    rel = directory.relative_to(root)
+    for i in range(len(rel.parts) - 1, 0, -1):
+        candidate = rootdir.joinpath(*rel.parts[:i]).with_suffix(".py")
+        if candidate.is_file():
+            return candidate
+    return None

@@ -1,0 +1,95 @@
+"""Metric values in ``metrics.json``: readable in a PR diff, exact on a round trip.
+
+A Python float is written as a bare JSON number (``repr`` round-trips every
+float64 exactly); a Python int or bool as itself. Anything with another dtype
+or a shape keeps both: ``{"dtype": "float32", "value": 0.25}`` or
+``{"dtype": "float32", "shape": [2], "values": [0.25, 0.5]}``. Every value of
+float16/bfloat16/float32 is exactly representable as a float64, so nothing is
+lost. NaN and infinities are the strings ``"nan"``, ``"inf"`` and ``"-inf"``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+from .errors import UnsupportedValueError
+
+_SPECIAL = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _number(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _unnumber(x: Any) -> Any:
+    return _SPECIAL[x] if isinstance(x, str) else x
+
+
+def encode(value: Any, *, where: str) -> Any:
+    """JSON node of one metric value (Python number, numpy scalar/array, tensor)."""
+    if isinstance(value, bool) or isinstance(value, int) and -(2**63) <= value < 2**63:
+        return value
+    if isinstance(value, float):
+        return _number(value)
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.is_complex() or t.device.type == "meta":
+            raise UnsupportedValueError(f"{where}: a {t.dtype} tensor on {t.device} is not a metric")
+        dtype, shape = str(t.dtype).removeprefix("torch."), list(t.shape)
+        flat = t.to("cpu").reshape(-1)
+        values = (flat.double() if flat.is_floating_point() else flat).tolist()
+    elif np is not None and isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.kind not in "biuf":
+            raise UnsupportedValueError(f"{where}: numpy dtype {value.dtype} is not a metric")
+        dtype, shape = value.dtype.name, list(np.shape(value))
+        values = np.asarray(value).reshape(-1).tolist()
+    else:
+        raise UnsupportedValueError(
+            f"{where}: a metric must be a number, a numpy scalar/array or a tensor, "
+            f"got {type(value).__name__}"
+        )
+    if not shape:
+        return {"dtype": dtype, "value": _number(values[0])}
+    return {"dtype": dtype, "shape": shape, "values": [_number(v) for v in values]}
+
+
+def decode(node: Any, *, where: str) -> Any:
+    """The metric as a torch tensor of its recorded dtype and shape (0-d for scalars)."""
+    import torch
+
+    try:
+        if isinstance(node, bool):
+            return torch.tensor(node)
+        if isinstance(node, int):
+            return torch.tensor(node, dtype=torch.int64)
+        if isinstance(node, (float, str)):
+            return torch.tensor(float(_unnumber(node)), dtype=torch.float64)
+        dtype = getattr(torch, node["dtype"])
+        via = torch.float64 if dtype.is_floating_point else dtype
+        if "value" in node:
+            return torch.tensor(_unnumber(node["value"]), dtype=via).to(dtype)
+        flat = torch.tensor([_unnumber(v) for v in node["values"]], dtype=via)
+        return flat.to(dtype).reshape(node["shape"])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise ValueError(f"{where}: unreadable metric value {str(node)[:80]!r} ({exc})") from None
+
+
+def dtype_name(node: Any) -> str:
+    """The dtype a node was recorded with (``float64`` for Python floats)."""
+    if isinstance(node, dict):
+        return str(node.get("dtype"))
+    if isinstance(node, bool):
+        return "bool"
+    return "int64" if isinstance(node, int) else "float64"
+
+
+def scalar(node: Any) -> Any:
+    """A readable scalar for messages and reports, or ``None`` for arrays."""
+    if isinstance(node, dict):
+        return _unnumber(node["value"]) if "value" in node else None
+    return _unnumber(node)

@@ -1,0 +1,346 @@
+"""pytest glue: options, the ``golden`` and ``deterministic`` fixtures, the summary.
+
+Loading this module imports neither torch nor numpy; they are imported when a
+golden is first read, written or compared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .errors import GoldenMismatch
+from .location import golden_dir
+from .replay import Golden, Mode
+from .report import summary_lines
+from .session import SessionState, UpdateRegistry
+from .tolerance import Layer, Resolver, builtin_layer, parse_spec
+
+_PLUGIN = pytest.StashKey["GoldenPlugin"]()
+_GOLDEN = pytest.StashKey[Golden]()
+_MARKER_LAYER = pytest.StashKey[Layer]()
+_DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
+_WORKER_OUTPUT = "rollout_golden"
+_MARKER_DOC = (
+    "golden(key=None, tolerances=None, exact=False, deterministic=True, seed=None, rebuild=None): "
+    "configure the golden of this test; key= makes several tests share one golden"
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rollout-golden", "golden rollout regression tests")
+    group.addoption("--update-golden", action="store_true",
+                    help="re-record every golden the selected tests touch (they pass)")
+    group.addoption("--golden-strict", action="store_true",
+                    help="never record; a missing golden, step or metric fails "
+                         "(on by default when the CI environment variable is truthy)")
+    group.addoption("--golden-dir", metavar="DIR",
+                    help="root directory of goldens, relative to rootdir (ini golden_dir)")
+    group.addoption("--golden-report", metavar="PATH",
+                    help="write every comparison and its verdict to a JSON file")
+    group.addoption("--golden-tolerance", action="append", default=[], metavar="SPEC",
+                    help="per-metric tolerance, e.g. grad_norm:rtol=3e-2,atol=1e-4 (repeatable)")
+    group.addoption("--golden-exact", action="store_true",
+                    help="demand bit equality for every metric and tensor")
+    group.addoption("--golden-prune", action="store_true",
+                    help="delete golden directories no test uses (only on a full run)")
+    group.addoption("--no-golden-deterministic", dest="golden_deterministic",
+                    action="store_false", default=None,
+                    help="do not apply deterministic settings around golden tests")
+    parser.addini("golden_dir", "root directory of goldens, relative to rootdir",
+                  default="golden")
+    parser.addini("golden_tolerances", "per-metric tolerances, one METRIC:rtol=R,atol=A per line",
+                  type="linelist", default=[])
+    parser.addini("golden_seed", "seed of the deterministic settings", default="0")
+    parser.addini("golden_deterministic", "apply deterministic settings around golden tests",
+                  type="bool", default=True)
+
+
+def _truthy_env(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _layer(source: str, specs: list[str]) -> Layer:
+    entries = {}
+    for spec in specs:
+        try:
+            name, tol = parse_spec(spec)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{source}: {exc}") from None
+        entries[name] = tol
+    return Layer(source, entries)
+
+
+class GoldenPlugin:
+    """Session-wide settings and state; one instance per pytest process."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        opt = config.option
+        if opt.update_golden and opt.golden_strict:
+            raise pytest.UsageError("--update-golden and --golden-strict exclude each other")
+        if opt.update_golden:
+            self.mode = Mode.UPDATE
+        elif opt.golden_strict or _truthy_env("CI"):
+            self.mode = Mode.STRICT
+        else:
+            self.mode = Mode.AUTO
+        self.rootdir = Path(config.rootpath)
+        self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
+        self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
+        self.ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
+        self.builtin = builtin_layer()
+        try:
+            self.seed = int(config.getini("golden_seed"))
+        except ValueError:
+            raise pytest.UsageError("ini golden_seed must be an integer") from None
+        self.deterministic = (opt.golden_deterministic if opt.golden_deterministic is not None
+                              else config.getini("golden_deterministic"))
+        workerinput = getattr(config, "workerinput", None)
+        self.is_worker = workerinput is not None
+        self.token = (workerinput or {}).get("rollout_golden_token") or uuid.uuid4().hex
+        self.registry = UpdateRegistry(self.token)
+        self.state = SessionState()
+        self.unused: list[Path] = []
+        self.pruned: list[Path] = []
+        self.prune_note = ""
+
+    # ------------------------------------------------------------------ per test
+
+    def marker_options(self, item: pytest.Item) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        for marker in reversed(list(item.iter_markers("golden"))):
+            if marker.args:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.golden takes keywords only")
+            options.update(marker.kwargs)
+        unknown = set(options) - {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
+        if unknown:
+            raise pytest.UsageError(
+                f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}")
+        return options
+
+    def directory_of(self, item: pytest.Item) -> Path:
+        options = self.marker_options(item)
+        name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
+        key = options.get("key")
+        return golden_dir(self.root, self.rootdir, Path(item.path), name,
+                          key=None if key is None else str(key))
+
+    def golden_for(self, item: pytest.Item) -> Golden:
+        options = self.marker_options(item)
+        marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
+        item.stash[_MARKER_LAYER] = marker_layer
+        exact = bool(options.get("exact")) or self.config.option.golden_exact
+        resolver = Resolver([marker_layer, self.cli_layer, self.ini_layer, self.builtin],
+                            exact=exact)
+        return Golden(self.directory_of(item), mode=self.mode, resolver=resolver,
+                      test_id=item.nodeid, rebuild=options.get("rebuild"),
+                      registry=self.registry)
+
+    def wants_determinism(self, item: pytest.Item) -> bool:
+        if "golden" not in getattr(item, "fixturenames", ()):
+            return False
+        return bool(self.marker_options(item).get("deterministic", self.deterministic))
+
+    def seed_of(self, item: pytest.Item) -> int:
+        return int(self.marker_options(item).get("seed", self.seed))
+
+    def finish(self, item: pytest.Item, *, error: bool) -> None:
+        golden = item.stash.get(_GOLDEN, None)
+        if golden is None:
+            return
+        del item.stash[_GOLDEN]
+        layer = item.stash.get(_MARKER_LAYER, None)
+        try:
+            golden.finish(error=error, tolerance_layers=[layer] if layer else [])
+        finally:
+            self.state.add_outcome(golden.outcome.to_json())
+
+    # ------------------------------------------------------------------ session end
+
+    def used_tolerances(self) -> set[str]:
+        return {f"{layer.source} {name!r}" for layer in (self.cli_layer, self.ini_layer)
+                for name in layer.used}
+
+    def unused_tolerances(self) -> list[str]:
+        names = [f"{layer.source} {name!r}" for layer in (self.cli_layer, self.ini_layer)
+                 for name in layer.entries]
+        return [n for n in names if n not in self.state.used_tolerances]
+
+    def close(self, session: pytest.Session) -> None:
+        self.state.used_tolerances |= self.used_tolerances()
+        self.unused = self.state.unused_dirs(self.root, self.rootdir)
+        if self.config.option.golden_prune and self.unused:
+            reason = self._not_full_run(session)
+            if reason:
+                self.prune_note = f"--golden-prune skipped: {reason}"
+            else:
+                for directory in self.unused:
+                    shutil.rmtree(directory)
+                    self.pruned.append(directory)
+        path = self.config.option.golden_report
+        if path:
+            document = self.state.report(mode=self.mode.value, unused=self.unused,
+                                         pruned=self.pruned)
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+        self.registry.remove()
+
+    def _not_full_run(self, session: pytest.Session) -> str:
+        if self.state.partial_files:
+            return "some tests were deselected or named individually"
+        if session.shouldstop or session.shouldfail:
+            return "the session stopped early"
+        if session.testsfailed:
+            return "tests failed"
+        return ""
+
+
+# ---------------------------------------------------------------------- hooks
+
+
+@pytest.hookimpl(tryfirst=True)  # before hypothesis' own plugin loads a profile
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER_DOC)
+    plugin = GoldenPlugin(config)
+    config.stash[_PLUGIN] = plugin
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(plugin), "rollout-golden-xdist")
+    if "hypothesis" in sys.modules or config.getoption("hypothesis_profile", None) in ("ci", "dev"):
+        from .profiles import register_profiles
+
+        register_profiles()
+
+
+
+class _XdistHooks:
+    def __init__(self, plugin: GoldenPlugin):
+        self.plugin = plugin
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["rollout_golden_token"] = self.plugin.token
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        output = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT)
+        if output:
+            self.plugin.state.merge_json(output)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    plugin = config.stash[_PLUGIN]
+    for arg in config.args:
+        if "::" in arg:
+            plugin.state.partial_files.add(str((Path(config.invocation_params.dir)
+                                                / arg.split("::")[0]).resolve()))
+    for item in items:
+        plugin.state.collected_files.add(str(Path(item.path)))
+        if "golden" in getattr(item, "fixturenames", ()):
+            plugin.state.expected_dirs.add(str(plugin.directory_of(item)))
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.config.stash[_PLUGIN].state.partial_files.add(str(Path(item.path)))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    plugin = item.config.stash[_PLUGIN]
+    if plugin.wants_determinism(item):
+        from .determinism import deterministic
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(deterministic(plugin.seed_of(item)))
+        item.stash[_DETERMINISM] = stack
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    plugin = item.config.stash[_PLUGIN]
+    try:
+        result = yield
+    except BaseException:
+        plugin.finish(item, error=True)
+        raise
+    plugin.finish(item, error=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        item.config.stash[_PLUGIN].finish(item, error=True)  # no-op once finished
+        stack = item.stash.get(_DETERMINISM, None)
+        if stack is not None:
+            stack.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if call.excinfo is not None and call.excinfo.errisinstance(GoldenMismatch):
+        report.longrepr = str(call.excinfo.value)
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    plugin = session.config.stash[_PLUGIN]
+    if plugin.is_worker:
+        plugin.state.used_tolerances |= plugin.used_tolerances()
+        session.config.workeroutput[_WORKER_OUTPUT] = plugin.state.to_json()  # type: ignore[attr-defined]
+    else:
+        plugin.close(session)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    plugin = terminalreporter.config.stash[_PLUGIN]
+    if plugin.is_worker:
+        return
+    lines = summary_lines(
+        plugin.state, unused=plugin.unused, pruned=plugin.pruned,
+        unused_tolerances=plugin.unused_tolerances(),
+        report_path=terminalreporter.config.option.golden_report, relative_to=plugin.rootdir)
+    if plugin.prune_note:
+        lines.append(plugin.prune_note)
+    if lines:
+        terminalreporter.write_sep("=", "rollout golden")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Golden:
+    """The golden of this test: ``rollout()``, ``check()``, ``check_tensors()``."""
+    golden = request.config.stash[_PLUGIN].golden_for(request.node)
+    request.node.stash[_GOLDEN] = golden
+    return golden
+
+
+@pytest.fixture(name="deterministic")
+def deterministic_fixture(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Deterministic settings for this test; yields the seed (see ``deterministic()``)."""
+    plugin = request.config.stash[_PLUGIN]
+    seed = plugin.seed_of(request.node)
+    if _DETERMINISM in request.node.stash:
+        yield seed
+        return
+    from .determinism import deterministic
+
+    with deterministic(seed):
+        yield seed

@@ -1,0 +1,498 @@
+"""The golden of one test: record what is missing, replay what is recorded, compare.
+
+:class:`Golden` works without pytest::
+
+    with Golden(Path("golden/my_case"), mode=Mode.AUTO) as golden:
+        batch = golden.rollout(generate, step=0)
+        golden.check({"pg_loss": loss}, step=0)
+
+Comparisons are collected while the test runs; :meth:`Golden.finish` commits
+new recordings as one atomic swap of the directory and raises
+:class:`~.errors.GoldenMismatch` listing every mismatch at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import metrics as metric_codec
+from . import store
+from .compare import FAIL, MISSING, NEW, PASS, UPDATED, Comparison, compare_values
+from .errors import REMEDY_UPDATE, GoldenError, GoldenMismatch, GoldenMissingError
+from .location import safe_name
+from .tolerance import Layer, Resolver, Tolerance, builtin_layer
+
+METRICS = "metrics.json"
+
+
+class Mode(enum.Enum):
+    """AUTO records what is missing; UPDATE re-records; STRICT never records."""
+
+    AUTO = "auto"
+    UPDATE = "update"
+    STRICT = "strict"
+
+
+class UpdateRegistry(Protocol):
+    """Which golden directories this session has re-recorded already (shared keys, xdist)."""
+
+    def contains(self, directory: Path) -> bool: ...
+
+    def add(self, directory: Path) -> None: ...
+
+
+class GoldenToleranceWarning(UserWarning):
+    """A tolerance was given for a metric name that never appeared."""
+
+
+@dataclass
+class Outcome:
+    """What happened to one golden during one test; the session summary is built from these."""
+
+    test: str
+    directory: str
+    status: str | None = None  # "replayed" | "recorded" | "updated" | "failed" | None (untouched)
+    comparisons: list[Comparison] = field(default_factory=list)
+    recorded: list[str] = field(default_factory=list)
+    environment_changes: list[str] = field(default_factory=list)
+    discarded: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "test": self.test,
+            "directory": self.directory,
+            "status": self.status,
+            "comparisons": [c.to_json() for c in self.comparisons],
+            "recorded": self.recorded,
+            "environment_changes": self.environment_changes,
+            "discarded": self.discarded,
+        }
+
+
+def _step_key(step: int) -> str:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    return str(step)
+
+
+class Golden:
+    """Record/replay/compare for one golden directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        mode: Mode = Mode.AUTO,
+        resolver: Resolver | None = None,
+        test_id: str = "",
+        rebuild: Callable[..., Any] | None = None,
+        registry: UpdateRegistry | None = None,
+    ):
+        self.directory = Path(directory)
+        self.mode = mode
+        self.test_id = test_id or str(directory)
+        self._resolver = resolver or Resolver([builtin_layer()])
+        self._rebuild = rebuild
+        self._registry = registry
+        self._outcome = Outcome(self.test_id, str(self.directory))
+        self._lock: Any = None
+        self._manifest: dict[str, Any] | None = None
+        self._old_metrics: dict[str, dict[str, Any]] | None = None
+        self._opened = False
+        self._tx: store.Transaction | None = None
+        self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
+        self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
+        self._touched: set[str] = set()
+        self._finished = False
+
+    # ------------------------------------------------------------------ opening
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        self._lock = store.locked(self.directory)
+        self._lock.__enter__()
+        self._opened = True
+        store.recover(self.directory)
+        self._manifest = store.read_manifest(self.directory)
+        if self._manifest is not None and self.mode is Mode.UPDATE and self._registry:
+            if self._registry.contains(self.directory):  # shared golden, re-recorded already
+                self.mode = Mode.AUTO
+        if self._manifest is not None and self.mode is not Mode.UPDATE:
+            from .determinism import fingerprint, fingerprint_changes
+
+            changes = fingerprint_changes(self._manifest.get("fingerprint"), fingerprint())
+            self._outcome.environment_changes = changes
+            if changes and self._resolver.exact:
+                self._resolver = Resolver(self._resolver.layers, exact=False)
+
+    @property
+    def _replaying(self) -> bool:
+        return self._manifest is not None and self.mode is not Mode.UPDATE
+
+    def _old_files(self) -> dict[str, Any]:
+        return self._manifest["files"] if self._manifest is not None else {}
+
+    def _transaction(self) -> store.Transaction:
+        if self._tx is None:
+            self._tx = store.Transaction(self.directory)
+        return self._tx
+
+    def _recorded_metrics(self) -> dict[str, dict[str, Any]]:
+        if self._old_metrics is None:
+            info = self._old_files().get(METRICS)
+            self._old_metrics = {}
+            if info is not None:
+                data = store.read_json(self.directory / METRICS, expect_digest=info["digest"])
+                if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
+                    raise store._fail(self.directory / METRICS, "is not a metrics file of ours")
+                self._old_metrics = data["steps"]
+        return self._old_metrics
+
+    def _missing(self, what: str, step: int, recorded: Iterable[int]) -> GoldenMissingError:
+        steps = sorted(set(recorded))
+        listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
+        return GoldenMissingError(
+            f"{what} at step {step} is not in the golden {self.directory} ({listing}). "
+            f"Recording is off (--golden-strict or CI); {REMEDY_UPDATE}."
+        )
+
+    # ------------------------------------------------------------------ public API
+
+    def rollout(self, generate: Callable[[], Any], *, step: int = 0, name: str = "rollout") -> Any:
+        """The rollout batch ``name`` at ``step``: replayed if recorded, else ``generate()``'d and recorded.
+
+        Replay never calls ``generate``; it returns the same structure, dtypes,
+        shapes and bit-identical values that were recorded.
+        """
+        key = _step_key(step)
+        self._open()
+        filename = f"rollout-{safe_name(name, strict=True)}-step{int(key):06d}.safetensors"
+        self._touched.add(filename)
+        if self._tx is not None and filename in self._tx.files:
+            return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
+        info = self._old_files().get(filename)
+        if info is not None and self._replaying:
+            return store.load_batch(
+                self.directory / filename, rebuild=self._rebuild, expect_digest=info["digest"]
+            )
+        if self.mode is Mode.STRICT:
+            recorded = [i["step"] for i in self._old_files().values()
+                        if i.get("kind") == "rollout" and i.get("name") == name]
+            raise self._missing(f"rollout {name!r}", step, recorded)
+        batch = generate()
+        self._transaction().write_batch(filename, batch, kind="rollout", name=name, step=step)
+        self._outcome.recorded.append(f"rollout {name!r} step {step}")
+        return batch
+
+    def check(
+        self,
+        metrics: Mapping[str, Any],
+        *,
+        step: int = 0,
+        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | None = None,
+    ) -> list[Comparison]:
+        """Record or compare ``metrics`` (name -> number, numpy value or tensor) at ``step``.
+
+        Mismatches do not raise here: every one of them is reported together
+        when the test ends.
+        """
+        key = _step_key(step)
+        self._open()
+        resolver, layer = self._resolver, None
+        if tolerances:
+            layer = Layer("golden.check(tolerances=)", tolerances)
+            resolver = resolver.with_layer(layer)
+        seen = self._metrics.setdefault(key, {})
+        recorded = self._recorded_metrics().get(key, {}) if self._manifest is not None else {}
+        results = []
+        for name, value in metrics.items():
+            where = f"metric {name!r} at step {step}"
+            if name in seen:
+                raise ValueError(f"{where} was already checked in this test")
+            node = metric_codec.encode(value, where=where)
+            seen[name] = node
+            old = recorded.get(name)
+            if old is None:
+                if self.mode is Mode.STRICT:
+                    results.append(Comparison(
+                        name, step, MISSING, actual=metric_codec.scalar(node),
+                        detail=f"never recorded; {REMEDY_UPDATE}"))
+                else:
+                    results.append(Comparison(name, step, NEW, actual=metric_codec.scalar(node)))
+                continue
+            results.append(self._compare_metric(name, step, old, node, resolver))
+        if layer is not None:
+            self._warn_unused(layer)
+        self._outcome.comparisons.extend(results)
+        return results
+
+    def check_tensors(
+        self,
+        name: str,
+        tensors: Mapping[str, Any],
+        *,
+        step: int = 0,
+        rank: int | None = None,
+        micro: int | None = None,
+    ) -> list[Comparison]:
+        """Record or compare forward data (log_probs, entropy, ...) of one rank and micro-batch."""
+        key = _step_key(step)
+        self._open()
+        if not isinstance(tensors, Mapping) or not tensors:
+            raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
+        filename = f"tensors-{safe_name(name, strict=True)}-step{int(key):06d}"
+        filename += "" if rank is None else f"-rank{int(rank)}"
+        filename += "" if micro is None else f"-micro{int(micro)}"
+        filename += ".safetensors"
+        if filename in self._tensor_files:
+            raise ValueError(
+                f"check_tensors({name!r}) at step {step}, rank {rank}, micro {micro} was already "
+                "called in this test"
+            )
+        info = {"kind": "tensors", "name": name, "step": step, "rank": rank, "micro": micro}
+        self._tensor_files[filename] = info
+        self._touched.add(filename)
+        old_info = self._old_files().get(filename)
+        old = {}
+        if old_info is not None and (self._replaying or self.mode is Mode.UPDATE):
+            old = store.load_batch(self.directory / filename, expect_digest=old_info["digest"])
+        merged: dict[str, Any] = {}
+        results = []
+        for tensor_name, value in tensors.items():
+            label = f"{name}/{tensor_name}"
+            if tensor_name not in old:
+                verdict = MISSING if self.mode is Mode.STRICT else NEW
+                detail = f"never recorded; {REMEDY_UPDATE}" if verdict == MISSING else ""
+                results.append(Comparison(label, step, verdict, kind="tensor", rank=rank,
+                                          micro=micro, detail=detail))
+                merged[tensor_name] = value
+                continue
+            dtypes = (_dtype_name(old[tensor_name]), _dtype_name(value))
+            tol, source = self._resolver.resolve(label, dtypes)
+            diff = compare_values(old[tensor_name], value, tol, check_dtype=True)
+            verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
+            results.append(Comparison(
+                label, step, verdict, kind="tensor", rank=rank, micro=micro,
+                expected=_summary(old[tensor_name]), actual=_summary(value),
+                abs_diff=diff.abs_diff, rel_diff=diff.rel_diff, tolerance=tol,
+                tolerance_source=source, detail=diff.detail))
+            merged[tensor_name] = value if self.mode is Mode.UPDATE else old[tensor_name]
+        for tensor_name in old.keys() - tensors.keys():
+            if self.mode is not Mode.UPDATE:
+                results.append(Comparison(
+                    f"{name}/{tensor_name}", step, MISSING, kind="tensor", rank=rank, micro=micro,
+                    detail="recorded but not passed to check_tensors in this run"))
+        if self.mode is Mode.UPDATE or any(c.verdict == NEW for c in results):
+            self._transaction().write_batch(filename, merged, **info)
+            self._outcome.recorded.append(f"tensors {name!r} ({', '.join(_where(step, rank, micro))})")
+        self._outcome.comparisons.extend(results)
+        return results
+
+    # ------------------------------------------------------------------ comparing
+
+    def _compare_metric(self, name: str, step: int, old: Any, node: Any, resolver: Resolver
+                        ) -> Comparison:
+        where = f"metric {name!r} at step {step}"
+        expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
+        tol, source = resolver.resolve(name, (metric_codec.dtype_name(old),
+                                              metric_codec.dtype_name(node)))
+        diff = compare_values(expected, actual, tol, check_dtype=False)
+        verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
+        return Comparison(
+            name, step, verdict, expected=metric_codec.scalar(old) if expected.dim() == 0 else
+            _summary(expected), actual=metric_codec.scalar(node) if actual.dim() == 0 else
+            _summary(actual), abs_diff=diff.abs_diff, rel_diff=diff.rel_diff, tolerance=tol,
+            tolerance_source=source, detail=diff.detail if diff.ok is False else "")
+
+    def _warn_unused(self, layer: Layer) -> None:
+        for name in layer.unused():
+            warnings.warn(GoldenToleranceWarning(
+                f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
+                "but no metric or tensor of that name was checked"), stacklevel=3)
+
+    # ------------------------------------------------------------------ finishing
+
+    def finish(self, *, error: bool = False, tolerance_layers: Iterable[Layer] = ()) -> Outcome:
+        """Commit new recordings and report; raise GoldenMismatch if anything drifted.
+
+        With ``error`` (the test itself raised) nothing is written and nothing is raised.
+        """
+        if self._finished:
+            return self._outcome
+        self._finished = True
+        try:
+            if not self._opened:
+                return self._outcome
+            if error:
+                self._discard()
+                return self._outcome
+            if self._replaying:
+                self._outcome.comparisons.extend(self._unchecked())
+            for layer in tolerance_layers:
+                self._warn_unused(layer)
+            failures = [c for c in self._outcome.comparisons if c.failed]
+            if failures:
+                self._outcome.status = "failed"
+                self._discard()
+                raise GoldenMismatch(self.failure_message(failures))
+            if self._needs_write():
+                self._commit()
+                self._outcome.status = "updated" if self.mode is Mode.UPDATE and (
+                    self._manifest is not None) else "recorded"
+            elif self._outcome.comparisons or self._touched:
+                self._outcome.status = "replayed"
+            return self._outcome
+        finally:
+            self._release()
+
+    def _needs_write(self) -> bool:
+        if self._tx is not None:
+            return True
+        if self.mode is Mode.UPDATE:
+            return bool(self._metrics)
+        return any(c.verdict == NEW for c in self._outcome.comparisons)
+
+    def _unchecked(self) -> list[Comparison]:
+        seen = {(step, name) for step, names in self._metrics.items() for name in names}
+        out = []
+        for step, names in self._recorded_metrics().items():
+            for name in names:
+                if (step, name) not in seen:
+                    out.append(Comparison(
+                        name, int(step), MISSING, expected=metric_codec.scalar(names[name]),
+                        detail="recorded but not checked in this run"))
+        for filename, info in self._old_files().items():
+            if info.get("kind") == "tensors" and filename not in self._touched:
+                out.append(Comparison(
+                    info["name"], info["step"], MISSING, kind="tensor", rank=info.get("rank"),
+                    micro=info.get("micro"), detail="recorded but check_tensors was not called"))
+        return out
+
+    def _commit(self) -> None:
+        from .determinism import fingerprint
+
+        tx = self._transaction()
+        steps: dict[str, dict[str, Any]] = {}
+        if self.mode is not Mode.UPDATE:
+            for step, names in self._recorded_metrics().items():
+                steps[step] = dict(names)
+        for step, names in self._metrics.items():
+            target = steps.setdefault(step, {})
+            for name, node in names.items():
+                if self.mode is Mode.UPDATE or name not in target:
+                    target[name] = node
+        for filename, info in self._old_files().items():
+            if filename in tx.files or filename == METRICS:
+                continue
+            if self.mode is Mode.UPDATE and filename not in self._touched:
+                continue
+            tx.keep(filename, info)
+        if steps:
+            ordered = {k: steps[k] for k in sorted(steps, key=int)}
+            tx.write_json(METRICS, {"steps": ordered}, kind="metrics")
+        new_env = self.mode is Mode.UPDATE or self._manifest is None
+        env = fingerprint() if new_env else self._manifest.get("fingerprint")
+        tx.commit({"test": self.test_id, "fingerprint": env})
+        self._tx = None
+        if self.mode is Mode.UPDATE and self._registry is not None:
+            self._registry.add(self.directory)
+        new = [c for c in self._outcome.comparisons if c.verdict == NEW]
+        self._outcome.recorded.extend(f"{c.name} step {c.step}" for c in new if c.kind == "metric")
+
+    def _discard(self) -> None:
+        if self._tx is not None:
+            self._outcome.discarded = bool(self._tx.files) or self._outcome.discarded
+            self._tx.abort()
+            self._tx = None
+        if any(c.verdict == NEW for c in self._outcome.comparisons):
+            self._outcome.discarded = True
+
+    def _release(self) -> None:
+        if self._tx is not None:
+            self._tx.abort()
+            self._tx = None
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+
+    def failure_message(self, failures: list[Comparison]) -> str:
+        """The text of a GoldenMismatch: one table of scalar rows, then tensor details."""
+        total = len(self._outcome.comparisons)
+        lines = [f"golden mismatch: {len(failures)} of {total} checks failed "
+                 f"(golden {self.directory})"]
+        rows = [c for c in failures if c.verdict == FAIL and not c.detail]
+        if rows:
+            table = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
+            for c in rows:
+                table.append((c.name, c.where.removeprefix("step "), _fmt(c.expected),
+                              _fmt(c.actual), _fmt(c.abs_diff, 2), _fmt(c.rel_diff, 2),
+                              _allowed(c)))
+            widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+            lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
+                      for r in table]
+        for c in failures:
+            if c.verdict == FAIL and c.detail:
+                lines.append(f"{c.kind} {c.name!r} ({c.where}), allowed {_allowed(c)}:")
+                lines += ["    " + d for d in c.detail.splitlines()]
+        for c in failures:
+            if c.verdict == MISSING:
+                lines.append(f"{c.kind} {c.name!r} ({c.where}): {c.detail}")
+        if self._outcome.environment_changes:
+            lines.append("note: replayed under another environment than recorded: "
+                         + "; ".join(self._outcome.environment_changes))
+        lines.append("If the new values are right, run `pytest --update-golden` and commit golden/.")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> Golden:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(error=exc_type is not None)
+
+    @property
+    def outcome(self) -> Outcome:
+        return self._outcome
+
+
+def _where(step: int, rank: int | None, micro: int | None) -> list[str]:
+    parts = [f"step {step}"]
+    if rank is not None:
+        parts.append(f"rank {rank}")
+    if micro is not None:
+        parts.append(f"micro {micro}")
+    return parts
+
+
+def _dtype_name(value: Any) -> str:
+    dtype = getattr(value, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "float64"
+
+
+def _summary(value: Any) -> dict[str, Any]:
+    return {"shape": list(getattr(value, "shape", ())), "dtype": _dtype_name(value)}
+
+
+def _fmt(value: Any, digits: int = 8) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return f"{value.get('dtype')}{value.get('shape')}"
+    if isinstance(value, float):
+        return repr(value) if not math.isfinite(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def _allowed(c: Comparison) -> str:
+    return c.tolerance.describe() if c.tolerance else "-"
+
+
+__all__ = ["Golden", "GoldenError", "GoldenToleranceWarning", "Mode", "Outcome"]

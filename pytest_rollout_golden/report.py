@@ -1,0 +1,88 @@
+"""The end-of-session terminal summary."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .session import SessionState
+
+_LIMIT = 20  # lines per section before "... and N more"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return f"{value:.8g}" if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return f"{value.get('dtype')}{value.get('shape')}"
+    return str(value)
+
+
+def _moved(c: dict[str, Any]) -> str:
+    where = f"step {c['step']}" + "".join(
+        f", {k} {c[k]}" for k in ("rank", "micro") if c.get(k) is not None)
+    label = f"{c['name']} ({where})"
+    if c["verdict"] == "new":
+        return f"{label}: new"
+    abs_diff, rel_diff = c.get("abs_diff"), c.get("rel_diff")
+    if abs_diff == 0:
+        return f"{label}: unchanged"
+    change = f"abs {_num(abs_diff)}, rel {_num(rel_diff)}"
+    if c["kind"] == "metric" and not isinstance(c.get("expected"), dict):
+        return f"{label}: {_num(c['expected'])} -> {_num(c['actual'])} ({change})"
+    return f"{label}: changed (greatest {change})"
+
+
+def _section(title: str, items: list[str]) -> list[str]:
+    if not items:
+        return []
+    shown = items[:_LIMIT]
+    more = [f"    ... and {len(items) - _LIMIT} more"] if len(items) > _LIMIT else []
+    return [title, *("    " + i for i in shown), *more]
+
+
+def summary_lines(
+    state: SessionState,
+    *,
+    unused: Iterable[Path],
+    pruned: Iterable[Path],
+    unused_tolerances: Iterable[str],
+    report_path: str | None,
+    relative_to: Path,
+) -> list[str]:
+    """Lines for the ``rollout golden`` section of pytest's terminal summary."""
+    def rel(p: Any) -> str:
+        try:
+            return str(Path(p).relative_to(relative_to))
+        except ValueError:
+            return str(p)
+
+    counts = state.counts()
+    unused, pruned = list(unused), list(pruned)
+    if not any(counts.values()) and not unused and not pruned:
+        return []
+    lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
+    for outcome in state.outcomes:
+        if outcome["status"] == "updated":
+            moved = [_moved(c) for c in outcome["comparisons"] if c["verdict"] in ("updated", "new")]
+            lines += _section(f"updated {outcome['test']} -> {rel(outcome['directory'])}:", moved)
+        elif outcome["status"] == "recorded":
+            lines += _section(f"recorded {outcome['test']} -> {rel(outcome['directory'])}:",
+                              outcome["recorded"])
+        if outcome.get("discarded"):
+            lines.append(f"not recorded (the test failed): new values of {outcome['test']}")
+    envs = [f"{o['test']}: {'; '.join(o['environment_changes'])}"
+            for o in state.outcomes if o.get("environment_changes")]
+    lines += _section("replayed under another environment than recorded "
+                      "(exact lane not applied):", envs)
+    lines += _section("unused golden directories (delete with --golden-prune on a full run):",
+                      [rel(p) for p in unused if p not in pruned])
+    lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
+    lines += _section("tolerances that matched no metric:", list(unused_tolerances))
+    if report_path:
+        lines.append(f"golden report written to {report_path}")
+    return lines

@@ -1,0 +1,118 @@
+"""What one pytest session did with goldens, mergeable across xdist workers.
+
+Workers serialize their :class:`SessionState` into ``workeroutput``; the
+controller merges them and alone writes the report, prints the summary and
+prunes unused goldens.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import location
+from .compare import json_number
+
+STATUSES = ("replayed", "recorded", "updated", "failed")
+
+
+class UpdateRegistry:
+    """Marks, shared by all workers of a session, of the goldens re-recorded so far."""
+
+    def __init__(self, token: str):
+        self.path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{token}"
+
+    def _mark(self, directory: Path) -> Path:
+        import hashlib
+
+        name = hashlib.blake2s(str(directory.resolve()).encode(), digest_size=8).hexdigest()
+        return self.path / name
+
+    def contains(self, directory: Path) -> bool:
+        return self._mark(directory).exists()
+
+    def add(self, directory: Path) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._mark(directory).touch()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclass
+class SessionState:
+    """Outcomes of every golden test plus what collection saw, for unused-golden detection."""
+
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    expected_dirs: set[str] = field(default_factory=set)
+    collected_files: set[str] = field(default_factory=set)
+    partial_files: set[str] = field(default_factory=set)
+    used_tolerances: set[str] = field(default_factory=set)
+
+    def add_outcome(self, outcome: dict[str, Any]) -> None:
+        if outcome.get("status") or outcome.get("comparisons"):
+            self.outcomes.append(outcome)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "outcomes": self.outcomes,
+            "expected_dirs": sorted(self.expected_dirs),
+            "collected_files": sorted(self.collected_files),
+            "partial_files": sorted(self.partial_files),
+            "used_tolerances": sorted(self.used_tolerances),
+        })
+
+    def merge_json(self, text: str) -> None:
+        data = json.loads(text)
+        self.outcomes.extend(data["outcomes"])
+        self.expected_dirs.update(data["expected_dirs"])
+        self.collected_files.update(data["collected_files"])
+        self.partial_files.update(data["partial_files"])
+        self.used_tolerances.update(data["used_tolerances"])
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        for outcome in self.outcomes:
+            if outcome["status"] in counts:
+                counts[outcome["status"]] += 1
+        return counts
+
+    def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:
+        """Golden directories no collected test uses, whose test file was wholly collected or is gone."""
+        if not root.is_dir():
+            return []
+        found = []
+        for manifest in sorted(root.rglob("manifest.json")):
+            directory = manifest.parent
+            if any(p.startswith(".") for p in directory.relative_to(root).parts):
+                continue
+            if str(directory) in self.expected_dirs:
+                continue
+            owner = location.owning_test_file(root, rootdir, directory)
+            if owner is None:
+                found.append(directory)
+            elif str(owner) in self.collected_files and str(owner) not in self.partial_files:
+                found.append(directory)
+        return found
+
+    def report(self, *, mode: str, unused: list[Path], pruned: list[Path]) -> dict[str, Any]:
+        """The ``--golden-report`` document: every comparison with its verdict."""
+        comparisons = []
+        for outcome in self.outcomes:
+            for c in outcome["comparisons"]:
+                comparisons.append({"test": outcome["test"], "golden": outcome["directory"], **c})
+        return {
+            "format": "pytest-rollout-golden-report",
+            "version": 1,
+            "mode": mode,
+            "summary": self.counts(),
+            "tests": [{k: json_number(v) if not isinstance(v, list) else v
+                       for k, v in o.items() if k != "comparisons"} for o in self.outcomes],
+            "comparisons": comparisons,
+            "unused": [str(p) for p in unused],
+            "pruned": [str(p) for p in pruned],
+        }

@@ -1,0 +1,467 @@
+"""On-disk format of goldens: safetensors and JSON with checksums, written atomically.
+
+Nothing here unpickles or executes anything read from disk.
+
+* A batch file is a standard safetensors file. Its ``__metadata__`` holds the
+  batch layout (see :mod:`.codec`) and an xxh3-128 digest of the canonical
+  header plus every data byte, so a batch file verifies itself.
+* Every write goes to a temporary file that is fsynced and renamed over the
+  target, so a reader sees the old file or the new one, never a mix.
+* A golden directory is replaced as a whole (see :class:`Transaction`): an
+  interrupted update leaves the previous golden intact and loadable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from . import codec
+from .errors import REMEDY_UPDATE, GoldenFormatError, UnsupportedValueError
+
+FORMAT = "pytest-rollout-golden"
+SCHEMA = 1
+MANIFEST = "manifest.json"
+_HEADER_LIMIT = 100_000_000
+
+# safetensors dtype code -> (torch dtype name, numpy dtype name or None, itemsize)
+DTYPES: dict[str, tuple[str, str | None, int]] = {
+    "F64": ("float64", "float64", 8),
+    "F32": ("float32", "float32", 4),
+    "F16": ("float16", "float16", 2),
+    "BF16": ("bfloat16", None, 2),
+    "F8_E4M3": ("float8_e4m3fn", None, 1),
+    "F8_E5M2": ("float8_e5m2", None, 1),
+    "C64": ("complex64", "complex64", 8),
+    "I64": ("int64", "int64", 8),
+    "I32": ("int32", "int32", 4),
+    "I16": ("int16", "int16", 2),
+    "I8": ("int8", "int8", 1),
+    "U64": ("uint64", "uint64", 8),
+    "U32": ("uint32", "uint32", 4),
+    "U16": ("uint16", "uint16", 2),
+    "U8": ("uint8", "uint8", 1),
+    "BOOL": ("bool", "bool", 1),
+}
+_BY_TORCH = {t: code for code, (t, _, _) in DTYPES.items()}
+_BY_NUMPY = {n: code for code, (_, n, _) in DTYPES.items() if n}
+
+_FOREIGN_MAGIC = [
+    (b"PK\x03\x04", "a zip archive (the format of torch.save)"),
+    (b"\x93NUMPY", "a numpy .npy file"),
+]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def atomic_write(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
+    """Write ``chunks`` to ``path`` through a fsynced temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _raw_bytes(array: Any) -> tuple[str, list[int], memoryview]:
+    """(safetensors dtype, shape, little-endian bytes) of a tensor or numeric array."""
+    if codec._is_torch_tensor(array):
+        import torch
+
+        t = array.detach()
+        code = _BY_TORCH.get(str(t.dtype).removeprefix("torch."))
+        if code is None:
+            raise UnsupportedValueError(f"torch dtype {t.dtype} has no safetensors encoding")
+        shape = list(t.shape)
+        flat = t.to("cpu").contiguous().reshape(-1)
+        if flat.dtype.is_complex:
+            flat = torch.view_as_real(flat).reshape(-1)
+        data = flat.view(torch.uint8).numpy()
+    else:
+        import numpy as np
+
+        code = _BY_NUMPY.get(array.dtype.name)
+        if code is None:
+            raise UnsupportedValueError(f"numpy dtype {array.dtype} has no safetensors encoding")
+        shape = list(array.shape)
+        a = np.ascontiguousarray(array).reshape(-1)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        data = a.view(np.uint8)
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
+        raise UnsupportedValueError("goldens are little-endian; big-endian hosts are unsupported")
+    return code, shape, memoryview(data).cast("B")
+
+
+def _canonical(header: Mapping[str, Any]) -> bytes:
+    return json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode_safetensors(
+    arrays: Mapping[str, Any], metadata: Mapping[str, str]
+) -> tuple[list[bytes | memoryview], str]:
+    """Chunks of a safetensors file holding ``arrays`` and its self-describing digest."""
+    entries = []
+    for name, array in arrays.items():
+        try:
+            entries.append((name, *_raw_bytes(array)))
+        except UnsupportedValueError as exc:
+            raise UnsupportedValueError(f"cannot record {name!r}: {exc}") from None
+    # Largest items first keeps every tensor aligned to its item size without holes.
+    entries.sort(key=lambda e: (-DTYPES[e[1]][2], e[0]))
+    header: dict[str, Any] = {"__metadata__": {**metadata, "prg.format": f"{FORMAT}/{SCHEMA}"}}
+    offset = 0
+    for name, code, shape, data in entries:
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    hasher = xxhash.xxh3_128(_canonical(header))
+    for *_, data in entries:
+        hasher.update(data)
+    digest = hasher.hexdigest()
+    header["__metadata__"]["prg.digest"] = digest
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-(8 + len(blob)) % 8)
+    return [struct.pack("<Q", len(blob)), blob, *(e[3] for e in entries)], digest
+
+
+def save_batch(path: str | os.PathLike[str], batch: Any) -> str:
+    """Write ``batch`` (mapping, DataProto-like, ...) to a safetensors file; return its digest."""
+    arrays, layout = codec.flatten(batch)
+    chunks, digest = encode_safetensors(arrays, {"prg.layout": json.dumps(layout)})
+    atomic_write(Path(path), chunks)
+    return digest
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _fail(path: Path, what: str) -> GoldenFormatError:
+    return GoldenFormatError(f"{path}: {what}. Nothing was loaded from it; {REMEDY_UPDATE}.")
+
+
+def read_bytes(path: Path) -> bytearray:
+    """The whole file in one writable buffer (tensors are views into it)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            buf = bytearray(size)
+            view, got = memoryview(buf), 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc})") from exc
+    if got != size:
+        raise _fail(path, f"shrank while being read ({got} of {size} bytes)")
+    return buf
+
+
+def _sniff_foreign(path: Path, buf: bytearray) -> None:
+    if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
+        raise _fail(path, "is a pickle file, not a safetensors golden; it was not unpickled "
+                    "(unpickling runs code stored in the file)")
+    for magic, what in _FOREIGN_MAGIC:
+        if buf.startswith(magic):
+            raise _fail(path, f"is {what}, not a safetensors golden; it was not deserialized")
+
+
+def decode_safetensors(
+    path: Path, buf: bytearray, *, expect_digest: str | None = None, want: str = "torch"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse and verify a safetensors buffer; return ``(arrays, metadata)``.
+
+    Arrays are zero-copy views of ``buf``: torch tensors (``want="torch"``) or,
+    for entries the layout marks as numpy, numpy arrays.
+    """
+    _sniff_foreign(path, buf)
+    if len(buf) < 8:
+        raise _fail(path, f"is truncated ({len(buf)} bytes, no safetensors header)")
+    (n,) = struct.unpack_from("<Q", buf)
+    if n > _HEADER_LIMIT or 8 + n > len(buf):
+        raise _fail(path, f"is truncated or not safetensors (header length {n}, file {len(buf)} B)")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]))
+        if not isinstance(header, dict):
+            raise ValueError("header is not an object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"has a corrupted safetensors header ({exc})") from None
+    metadata = header.get("__metadata__") or {}
+    data = memoryview(buf)[8 + n :]
+    entries = _check_entries(path, header, len(data))
+
+    stored = metadata.get("prg.digest")
+    if stored is not None:
+        unsigned = {**header, "__metadata__": {k: v for k, v in metadata.items() if k != "prg.digest"}}
+        hasher = xxhash.xxh3_128(_canonical(unsigned))
+        hasher.update(data)
+        if hasher.hexdigest() != stored:
+            raise _fail(path, "is corrupted: its checksum does not match its content")
+    if expect_digest is not None and stored != expect_digest:
+        raise _fail(path, "differs from the file listed in manifest.json (checksum mismatch)")
+
+    numpy_keys = _numpy_keys(metadata)
+    arrays = {}
+    for name, code, shape, begin, end in entries:
+        as_numpy = want == "numpy" or name in numpy_keys
+        arrays[name] = _view(buf, 8 + n + begin, end - begin, code, shape, as_numpy)
+    return arrays, metadata
+
+
+def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tuple]:
+    entries = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            code, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+            itemsize = DTYPES[code][2]
+            count = math.prod(shape)
+            ok = all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= begin <= end
+        except (KeyError, TypeError, ValueError):
+            raise _fail(path, f"has a malformed entry for tensor {name!r}") from None
+        if not ok or end - begin != count * itemsize:
+            raise _fail(path, f"has inconsistent shape/offsets for tensor {name!r}")
+        if end > data_len:
+            raise _fail(path, f"is truncated: tensor {name!r} ends at byte {end} of {data_len}")
+        entries.append((name, code, shape, begin, end))
+    covered = sorted((b, e) for *_, b, e in entries)
+    pos = 0
+    for b, e in covered:
+        if b != pos:
+            raise _fail(path, "has overlapping or missing tensor data")
+        pos = e
+    if pos != data_len:
+        raise _fail(path, f"has {data_len - pos} trailing bytes after the last tensor")
+    return entries
+
+
+def _numpy_keys(metadata: Mapping[str, str]) -> set[str]:
+    layout = metadata.get("prg.layout")
+    if not layout or '"numpy"' not in layout:
+        return set()
+    keys: set[str] = set()
+
+    def walk(n: Any) -> None:
+        if isinstance(n, list):
+            for x in n:
+                walk(x)
+        elif isinstance(n, dict):
+            if n.get("t") == "numpy":
+                keys.add(n["k"])
+            for v in n.values():
+                walk(v)
+
+    walk(json.loads(layout))
+    return keys
+
+
+def _view(buf: bytearray, offset: int, nbytes: int, code: str, shape: list[int], as_numpy: bool):
+    torch_name, numpy_name, _ = DTYPES[code]
+    if as_numpy and numpy_name:
+        import numpy as np
+
+        return np.frombuffer(buf, dtype=np.dtype(numpy_name).newbyteorder("<"),
+                             count=nbytes // np.dtype(numpy_name).itemsize,
+                             offset=offset).reshape(shape)
+    import torch
+
+    dtype = getattr(torch, torch_name)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize,
+                            offset=offset).reshape(shape)
+
+
+def read_safetensors(
+    path: Path, *, expect_digest: str | None = None, want: str = "torch"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Read and verify one safetensors file; see :func:`decode_safetensors`."""
+    return decode_safetensors(path, read_bytes(path), expect_digest=expect_digest, want=want)
+
+
+def load_batch(
+    path: str | os.PathLike[str],
+    *,
+    rebuild: Callable[..., Any] | None = None,
+    expect_digest: str | None = None,
+) -> Any:
+    """Load and verify a batch written by :func:`save_batch`.
+
+    A plain safetensors file written by another tool loads as a dict of tensors.
+    ``rebuild`` builds DataProto-like batches (called with ``batch``,
+    ``non_tensor_batch`` and ``meta_info``); by default the recorded class is
+    used if the process already imported it, else :class:`~.codec.RolloutBatch`.
+    """
+    path = Path(path)
+    arrays, metadata = read_safetensors(path, expect_digest=expect_digest)
+    layout = metadata.get("prg.layout")
+    if layout is None:
+        return dict(arrays)
+    try:
+        return codec.unflatten(arrays, json.loads(layout), rebuild=rebuild)
+    except GoldenFormatError as exc:
+        raise _fail(path, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def encode_json(obj: Any) -> bytes:
+    """Deterministic, diff-friendly JSON; floats round-trip exactly (non-finite are rejected)."""
+    return (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode()
+
+
+def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
+    buf = read_bytes(path)
+    _sniff_foreign(path, buf)
+    if expect_digest is not None and xxhash.xxh3_128_hexdigest(buf) != expect_digest:
+        raise _fail(path, "is corrupted or was edited by hand: its checksum differs from manifest.json")
+    try:
+        return json.loads(bytes(buf))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"is not valid JSON ({exc})") from None
+
+
+def json_digest(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a golden directory, validated; ``None`` if there is no golden."""
+    path = directory / MANIFEST
+    try:
+        manifest = read_json(path)
+    except FileNotFoundError:
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _fail(path, "is not a pytest-rollout-golden manifest")
+    if manifest.get("schema") != SCHEMA:
+        raise GoldenFormatError(
+            f"{path}: schema version {manifest.get('schema')!r} is not supported by this "
+            f"pytest-rollout-golden (schema {SCHEMA}); upgrade the plugin, or {REMEDY_UPDATE}."
+        )
+    if not isinstance(manifest.get("files"), dict):
+        raise _fail(path, "has no file table")
+    return manifest
+
+
+@contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Exclusive inter-process lock on a golden directory (xdist workers, shared keys)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: single-process use only
+        yield
+        return
+    import tempfile
+
+    digest = xxhash.xxh3_64_hexdigest(str(directory.resolve()).encode())
+    lock_path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{digest}.lock"
+    with open(lock_path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def recover(directory: Path) -> None:
+    """Finish or roll back an interrupted commit of ``directory`` (call under :func:`locked`)."""
+    parent, name = directory.parent, directory.name
+    if not parent.is_dir():
+        return
+    siblings = [p for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+    backups = sorted((p for p in siblings if p.name.startswith(f".{name}.old-")),
+                     key=lambda p: p.stat().st_mtime)
+    if backups and not directory.exists():
+        os.rename(backups.pop(), directory)
+    for leftover in [*backups, *(p for p in siblings if p.name.startswith(f".{name}.new-"))]:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+class Transaction:
+    """Stage a new version of a golden directory, then swap it in as a whole.
+
+    Files written through the transaction land in a hidden staging directory;
+    :meth:`commit` hard-links the kept files of the old version, writes the
+    manifest last, and renames the staging directory into place. Until that
+    rename the old golden is untouched; a crash between the two renames is
+    undone by :func:`recover`.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.staging = directory.parent / f".{directory.name}.new-{os.getpid()}"
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        self.files: dict[str, dict[str, Any]] = {}
+
+    def write_batch(self, filename: str, batch: Any, **info: Any) -> None:
+        digest = save_batch(self.staging / filename, batch)
+        self.files[filename] = {**info, "digest": digest}
+
+    def write_json(self, filename: str, obj: Any, **info: Any) -> None:
+        data = encode_json(obj)
+        atomic_write(self.staging / filename, [data])
+        self.files[filename] = {**info, "digest": json_digest(data)}
+
+    def keep(self, filename: str, info: Mapping[str, Any]) -> None:
+        """Carry a file of the current version over unchanged."""
+        target = self.staging / filename
+        try:
+            os.link(self.directory / filename, target)
+        except OSError:
+            shutil.copy2(self.directory / filename, target)
+        self.files[filename] = dict(info)
+
+    def commit(self, manifest: dict[str, Any]) -> None:
+        manifest = {"format": FORMAT, "schema": SCHEMA, **manifest, "files": self.files}
+        atomic_write(self.staging / MANIFEST, [encode_json(manifest)])
+        _fsync_dir(self.staging)
+        backup = self.directory.parent / f".{self.directory.name}.old-{os.getpid()}"
+        had_old = self.directory.exists()
+        if had_old:
+            os.rename(self.directory, backup)
+        os.rename(self.staging, self.directory)
+        _fsync_dir(self.directory.parent)
+        if had_old:
+            shutil.rmtree(backup, ignore_errors=True)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
