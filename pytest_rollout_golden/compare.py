@@ -121,11 +121,16 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
     if a.device != e.device:
         a = a.to(e.device)
     if e.shape != a.shape:
-        return Difference(False, math.nan, math.nan,
-                          f"shape {tuple(a.shape)} differs from the recorded {tuple(e.shape)}")
+        return Difference(
+            False,
+            math.nan,
+            math.nan,
+            f"shape {tuple(a.shape)} differs from the recorded {tuple(e.shape)}",
+        )
     if check_dtype and e.dtype != a.dtype:
-        return Difference(False, math.nan, math.nan,
-                          f"dtype {a.dtype} differs from the recorded {e.dtype}")
+        return Difference(
+            False, math.nan, math.nan, f"dtype {a.dtype} differs from the recorded {e.dtype}"
+        )
     if tol.exact and e.dtype == a.dtype and torch.equal(_bits(e), _bits(a)):
         return Difference(True, 0.0, 0.0)
     if not tol.exact and e.dtype == a.dtype and torch.equal(e, a):
@@ -166,10 +171,14 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
         lines.append(f"NaN against NaN at {nan_vs_nan} element(s) (equal_nan is off)")
     allowed_abs = "0 (bit-exact)" if tol.exact else f"{tol.atol:.3g}"
     allowed_rel = "0 (bit-exact)" if tol.exact else f"{tol.rtol:.3g}"
-    lines.append(f"Greatest absolute difference: {abs_max:.6g} at index "
-                 f"{_index(abs_idx, e.shape)} (up to {allowed_abs} allowed)")
-    lines.append(f"Greatest relative difference: {rel_max:.6g} at index "
-                 f"{_index(rel_idx, e.shape)} (up to {allowed_rel} allowed)")
+    lines.append(
+        f"Greatest absolute difference: {abs_max:.6g} at index "
+        f"{_index(abs_idx, e.shape)} (up to {allowed_abs} allowed)"
+    )
+    lines.append(
+        f"Greatest relative difference: {rel_max:.6g} at index "
+        f"{_index(rel_idx, e.shape)} (up to {allowed_rel} allowed)"
+    )
     return Difference(False, abs_max, rel_max, "\n".join(lines))
 
 
@@ -177,7 +186,9 @@ def _greatest(values: Any) -> tuple[float, int]:
     flat = values.reshape(-1)
     if flat.numel() == 0:
         return 0.0, 0
-    ranked = flat.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # NaN mismatches are reported on their own line
+    ranked = flat.nan_to_num(
+        nan=-math.inf, posinf=math.inf, neginf=-math.inf
+    )  # NaN mismatches are reported on their own line
     value, index = ranked.max(dim=0)
     return (float(value) if value > -math.inf else math.nan), int(index)
 

@@ -33,7 +33,10 @@ def deterministic(seed: int = 0, *, warn_only: bool = False) -> Iterator[int]:
     import torch
 
     saved_env = {k: os.environ.get(k) for k in DETERMINISTIC_ENV}
-    if "transformer_engine" in sys.modules and os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") != "0":
+    if (
+        "transformer_engine" in sys.modules
+        and os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") != "0"
+    ):
         warnings.warn(
             "transformer_engine was imported before deterministic() set "
             "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 and may have read it already; export it "
@@ -94,5 +97,8 @@ def fingerprint_changes(recorded: dict[str, Any] | None, current: dict[str, Any]
     if not recorded:
         return []
     keys = list(dict.fromkeys([*recorded, *current]))
-    return [f"{k}: {recorded.get(k)} -> {current.get(k)}" for k in keys
-            if recorded.get(k) != current.get(k)]
+    return [
+        f"{k}: {recorded.get(k)} -> {current.get(k)}"
+        for k in keys
+        if recorded.get(k) != current.get(k)
+    ]

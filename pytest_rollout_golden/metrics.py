@@ -31,7 +31,7 @@ def _unnumber(x: Any) -> Any:
 
 def encode(value: Any, *, where: str) -> Any:
     """JSON node of one metric value (Python number, numpy scalar/array, tensor)."""
-    if isinstance(value, bool) or isinstance(value, int) and -(2**63) <= value < 2**63:
+    if isinstance(value, bool) or (isinstance(value, int) and -(2**63) <= value < 2**63):
         return value
     if isinstance(value, float):
         return _number(value)
@@ -39,7 +39,9 @@ def encode(value: Any, *, where: str) -> Any:
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach()
         if t.is_complex() or t.device.type == "meta":
-            raise UnsupportedValueError(f"{where}: a {t.dtype} tensor on {t.device} is not a metric")
+            raise UnsupportedValueError(
+                f"{where}: a {t.dtype} tensor on {t.device} is not a metric"
+            )
         dtype, shape = str(t.dtype).removeprefix("torch."), list(t.shape)
         flat = t.to("cpu").reshape(-1)
         values = (flat.double() if flat.is_floating_point() else flat).tolist()

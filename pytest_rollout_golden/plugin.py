@@ -38,31 +38,65 @@ _MARKER_DOC = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rollout-golden", "golden rollout regression tests")
-    group.addoption("--update-golden", action="store_true",
-                    help="re-record every golden the selected tests touch (they pass)")
-    group.addoption("--golden-strict", action="store_true",
-                    help="never record; a missing golden, step or metric fails "
-                         "(on by default when the CI environment variable is truthy)")
-    group.addoption("--golden-dir", metavar="DIR",
-                    help="root directory of goldens, relative to rootdir (ini golden_dir)")
-    group.addoption("--golden-report", metavar="PATH",
-                    help="write every comparison and its verdict to a JSON file")
-    group.addoption("--golden-tolerance", action="append", default=[], metavar="SPEC",
-                    help="per-metric tolerance, e.g. grad_norm:rtol=3e-2,atol=1e-4 (repeatable)")
-    group.addoption("--golden-exact", action="store_true",
-                    help="demand bit equality for every metric and tensor")
-    group.addoption("--golden-prune", action="store_true",
-                    help="delete golden directories no test uses (only on a full run)")
-    group.addoption("--no-golden-deterministic", dest="golden_deterministic",
-                    action="store_false", default=None,
-                    help="do not apply deterministic settings around golden tests")
-    parser.addini("golden_dir", "root directory of goldens, relative to rootdir",
-                  default="golden")
-    parser.addini("golden_tolerances", "per-metric tolerances, one METRIC:rtol=R,atol=A per line",
-                  type="linelist", default=[])
+    group.addoption(
+        "--update-golden",
+        action="store_true",
+        help="re-record every golden the selected tests touch (they pass)",
+    )
+    group.addoption(
+        "--golden-strict",
+        action="store_true",
+        help="never record; a missing golden, step or metric fails "
+        "(on by default when the CI environment variable is truthy)",
+    )
+    group.addoption(
+        "--golden-dir",
+        metavar="DIR",
+        help="root directory of goldens, relative to rootdir (ini golden_dir)",
+    )
+    group.addoption(
+        "--golden-report",
+        metavar="PATH",
+        help="write every comparison and its verdict to a JSON file",
+    )
+    group.addoption(
+        "--golden-tolerance",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="per-metric tolerance, e.g. grad_norm:rtol=3e-2,atol=1e-4 (repeatable)",
+    )
+    group.addoption(
+        "--golden-exact",
+        action="store_true",
+        help="demand bit equality for every metric and tensor",
+    )
+    group.addoption(
+        "--golden-prune",
+        action="store_true",
+        help="delete golden directories no test uses (only on a full run)",
+    )
+    group.addoption(
+        "--no-golden-deterministic",
+        dest="golden_deterministic",
+        action="store_false",
+        default=None,
+        help="do not apply deterministic settings around golden tests",
+    )
+    parser.addini("golden_dir", "root directory of goldens, relative to rootdir", default="golden")
+    parser.addini(
+        "golden_tolerances",
+        "per-metric tolerances, one METRIC:rtol=R,atol=A per line",
+        type="linelist",
+        default=[],
+    )
     parser.addini("golden_seed", "seed of the deterministic settings", default="0")
-    parser.addini("golden_deterministic", "apply deterministic settings around golden tests",
-                  type="bool", default=True)
+    parser.addini(
+        "golden_deterministic",
+        "apply deterministic settings around golden tests",
+        type="bool",
+        default=True,
+    )
 
 
 def _truthy_env(name: str) -> bool:
@@ -103,8 +137,11 @@ class GoldenPlugin:
             self.seed = int(config.getini("golden_seed"))
         except ValueError:
             raise pytest.UsageError("ini golden_seed must be an integer") from None
-        self.deterministic = (opt.golden_deterministic if opt.golden_deterministic is not None
-                              else config.getini("golden_deterministic"))
+        self.deterministic = (
+            opt.golden_deterministic
+            if opt.golden_deterministic is not None
+            else config.getini("golden_deterministic")
+        )
         workerinput = getattr(config, "workerinput", None)
         self.is_worker = workerinput is not None
         self.token = (workerinput or {}).get("rollout_golden_token") or uuid.uuid4().hex
@@ -125,26 +162,34 @@ class GoldenPlugin:
         unknown = set(options) - {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
         if unknown:
             raise pytest.UsageError(
-                f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}")
+                f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
+            )
         return options
 
     def directory_of(self, item: pytest.Item) -> Path:
         options = self.marker_options(item)
         name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
         key = options.get("key")
-        return golden_dir(self.root, self.rootdir, Path(item.path), name,
-                          key=None if key is None else str(key))
+        return golden_dir(
+            self.root, self.rootdir, Path(item.path), name, key=None if key is None else str(key)
+        )
 
     def golden_for(self, item: pytest.Item) -> Golden:
         options = self.marker_options(item)
         marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
         item.stash[_MARKER_LAYER] = marker_layer
         exact = bool(options.get("exact")) or self.config.option.golden_exact
-        resolver = Resolver([marker_layer, self.cli_layer, self.ini_layer, self.builtin],
-                            exact=exact)
-        return Golden(self.directory_of(item), mode=self.mode, resolver=resolver,
-                      test_id=item.nodeid, rebuild=options.get("rebuild"),
-                      registry=self.registry)
+        resolver = Resolver(
+            [marker_layer, self.cli_layer, self.ini_layer, self.builtin], exact=exact
+        )
+        return Golden(
+            self.directory_of(item),
+            mode=self.mode,
+            resolver=resolver,
+            test_id=item.nodeid,
+            rebuild=options.get("rebuild"),
+            registry=self.registry,
+        )
 
     def wants_determinism(self, item: pytest.Item) -> bool:
         if "golden" not in getattr(item, "fixturenames", ()):
@@ -168,12 +213,18 @@ class GoldenPlugin:
     # ------------------------------------------------------------------ session end
 
     def used_tolerances(self) -> set[str]:
-        return {f"{layer.source} {name!r}" for layer in (self.cli_layer, self.ini_layer)
-                for name in layer.used}
+        return {
+            f"{layer.source} {name!r}"
+            for layer in (self.cli_layer, self.ini_layer)
+            for name in layer.used
+        }
 
     def unused_tolerances(self) -> list[str]:
-        names = [f"{layer.source} {name!r}" for layer in (self.cli_layer, self.ini_layer)
-                 for name in layer.entries]
+        names = [
+            f"{layer.source} {name!r}"
+            for layer in (self.cli_layer, self.ini_layer)
+            for name in layer.entries
+        ]
         return [n for n in names if n not in self.state.used_tolerances]
 
     def close(self, session: pytest.Session) -> None:
@@ -189,8 +240,9 @@ class GoldenPlugin:
                     self.pruned.append(directory)
         path = self.config.option.golden_report
         if path:
-            document = self.state.report(mode=self.mode.value, unused=self.unused,
-                                         pruned=self.pruned)
+            document = self.state.report(
+                mode=self.mode.value, unused=self.unused, pruned=self.pruned
+            )
             target = Path(path)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
@@ -222,7 +274,6 @@ def pytest_configure(config: pytest.Config) -> None:
         register_profiles()
 
 
-
 class _XdistHooks:
     def __init__(self, plugin: GoldenPlugin):
         self.plugin = plugin
@@ -240,8 +291,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     plugin = config.stash[_PLUGIN]
     for arg in config.args:
         if "::" in arg:
-            plugin.state.partial_files.add(str((Path(config.invocation_params.dir)
-                                                / arg.split("::")[0]).resolve()))
+            plugin.state.partial_files.add(
+                str((Path(config.invocation_params.dir) / arg.split("::")[0]).resolve())
+            )
     for item in items:
         plugin.state.collected_files.add(str(Path(item.path)))
         if "golden" in getattr(item, "fixturenames", ()):
@@ -291,7 +343,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    if call.excinfo is not None and call.excinfo.errisinstance(GoldenMismatch):
+    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(GoldenMismatch):
         report.longrepr = str(call.excinfo.value)
     return report
 
@@ -310,9 +362,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if plugin.is_worker:
         return
     lines = summary_lines(
-        plugin.state, unused=plugin.unused, pruned=plugin.pruned,
+        plugin.state,
+        unused=plugin.unused,
+        pruned=plugin.pruned,
         unused_tolerances=plugin.unused_tolerances(),
-        report_path=terminalreporter.config.option.golden_report, relative_to=plugin.rootdir)
+        report_path=terminalreporter.config.option.golden_report,
+        relative_to=plugin.rootdir,
+    )
     if plugin.prune_note:
         lines.append(plugin.prune_note)
     if lines:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -121,9 +122,9 @@ class Golden:
         self._opened = True
         store.recover(self.directory)
         self._manifest = store.read_manifest(self.directory)
-        if self._manifest is not None and self.mode is Mode.UPDATE and self._registry:
-            if self._registry.contains(self.directory):  # shared golden, re-recorded already
-                self.mode = Mode.AUTO
+        updated = self._registry is not None and self._registry.contains(self.directory)
+        if self._manifest is not None and self.mode is Mode.UPDATE and updated:
+            self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
         if self._manifest is not None and self.mode is not Mode.UPDATE:
             from .determinism import fingerprint, fingerprint_changes
 
@@ -159,14 +160,14 @@ class Golden:
         steps = sorted(set(recorded))
         listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
         return GoldenMissingError(
-            f"{what} at step {step} is not in the golden {self.directory} ({listing}). "
+            f"{what} at step {step} is not in the golden {_display(self.directory)} ({listing}). "
             f"Recording is off (--golden-strict or CI); {REMEDY_UPDATE}."
         )
 
     # ------------------------------------------------------------------ public API
 
     def rollout(self, generate: Callable[[], Any], *, step: int = 0, name: str = "rollout") -> Any:
-        """The rollout batch ``name`` at ``step``: replayed if recorded, else ``generate()``'d and recorded.
+        """Rollout batch ``name`` at ``step``: replayed if recorded, else generated and recorded.
 
         Replay never calls ``generate``; it returns the same structure, dtypes,
         shapes and bit-identical values that were recorded.
@@ -183,12 +184,14 @@ class Golden:
                 self.directory / filename, rebuild=self._rebuild, expect_digest=info["digest"]
             )
         if self.mode is Mode.STRICT:
-            recorded = [i["step"] for i in self._old_files().values()
-                        if i.get("kind") == "rollout" and i.get("name") == name]
+            recorded = [
+                i["step"]
+                for i in self._old_files().values()
+                if i.get("kind") == "rollout" and i.get("name") == name
+            ]
             raise self._missing(f"rollout {name!r}", step, recorded)
         batch = generate()
         self._transaction().write_batch(filename, batch, kind="rollout", name=name, step=step)
-        self._outcome.recorded.append(f"rollout {name!r} step {step}")
         return batch
 
     def check(
@@ -221,9 +224,15 @@ class Golden:
             old = recorded.get(name)
             if old is None:
                 if self.mode is Mode.STRICT:
-                    results.append(Comparison(
-                        name, step, MISSING, actual=metric_codec.scalar(node),
-                        detail=f"never recorded; {REMEDY_UPDATE}"))
+                    results.append(
+                        Comparison(
+                            name,
+                            step,
+                            MISSING,
+                            actual=metric_codec.scalar(node),
+                            detail=f"never recorded; {REMEDY_UPDATE}",
+                        )
+                    )
                 else:
                     results.append(Comparison(name, step, NEW, actual=metric_codec.scalar(node)))
                 continue
@@ -270,52 +279,89 @@ class Golden:
             if tensor_name not in old:
                 verdict = MISSING if self.mode is Mode.STRICT else NEW
                 detail = f"never recorded; {REMEDY_UPDATE}" if verdict == MISSING else ""
-                results.append(Comparison(label, step, verdict, kind="tensor", rank=rank,
-                                          micro=micro, detail=detail))
+                results.append(
+                    Comparison(
+                        label, step, verdict, kind="tensor", rank=rank, micro=micro, detail=detail
+                    )
+                )
                 merged[tensor_name] = value
                 continue
             dtypes = (_dtype_name(old[tensor_name]), _dtype_name(value))
             tol, source = self._resolver.resolve(label, dtypes)
             diff = compare_values(old[tensor_name], value, tol, check_dtype=True)
             verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
-            results.append(Comparison(
-                label, step, verdict, kind="tensor", rank=rank, micro=micro,
-                expected=_summary(old[tensor_name]), actual=_summary(value),
-                abs_diff=diff.abs_diff, rel_diff=diff.rel_diff, tolerance=tol,
-                tolerance_source=source, detail=diff.detail))
+            results.append(
+                Comparison(
+                    label,
+                    step,
+                    verdict,
+                    kind="tensor",
+                    rank=rank,
+                    micro=micro,
+                    expected=_summary(old[tensor_name]),
+                    actual=_summary(value),
+                    abs_diff=diff.abs_diff,
+                    rel_diff=diff.rel_diff,
+                    tolerance=tol,
+                    tolerance_source=source,
+                    detail=diff.detail,
+                )
+            )
             merged[tensor_name] = value if self.mode is Mode.UPDATE else old[tensor_name]
         for tensor_name in old.keys() - tensors.keys():
             if self.mode is not Mode.UPDATE:
-                results.append(Comparison(
-                    f"{name}/{tensor_name}", step, MISSING, kind="tensor", rank=rank, micro=micro,
-                    detail="recorded but not passed to check_tensors in this run"))
+                results.append(
+                    Comparison(
+                        f"{name}/{tensor_name}",
+                        step,
+                        MISSING,
+                        kind="tensor",
+                        rank=rank,
+                        micro=micro,
+                        detail="recorded but not passed to check_tensors in this run",
+                    )
+                )
         if self.mode is Mode.UPDATE or any(c.verdict == NEW for c in results):
             self._transaction().write_batch(filename, merged, **info)
-            self._outcome.recorded.append(f"tensors {name!r} ({', '.join(_where(step, rank, micro))})")
         self._outcome.comparisons.extend(results)
         return results
 
     # ------------------------------------------------------------------ comparing
 
-    def _compare_metric(self, name: str, step: int, old: Any, node: Any, resolver: Resolver
-                        ) -> Comparison:
+    def _compare_metric(
+        self, name: str, step: int, old: Any, node: Any, resolver: Resolver
+    ) -> Comparison:
         where = f"metric {name!r} at step {step}"
         expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
-        tol, source = resolver.resolve(name, (metric_codec.dtype_name(old),
-                                              metric_codec.dtype_name(node)))
+        tol, source = resolver.resolve(
+            name, (metric_codec.dtype_name(old), metric_codec.dtype_name(node))
+        )
         diff = compare_values(expected, actual, tol, check_dtype=False)
         verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
         return Comparison(
-            name, step, verdict, expected=metric_codec.scalar(old) if expected.dim() == 0 else
-            _summary(expected), actual=metric_codec.scalar(node) if actual.dim() == 0 else
-            _summary(actual), abs_diff=diff.abs_diff, rel_diff=diff.rel_diff, tolerance=tol,
-            tolerance_source=source, detail=diff.detail if diff.ok is False else "")
+            name,
+            step,
+            verdict,
+            expected=metric_codec.scalar(old) if expected.dim() == 0 else _summary(expected),
+            actual=metric_codec.scalar(node) if actual.dim() == 0 else _summary(actual),
+            abs_diff=diff.abs_diff,
+            rel_diff=diff.rel_diff,
+            tolerance=tol,
+            tolerance_source=source,
+            detail=diff.detail if diff.ok is False else "",
+        )
 
     def _warn_unused(self, layer: Layer) -> None:
+        if not self._replaying:  # nothing was compared, so nothing could match
+            return
         for name in layer.unused():
-            warnings.warn(GoldenToleranceWarning(
-                f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
-                "but no metric or tensor of that name was checked"), stacklevel=3)
+            warnings.warn(
+                GoldenToleranceWarning(
+                    f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
+                    "but no metric or tensor of that name was checked"
+                ),
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ finishing
 
@@ -344,8 +390,11 @@ class Golden:
                 raise GoldenMismatch(self.failure_message(failures))
             if self._needs_write():
                 self._commit()
-                self._outcome.status = "updated" if self.mode is Mode.UPDATE and (
-                    self._manifest is not None) else "recorded"
+                self._outcome.status = (
+                    "updated"
+                    if self.mode is Mode.UPDATE and (self._manifest is not None)
+                    else "recorded"
+                )
             elif self._outcome.comparisons or self._touched:
                 self._outcome.status = "replayed"
             return self._outcome
@@ -365,14 +414,28 @@ class Golden:
         for step, names in self._recorded_metrics().items():
             for name in names:
                 if (step, name) not in seen:
-                    out.append(Comparison(
-                        name, int(step), MISSING, expected=metric_codec.scalar(names[name]),
-                        detail="recorded but not checked in this run"))
+                    out.append(
+                        Comparison(
+                            name,
+                            int(step),
+                            MISSING,
+                            expected=metric_codec.scalar(names[name]),
+                            detail="recorded but not checked in this run",
+                        )
+                    )
         for filename, info in self._old_files().items():
             if info.get("kind") == "tensors" and filename not in self._touched:
-                out.append(Comparison(
-                    info["name"], info["step"], MISSING, kind="tensor", rank=info.get("rank"),
-                    micro=info.get("micro"), detail="recorded but check_tensors was not called"))
+                out.append(
+                    Comparison(
+                        info["name"],
+                        info["step"],
+                        MISSING,
+                        kind="tensor",
+                        rank=info.get("rank"),
+                        micro=info.get("micro"),
+                        detail="recorded but check_tensors was not called",
+                    )
+                )
         return out
 
     def _commit(self) -> None:
@@ -403,8 +466,12 @@ class Golden:
         self._tx = None
         if self.mode is Mode.UPDATE and self._registry is not None:
             self._registry.add(self.directory)
-        new = [c for c in self._outcome.comparisons if c.verdict == NEW]
-        self._outcome.recorded.extend(f"{c.name} step {c.step}" for c in new if c.kind == "metric")
+        self._outcome.recorded = _recorded_summary(
+            tx.files,
+            self._manifest is None or self.mode is Mode.UPDATE,
+            self._old_files(),
+            self._outcome.comparisons,
+        )
 
     def _discard(self) -> None:
         if self._tx is not None:
@@ -425,18 +492,29 @@ class Golden:
     def failure_message(self, failures: list[Comparison]) -> str:
         """The text of a GoldenMismatch: one table of scalar rows, then tensor details."""
         total = len(self._outcome.comparisons)
-        lines = [f"golden mismatch: {len(failures)} of {total} checks failed "
-                 f"(golden {self.directory})"]
+        lines = [
+            f"golden mismatch: {len(failures)} of {total} checks failed "
+            f"(golden {_display(self.directory)})"
+        ]
         rows = [c for c in failures if c.verdict == FAIL and not c.detail]
         if rows:
             table = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
             for c in rows:
-                table.append((c.name, c.where.removeprefix("step "), _fmt(c.expected),
-                              _fmt(c.actual), _fmt(c.abs_diff, 2), _fmt(c.rel_diff, 2),
-                              _allowed(c)))
+                table.append(
+                    (
+                        c.name,
+                        c.where.removeprefix("step "),
+                        _fmt(c.expected),
+                        _fmt(c.actual),
+                        _fmt(c.abs_diff, 2),
+                        _fmt(c.rel_diff, 2),
+                        _allowed(c),
+                    )
+                )
             widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-            lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
-                      for r in table]
+            for row in table:
+                cells = (v.ljust(w) for v, w in zip(row, widths, strict=True))
+                lines.append(("  " + "  ".join(cells)).rstrip())
         for c in failures:
             if c.verdict == FAIL and c.detail:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}), allowed {_allowed(c)}:")
@@ -445,9 +523,13 @@ class Golden:
             if c.verdict == MISSING:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}): {c.detail}")
         if self._outcome.environment_changes:
-            lines.append("note: replayed under another environment than recorded: "
-                         + "; ".join(self._outcome.environment_changes))
-        lines.append("If the new values are right, run `pytest --update-golden` and commit golden/.")
+            lines.append(
+                "note: replayed under another environment than recorded: "
+                + "; ".join(self._outcome.environment_changes)
+            )
+        lines.append(
+            "If the new values are right, run `pytest --update-golden` and commit golden/."
+        )
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ context manager
@@ -463,13 +545,37 @@ class Golden:
         return self._outcome
 
 
-def _where(step: int, rank: int | None, micro: int | None) -> list[str]:
-    parts = [f"step {step}"]
-    if rank is not None:
-        parts.append(f"rank {rank}")
-    if micro is not None:
-        parts.append(f"micro {micro}")
-    return parts
+def _recorded_summary(
+    files: Mapping[str, Any], fresh: bool, old: Mapping[str, Any], comparisons: list[Comparison]
+) -> list[str]:
+    """One line per recorded rollout/tensor name and for metrics: what was written, by step."""
+    steps: dict[str, set[int]] = {}
+    for filename, info in files.items():
+        if info.get("kind") in ("rollout", "tensors") and (fresh or filename not in old):
+            steps.setdefault(f"{info['kind']} {info['name']!r}", set()).add(info["step"])
+    new = [c for c in comparisons if c.verdict in (NEW, UPDATED) and c.kind == "metric"]
+    if new:
+        steps[f"{len({c.name for c in new})} metrics"] = {c.step for c in new}
+    return [
+        f"{what}: step{'s' if len(s) > 1 else ''} {_ranges(sorted(s))}" for what, s in steps.items()
+    ]
+
+
+def _ranges(values: list[int]) -> str:
+    out, start = [], None
+    for i, v in enumerate(values):
+        start = v if start is None else start
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(v) if v == start else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
+
+
+def _display(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
 
 
 def _dtype_name(value: Any) -> str:

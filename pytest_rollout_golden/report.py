@@ -24,7 +24,8 @@ def _num(value: Any) -> str:
 
 def _moved(c: dict[str, Any]) -> str:
     where = f"step {c['step']}" + "".join(
-        f", {k} {c[k]}" for k in ("rank", "micro") if c.get(k) is not None)
+        f", {k} {c[k]}" for k in ("rank", "micro") if c.get(k) is not None
+    )
     label = f"{c['name']} ({where})"
     if c["verdict"] == "new":
         return f"{label}: new"
@@ -55,6 +56,7 @@ def summary_lines(
     relative_to: Path,
 ) -> list[str]:
     """Lines for the ``rollout golden`` section of pytest's terminal summary."""
+
     def rel(p: Any) -> str:
         try:
             return str(Path(p).relative_to(relative_to))
@@ -68,19 +70,28 @@ def summary_lines(
     lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
     for outcome in state.outcomes:
         if outcome["status"] == "updated":
-            moved = [_moved(c) for c in outcome["comparisons"] if c["verdict"] in ("updated", "new")]
+            moved = [
+                _moved(c) for c in outcome["comparisons"] if c["verdict"] in ("updated", "new")
+            ]
             lines += _section(f"updated {outcome['test']} -> {rel(outcome['directory'])}:", moved)
         elif outcome["status"] == "recorded":
-            lines += _section(f"recorded {outcome['test']} -> {rel(outcome['directory'])}:",
-                              outcome["recorded"])
+            lines += _section(
+                f"recorded {outcome['test']} -> {rel(outcome['directory'])}:", outcome["recorded"]
+            )
         if outcome.get("discarded"):
             lines.append(f"not recorded (the test failed): new values of {outcome['test']}")
-    envs = [f"{o['test']}: {'; '.join(o['environment_changes'])}"
-            for o in state.outcomes if o.get("environment_changes")]
-    lines += _section("replayed under another environment than recorded "
-                      "(exact lane not applied):", envs)
-    lines += _section("unused golden directories (delete with --golden-prune on a full run):",
-                      [rel(p) for p in unused if p not in pruned])
+    envs = [
+        f"{o['test']}: {'; '.join(o['environment_changes'])}"
+        for o in state.outcomes
+        if o.get("environment_changes")
+    ]
+    lines += _section(
+        "replayed under another environment than recorded (exact lane not applied):", envs
+    )
+    lines += _section(
+        "unused golden directories (delete with --golden-prune on a full run):",
+        [rel(p) for p in unused if p not in pruned],
+    )
     lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
     lines += _section("tolerances that matched no metric:", list(unused_tolerances))
     if report_path:

@@ -58,13 +58,15 @@ class SessionState:
             self.outcomes.append(outcome)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "outcomes": self.outcomes,
-            "expected_dirs": sorted(self.expected_dirs),
-            "collected_files": sorted(self.collected_files),
-            "partial_files": sorted(self.partial_files),
-            "used_tolerances": sorted(self.used_tolerances),
-        })
+        return json.dumps(
+            {
+                "outcomes": self.outcomes,
+                "expected_dirs": sorted(self.expected_dirs),
+                "collected_files": sorted(self.collected_files),
+                "partial_files": sorted(self.partial_files),
+                "used_tolerances": sorted(self.used_tolerances),
+            }
+        )
 
     def merge_json(self, text: str) -> None:
         data = json.loads(text)
@@ -82,7 +84,7 @@ class SessionState:
         return counts
 
     def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:
-        """Golden directories no collected test uses, whose test file was wholly collected or is gone."""
+        """Golden directories no collected test uses, of fully collected or deleted test files."""
         if not root.is_dir():
             return []
         found = []
@@ -93,9 +95,8 @@ class SessionState:
             if str(directory) in self.expected_dirs:
                 continue
             owner = location.owning_test_file(root, rootdir, directory)
-            if owner is None:
-                found.append(directory)
-            elif str(owner) in self.collected_files and str(owner) not in self.partial_files:
+            whole_file = str(owner) in self.collected_files and str(owner) not in self.partial_files
+            if owner is None or whole_file:
                 found.append(directory)
         return found
 
@@ -110,8 +111,14 @@ class SessionState:
             "version": 1,
             "mode": mode,
             "summary": self.counts(),
-            "tests": [{k: json_number(v) if not isinstance(v, list) else v
-                       for k, v in o.items() if k != "comparisons"} for o in self.outcomes],
+            "tests": [
+                {
+                    k: json_number(v) if not isinstance(v, list) else v
+                    for k, v in o.items()
+                    if k != "comparisons"
+                }
+                for o in self.outcomes
+            ],
             "comparisons": comparisons,
             "unused": [str(p) for p in unused],
             "pruned": [str(p) for p in pruned],

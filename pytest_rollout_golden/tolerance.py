@@ -69,8 +69,19 @@ _FRACTION = Tolerance(rtol=0.0, atol=1e-7)
 _PER_TOKEN = Tolerance(rtol=1e-5, atol=1e-6)
 BUILTIN: dict[str, Tolerance] = {
     **dict.fromkeys(
-        ["pg_loss", "policy_loss", "actor_loss", "loss", "total_loss", "value_loss",
-         "vf_loss", "critic_loss", "entropy", "entropy_loss", "grad_norm"],
+        [
+            "pg_loss",
+            "policy_loss",
+            "actor_loss",
+            "loss",
+            "total_loss",
+            "value_loss",
+            "vf_loss",
+            "critic_loss",
+            "entropy",
+            "entropy_loss",
+            "grad_norm",
+        ],
         _LOSS,
     ),
     **dict.fromkeys(["kl", "ppo_kl", "kl_loss", "approx_kl", "k3_kl"], _KL),
@@ -78,8 +89,16 @@ BUILTIN: dict[str, Tolerance] = {
         ["pg_clipfrac", "pg_clipfrac_lower", "clipfrac", "vf_clipfrac", "clip_ratio"], _FRACTION
     ),
     **dict.fromkeys(
-        ["log_probs", "old_log_probs", "ref_log_prob", "rollout_log_probs", "entropys",
-         "advantages", "returns", "values"],
+        [
+            "log_probs",
+            "old_log_probs",
+            "ref_log_prob",
+            "rollout_log_probs",
+            "entropys",
+            "advantages",
+            "returns",
+            "values",
+        ],
         _PER_TOKEN,
     ),
     "rollout_is*": _LOSS,
@@ -133,7 +152,9 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
                 raise ValueError(f"bad tolerance {text!r}: {key} must be true or false")
             fields[key] = value.lower() in ("true", "1")
         else:
-            raise ValueError(f"bad tolerance {text!r}: unknown key {key!r} (rtol, atol, equal_nan, exact)")
+            raise ValueError(
+                f"bad tolerance {text!r}: unknown key {key!r} (rtol, atol, equal_nan, exact)"
+            )
     try:
         return name.strip(), Tolerance(**fields)
     except ValueError as exc:
