@@ -11,22 +11,25 @@ import json
 import os
 import shutil
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import _pytest as _pytest_internal
+import pluggy
 import pytest
 
-from .errors import GoldenMismatch
+from .errors import GoldenError, GoldenMismatch
 from .location import golden_dir
-from .replay import Golden, Mode
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
 from .tolerance import Layer, Resolver, builtin_layer, parse_spec
 
+if TYPE_CHECKING:
+    from .replay import Golden
+
 _PLUGIN = pytest.StashKey["GoldenPlugin"]()
-_GOLDEN = pytest.StashKey[Golden]()
+_GOLDEN = pytest.StashKey["Golden"]()
 _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 _WORKER_OUTPUT = "rollout_golden"
@@ -123,11 +126,11 @@ class GoldenPlugin:
         if opt.update_golden and opt.golden_strict:
             raise pytest.UsageError("--update-golden and --golden-strict exclude each other")
         if opt.update_golden:
-            self.mode = Mode.UPDATE
+            self.mode = "update"
         elif opt.golden_strict or _truthy_env("CI"):
-            self.mode = Mode.STRICT
+            self.mode = "strict"
         else:
-            self.mode = Mode.AUTO
+            self.mode = "auto"
         self.rootdir = Path(config.rootpath)
         self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
         self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
@@ -144,7 +147,7 @@ class GoldenPlugin:
         )
         workerinput = getattr(config, "workerinput", None)
         self.is_worker = workerinput is not None
-        self.token = (workerinput or {}).get("rollout_golden_token") or uuid.uuid4().hex
+        self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
         self.registry = UpdateRegistry(self.token)
         self.state = SessionState()
         self.unused: list[Path] = []
@@ -175,6 +178,8 @@ class GoldenPlugin:
         )
 
     def golden_for(self, item: pytest.Item) -> Golden:
+        from .replay import Golden, Mode
+
         options = self.marker_options(item)
         marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
         item.stash[_MARKER_LAYER] = marker_layer
@@ -184,7 +189,7 @@ class GoldenPlugin:
         )
         return Golden(
             self.directory_of(item),
-            mode=self.mode,
+            mode=Mode(self.mode),
             resolver=resolver,
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
@@ -241,7 +246,7 @@ class GoldenPlugin:
         path = self.config.option.golden_report
         if path:
             document = self.state.report(
-                mode=self.mode.value, unused=self.unused, pruned=self.pruned
+                mode=self.mode, unused=self.unused, pruned=self.pruned
             )
             target = Path(path)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -343,8 +348,23 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(GoldenMismatch):
-        report.longrepr = str(call.excinfo.value)
+    excinfo = call.excinfo
+    if not report.failed or excinfo is None:
+        return report
+    if excinfo.errisinstance(GoldenMismatch):
+        report.longrepr = str(excinfo.value)  # the table says it all; no traceback
+    elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
+        hidden = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy, _pytest_internal))
+        hidden += (str(Path(__file__).parent),)
+        excinfo.traceback = excinfo.traceback.filter(
+            lambda entry: not str(entry.path).startswith(hidden)
+        )
+        style = item.config.getoption("tbstyle", "auto")
+        report.longrepr = excinfo.getrepr(
+            style="long" if style == "auto" else style,
+            tbfilter=False,
+            showlocals=item.config.getoption("showlocals", False),
+        )
     return report
 
 
