@@ -21,7 +21,8 @@ from .tolerance import Tolerance
 if TYPE_CHECKING:
     from .codec import RolloutBatch
     from .determinism import deterministic, fingerprint
-    from .replay import Golden
+    from .compare import Comparison
+    from .replay import Golden, GoldenToleranceWarning, Mode
     from .store import load_batch, save_batch
 
 __version__ = "0.1.0"
@@ -32,16 +33,22 @@ _LAZY = {
     "deterministic": "determinism",
     "fingerprint": "determinism",
     "Golden": "replay",
+    "Mode": "replay",
+    "GoldenToleranceWarning": "replay",
+    "Comparison": "compare",
     "RolloutBatch": "codec",
 }
 _SUBMODULES = {"strategies", "invariants", "parallel", "reference"}
 
 __all__ = [
+    "Comparison",
     "Golden",
     "GoldenError",
     "GoldenFormatError",
     "GoldenMismatch",
     "GoldenMissingError",
+    "GoldenToleranceWarning",
+    "Mode",
     "RolloutBatch",
     "Tolerance",
     "UnsupportedValueError",
