@@ -20,8 +20,8 @@ from .tolerance import Tolerance
 
 if TYPE_CHECKING:
     from .codec import RolloutBatch
-    from .determinism import deterministic, fingerprint
     from .compare import Comparison
+    from .determinism import deterministic, fingerprint
     from .replay import Golden, GoldenToleranceWarning, Mode
     from .store import load_batch, save_batch
 
