@@ -56,6 +56,8 @@ def encode(value: Any, *, where: str) -> Any:
             f"got {type(value).__name__}"
         )
     if not shape:
+        if dtype in ("float64", "int64"):  # indistinguishable from a Python float / int
+            return _number(values[0])
         return {"dtype": dtype, "value": _number(values[0])}
     return {"dtype": dtype, "shape": shape, "values": [_number(v) for v in values]}
 

@@ -25,11 +25,18 @@ from typing import Any, Protocol
 from . import metrics as metric_codec
 from . import store
 from .compare import FAIL, MISSING, NEW, PASS, UPDATED, Comparison, compare_values
-from .errors import REMEDY_UPDATE, GoldenError, GoldenMismatch, GoldenMissingError
+from .errors import (
+    REMEDY_UPDATE,
+    GoldenError,
+    GoldenFormatError,
+    GoldenMismatch,
+    GoldenMissingError,
+)
 from .location import safe_name
 from .tolerance import Layer, Resolver, Tolerance, builtin_layer
 
 METRICS = "metrics.json"
+_DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 
 
 class Mode(enum.Enum):
@@ -150,11 +157,23 @@ class Golden:
             info = self._old_files().get(METRICS)
             self._old_metrics = {}
             if info is not None:
-                data = store.read_json(self.directory / METRICS, expect_digest=info["digest"])
+                data = self._load(METRICS, info)
                 if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
                     raise store._fail(self.directory / METRICS, "is not a metrics file of ours")
                 self._old_metrics = data["steps"]
         return self._old_metrics
+
+    def _load(self, filename: str, info: Mapping[str, Any]) -> Any:
+        path, digest = self.directory / filename, info["digest"]
+        try:
+            if filename == METRICS:
+                return store.read_json(path, expect_digest=digest)
+            return store.load_batch(path, rebuild=self._rebuild, expect_digest=digest)
+        except FileNotFoundError:
+            raise GoldenFormatError(
+                f"{path}: listed in manifest.json but missing; restore it from version control "
+                f"or {REMEDY_UPDATE}."
+            ) from None
 
     def _missing(self, what: str, step: int, recorded: Iterable[int]) -> GoldenMissingError:
         steps = sorted(set(recorded))
@@ -180,9 +199,7 @@ class Golden:
             return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
         info = self._old_files().get(filename)
         if info is not None and self._replaying:
-            return store.load_batch(
-                self.directory / filename, rebuild=self._rebuild, expect_digest=info["digest"]
-            )
+            return self._load(filename, info)
         if self.mode is Mode.STRICT:
             recorded = [
                 i["step"]
@@ -271,7 +288,7 @@ class Golden:
         old_info = self._old_files().get(filename)
         old = {}
         if old_info is not None and (self._replaying or self.mode is Mode.UPDATE):
-            old = store.load_batch(self.directory / filename, expect_digest=old_info["digest"])
+            old = self._load(filename, old_info)
         merged: dict[str, Any] = {}
         results = []
         for tensor_name, value in tensors.items():
@@ -318,7 +335,7 @@ class Golden:
                         kind="tensor",
                         rank=rank,
                         micro=micro,
-                        detail="recorded but not passed to check_tensors in this run",
+                        detail=f"recorded but not passed to check_tensors in this run; {_DROPPED}",
                     )
                 )
         if self.mode is Mode.UPDATE or any(c.verdict == NEW for c in results):
@@ -420,7 +437,7 @@ class Golden:
                             int(step),
                             MISSING,
                             expected=metric_codec.scalar(names[name]),
-                            detail="recorded but not checked in this run",
+                            detail=f"recorded but not checked in this run; {_DROPPED}",
                         )
                     )
         for filename, info in self._old_files().items():
@@ -433,7 +450,7 @@ class Golden:
                         kind="tensor",
                         rank=info.get("rank"),
                         micro=info.get("micro"),
-                        detail="recorded but check_tensors was not called",
+                        detail=f"recorded but check_tensors was not called; {_DROPPED}",
                     )
                 )
         return out
