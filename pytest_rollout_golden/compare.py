@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .tolerance import Tolerance
+from .tolerance import Resolver, Tolerance
 
 PASS, FAIL, MISSING, NEW, UPDATED = "pass", "fail", "missing", "new", "updated"
 
@@ -180,6 +180,20 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
         f"{_index(rel_idx, e.shape)} (up to {allowed_rel} allowed)"
     )
     return Difference(False, abs_max, rel_max, "\n".join(lines))
+
+
+def dtype_name(value: Any) -> str:
+    """``"float32"`` for a float32 tensor or array; ``"float64"`` for a Python number."""
+    dtype = getattr(value, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "float64"
+
+
+def compare_named(
+    name: str, expected: Any, actual: Any, resolver: Resolver, *, check_dtype: bool
+) -> tuple[Difference, Tolerance, str]:
+    """Resolve the tolerance of ``name`` for these values, then :func:`compare_values`."""
+    tol, source = resolver.resolve(name, (dtype_name(expected), dtype_name(actual)))
+    return compare_values(expected, actual, tol, check_dtype=check_dtype), tol, source
 
 
 def _greatest(values: Any) -> tuple[float, int]:

@@ -49,6 +49,19 @@ def golden_dir(
     return root.joinpath(*parts, *(safe_name(n) for n in names))
 
 
+def find_goldens(root: Path) -> list[Path]:
+    """Every golden directory at or below ``root`` (hidden staging directories excluded)."""
+    if (root / "manifest.json").is_file():
+        return [root]
+    if not root.is_dir():
+        return []
+    return [
+        m.parent
+        for m in sorted(root.rglob("manifest.json"))
+        if not any(p.startswith(".") for p in m.relative_to(root).parts)
+    ]
+
+
 def owning_test_file(root: Path, rootdir: Path, directory: Path) -> Path | None:
     """The test file a golden directory belongs to (inverse of :func:`golden_dir`), if any."""
     rel = directory.relative_to(root)

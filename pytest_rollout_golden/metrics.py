@@ -83,15 +83,6 @@ def decode(node: Any, *, where: str) -> Any:
         raise ValueError(f"{where}: unreadable metric value {str(node)[:80]!r} ({exc})") from None
 
 
-def dtype_name(node: Any) -> str:
-    """The dtype a node was recorded with (``float64`` for Python floats)."""
-    if isinstance(node, dict):
-        return str(node.get("dtype"))
-    if isinstance(node, bool):
-        return "bool"
-    return "int64" if isinstance(node, int) else "float64"
-
-
 def scalar(node: Any) -> Any:
     """A readable scalar for messages and reports, or ``None`` for arrays."""
     if isinstance(node, dict):

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from . import metrics as metric_codec
 from . import store
-from .compare import FAIL, MISSING, NEW, PASS, UPDATED, Comparison, compare_values
+from .compare import FAIL, MISSING, NEW, PASS, UPDATED, Comparison, compare_named, dtype_name
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,
@@ -303,9 +303,9 @@ class Golden:
                 )
                 merged[tensor_name] = value
                 continue
-            dtypes = (_dtype_name(old[tensor_name]), _dtype_name(value))
-            tol, source = self._resolver.resolve(label, dtypes)
-            diff = compare_values(old[tensor_name], value, tol, check_dtype=True)
+            diff, tol, source = compare_named(
+                label, old[tensor_name], value, self._resolver, check_dtype=True
+            )
             verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
             results.append(
                 Comparison(
@@ -350,10 +350,7 @@ class Golden:
     ) -> Comparison:
         where = f"metric {name!r} at step {step}"
         expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
-        tol, source = resolver.resolve(
-            name, (metric_codec.dtype_name(old), metric_codec.dtype_name(node))
-        )
-        diff = compare_values(expected, actual, tol, check_dtype=False)
+        diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
         verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
         return Comparison(
             name,
@@ -595,13 +592,8 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _dtype_name(value: Any) -> str:
-    dtype = getattr(value, "dtype", None)
-    return str(dtype).removeprefix("torch.") if dtype is not None else "float64"
-
-
 def _summary(value: Any) -> dict[str, Any]:
-    return {"shape": list(getattr(value, "shape", ())), "dtype": _dtype_name(value)}
+    return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
 
 
 def _fmt(value: Any, digits: int = 8) -> str:

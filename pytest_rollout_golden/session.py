@@ -85,13 +85,8 @@ class SessionState:
 
     def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:
         """Golden directories no collected test uses, of fully collected or deleted test files."""
-        if not root.is_dir():
-            return []
         found = []
-        for manifest in sorted(root.rglob("manifest.json")):
-            directory = manifest.parent
-            if any(p.startswith(".") for p in directory.relative_to(root).parts):
-                continue
+        for directory in location.find_goldens(root):
             if str(directory) in self.expected_dirs:
                 continue
             owner = location.owning_test_file(root, rootdir, directory)

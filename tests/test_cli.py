@@ -1,0 +1,77 @@
+"""The rollout-golden command line: verify, show, diff."""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_rollout_golden import Golden, Mode
+from pytest_rollout_golden.cli import main
+
+
+def record(directory, *, pg_loss: float, log_probs: torch.Tensor) -> None:
+    with Golden(directory, mode=Mode.AUTO) as golden:
+        golden.rollout(lambda: {"ids": torch.arange(6).view(2, 3)}, step=0)
+        golden.check({"pg_loss": pg_loss, "grad_norm": 2.0}, step=0)
+        golden.check_tensors("forward", {"log_probs": log_probs}, step=0, rank=0)
+
+
+def test_verify_passes_on_intact_goldens_and_fails_on_a_flipped_bit(tmp_path, capsys):
+    record(tmp_path / "golden" / "a", pg_loss=0.5, log_probs=-torch.ones(2, 3))
+    assert main(["verify", str(tmp_path / "golden")]) == 0
+
+    victim = tmp_path / "golden" / "a" / "tensors-forward-step000000-rank0.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x01
+    victim.write_bytes(bytes(data))
+    assert main(["verify", str(tmp_path / "golden")]) == 1
+    assert "tensors-forward-step000000-rank0.safetensors" in capsys.readouterr().out
+
+
+def test_verify_with_no_golden_is_a_failure(tmp_path):
+    assert main(["verify", str(tmp_path)]) == 1
+
+
+def test_diff_gates_on_the_plugins_tolerances(tmp_path, capsys):
+    lp = -torch.rand(2, 3, dtype=torch.float32)
+    record(tmp_path / "a", pg_loss=0.5, log_probs=lp)
+    record(tmp_path / "same", pg_loss=0.5, log_probs=lp.clone())
+    record(tmp_path / "drift", pg_loss=0.5 * (1 + 1e-4), log_probs=lp)
+
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "same")]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "drift")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL pg_loss step 0" in out and "ok   grad_norm step 0" in out
+    # A tolerance wide enough turns the same drift into a pass.
+    assert (
+        main(
+            [
+                "diff",
+                str(tmp_path / "a"),
+                str(tmp_path / "drift"),
+                "--tolerance",
+                "pg_loss:rtol=1e-3",
+            ]
+        )
+        == 0
+    )
+
+
+def test_diff_compares_tensor_files_element_wise(tmp_path, capsys):
+    lp = -torch.rand(2, 3)
+    bumped = lp.clone()
+    bumped[1, 2] -= 1e-3
+    record(tmp_path / "a", pg_loss=0.5, log_probs=lp)
+    record(tmp_path / "b", pg_loss=0.5, log_probs=bumped)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "Mismatched elements: 1 / 6" in out and "at index (1, 2)" in out
+
+
+def test_show_lists_metrics_and_tensors(tmp_path, capsys):
+    record(tmp_path / "g", pg_loss=0.25, log_probs=-torch.ones(2, 3))
+    assert main(["show", str(tmp_path / "g")]) == 0
+    out = capsys.readouterr().out
+    assert "pg_loss" in out and "0.25" in out and "tensors-forward-step000000-rank0" in out
+    assert main(["show", str(tmp_path / "g" / "rollout-rollout-step000000.safetensors")]) == 0
+    assert "ids: int64[2, 3]" in capsys.readouterr().out
