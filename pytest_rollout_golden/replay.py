@@ -175,6 +175,16 @@ class Golden:
                 f"or {REMEDY_UPDATE}."
             ) from None
 
+    def _never_recorded(self, step_key: str) -> str:
+        steps = sorted(int(k) for k in self._recorded_metrics()) if self._manifest else []
+        if self._manifest is None:
+            where = "no golden exists yet"
+        elif step_key not in self._recorded_metrics():
+            where = f"step {step_key} was never recorded (recorded steps: {steps})"
+        else:
+            where = f"never recorded at step {step_key}"
+        return f"{where}; {REMEDY_UPDATE}"
+
     def _missing(self, what: str, step: int, recorded: Iterable[int]) -> GoldenMissingError:
         steps = sorted(set(recorded))
         listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
@@ -247,7 +257,7 @@ class Golden:
                             step,
                             MISSING,
                             actual=metric_codec.scalar(node),
-                            detail=f"never recorded; {REMEDY_UPDATE}",
+                            detail=self._never_recorded(key),
                         )
                     )
                 else:
