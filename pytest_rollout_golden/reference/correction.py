@@ -102,7 +102,8 @@ class ISThreshold:
 
 
 def parse_is_threshold(spec: float | str | None) -> ISThreshold:
-    """Parse an IS threshold: ``None`` (none), ``2.0``/``"2.0"`` (truncate), ``"0.5_2.0"`` (IcePop)."""
+    """Parse an IS threshold: ``None`` (none), ``2.0`` / ``"2.0"`` (truncation),
+    ``"0.5_2.0"`` (IcePop)."""
     if spec is None:
         return ISThreshold(upper=None)
     if isinstance(spec, bool):
@@ -274,7 +275,9 @@ def _check_level(level: str) -> None:
         raise ValueError(f"IS level must be 'token' or 'sequence', got {level!r}")
 
 
-def is_log_weights(old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, level: ISLevel) -> Tensor:
+def is_log_weights(
+    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, level: ISLevel
+) -> Tensor:
     """Unclamped log IS weight: ``log ρ`` per token, or ``Σ_t m·log ρ`` broadcast per row."""
     _check_level(level)
     log_ratio = old_log_prob - rollout_log_prob
@@ -462,7 +465,10 @@ def _masked_fractions(keep: Tensor, valid: Tensor, rows: Tensor, prefix: str) ->
     n_rows = int(rows.sum())
     token_fraction = int(dropped.sum()) / n_tokens if n_tokens else 0.0
     row_fraction = int(dropped.any(dim=-1).sum()) / n_rows if n_rows else 0.0
-    return {f"{prefix}_masked_fraction": token_fraction, f"{prefix}_seq_masked_fraction": row_fraction}
+    return {
+        f"{prefix}_masked_fraction": token_fraction,
+        f"{prefix}_seq_masked_fraction": row_fraction,
+    }
 
 
 # --------------------------------------------------------------------------- diagnostics
@@ -500,8 +506,7 @@ def offpolicy_metrics(
         "chi2_token": float(masked_mean(torch.exp(2 * safe), response_mask)) - 1.0
         if has_tokens
         else 0.0,
-        "chi2_seq": row_mean(torch.exp(2 * seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)))
-        - 1.0
+        "chi2_seq": row_mean(torch.exp(2 * seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))) - 1.0
         if has_tokens
         else 0.0,
     }

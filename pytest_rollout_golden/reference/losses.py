@@ -1,0 +1,266 @@
+"""Policy losses (PPO-clip with dual clip, REINFORCE, bypass mode), aggregation, KL estimators.
+
+Aggregation is written with explicit global normalizers so that the losses of micro-batches
+and data-parallel shards, each computed with the counts of the *whole* step, add up to the
+full-batch loss (see :func:`aggregate_loss`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .correction import SAFETY_BOUND, ISLevel, rollout_correction
+from .masking import as_bool_mask, masked_count, masked_fill_zero, masked_mean, segment_sum
+
+AggMode = Literal[
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
+AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+LossType = Literal["ppo_clip", "reinforce"]
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+
+
+def _denominator(count: int | float | Tensor, like: Tensor) -> Tensor:
+    return torch.as_tensor(count, device=like.device).to(like.dtype).clamp(min=1)
+
+
+def aggregate_loss(
+    loss_mat: Tensor,
+    response_mask: Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    global_tokens: int | Tensor | None = None,
+    global_seqs: int | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token losses to a scalar.
+
+    With ``S_b = Σ_t m·L`` and ``n_b = Σ_t m`` per sequence:
+
+    * ``token-mean``: ``Σ_b S_b / global_tokens``
+    * ``token-sum``: ``Σ_b S_b``
+    * ``seq-mean-token-sum``: ``Σ_b S_b / global_seqs``
+    * ``seq-mean-token-mean``: ``Σ_b (S_b / n_b) / global_seqs`` (empty sequences add 0)
+    * ``seq-mean-token-sum-norm``: ``Σ_b S_b / global_seqs / loss_scale_factor``
+
+    ``global_tokens`` / ``global_seqs`` default to this batch's counts of valid tokens and of
+    sequences with at least one valid token; pass the whole step's counts when this batch is
+    a micro-batch or a DP shard. ``loss_scale_factor`` defaults to the padded length ``T``
+    (packed input has none, so it is then required). Packed input: ``loss_mat`` and
+    ``response_mask`` are ``[1, N]`` and ``cu_seqlens`` ``[S + 1]`` delimits the sequences.
+    A zero normalizer is treated as 1.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    kept = masked_fill_zero(loss_mat, response_mask)
+    if mode == "token-sum":
+        return kept.sum()
+    if mode == "token-mean":
+        tokens = masked_count(response_mask) if global_tokens is None else global_tokens
+        return kept.sum() / _denominator(tokens, kept)
+    if cu_seqlens is None:
+        seq_sums = kept.sum(dim=-1)
+        seq_tokens = masked_count(response_mask, dim=-1)
+    else:
+        seq_sums = segment_sum(kept, cu_seqlens)
+        seq_tokens = segment_sum(as_bool_mask(response_mask).long(), cu_seqlens)
+    seqs = (seq_tokens > 0).sum() if global_seqs is None else global_seqs
+    if mode == "seq-mean-token-mean":
+        seq_sums = seq_sums / seq_tokens.to(seq_sums.dtype).clamp(min=1)
+    loss = seq_sums.sum() / _denominator(seqs, kept)
+    if mode == "seq-mean-token-sum-norm":
+        if loss_scale_factor is None:
+            if cu_seqlens is not None:
+                raise ValueError("seq-mean-token-sum-norm on packed input needs loss_scale_factor")
+            loss_scale_factor = float(loss_mat.shape[-1])
+        loss = loss / loss_scale_factor
+    return loss
+
+
+def ppo_clip_token_losses(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token dual-clip PPO loss and two bool flags: clipped, dual-clipped.
+
+    ``r = exp(clamp(logp - old, ±20))``, ``l1 = -A·r``, ``l2 = -A·clamp(r, 1-ε_low, 1+ε_high)``,
+    ``c1 = max(l1, l2)``, ``c2 = min(-A·clip_ratio_c, c1)``, loss ``= c2 if A < 0 else c1``.
+    ``clip_ratio_high`` defaults to ``clip_ratio_low``; ``clip_ratio_c`` must exceed 1.
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
+    ratio = (log_prob - old_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + high)
+    upper = torch.maximum(unclipped, clipped)
+    dual_bound = -advantages * clip_ratio_c
+    dual = torch.minimum(dual_bound, upper)
+    negative = advantages < 0
+    loss = torch.where(negative, dual, upper)
+    return loss, clipped > unclipped, negative & (upper > dual_bound)
+
+
+def reinforce_token_losses(
+    log_prob: Tensor, advantages: Tensor, is_weights: Tensor | None = None
+) -> Tensor:
+    """Per-token REINFORCE surrogate ``-A·log π·w`` (``w`` detached, 1 when absent)."""
+    loss = -advantages * log_prob
+    return loss if is_weights is None else loss * is_weights.detach()
+
+
+def policy_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_type: LossType = "ppo_clip",
+    is_weights: Tensor | None = None,
+    agg_mode: AggMode = "token-mean",
+    global_tokens: int | Tensor | None = None,
+    global_seqs: int | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    cu_seqlens: Tensor | None = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Aggregated policy loss and ``actor/`` metrics (pg_clipfrac, pg_clipfrac_lower, ppo_kl).
+
+    ``ppo_clip`` multiplies the per-token PPO loss by ``is_weights`` when given (decoupled
+    mode); ``reinforce`` uses ``-A·log π·w``. Metrics are means over this batch's valid tokens.
+    """
+    if loss_type == "ppo_clip":
+        per_token, clipped, dual = ppo_clip_token_losses(
+            log_prob,
+            old_log_prob,
+            advantages,
+            clip_ratio_low=clip_ratio_low,
+            clip_ratio_high=clip_ratio_high,
+            clip_ratio_c=clip_ratio_c,
+        )
+        if is_weights is not None:
+            per_token = per_token * is_weights.detach()
+    elif loss_type == "reinforce":
+        per_token = reinforce_token_losses(log_prob, advantages, is_weights)
+        clipped = dual = torch.zeros_like(as_bool_mask(response_mask))
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected 'ppo_clip' or 'reinforce'")
+    loss = aggregate_loss(
+        per_token,
+        response_mask,
+        agg_mode,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        loss_scale_factor=loss_scale_factor,
+        cu_seqlens=cu_seqlens,
+    )
+    with torch.no_grad():
+        kl = (old_log_prob - log_prob).to(torch.float64)
+        metrics = {
+            "actor/pg_clipfrac": float(masked_mean(clipped.double(), response_mask)),
+            "actor/pg_clipfrac_lower": float(masked_mean(dual.double(), response_mask)),
+            "actor/ppo_kl": float(masked_mean(kl, response_mask)),
+        }
+    return loss, metrics
+
+
+def bypass_policy_loss(
+    log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_type: LossType = "ppo_clip",
+    is_level: ISLevel | None = None,
+    is_threshold: float | str | None = 2.0,
+    is_batch_normalize: bool = False,
+    rs: str | None = None,
+    rs_threshold: float | str | None = None,
+    agg_mode: AggMode = "token-mean",
+    global_tokens: int | Tensor | None = None,
+    global_seqs: int | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Bypass mode: the rollout log-probs stand in for the old ones.
+
+    IS weights ``π_θ/π_rollout`` (detached) and the RS mask are computed from the current
+    log-probs. ``reinforce`` applies the weights explicitly; ``ppo_clip`` uses
+    ``old = rollout`` and no extra weight (the PPO ratio already is the IS ratio). Both
+    train on the RS-filtered mask. Metrics: ``actor/`` plus ``rollout_corr/``.
+    """
+    weights, keep, metrics = rollout_correction(
+        log_prob.detach(),
+        rollout_log_prob,
+        response_mask,
+        is_level=is_level,
+        is_threshold=is_threshold,
+        is_batch_normalize=is_batch_normalize,
+        rs=rs,
+        rs_threshold=rs_threshold,
+    )
+    loss, actor_metrics = policy_loss(
+        log_prob,
+        rollout_log_prob,
+        advantages,
+        keep,
+        loss_type=loss_type,
+        is_weights=weights if loss_type == "reinforce" else None,
+        agg_mode=agg_mode,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        loss_scale_factor=loss_scale_factor,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
+    metrics.update(actor_metrics)
+    return loss, metrics
+
+
+def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "low_var_kl") -> Tensor:
+    """Per-token KL estimate between the policy and the reference.
+
+    ``k1``/``kl``: ``logp - ref``; ``abs``: ``|logp - ref|``; ``k2``/``mse``:
+    ``½(logp - ref)²``; ``k3``/``low_var_kl``: ``clamp(e^d - d - 1, -10, 10)`` with
+    ``d = clamp(ref - logp, ±20)``. A ``+`` suffix (``"k3+"``) keeps the estimator's value and
+    takes the gradient of k2 (straight-through).
+    """
+    if estimator.endswith("+"):
+        forward = kl_penalty(log_prob, ref_log_prob, estimator[:-1])
+        backward = kl_penalty(log_prob, ref_log_prob, "k2")
+        return forward.detach() + (backward - backward.detach())
+    diff = log_prob - ref_log_prob
+    if estimator in ("k1", "kl"):
+        return diff
+    if estimator == "abs":
+        return diff.abs()
+    if estimator in ("k2", "mse"):
+        return 0.5 * diff.square()
+    if estimator in ("k3", "low_var_kl"):
+        d = (-diff).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        return (torch.expm1(d) - d).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")

@@ -1,0 +1,231 @@
+"""Hypothesis strategies for realistic rollout batches and rollout-correction thresholds.
+
+Every generated number is a small integer scaled by a power of two (log-probs are multiples
+of 1/16 nat), drawn from plain hypothesis integers, so failing examples shrink to small,
+readable batches: few rows, short rows, on-policy values, one or two interesting tokens.
+
+Profiles: importing this module registers the hypothesis profiles ``ci`` (derandomized, 50
+examples, no deadline, prints the reproduction blob) and ``dev`` (25 examples, no deadline)
+through :func:`register_profiles` (the same function the pytest plugin calls at start-up;
+re-registering is harmless). Select one with ``--hypothesis-profile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from hypothesis import strategies as st
+
+from .profiles import register_profiles
+from .reference.correction import RS_CRITERIA
+
+__all__ = [
+    "GRID",
+    "is_thresholds",
+    "register_profiles",
+    "rollout_batches",
+    "rs_configs",
+    "rs_criteria",
+    "rs_thresholds",
+]
+
+GRID = 16
+"""Log-probabilities, log ratios and drifts are multiples of ``1 / GRID`` nat."""
+
+_EXTREME = 25 * GRID  # a 25-nat log ratio: beyond the ±20 safety clamp
+_GARBAGE_CYCLE = (1.0, -2.0, 3.0, 5.0, -1.5)
+_FIELDS = ("old_log_probs", "rollout_log_probs", "log_probs", "advantages")
+
+
+def _one_of(value: Any, default: Sequence[Any]) -> st.SearchStrategy[Any]:
+    if value is None:
+        return st.sampled_from(list(default))
+    if isinstance(value, list | tuple):
+        return st.sampled_from(list(value))
+    return st.just(value)
+
+
+def rollout_batches(
+    *,
+    min_batch: int = 1,
+    max_batch: int = 6,
+    min_len: int = 1,
+    max_len: int = 12,
+    dtype: torch.dtype | Sequence[torch.dtype] = torch.float64,
+    padding: Literal["right", "left", "either"] = "either",
+    off_policy: float = 3.0,
+    policy_drift: float = 2.0,
+    extreme_ratios: bool = True,
+    mask_dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    allow_empty_rows: bool = True,
+    advantages: Literal["token", "sequence", "either"] = "either",
+    max_groups: int = 3,
+    garbage: bool = True,
+    device: str | torch.device = "cpu",
+) -> st.SearchStrategy[dict[str, torch.Tensor]]:
+    """Rollout batches: dicts of ``old_log_probs``, ``rollout_log_probs``, ``log_probs``,
+    ``response_mask``, ``advantages`` (all ``[B, T]``) and ``uid`` (int64 ``[B]``).
+
+    * ``B`` in ``[min_batch, max_batch]``, padded length ``T`` in ``[min_len, max_len]``; each
+      row has a valid length in ``[0, T]`` (``[1, T]`` without ``allow_empty_rows``), the
+      batch has at least one valid token, and the padding sits on one side (``padding``).
+    * Valid log-probs are ≤ 0, down to about -8 nats. ``|log π_train - log π_rollout|`` per
+      token spans ``[0, off_policy]`` nats, so ratios cross any realistic threshold; with
+      ``extreme_ratios`` up to two tokens get a 25-nat log ratio (beyond the ±20 clamp).
+      ``log_probs`` (the current policy) differs from ``old_log_probs`` by up to
+      ``policy_drift`` nats, enough to hit the PPO clip and the dual clip (ratio > 3).
+    * Padding positions hold **garbage**: non-zero finite values of either sign, up to a few
+      thousand in magnitude (positive "log-probs" included), different in every tensor, as
+      real batches do. Only valid positions are meaningful (valid log-probs are ≤ 0; garbage
+      is not). ``garbage=False`` puts zeros there instead.
+    * ``advantages`` are multiples of 1/4 in ``[-3, 3]``, per token or constant per sequence.
+    * ``uid`` holds group ids in ``[0, max_groups)``.
+    * ``dtype`` is the float dtype of the token tensors (or a list to draw from);
+      ``mask_dtype`` that of the mask (default: drawn from bool, int64 and ``dtype``).
+
+    The tensors are plain (no ``requires_grad``); checkers that need gradients make their own
+    leaf copies.
+    """
+    if not 1 <= min_batch <= max_batch:
+        raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+    if padding not in ("right", "left", "either"):
+        raise ValueError(f"padding must be 'right', 'left' or 'either', got {padding!r}")
+    if advantages not in ("token", "sequence", "either"):
+        raise ValueError(f"advantages must be 'token', 'sequence' or 'either', got {advantages!r}")
+    ratio_steps = round(off_policy * GRID)
+    drift_steps = round(policy_drift * GRID)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+        float_dtype = draw(_one_of(dtype, ()))
+        mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
+        size = draw(st.integers(min_batch, max_batch))
+        width = draw(st.integers(min_len, max_len))
+        side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
+        shortest = 0 if allow_empty_rows else 1
+        lengths = draw(st.lists(st.integers(shortest, width), min_size=size, max_size=size))
+        if sum(lengths) == 0:
+            lengths[0] = 1
+        n = sum(lengths)
+        level = draw(
+            st.sampled_from(["token", "sequence"] if advantages == "either" else [advantages])
+        )
+
+        def ints(low: int, high: int, count: int) -> list[int]:
+            return draw(st.lists(st.integers(low, high), min_size=count, max_size=count))
+
+        base = ints(0, 8 * GRID, n)
+        ratio = ints(-ratio_steps, ratio_steps, n)
+        drift = ints(-drift_steps, drift_steps, n)
+        adv = ints(-12, 12, n if level == "token" else size)
+        if extreme_ratios:
+            spikes = draw(st.lists(st.tuples(st.integers(0, n - 1), st.booleans()), max_size=2))
+            for position, up in spikes:
+                ratio[position] = _EXTREME if up else -_EXTREME
+        scale = draw(st.integers(1, 1000)) / 4 if garbage else 0.0
+        uid = ints(0, max_groups - 1, size)
+
+        # Valid token k of the batch: the larger of (old, rollout) is -base, the other one is
+        # |ratio| lower, so old - rollout == ratio exactly and both stay <= 0.
+        old_valid, rollout_valid, current_valid = [], [], []
+        for a, j, d in zip(base, ratio, drift, strict=True):
+            old = -a if j >= 0 else -a + j
+            rollout = old - j
+            current = old + d if old + d <= 0 else old - d
+            old_valid.append(old / GRID)
+            rollout_valid.append(rollout / GRID)
+            current_valid.append(current / GRID)
+        valid_values = {
+            "old_log_probs": old_valid,
+            "rollout_log_probs": rollout_valid,
+            "log_probs": current_valid,
+        }
+        if level == "token":
+            valid_values["advantages"] = [v / 4 for v in adv]
+        else:
+            valid_values["advantages"] = [
+                adv[row] / 4 for row, length in enumerate(lengths) for _ in range(length)
+            ]
+
+        mask = torch.zeros(size, width, dtype=torch.bool)
+        for row, length in enumerate(lengths):
+            if side == "right":
+                mask[row, :length] = True
+            else:
+                mask[row, width - length :] = True
+        out: dict[str, torch.Tensor] = {}
+        rows = torch.arange(size).unsqueeze(-1)
+        cols = torch.arange(width).unsqueeze(0)
+        for field, key in enumerate(_FIELDS):
+            cycle = torch.tensor(_GARBAGE_CYCLE, dtype=torch.float64)
+            junk = cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)] * scale * (1 + field)
+            values = junk.clone()
+            values[mask] = torch.tensor(valid_values[key], dtype=torch.float64)
+            out[key] = values.to(dtype=float_dtype, device=device)
+        out["response_mask"] = mask.to(dtype=mask_type, device=device)
+        out["uid"] = torch.tensor(uid, dtype=torch.int64, device=device)
+        return out
+
+    return build()
+
+
+def is_thresholds(
+    *, truncation: bool = True, icepop: bool = True
+) -> st.SearchStrategy[float | str]:
+    """IS thresholds: truncation floats in ``[1.125, 6]`` and/or IcePop ``"lower_upper"``
+    strings with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``."""
+    options: list[st.SearchStrategy[float | str]] = []
+    if truncation:
+        options.append(st.integers(9, 48).map(lambda k: k / 8))
+    if icepop:
+        options.append(
+            st.tuples(st.integers(1, 15), st.integers(9, 48)).map(
+                lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"
+            )
+        )
+    if not options:
+        raise ValueError("enable truncation, icepop or both")
+    return st.one_of(options)
+
+
+def _threshold_part(name: str) -> st.SearchStrategy[str]:
+    if name.endswith("k1"):
+        # Deliberately asymmetric bounds (lower != 1/upper): reciprocal-symmetric bounds
+        # would hide a criterion that keeps 1/upper <= ratio <= 1/lower instead.
+        bounds = st.tuples(st.integers(2, 15), st.integers(9, 32)).map(
+            lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"
+        )
+        bare = st.integers(9, 32).map(lambda k: repr(k / 8))
+        return st.one_of(bounds, bare)
+    return st.integers(1, 64).map(lambda k: repr(k / 16))
+
+
+def rs_thresholds(criterion: str) -> st.SearchStrategy[str]:
+    """One threshold per comma-separated part of ``criterion``, comma-joined.
+
+    k1 parts get ``"lower_upper"`` ratio bounds (asymmetric) or a bare upper bound ≥ 1.125;
+    k2/k3 parts a positive upper bound in ``[1/16, 4]``.
+    """
+    names = [part.strip() for part in criterion.split(",")]
+    return st.tuples(*(_threshold_part(name) for name in names)).map(",".join)
+
+
+def rs_criteria(*, max_parts: int = 2) -> st.SearchStrategy[str]:
+    """RS criterion strings: 1 to ``max_parts`` distinct criteria, comma-combined."""
+    return st.lists(st.sampled_from(RS_CRITERIA), min_size=1, max_size=max_parts, unique=True).map(
+        ",".join
+    )
+
+
+def rs_configs(*, max_parts: int = 2) -> st.SearchStrategy[tuple[str, str]]:
+    """``(criterion, threshold)`` pairs drawn from :func:`rs_criteria` / :func:`rs_thresholds`."""
+    return rs_criteria(max_parts=max_parts).flatmap(
+        lambda criterion: rs_thresholds(criterion).map(lambda threshold: (criterion, threshold))
+    )
+
+
+register_profiles()
