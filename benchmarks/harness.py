@@ -10,38 +10,58 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import resource
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
+@dataclasses.dataclass
+class Samples:
+    """Wall time (s) and minor page faults of each timed call of one candidate."""
+
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    faults: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def median_faults(self) -> int:
+        return round(statistics.median(self.faults))
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def interleaved(
     candidates: Mapping[str, Callable[[], Any]], rounds: int, *, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Seconds per call of each candidate: ``warmup`` untimed rounds, then ``rounds`` timed ones.
+) -> dict[str, Samples]:
+    """Time each candidate: ``warmup`` untimed rounds, then ``rounds`` timed ones.
 
     The order of the candidates rotates from round to round. Results are dropped
     and garbage collected outside the timed region.
     """
     names = list(candidates)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    samples = {name: Samples() for name in names}
     for r in range(warmup + rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             gc.collect()
+            faults = _minor_faults()
             start = time.perf_counter()
             result = candidates[name]()
             elapsed = time.perf_counter() - start
+            faults = _minor_faults() - faults
             del result
             if r >= warmup:
-                times[name].append(elapsed)
+                samples[name].seconds.append(elapsed)
+                samples[name].faults.append(faults)
     gc.collect()
-    return times
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
+    return samples
 
 
 def ms(seconds: float) -> str:

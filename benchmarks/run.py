@@ -28,6 +28,11 @@ SECTIONS = {
 }
 
 
+def _load() -> str:
+    """The 1-minute load average: other work on the machine makes every figure noisier."""
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few rounds (smoke)")
@@ -37,10 +42,14 @@ def main() -> int:
     args = parser.parse_args()
 
     start = time.perf_counter()
+    # One intra-op thread throughout: every candidate gets the same CPU, and on a small shared
+    # machine a second OpenMP thread waiting for a busy core only adds noise.
+    torch.set_num_threads(1)
     print(f"# pytest-rollout-golden benchmarks{' (--quick)' if args.quick else ''}\n")
     print(
         f"Python {platform.python_version()}, torch {torch.__version__}, {platform.machine()},"
-        f" {os.cpu_count()} CPUs, {platform.system()} {platform.release()}\n"
+        f" {os.cpu_count()} CPUs, {platform.system()} {platform.release()};"
+        f" `torch.set_num_threads(1)`; load average at start {_load()}\n"
     )
     targets = []
     for name in args.only or SECTIONS:
@@ -50,7 +59,7 @@ def main() -> int:
 
     print("## Targets\n")
     print(table(["target", "measured", "verdict"], [t.row() for t in targets]))
-    print(f"\nTotal benchmark time: {time.perf_counter() - start:.0f} s")
+    print(f"\nTotal benchmark time: {time.perf_counter() - start:.0f} s; load average {_load()}.")
     return 0
 
 

@@ -88,8 +88,13 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             key = key_for(path)
             arrays[key] = v
             return {"t": "torch", "k": key, "device": str(v.device)}
+        if (_is_numpy(v, "array") or _is_numpy(v, "scalar")) and v.dtype.kind == "V":
+            raise UnsupportedValueError(
+                f"structured numpy value at {_where(path)} (dtype {v.dtype}) cannot be replayed; "
+                "record each field as its own array"
+            )
         if _is_numpy(v, "array"):
-            if v.dtype.kind in "OUSV":
+            if v.dtype.kind in "OUS":
                 return {
                     "t": "ndarray",
                     "dtype": v.dtype.str,
@@ -130,7 +135,10 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             "array or a JSON-able value (str, int, float, bool, None, list, dict) before recording"
         )
 
-    return arrays, node(value, [])
+    try:
+        return arrays, node(value, [])
+    finally:
+        node = None  # a recursive closure is a reference cycle: do not let it pin arrays until gc
 
 
 def _items(pairs: Any, path: list[str], node: Callable[[Any, list[str]], Any]) -> list[Any]:
@@ -195,6 +203,8 @@ def unflatten(
         return node(layout)
     except (KeyError, TypeError, ValueError) as exc:
         raise GoldenFormatError(f"layout does not match the stored arrays ({exc!r})") from exc
+    finally:
+        node = None  # a recursive closure is a reference cycle: do not let it pin arrays until gc
 
 
 def _to_device(tensor: Any, device: str) -> Any:

@@ -87,6 +87,8 @@ def _raw_bytes(array: Any) -> tuple[str, list[int], memoryview]:
         import torch
 
         t = array.detach()
+        if t.is_meta:
+            raise UnsupportedValueError("a tensor on the meta device has no data to record")
         code = _BY_TORCH.get(str(t.dtype).removeprefix("torch."))
         if code is None:
             raise UnsupportedValueError(f"torch dtype {t.dtype} has no safetensors encoding")
@@ -158,75 +160,83 @@ def _fail(path: Path, what: str) -> GoldenFormatError:
 
 
 def read_bytes(path: Path) -> bytearray:
-    """The whole file in one writable buffer (tensors are views into it)."""
+    """The whole file in one writable buffer."""
     try:
         with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            buf = bytearray(size)
-            view, got = memoryview(buf), 0
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
+            return _read_exact(path, f, bytearray(os.fstat(f.fileno()).st_size))
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise _fail(path, f"cannot be read ({exc})") from exc
-    if got != size:
-        raise _fail(path, f"shrank while being read ({got} of {size} bytes)")
+
+
+def _read_exact(path: Path, f: Any, buf: Any) -> Any:
+    """Fill the writable buffer ``buf`` from the unbuffered file ``f``; return ``buf``."""
+    view, got = memoryview(buf).cast("B"), 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise _fail(path, f"shrank while being read ({got} of {len(view)} bytes)")
+        got += n
     return buf
 
 
 def _sniff_foreign(path: Path, buf: bytearray) -> None:
     if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
-        raise _fail(path, "is a pickle file, not a safetensors golden; it was not unpickled "
-                    "(unpickling runs code stored in the file)")
+        raise _fail(
+            path,
+            "is a pickle file, not a safetensors golden; it was not unpickled "
+            "(unpickling runs code stored in the file)",
+        )
     for magic, what in _FOREIGN_MAGIC:
         if buf.startswith(magic):
             raise _fail(path, f"is {what}, not a safetensors golden; it was not deserialized")
 
 
-def decode_safetensors(
-    path: Path, buf: bytearray, *, expect_digest: str | None = None, want: str = "torch"
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Parse and verify a safetensors buffer; return ``(arrays, metadata)``.
+def _parse_header(
+    path: Path, size: int, head: bytes | bytearray, header_bytes: Callable[[int], bytes]
+) -> tuple[int, dict[str, Any], list[tuple]]:
+    """``(header length, header, entries)`` of a safetensors file of ``size`` bytes.
 
-    Arrays are zero-copy views of ``buf``: torch tensors (``want="torch"``) or,
-    for entries the layout marks as numpy, numpy arrays.
+    ``head`` is the file's first 8 bytes (fewer if it is shorter) and
+    ``header_bytes(n)`` returns the ``n`` bytes of JSON that follow them.
     """
-    _sniff_foreign(path, buf)
-    if len(buf) < 8:
-        raise _fail(path, f"is truncated ({len(buf)} bytes, no safetensors header)")
-    (n,) = struct.unpack_from("<Q", buf)
-    if n > _HEADER_LIMIT or 8 + n > len(buf):
-        raise _fail(path, f"is truncated or not safetensors (header length {n}, file {len(buf)} B)")
+    _sniff_foreign(path, head)
+    if size < 8:
+        raise _fail(path, f"is truncated ({size} bytes, no safetensors header)")
+    (n,) = struct.unpack_from("<Q", head)
+    if n > _HEADER_LIMIT or 8 + n > size:
+        raise _fail(path, f"is truncated or not safetensors (header length {n}, file {size} B)")
     try:
-        header = json.loads(bytes(buf[8 : 8 + n]))
+        header = json.loads(header_bytes(n))
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
     except (ValueError, UnicodeDecodeError) as exc:
         raise _fail(path, f"has a corrupted safetensors header ({exc})") from None
-    metadata = header.get("__metadata__") or {}
-    data = memoryview(buf)[8 + n :]
-    entries = _check_entries(path, header, len(data))
+    return n, header, _check_entries(path, header, size - 8 - n)
 
+
+def _verify(
+    path: Path, header: dict[str, Any], data: Iterable[Any], expect_digest: str | None
+) -> dict[str, str]:
+    """Check the digest of the header and ``data`` (the data region, in order); return metadata."""
+    metadata = header.get("__metadata__") or {}
     stored = metadata.get("prg.digest")
+    if stored is None and "prg.format" in metadata:  # ours, but the digest's key was damaged
+        raise _fail(path, "is corrupted: its header lost the checksum")
     if stored is not None:
-        unsigned = {**header, "__metadata__": {k: v for k, v in metadata.items() if k != "prg.digest"}}
+        unsigned = {
+            **header,
+            "__metadata__": {k: v for k, v in metadata.items() if k != "prg.digest"},
+        }
         hasher = xxhash.xxh3_128(_canonical(unsigned))
-        hasher.update(data)
+        for chunk in data:
+            hasher.update(chunk)
         if hasher.hexdigest() != stored:
             raise _fail(path, "is corrupted: its checksum does not match its content")
     if expect_digest is not None and stored != expect_digest:
         raise _fail(path, "differs from the file listed in manifest.json (checksum mismatch)")
-
-    numpy_keys = _numpy_keys(metadata)
-    arrays = {}
-    for name, code, shape, begin, end in entries:
-        as_numpy = want == "numpy" or name in numpy_keys
-        arrays[name] = _view(buf, 8 + n + begin, end - begin, code, shape, as_numpy)
-    return arrays, metadata
+    return metadata
 
 
 def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tuple]:
@@ -282,23 +292,59 @@ def _view(buf: bytearray, offset: int, nbytes: int, code: str, shape: list[int],
     if as_numpy and numpy_name:
         import numpy as np
 
-        return np.frombuffer(buf, dtype=np.dtype(numpy_name).newbyteorder("<"),
-                             count=nbytes // np.dtype(numpy_name).itemsize,
-                             offset=offset).reshape(shape)
+        return np.frombuffer(
+            buf,
+            dtype=np.dtype(numpy_name).newbyteorder("<"),
+            count=nbytes // np.dtype(numpy_name).itemsize,
+            offset=offset,
+        ).reshape(shape)
     import torch
 
     dtype = getattr(torch, torch_name)
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize,
-                            offset=offset).reshape(shape)
+    return torch.frombuffer(
+        buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
+    ).reshape(shape)
 
 
 def read_safetensors(
     path: Path, *, expect_digest: str | None = None, want: str = "torch"
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Read and verify one safetensors file; see :func:`decode_safetensors`."""
-    return decode_safetensors(path, read_bytes(path), expect_digest=expect_digest, want=want)
+    """Read and verify one safetensors file; return ``(arrays, metadata)``.
+
+    Arrays are torch tensors, or numpy arrays for ``want="numpy"`` and for the
+    entries the layout records as numpy. The header is read first, then every
+    tensor straight into its own allocation, as torch.load does: a load is one
+    copy from the page cache plus the checksum. A single file-sized buffer would
+    be slower: past malloc's mmap threshold (32 MiB) it is fresh memory,
+    page-faulted 4 KiB at a time on every load. A tensor kept alive also does not
+    pin the rest of the file.
+    """
+    import numpy as np
+
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            head = _read_exact(path, f, bytearray(min(size, 8)))
+            _, header, entries = _parse_header(
+                path, size, head, lambda n: _read_exact(path, f, bytearray(n))
+            )
+            chunks = {
+                e[0]: _read_exact(path, f, np.empty(e[4] - e[3], dtype=np.uint8))
+                for e in sorted(entries, key=lambda e: e[3])
+            }
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc})") from exc
+    metadata = _verify(path, header, chunks.values(), expect_digest)
+    numpy_keys = _numpy_keys(metadata)
+    arrays = {}
+    for name, code, shape, begin, end in entries:
+        as_numpy = want == "numpy" or name in numpy_keys
+        arrays[name] = _view(chunks[name], 0, end - begin, code, shape, as_numpy)
+    return arrays, metadata
 
 
 def load_batch(
@@ -337,7 +383,9 @@ def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
     buf = read_bytes(path)
     _sniff_foreign(path, buf)
     if expect_digest is not None and xxhash.xxh3_128_hexdigest(buf) != expect_digest:
-        raise _fail(path, "is corrupted or was edited by hand: its checksum differs from manifest.json")
+        raise _fail(
+            path, "is corrupted or was edited by hand: its checksum differs from manifest.json"
+        )
     try:
         return json.loads(bytes(buf))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -396,8 +444,9 @@ def recover(directory: Path) -> None:
     if not parent.is_dir():
         return
     siblings = [p for p in parent.iterdir() if p.name.startswith(f".{name}.")]
-    backups = sorted((p for p in siblings if p.name.startswith(f".{name}.old-")),
-                     key=lambda p: p.stat().st_mtime)
+    backups = sorted(
+        (p for p in siblings if p.name.startswith(f".{name}.old-")), key=lambda p: p.stat().st_mtime
+    )
     if backups and not directory.exists():
         os.rename(backups.pop(), directory)
     for leftover in [*backups, *(p for p in siblings if p.name.startswith(f".{name}.new-"))]:
