@@ -138,48 +138,120 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
     if e.numel() == 0:
         return Difference(True, 0.0, 0.0)
 
-    same_bits = _bit_equal_elements(e, a) if tol.exact and e.dtype == a.dtype else None
+    stats = _Stats()
+    flat_e, flat_a = e.reshape(-1), a.reshape(-1)
+    bitwise = tol.exact and e.dtype == a.dtype
+    for start in range(0, flat_e.numel(), _CHUNK):
+        ce, ca = flat_e[start : start + _CHUNK], flat_a[start : start + _CHUNK]
+        if e.dtype == a.dtype and (
+            torch.equal(_bits(ce), _bits(ca)) if bitwise else torch.equal(ce, ca)
+        ):
+            continue  # equal chunks (NaN never equals itself here) cannot hold a mismatch
+        stats.add(start, *_chunk_analysis(ce, ca, tol, bitwise))
+    if stats.bad == 0:
+        return Difference(True, stats.abs_max, stats.rel_max)
+    if e.dim() == 0:
+        return Difference(False, stats.abs_max, stats.rel_max, "")
+    n = e.numel()
+    lines = [f"Mismatched elements: {stats.bad} / {n} ({100.0 * stats.bad / n:.1f}%)"]
+    if stats.nan_vs_value:
+        lines.append(
+            f"NaN against a number at {stats.nan_vs_value} element(s), "
+            f"first at index {_index(stats.first_nan, e.shape)}"
+        )
+    if stats.nan_vs_nan:
+        lines.append(f"NaN against NaN at {stats.nan_vs_nan} element(s) (equal_nan is off)")
+    allowed_abs = "0 (bit-exact)" if tol.exact else f"{tol.atol:.3g}"
+    allowed_rel = "0 (bit-exact)" if tol.exact else f"{tol.rtol:.3g}"
+    lines.append(
+        f"Greatest absolute difference: {stats.abs_max:.6g} at index "
+        f"{_index(stats.abs_idx, e.shape)} (up to {allowed_abs} allowed)"
+    )
+    lines.append(
+        f"Greatest relative difference: {stats.rel_max:.6g} at index "
+        f"{_index(stats.rel_idx, e.shape)} (up to {allowed_rel} allowed)"
+    )
+    return Difference(False, stats.abs_max, stats.rel_max, "\n".join(lines))
+
+
+# Elements analysed at a time: the temporaries of one chunk stay in cache, and a
+# drift confined to a few elements costs only the chunks that hold it.
+_CHUNK = 1 << 18
+
+
+@dataclasses.dataclass
+class _Stats:
+    """Running totals of the element-wise analysis over chunks."""
+
+    bad: int = 0
+    nan_vs_value: int = 0
+    first_nan: int = -1
+    nan_vs_nan: int = 0
+    abs_max: float = 0.0
+    abs_idx: int = 0
+    rel_max: float = 0.0
+    rel_idx: int = 0
+
+    def add(
+        self,
+        start: int,
+        bad: int,
+        nan_vs_value: int,
+        first_nan: int,
+        nan_vs_nan: int,
+        greatest_abs: tuple[float, int],
+        greatest_rel: tuple[float, int],
+    ) -> None:
+        self.bad += bad
+        if nan_vs_value and self.first_nan < 0:
+            self.first_nan = start + first_nan
+        self.nan_vs_value += nan_vs_value
+        self.nan_vs_nan += nan_vs_nan
+        if _above(greatest_abs[0], self.abs_max):
+            self.abs_max, self.abs_idx = greatest_abs[0], start + greatest_abs[1]
+        if _above(greatest_rel[0], self.rel_max):
+            self.rel_max, self.rel_idx = greatest_rel[0], start + greatest_rel[1]
+
+
+def _above(value: float, current: float) -> bool:
+    return value > current or (math.isnan(current) and not math.isnan(value))
+
+
+def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
+    """Mismatch count, NaN counts, greatest absolute and relative difference of one chunk."""
+    import torch
+
+    same_bits = _bit_equal_elements(e, a) if bitwise else None
     dtype = _work_dtype(e, a)
     e, a = e.to(dtype), a.to(dtype)
     diff = (a - e).abs()
-    both_nan = e.isnan() & a.isnan()
+    e_nan, a_nan = e.isnan(), a.isnan()
+    both_nan = e_nan & a_nan
+    equal = a == e
     if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0 and NaN payloads
         ok = same_bits
     else:
         allowed = 0.0 if tol.exact else tol.atol + tol.rtol * e.abs()
-        ok = (a == e) | (diff <= allowed)
+        # An infinity matches only itself: inf - x <= rtol * inf would let +inf pass as
+        # -inf or as any finite value (torch.testing compares non-finite values by equality).
+        ok = equal | ((diff <= allowed) & e.isfinite() & a.isfinite())
         if tol.equal_nan or tol.exact:
             ok |= both_nan
-    diff = torch.where(both_nan | (a == e), torch.zeros_like(diff), diff)
+    diff = torch.where(both_nan | equal, torch.zeros_like(diff), diff)
     rel = diff / e.abs()
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     bad = ~ok
-    n_bad, n = int(bad.sum()), e.numel()
-    abs_max, abs_idx = _greatest(diff)
-    rel_max, rel_idx = _greatest(rel)
-    if n_bad == 0:
-        return Difference(True, abs_max, rel_max)
-    if e.dim() == 0:
-        return Difference(False, abs_max, rel_max, "")
-    lines = [f"Mismatched elements: {n_bad} / {n} ({100.0 * n_bad / n:.1f}%)"]
-    nan_vs_value = int((e.isnan() ^ a.isnan()).sum())
-    if nan_vs_value:
-        first = tuple(int(i) for i in torch.nonzero(e.isnan() ^ a.isnan())[0].tolist())
-        lines.append(f"NaN against a number at {nan_vs_value} element(s), first at index {first}")
-    nan_vs_nan = int((both_nan & bad).sum())
-    if nan_vs_nan:
-        lines.append(f"NaN against NaN at {nan_vs_nan} element(s) (equal_nan is off)")
-    allowed_abs = "0 (bit-exact)" if tol.exact else f"{tol.atol:.3g}"
-    allowed_rel = "0 (bit-exact)" if tol.exact else f"{tol.rtol:.3g}"
-    lines.append(
-        f"Greatest absolute difference: {abs_max:.6g} at index "
-        f"{_index(abs_idx, e.shape)} (up to {allowed_abs} allowed)"
+    nan_mismatch = e_nan ^ a_nan
+    n_nan = int(torch.count_nonzero(nan_mismatch))
+    first_nan = int(torch.nonzero(nan_mismatch)[0, 0]) if n_nan else -1
+    return (
+        int(torch.count_nonzero(bad)),
+        n_nan,
+        first_nan,
+        int(torch.count_nonzero(both_nan & bad)),
+        _greatest(diff),
+        _greatest(rel),
     )
-    lines.append(
-        f"Greatest relative difference: {rel_max:.6g} at index "
-        f"{_index(rel_idx, e.shape)} (up to {allowed_rel} allowed)"
-    )
-    return Difference(False, abs_max, rel_max, "\n".join(lines))
 
 
 def dtype_name(value: Any) -> str:

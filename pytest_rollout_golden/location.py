@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 _DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.=\[\]-]")
@@ -62,11 +63,13 @@ def find_goldens(root: Path) -> list[Path]:
     ]
 
 
-def owning_test_file(root: Path, rootdir: Path, directory: Path) -> Path | None:
+def owning_test_file(
+    root: Path, rootdir: Path, directory: Path, *, is_file: Callable[[Path], bool] = Path.is_file
+) -> Path | None:
     """The test file a golden directory belongs to (inverse of :func:`golden_dir`), if any."""
     rel = directory.relative_to(root)
     for i in range(len(rel.parts) - 1, 0, -1):
         candidate = rootdir.joinpath(*rel.parts[:i]).with_suffix(".py")
-        if candidate.is_file():
+        if is_file(candidate):
             return candidate
     return None

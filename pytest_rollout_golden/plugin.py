@@ -19,7 +19,7 @@ import _pytest as _pytest_internal
 import pluggy
 import pytest
 
-from .errors import GoldenError, GoldenMismatch
+from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
 from .location import golden_dir
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
@@ -204,7 +204,8 @@ class GoldenPlugin:
     def seed_of(self, item: pytest.Item) -> int:
         return int(self.marker_options(item).get("seed", self.seed))
 
-    def finish(self, item: pytest.Item, *, error: bool) -> None:
+    def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
+        """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
         golden = item.stash.get(_GOLDEN, None)
         if golden is None:
             return
@@ -213,6 +214,8 @@ class GoldenPlugin:
         try:
             golden.finish(error=error, tolerance_layers=[layer] if layer else [])
         finally:
+            if golden_error:  # missing (strict) or unreadable golden: a failed golden too
+                golden.outcome.status = "failed"
             self.state.add_outcome(golden.outcome.to_json())
 
     # ------------------------------------------------------------------ session end
@@ -234,7 +237,8 @@ class GoldenPlugin:
 
     def close(self, session: pytest.Session) -> None:
         self.state.used_tolerances |= self.used_tolerances()
-        self.unused = self.state.unused_dirs(self.root, self.rootdir)
+        if self.state.expected_dirs or self.config.option.golden_prune:
+            self.unused = self.state.unused_dirs(self.root, self.rootdir)
         if self.config.option.golden_prune and self.unused:
             reason = self._not_full_run(session)
             if reason:
@@ -243,11 +247,15 @@ class GoldenPlugin:
                 for directory in self.unused:
                     shutil.rmtree(directory)
                     self.pruned.append(directory)
+                    parent = directory.parent  # the test file's folder, if now empty
+                    while parent != self.root and self.root in parent.parents:
+                        if any(parent.iterdir()):
+                            break
+                        parent.rmdir()
+                        parent = parent.parent
         path = self.config.option.golden_report
         if path:
-            document = self.state.report(
-                mode=self.mode, unused=self.unused, pruned=self.pruned
-            )
+            document = self.state.report(mode=self.mode, unused=self.unused, pruned=self.pruned)
             target = Path(path)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
@@ -296,9 +304,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     plugin = config.stash[_PLUGIN]
     for arg in config.args:
         if "::" in arg:
-            plugin.state.partial_files.add(
-                str((Path(config.invocation_params.dir) / arg.split("::")[0]).resolve())
-            )
+            # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
+            named = Path(config.invocation_params.dir) / arg.split("::")[0]
+            plugin.state.partial_files.add(os.path.abspath(named))
     for item in items:
         plugin.state.collected_files.add(str(Path(item.path)))
         if "golden" in getattr(item, "fixturenames", ()):
@@ -327,8 +335,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     plugin = item.config.stash[_PLUGIN]
     try:
         result = yield
-    except BaseException:
-        plugin.finish(item, error=True)
+    except BaseException as exc:
+        unusable = isinstance(exc, (GoldenMissingError, GoldenFormatError))
+        plugin.finish(item, error=True, golden_error=unusable)
         raise
     plugin.finish(item, error=False)
     return result

@@ -7,6 +7,7 @@ prunes unused goldens.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -86,10 +87,11 @@ class SessionState:
     def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:
         """Golden directories no collected test uses, of fully collected or deleted test files."""
         found = []
+        is_file = functools.lru_cache(maxsize=None)(Path.is_file)  # goldens share test files
         for directory in location.find_goldens(root):
             if str(directory) in self.expected_dirs:
                 continue
-            owner = location.owning_test_file(root, rootdir, directory)
+            owner = location.owning_test_file(root, rootdir, directory, is_file=is_file)
             whole_file = str(owner) in self.collected_files and str(owner) not in self.partial_files
             if owner is None or whole_file:
                 found.append(directory)
