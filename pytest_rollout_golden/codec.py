@@ -75,6 +75,13 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
         return unique
 
     def node(v: Any, path: list[str]) -> Any:
+        if _is_numpy(v, "scalar"):  # before str/float: np.str_ and np.float64 subclass them
+            if v.dtype.kind in "mMOV":
+                raise UnsupportedValueError(
+                    f"numpy scalar at {_where(path)} has dtype {v.dtype}, which cannot be "
+                    "recorded; convert it to a number or a str"
+                )
+            return {"t": "npscalar", "dtype": v.dtype.str, "v": node(v.item(), path)}
         if v is None or isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
@@ -104,8 +111,6 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             key = key_for(path)
             arrays[key] = v
             return {"t": "numpy", "k": key}
-        if _is_numpy(v, "scalar"):
-            return {"t": "npscalar", "dtype": v.dtype.str, "v": node(v.item(), path)}
         if isinstance(v, bytes):
             return {"t": "bytes", "v": base64.b64encode(v).decode("ascii")}
         if _is_tensordict_like(v):

@@ -35,6 +35,8 @@ def encode(value: Any, *, where: str) -> Any:
         return value
     if isinstance(value, float):
         return _number(value)
+    if isinstance(value, int):
+        raise UnsupportedValueError(f"{where}: the integer {value} does not fit in int64")
     torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach()
