@@ -66,10 +66,30 @@ def find_goldens(root: Path) -> list[Path]:
 def owning_test_file(
     root: Path, rootdir: Path, directory: Path, *, is_file: Callable[[Path], bool] = Path.is_file
 ) -> Path | None:
-    """The test file a golden directory belongs to (inverse of :func:`golden_dir`), if any."""
+    """The test file a golden directory belongs to (inverse of :func:`golden_dir`), if any.
+
+    The common case (names :func:`safe_name` kept as they were) is a direct look-up.
+    Otherwise (``rl+ppo/``, ``test_v1.2.py``, ``_external/``) the directories are
+    walked, matching each level by applying :func:`safe_name` to what exists on disk.
+    """
     rel = directory.relative_to(root)
     for i in range(len(rel.parts) - 1, 0, -1):
-        candidate = rootdir.joinpath(*rel.parts[:i]).with_suffix(".py")
+        candidate = rootdir.joinpath(*rel.parts[:i])
+        candidate = candidate.with_name(candidate.name + ".py")  # not with_suffix: "v1.2"
         if is_file(candidate):
             return candidate
+    parts, current = rel.parts, rootdir
+    if parts and parts[0] == "_external":
+        current, parts = Path(rootdir.anchor), parts[1:]
+    for part in parts[:-1]:
+        try:
+            children = sorted(current.iterdir())
+        except OSError:
+            return None
+        for child in children:
+            if child.suffix == ".py" and safe_name(child.stem) == part and is_file(child):
+                return child
+        current = next((c for c in children if safe_name(c.name) == part and c.is_dir()), None)
+        if current is None:
+            return None
     return None

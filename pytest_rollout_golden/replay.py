@@ -128,7 +128,12 @@ class Golden:
         self._lock.__enter__()
         self._opened = True
         store.recover(self.directory)
-        self._manifest = store.read_manifest(self.directory)
+        try:
+            self._manifest = store.read_manifest(self.directory)
+        except GoldenFormatError:
+            if self.mode is not Mode.UPDATE:
+                raise
+            self._manifest = None  # --update-golden is the remedy: re-record it from scratch
         updated = self._registry is not None and self._registry.contains(self.directory)
         if self._manifest is not None and self.mode is Mode.UPDATE and updated:
             self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
@@ -157,7 +162,7 @@ class Golden:
             info = self._old_files().get(METRICS)
             self._old_metrics = {}
             if info is not None:
-                data = self._load(METRICS, info)
+                data = self._load_for_update(METRICS, info, {"steps": {}})
                 if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
                     raise store._fail(self.directory / METRICS, "is not a metrics file of ours")
                 self._old_metrics = data["steps"]
@@ -174,6 +179,19 @@ class Golden:
                 f"{path}: listed in manifest.json but missing; restore it from version control "
                 f"or {REMEDY_UPDATE}."
             ) from None
+
+    def _load_for_update(self, filename: str, info: Mapping[str, Any], damaged: Any) -> Any:
+        """:meth:`_load`, except that ``--update-golden`` replaces an unreadable file.
+
+        Every error about a damaged golden names ``--update-golden`` as the remedy,
+        so an update must not need the old values: it only loses their diff.
+        """
+        try:
+            return self._load(filename, info)
+        except GoldenFormatError:
+            if self.mode is not Mode.UPDATE:
+                raise
+            return damaged
 
     def _never_recorded(self, step_key: str) -> str:
         steps = sorted(int(k) for k in self._recorded_metrics()) if self._manifest else []
@@ -262,6 +280,7 @@ class Golden:
                     )
                 else:
                     results.append(Comparison(name, step, NEW, actual=metric_codec.scalar(node)))
+                resolver.resolve(name)  # notes which tolerances name it, for unused warnings
                 continue
             results.append(self._compare_metric(name, step, old, node, resolver))
         if layer is not None:
@@ -298,13 +317,14 @@ class Golden:
         old_info = self._old_files().get(filename)
         old = {}
         if old_info is not None and (self._replaying or self.mode is Mode.UPDATE):
-            old = self._load(filename, old_info)
+            old = self._load_for_update(filename, old_info, {})
         merged: dict[str, Any] = {}
         results = []
         for tensor_name, value in tensors.items():
             label = f"{name}/{tensor_name}"
             if tensor_name not in old:
                 verdict = MISSING if self.mode is Mode.STRICT else NEW
+                self._resolver.resolve(label)  # notes which tolerances name it
                 detail = f"never recorded; {REMEDY_UPDATE}" if verdict == MISSING else ""
                 results.append(
                     Comparison(
@@ -606,13 +626,18 @@ def _summary(value: Any) -> dict[str, Any]:
     return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
 
 
-def _fmt(value: Any, digits: int = 8) -> str:
+def _fmt(value: Any, digits: int | None = None) -> str:
+    """A cell of the mismatch table; floats in full (``repr``) unless ``digits`` is given.
+
+    Expected and actual values are shown in full: rounded, a drift below the
+    rounding (a 1-ulp change in the exact lane) would show two equal numbers.
+    """
     if value is None:
         return "-"
     if isinstance(value, dict):
         return f"{value.get('dtype')}{value.get('shape')}"
     if isinstance(value, float):
-        return repr(value) if not math.isfinite(value) else f"{value:.{digits}g}"
+        return repr(value) if digits is None or not math.isfinite(value) else f"{value:.{digits}g}"
     return str(value)
 
 

@@ -65,7 +65,8 @@ def summary_lines(
 
     counts = state.counts()
     unused, pruned = list(unused), list(pruned)
-    if not any(counts.values()) and not unused and not pruned:
+    discarded = any(o.get("discarded") for o in state.outcomes)
+    if not any(counts.values()) and not unused and not pruned and not discarded:
         return []
     lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
     for outcome in state.outcomes:

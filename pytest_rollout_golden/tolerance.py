@@ -198,14 +198,19 @@ class Resolver:
         return Resolver([layer, *self.layers], exact=self.exact)
 
     def resolve(self, name: str, dtypes: Iterable[str] = ("float64",)) -> tuple[Tolerance, str]:
-        """``(tolerance, where it came from)`` for metric ``name`` of the given dtypes."""
-        if self.exact:
-            return EXACT, "exact lane"
+        """``(tolerance, where it came from)`` for metric ``name`` of the given dtypes.
+
+        Every layer is consulted, so that an entry shadowed by a higher layer or by
+        the exact lane still counts as matched (it must not be reported as unused).
+        """
+        found = None
         for layer in self.layers:
             tol = layer.match(name)
-            if tol is not None:
-                return tol, layer.source
-        return dtype_default(dtypes)
+            if tol is not None and found is None:
+                found = tol, layer.source
+        if self.exact:
+            return EXACT, "exact lane"
+        return found or dtype_default(dtypes)
 
 
 def builtin_layer() -> Layer:

@@ -1,0 +1,137 @@
+"""Shared helper of the plugin tests: a throw-away pytest project that uses ``golden``.
+
+``project.write(source)`` writes a test file into a pytester directory whose
+``conftest.py`` gives the inner tests two helpers: ``values()`` reads
+``values.json`` (so a test can change what the inner test computes without
+rewriting its source, which could leave a stale ``.pyc`` behind), and
+``generated(tag, batch)`` appends ``tag`` to ``calls.log`` and returns
+``batch``, so the outer test can prove whether a generator ran.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+INNER_CONFTEST = """
+import json
+import pathlib
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+
+
+@pytest.fixture
+def values():
+    path = HERE / "values.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@pytest.fixture
+def generated():
+    def log_and_return(tag, batch):
+        with open(HERE / "calls.log", "a") as log:
+            log.write(tag + "\\n")
+        return batch
+
+    return log_and_return
+"""
+
+
+class Project:
+    """A pytester directory with helpers to write tests, run pytest and inspect golden/."""
+
+    def __init__(self, pytester: pytest.Pytester):
+        self.pytester = pytester
+        self.path = pytester.path
+        self.golden = self.path / "golden"
+        pytester.makeconftest(INNER_CONFTEST)
+
+    def write(self, source: str, name: str = "test_it") -> Path:
+        """Write ``<name>.py``; returns its path."""
+        return self.pytester.makepyfile(**{name: source})
+
+    def set_values(self, **values: object) -> None:
+        (self.path / "values.json").write_text(json.dumps(values))
+
+    def run(self, *args: str) -> pytest.RunResult:
+        """Run pytest in-process (fast; torch is already imported)."""
+        return self.pytester.runpytest("-p", "no:cacheprovider", *args)
+
+    def run_subprocess(self, *args: str) -> pytest.RunResult:
+        """Run pytest in a fresh interpreter (environment variables, xdist)."""
+        return self.pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=300)
+
+    def calls(self) -> list[str]:
+        """Tags logged by ``generated()`` since the last call, then forget them."""
+        log = self.path / "calls.log"
+        if not log.exists():
+            return []
+        tags = log.read_text().split()
+        log.unlink()
+        return tags
+
+    def golden_files(self) -> dict[str, bytes]:
+        """Every file under golden/ (hidden staging included) by relative path."""
+        if not self.golden.exists():
+            return {}
+        return {
+            str(p.relative_to(self.golden)): p.read_bytes()
+            for p in sorted(self.golden.rglob("*"))
+            if p.is_file()
+        }
+
+    def golden_dir(self, test: str, module: str = "test_it") -> Path:
+        return self.golden / module / test
+
+    def metrics(self, test: str, module: str = "test_it") -> dict:
+        return json.loads((self.golden_dir(test, module) / "metrics.json").read_text())["steps"]
+
+    @staticmethod
+    def counts(result: pytest.RunResult) -> dict[str, int]:
+        """Counts of the summary line ``golden: N replayed, N recorded, N updated, N failed``."""
+        line = next(x for x in result.outlines if x.startswith("golden: "))
+        return {status: int(n) for n, status in re.findall(r"(\d+) (\w+)", line)}
+
+    @staticmethod
+    def mismatch_row(result: pytest.RunResult, metric: str) -> dict[str, str]:
+        """The row of ``metric`` in the mismatch table, by column name."""
+        lines = result.outlines
+        header = next(i for i, x in enumerate(lines) if x.split()[:2] == ["metric", "step"])
+        columns = re.split(r"\s{2,}", lines[header].strip())
+        for line in lines[header + 1 :]:
+            cells = re.split(r"\s{2,}", line.strip())
+            if cells[0] == metric:
+                return dict(zip(columns, cells, strict=True))
+        raise AssertionError(f"no row for {metric!r} in:\n" + "\n".join(lines))
+
+
+@pytest.fixture(scope="session")
+def _preloaded() -> None:
+    """Import what inner runs need before pytester snapshots sys.modules.
+
+    An in-process run drops every module it imported. numpy and torch (including
+    ``torch._dynamo``, which ``torch.use_deterministic_algorithms`` loads lazily)
+    cannot be imported twice in one process, and hypothesis, which pytest's
+    hypothesis plugin imports, would be re-imported (and assertion-rewritten,
+    ~1.5 s) by every inner run.
+    """
+    import hypothesis  # noqa: F401
+
+    from pytest_rollout_golden import deterministic
+
+    with deterministic(0):
+        pass
+
+
+@pytest.fixture
+def project(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, _preloaded: None
+) -> Project:
+    """A fresh project in default (recording) mode, whatever the CI variable of this run says."""
+    monkeypatch.delenv("CI", raising=False)
+    return Project(pytester)

@@ -1,0 +1,152 @@
+"""Unit tests of compare.py: verdicts, differences and torch.testing-style mismatch details."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_rollout_golden.compare import Comparison, compare_values
+from pytest_rollout_golden.tolerance import EXACT, Tolerance
+
+TOL = Tolerance(rtol=1e-3, atol=1e-6)
+NAN_OK = Tolerance(rtol=1e-3, atol=1e-6, equal_nan=True)
+INF, NAN = math.inf, math.nan
+
+
+def ok(expected, actual, tol=TOL, *, check_dtype=False) -> bool:
+    return compare_values(expected, actual, tol, check_dtype=check_dtype).ok
+
+
+def test_within_and_beyond_tolerance():
+    assert ok(1.0, 1.0 + 9e-4)  # atol + rtol * |expected| = 1.001e-3
+    assert not ok(1.0, 1.0 + 1.1e-3)
+    assert ok(0.0, 1e-6) and not ok(0.0, 2e-6)  # only atol near zero
+    assert ok(-2.0, -2.0019) and not ok(-2.0, -2.0021)  # |expected| scales rtol
+
+
+def test_differences_of_a_scalar():
+    diff = compare_values(4.0, 5.0, TOL, check_dtype=False)
+    assert (diff.ok, diff.abs_diff, diff.rel_diff, diff.detail) == (False, 1.0, 0.25, "")
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual", "tol", "passes"),
+    [
+        (NAN, NAN, TOL, False),
+        (NAN, NAN, NAN_OK, True),
+        (NAN, 1.0, NAN_OK, False),
+        (1.0, NAN, NAN_OK, False),
+        (INF, INF, TOL, True),
+        (-INF, -INF, TOL, True),
+        (INF, -INF, TOL, False),
+        (INF, 1e308, TOL, False),
+        (1e308, INF, TOL, False),
+        (INF, NAN, NAN_OK, False),
+        (INF, -INF, Tolerance(rtol=1e6, atol=1e300), False),
+    ],
+)
+def test_nan_and_infinity(expected, actual, tol, passes):
+    assert ok(expected, actual, tol) is passes
+    as_tensor = lambda x: torch.tensor([1.0, x], dtype=torch.float64)  # noqa: E731
+    assert ok(as_tensor(expected), as_tensor(actual), tol) is passes
+
+
+def test_nan_lines_in_the_detail():
+    diff = compare_values(torch.tensor([NAN, NAN, 1.0]), torch.tensor([NAN, 2.0, 1.0]), TOL,
+                          check_dtype=True)  # fmt: skip
+    assert not diff.ok
+    assert "Mismatched elements: 2 / 3 (66.7%)" in diff.detail
+    assert "NaN against a number at 1 element(s), first at index (1,)" in diff.detail
+    assert "NaN against NaN at 1 element(s) (equal_nan is off)" in diff.detail
+
+
+def test_tensor_detail_names_count_and_indices():
+    expected = torch.zeros(3, 4)
+    actual = expected.clone()
+    actual[1, 2] = 0.5  # greatest absolute difference
+    actual[2, 3] = 1e-3  # beyond tolerance too, smaller
+    expected[0, 1], actual[0, 1] = 1e-4, 2e-4  # within atol? no: 1e-4 > 1e-6 + 1e-7
+    diff = compare_values(expected, actual, TOL, check_dtype=True)
+    lines = diff.detail.splitlines()
+    assert lines[0] == "Mismatched elements: 3 / 12 (25.0%)"
+    assert lines[1].startswith("Greatest absolute difference: 0.5 at index (1, 2)")
+    assert lines[1].endswith("(up to 1e-06 allowed)")
+    assert lines[2].startswith("Greatest relative difference: inf at index (1, 2)")
+    assert diff.abs_diff == 0.5
+
+
+def test_relative_difference_index_differs_from_absolute():
+    expected = torch.tensor([100.0, 1.0])
+    actual = torch.tensor([101.0, 1.5])
+    detail = compare_values(expected, actual, TOL, check_dtype=True).detail
+    assert "Greatest absolute difference: 1 at index (0,)" in detail
+    assert "Greatest relative difference: 0.5 at index (1,)" in detail
+
+
+def test_shape_and_dtype_mismatches():
+    diff = compare_values(torch.zeros(2, 3), torch.zeros(3, 2), TOL, check_dtype=False)
+    assert not diff.ok and "shape (3, 2) differs from the recorded (2, 3)" in diff.detail
+    diff = compare_values(
+        torch.zeros(2), torch.zeros(2, dtype=torch.float64), TOL, check_dtype=True
+    )
+    assert (
+        not diff.ok and "dtype torch.float64 differs from the recorded torch.float32" in diff.detail
+    )
+    assert ok(torch.zeros(2), torch.zeros(2, dtype=torch.float64), check_dtype=False)
+
+
+def test_exact_lane_is_bitwise():
+    one_ulp = math.nextafter(0.1, 1.0)
+    assert ok(0.1, one_ulp) and not ok(0.1, one_ulp, EXACT)
+    assert ok(0.0, -0.0) and not ok(0.0, -0.0, EXACT)
+    assert not ok(torch.tensor([0.0]), torch.tensor([-0.0]), EXACT)
+    assert ok(NAN, NAN, EXACT)
+    payload = torch.tensor([0x7FC1], dtype=torch.int16).view(torch.bfloat16)
+    canonical = torch.tensor([0x7FC0], dtype=torch.int16).view(torch.bfloat16)
+    assert ok(payload, payload.clone(), EXACT) and not ok(payload, canonical, EXACT)
+    detail = compare_values(torch.zeros(4), torch.tensor([0, 0, -0.0, 0]), EXACT, check_dtype=True)
+    assert "Mismatched elements: 1 / 4" in detail.detail and "bit-exact" in detail.detail
+
+
+def test_integers_and_bools_compare_exactly_by_default():
+    assert not ok(torch.tensor([1, 2]), torch.tensor([1, 3]), Tolerance())
+    assert ok(torch.tensor([True, False]), torch.tensor([True, False]), Tolerance())
+    assert not ok(torch.tensor([True]), torch.tensor([False]), Tolerance())
+    assert ok(2**53, 2**53, Tolerance()) and not ok(2**52, 2**52 + 1, Tolerance())
+
+
+@pytest.mark.xfail(strict=True, reason="integers are compared as float64: exact only below 2**53")
+def test_large_integers_compare_exactly():
+    assert not ok(2**62, 2**62 + 1, Tolerance())
+
+
+def test_mixed_inputs_numpy_python_and_low_precision():
+    assert ok(np.float32(0.5), 0.5)
+    assert ok(np.array([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64))
+    bf16 = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert ok(bf16, bf16.clone(), EXACT)
+    assert not ok(bf16, bf16 + torch.tensor([0.0, 0.0078125]).to(torch.bfloat16) * 2, TOL)
+    assert ok(torch.zeros(0, 3), torch.zeros(0, 3))
+
+
+def test_comparison_json_is_strict_json():
+    c = Comparison("x", 2, "fail", expected=NAN, actual=INF, abs_diff=NAN, rel_diff=-INF,
+                   tolerance=TOL, tolerance_source="cli")  # fmt: skip
+    data = c.to_json()
+    assert (data["expected"], data["actual"], data["abs_diff"], data["rel_diff"]) == (
+        "nan",
+        "inf",
+        "nan",
+        "-inf",
+    )
+    assert data["tolerance"] == {"rtol": 1e-3, "atol": 1e-6, "equal_nan": False, "exact": False}
+    json.dumps(data, allow_nan=False)
+    assert c.failed and Comparison("x", 0, "missing").failed
+    assert not Comparison("x", 0, "pass").failed and not Comparison("x", 0, "new").failed
+    assert Comparison("t", 1, "pass", kind="tensor", rank=2, micro=0).where == (
+        "step 1, rank 2, micro 0"
+    )

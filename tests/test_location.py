@@ -1,0 +1,96 @@
+"""Unit tests of location.py: golden directories of tests, safe names, and the way back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_rollout_golden.location import golden_dir, owning_test_file, safe_name
+
+ROOTDIR = Path("/repo")
+ROOT = ROOTDIR / "golden"
+
+
+def where(test_file: str, name: str, key: str | None = None) -> str:
+    path = golden_dir(ROOT, ROOTDIR, ROOTDIR / test_file, name, key=key)
+    return str(path.relative_to(ROOT))
+
+
+def test_directory_mirrors_the_test_file_and_name():
+    assert where("tests/test_ppo.py", "test_loss") == "tests/test_ppo/test_loss"
+    assert where("tests/test_ppo.py", "TestPPO::test_loss") == "tests/test_ppo/TestPPO/test_loss"
+    assert where("tests/test_ppo.py", "test_loss[bf16-2]") == "tests/test_ppo/test_loss[bf16-2]"
+    assert where("tests/test_ppo.py", "test_loss[0.5]") == "tests/test_ppo/test_loss[0.5]"
+
+
+def test_key_replaces_the_test_name_within_the_file():
+    assert where("tests/test_ppo.py", "test_a[x]", key="layouts") == "tests/test_ppo/layouts"
+    assert where("tests/test_ppo.py", "Cls::test_b", key="layouts") == "tests/test_ppo/layouts"
+    assert where("tests/other.py", "test_a", key="layouts") == "tests/other/layouts"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["test_x[a/b]", "test_x[a b]", "test_x[../..]", "test_x[é]", "..", ".hidden", "", "x" * 300],
+)
+def test_unsafe_names_stay_one_component_inside_the_root(name):
+    component = safe_name(name)
+    assert "/" not in component and "\\" not in component
+    assert not component.startswith(".") and component not in ("", "..")
+    assert len(component) <= 120
+    path = golden_dir(ROOT, ROOTDIR, ROOTDIR / "tests/test_x.py", name)
+    assert path.parent == ROOT / "tests" / "test_x"
+
+
+def test_distinct_names_never_share_a_directory():
+    names = ["test_x[a/b]", "test_x[a_b]", "test_x[a b]", "test_x[a:b]", "test_x[a?b]",
+             "A" * 150, "A" * 151, "test_x[é]", "test_x[è]"]  # fmt: skip
+    components = [safe_name(n) for n in names]
+    assert len(set(components)) == len(names)
+    assert safe_name("test_x[a_b]") == "test_x[a_b]", "safe names are kept as they are"
+
+
+def test_strict_names_are_file_name_safe():
+    assert safe_name("actor/log_probs", strict=True) != safe_name("actor_log_probs", strict=True)
+    assert safe_name("log_probs", strict=True) == "log_probs"
+    assert set(safe_name("a.b[c]", strict=True).split("~")[0]) <= set("abc_")
+
+
+def test_test_files_outside_the_rootdir_go_under_external():
+    path = golden_dir(ROOT, ROOTDIR, Path("/elsewhere/tests/test_x.py"), "test_y")
+    assert path == ROOT / "_external" / "elsewhere" / "tests" / "test_x" / "test_y"
+
+
+def test_owning_test_file_inverts_golden_dir(tmp_path):
+    rootdir, root = tmp_path, tmp_path / "golden"
+    test_file = rootdir / "tests" / "test_ppo.py"
+    test_file.parent.mkdir()
+    test_file.write_text("")
+    for name, key in [("test_a", None), ("Cls::test_b[1-2]", None), ("test_c", "shared")]:
+        directory = golden_dir(root, rootdir, test_file, name, key=key)
+        assert owning_test_file(root, rootdir, directory) == test_file
+    gone = golden_dir(root, rootdir, rootdir / "tests" / "test_gone.py", "test_a")
+    assert owning_test_file(root, rootdir, gone) is None
+
+
+@pytest.mark.parametrize(
+    "relative", ["tests/rl+ppo/test_x.py", "tests/test_v1.2.py", "my tests/test_ä.py", "test_x.py"]
+)
+def test_owning_test_file_of_names_that_had_to_change(tmp_path, relative):
+    rootdir, root = tmp_path, tmp_path / "golden"
+    test_file = rootdir / relative
+    test_file.parent.mkdir(parents=True, exist_ok=True)
+    test_file.write_text("")
+    directory = golden_dir(root, rootdir, test_file, "TestA::test_b[x/y]")
+    assert owning_test_file(root, rootdir, directory) == test_file
+
+
+def test_owning_test_file_outside_the_rootdir(tmp_path):
+    rootdir, root = tmp_path / "repo", tmp_path / "repo" / "golden"
+    test_file = tmp_path / "shared tests" / "test_x.py"
+    test_file.parent.mkdir(parents=True)
+    test_file.write_text("")
+    directory = golden_dir(root, rootdir, test_file, "test_y")
+    assert directory.relative_to(root).parts[0] == "_external"
+    assert owning_test_file(root, rootdir, directory) == test_file

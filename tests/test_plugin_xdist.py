@@ -1,0 +1,66 @@
+"""pytest-xdist: workers record and replay without corrupting goldens; the summary merges them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+pytest.importorskip("xdist")
+
+CASES = """
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_case(golden, values, generated, seed):
+    x = torch.rand(256, generator=torch.Generator().manual_seed(seed))
+    batch = golden.rollout(lambda: generated(f"case{seed}", {"x": x}))
+    golden.check({"pg_loss": float(batch["x"].mean()) + values.get(str(seed), 0.0)})
+
+
+@pytest.mark.golden(key="shared")
+@pytest.mark.parametrize("variant", ["a", "b"])
+def test_shared(golden, generated, variant):
+    batch = golden.rollout(lambda: generated("shared", {"x": torch.arange(8.0)}))
+    golden.check({"loss": float(batch["x"].sum())})
+"""
+
+
+def test_workers_record_replay_update_and_the_summary_merges_their_counts(project):
+    project.write(CASES)
+    project.set_values()
+    recorded = project.run_subprocess("-n", "2")
+    recorded.assert_outcomes(passed=8)
+    recorded.stdout.fnmatch_lines(["*2 workers*"])
+    assert project.counts(recorded) == {"replayed": 1, "recorded": 7, "updated": 0, "failed": 0}
+    assert sorted(project.calls()) == [f"case{i}" for i in range(6)] + ["shared"]
+    assert not [p for p in project.golden.rglob(".*")], "no staging or backup left behind"
+
+    # A golden of a deleted test file, and a drift in one case.
+    shutil.copytree(project.golden_dir("test_case[0]"), project.golden / "test_gone" / "test_x")
+    project.set_values(**{"3": 0.01})
+    replayed = project.run_subprocess("-n", "2", "--golden-strict", "--golden-report", "r.json")
+    replayed.assert_outcomes(passed=7, failed=1)
+    assert project.calls() == []
+    assert project.counts(replayed) == {"replayed": 7, "recorded": 0, "updated": 0, "failed": 1}
+    replayed.stdout.fnmatch_lines(
+        [
+            "unused golden directories (delete with --golden-prune on a full run):",
+            "    golden/test_gone/test_x",
+        ]
+    )
+    assert replayed.stdout.str().count("golden/test_gone/test_x") == 1
+    report = json.loads((project.path / "r.json").read_text())
+    assert len(report["comparisons"]) == 8
+    assert [c["name"] for c in report["comparisons"] if c["verdict"] == "fail"] == ["pg_loss"]
+
+    # --update-golden on both workers: the shared golden is re-recorded once, then replayed.
+    project.set_values()
+    updated = project.run_subprocess("-n", "2", "--update-golden")
+    updated.assert_outcomes(passed=8)
+    assert project.counts(updated) == {"replayed": 1, "recorded": 0, "updated": 7, "failed": 0}
+    assert project.calls().count("shared") == 1
+    project.run("--golden-strict").assert_outcomes(passed=8)  # every golden still loads
