@@ -49,7 +49,7 @@ class Comparison:
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {"metric" if k == "name" else k: v for k, v in dataclasses.asdict(self).items()}
         out["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance else None
         for key in ("expected", "actual", "abs_diff", "rel_diff"):
             out[key] = json_number(out[key])
@@ -222,12 +222,17 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     import torch
 
     same_bits = _bit_equal_elements(e, a) if bitwise else None
+    integral = not (
+        e.is_floating_point() or e.is_complex() or a.is_floating_point() or a.is_complex()
+    )
+    # Integers differ exactly in int64; as float64 they would be equal past 2**53.
+    exact_diff = (a.long() - e.long()).abs().double() if integral else None
     dtype = _work_dtype(e, a)
     e, a = e.to(dtype), a.to(dtype)
-    diff = (a - e).abs()
+    diff = exact_diff if exact_diff is not None else (a - e).abs()
     e_nan, a_nan = e.isnan(), a.isnan()
     both_nan = e_nan & a_nan
-    equal = a == e
+    equal = (diff == 0) if integral else a == e
     if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0 and NaN payloads
         ok = same_bits
     else:

@@ -203,6 +203,19 @@ class Golden:
             where = f"never recorded at step {step_key}"
         return f"{where}; {REMEDY_UPDATE}"
 
+    def _tensor_never_recorded(self, name: str, step: int, old_info: Any) -> str:
+        if old_info is not None:
+            return f"never recorded in this file; {REMEDY_UPDATE}"
+        steps = sorted(
+            {
+                i["step"]
+                for i in self._old_files().values()
+                if i.get("kind") == "tensors" and i.get("name") == name
+            }
+        )
+        listing = f"recorded steps: {steps}" if steps else f"no {name!r} tensors were recorded"
+        return f"step {step} was never recorded ({listing}); {REMEDY_UPDATE}"
+
     def _missing(self, what: str, step: int, recorded: Iterable[int]) -> GoldenMissingError:
         steps = sorted(set(recorded))
         listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
@@ -325,7 +338,9 @@ class Golden:
             if tensor_name not in old:
                 verdict = MISSING if self.mode is Mode.STRICT else NEW
                 self._resolver.resolve(label)  # notes which tolerances name it
-                detail = f"never recorded; {REMEDY_UPDATE}" if verdict == MISSING else ""
+                detail = (
+                    self._tensor_never_recorded(name, step, old_info) if verdict == MISSING else ""
+                )
                 results.append(
                     Comparison(
                         label, step, verdict, kind="tensor", rank=rank, micro=micro, detail=detail

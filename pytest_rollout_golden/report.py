@@ -26,7 +26,7 @@ def _moved(c: dict[str, Any]) -> str:
     where = f"step {c['step']}" + "".join(
         f", {k} {c[k]}" for k in ("rank", "micro") if c.get(k) is not None
     )
-    label = f"{c['name']} ({where})"
+    label = f"{c['metric']} ({where})"
     if c["verdict"] == "new":
         return f"{label}: new"
     abs_diff, rel_diff = c.get("abs_diff"), c.get("rel_diff")

@@ -78,10 +78,12 @@ class SessionState:
         self.used_tolerances.update(data["used_tolerances"])
 
     def counts(self) -> dict[str, int]:
+        """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""
         counts = dict.fromkeys(STATUSES, 0)
         for outcome in self.outcomes:
-            if outcome["status"] in counts:
-                counts[outcome["status"]] += 1
+            status = outcome["status"]
+            if status in counts or status == "xfailed":
+                counts[status] = counts.get(status, 0) + 1
         return counts
 
     def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:

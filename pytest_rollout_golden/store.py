@@ -206,6 +206,12 @@ def _parse_header(
         raise _fail(path, f"is truncated ({size} bytes, no safetensors header)")
     (n,) = struct.unpack_from("<Q", head)
     if n > _HEADER_LIMIT or 8 + n > size:
+        if bytes(head).isascii() and bytes(head[:1]) in b"(c]}IFLNSVdlt":
+            raise _fail(
+                path,
+                "is not a safetensors file: it starts like a text pickle "
+                "(protocol 0 or 1); it was not unpickled",
+            )
         raise _fail(path, f"is truncated or not safetensors (header length {n}, file {size} B)")
     try:
         header = json.loads(header_bytes(n))
@@ -430,12 +436,21 @@ def locked(directory: Path) -> Iterator[None]:
 
     digest = xxhash.xxh3_64_hexdigest(str(directory.resolve()).encode())
     lock_path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{digest}.lock"
-    with open(lock_path, "a") as f:
+    while True:
+        f = open(lock_path, "a")  # noqa: SIM115 - closed below, after the unlink
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            if os.stat(lock_path).st_ino == os.fstat(f.fileno()).st_ino:
+                break  # still the live lock file: we hold the lock
+        except FileNotFoundError:
+            pass
+        f.close()  # the holder unlinked it while we waited; lock the new file instead
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # before unlocking, so no lock file is left behind
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        f.close()
 
 
 def recover(directory: Path) -> None:
@@ -467,6 +482,8 @@ class Transaction:
         self.directory = directory
         self.staging = directory.parent / f".{directory.name}.new-{os.getpid()}"
         shutil.rmtree(self.staging, ignore_errors=True)
+        missing = [p for p in directory.parents if not p.exists()]
+        self._created = missing[-1] if missing else None  # removed again by abort() if empty
         self.staging.mkdir(parents=True)
         self.files: dict[str, dict[str, Any]] = {}
 
@@ -503,6 +520,14 @@ class Transaction:
 
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        if self._created is not None:
+            for folder in [self.staging.parent, *self.staging.parent.parents]:
+                try:
+                    folder.rmdir()  # only empty folders this transaction created
+                except OSError:
+                    break
+                if folder == self._created:
+                    break
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -119,7 +119,6 @@ def test_integers_and_bools_compare_exactly_by_default():
     assert ok(2**53, 2**53, Tolerance()) and not ok(2**52, 2**52 + 1, Tolerance())
 
 
-@pytest.mark.xfail(strict=True, reason="integers are compared as float64: exact only below 2**53")
 def test_large_integers_compare_exactly():
     assert not ok(2**62, 2**62 + 1, Tolerance())
 

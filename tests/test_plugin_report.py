@@ -46,7 +46,7 @@ def test_report_lists_every_comparison_with_its_verdict(project):
 
     assert report["mode"] == "auto"
     assert report["summary"] == {"replayed": 1, "recorded": 0, "updated": 0, "failed": 1}
-    by_name = {c["name"]: c for c in report["comparisons"]}
+    by_name = {c["metric"]: c for c in report["comparisons"]}
     assert set(by_name) == {"pg_loss", "kl", "lp", "x"}
 
     pg = by_name["pg_loss"]
@@ -83,7 +83,7 @@ def test_report_of_an_update_and_of_a_strict_run(project):
     report = strict_json(project.path / "update.json")
     assert report["mode"] == "update"
     assert report["summary"]["updated"] == 2
-    pg = next(c for c in report["comparisons"] if c["name"] == "pg_loss")
+    pg = next(c for c in report["comparisons"] if c["metric"] == "pg_loss")
     assert (pg["verdict"], pg["expected"], pg["actual"]) == ("updated", 0.5, 0.25)
 
     project.run("-k", "test_nan", "--update-golden")  # the golden of test_train stays
@@ -92,7 +92,7 @@ def test_report_of_an_update_and_of_a_strict_run(project):
     result.assert_outcomes(passed=1, failed=1)
     report = strict_json(project.path / "strict.json")
     assert report["mode"] == "strict"
-    x = next(c for c in report["comparisons"] if c["name"] == "x")
+    x = next(c for c in report["comparisons"] if c["metric"] == "x")
     assert x["verdict"] == "missing"
     assert "--update-golden" in x["detail"]
 

@@ -55,7 +55,7 @@ def test_workers_record_replay_update_and_the_summary_merges_their_counts(projec
     assert replayed.stdout.str().count("golden/test_gone/test_x") == 1
     report = json.loads((project.path / "r.json").read_text())
     assert len(report["comparisons"]) == 8
-    assert [c["name"] for c in report["comparisons"] if c["verdict"] == "fail"] == ["pg_loss"]
+    assert [c["metric"] for c in report["comparisons"] if c["verdict"] == "fail"] == ["pg_loss"]
 
     # --update-golden on both workers: the shared golden is re-recorded once, then replayed.
     project.set_values()
