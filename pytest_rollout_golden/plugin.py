@@ -212,7 +212,9 @@ class GoldenPlugin:
         del item.stash[_GOLDEN]
         layer = item.stash.get(_MARKER_LAYER, None)
         try:
-            golden.finish(error=error, tolerance_layers=[layer] if layer else [])
+            path, lineno, _ = item.location  # the test's own line, for tolerance warnings
+            warn_at = (str(self.rootdir / path), (lineno or 0) + 1)
+            golden.finish(error=error, tolerance_layers=[layer] if layer else [], warn_at=warn_at)
         finally:
             if golden_error:  # missing (strict) or unreadable golden: a failed golden too
                 golden.outcome.status = "failed"

@@ -410,21 +410,29 @@ class Golden:
             detail=diff.detail if diff.ok is False else "",
         )
 
-    def _warn_unused(self, layer: Layer) -> None:
+    def _warn_unused(self, layer: Layer, at: tuple[str, int] | None = None) -> None:
+        """Warn about ``layer``'s unmatched entries, at the caller of check() or at ``at``."""
         if not self._replaying:  # nothing was compared, so nothing could match
             return
         for name in layer.unused():
-            warnings.warn(
-                GoldenToleranceWarning(
-                    f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
-                    "but no metric or tensor of that name was checked"
-                ),
-                stacklevel=3,
+            warning = GoldenToleranceWarning(
+                f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
+                "but no metric or tensor of that name was checked"
             )
+            if at is None:
+                warnings.warn(warning, stacklevel=3)
+            else:
+                warnings.warn_explicit(warning, GoldenToleranceWarning, at[0], at[1])
 
     # ------------------------------------------------------------------ finishing
 
-    def finish(self, *, error: bool = False, tolerance_layers: Iterable[Layer] = ()) -> Outcome:
+    def finish(
+        self,
+        *,
+        error: bool = False,
+        tolerance_layers: Iterable[Layer] = (),
+        warn_at: tuple[str, int] | None = None,
+    ) -> Outcome:
         """Commit new recordings and report; raise GoldenMismatch if anything drifted.
 
         With ``error`` (the test itself raised) nothing is written and nothing is raised.
@@ -441,7 +449,7 @@ class Golden:
             if self._replaying:
                 self._outcome.comparisons.extend(self._unchecked())
             for layer in tolerance_layers:
-                self._warn_unused(layer)
+                self._warn_unused(layer, warn_at)
             failures = [c for c in self._outcome.comparisons if c.failed]
             if failures:
                 self._outcome.status = "failed"

@@ -59,8 +59,14 @@ class Project:
         (self.path / "values.json").write_text(json.dumps(values))
 
     def run(self, *args: str) -> pytest.RunResult:
-        """Run pytest in-process (fast; torch is already imported)."""
-        return self.pytester.runpytest("-p", "no:cacheprovider", *args)
+        """Run pytest in-process (fast; torch is already imported).
+
+        The plugin is already imported by the outer session, so the inner one may
+        warn that it cannot rewrite its asserts; that warning is about the harness.
+        """
+        return self.pytester.runpytest(
+            "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args
+        )
 
     def run_subprocess(self, *args: str) -> pytest.RunResult:
         """Run pytest in a fresh interpreter (environment variables, xdist)."""
