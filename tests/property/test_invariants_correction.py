@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hunting import finds, hunt
+from hunting import passes as passes_settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from pytest_rollout_golden import reference as ref
@@ -23,29 +24,7 @@ from pytest_rollout_golden.strategies import (
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 LEVELS = st.sampled_from(["token", "sequence"])
 
-# A correct implementation must pass every generated batch: no shrinking needed, fixed seed.
-passes = settings(
-    max_examples=150,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-# Bug hunts: stop at the first failure (no shrinking) to keep the suite fast.
-hunt = settings(
-    max_examples=200,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    report_multiple_bugs=False,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-
-def finds(invariant: str):
-    """``pytest.raises`` for a checker failure naming ``invariant`` (or one of its parts)."""
-    return pytest.raises(AssertionError, match=rf"\[{re.escape(invariant)}(\.[a-z_]+)?\]")
+passes = passes_settings(150)
 
 
 def reference_is(level, threshold, batch_normalize):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hunting import finds, hunt
+from hunting import passes as passes_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_rollout_golden import reference as ref
@@ -27,27 +27,7 @@ DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 MODES = st.sampled_from(ref.AGG_MODES)
 SCALE = 16.0  # fixed loss_scale_factor for seq-mean-token-sum-norm
 
-passes = settings(
-    max_examples=100,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-hunt = settings(
-    max_examples=200,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    report_multiple_bugs=False,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-
-def finds(invariant: str):
-    """``pytest.raises`` for a checker failure naming ``invariant`` (or one of its parts)."""
-    return pytest.raises(AssertionError, match=rf"\[{re.escape(invariant)}(\.[a-z_]+)?\]")
+passes = passes_settings(100)
 
 
 def reference_loss(mode="token-mean", loss_type="ppo_clip", **options):

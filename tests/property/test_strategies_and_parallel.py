@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hunting import passes
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_rollout_golden import parallel
@@ -20,13 +21,7 @@ from pytest_rollout_golden.strategies import (
 KEYS = {"old_log_probs", "rollout_log_probs", "log_probs", "response_mask", "advantages", "uid"}
 TOKEN_FLOATS = ("old_log_probs", "rollout_log_probs", "log_probs", "advantages")
 
-quick = settings(
-    max_examples=60,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+quick = passes(60)
 
 
 @quick
