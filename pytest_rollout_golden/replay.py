@@ -164,7 +164,9 @@ class Golden:
             if info is not None:
                 data = self._load_for_update(METRICS, info, {"steps": {}})
                 if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
-                    raise store._fail(self.directory / METRICS, "is not a metrics file of ours")
+                    raise store.format_error(
+                        self.directory / METRICS, "is not a metrics file of ours"
+                    )
                 self._old_metrics = data["steps"]
         return self._old_metrics
 

@@ -155,7 +155,8 @@ def save_batch(path: str | os.PathLike[str], batch: Any) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _fail(path: Path, what: str) -> GoldenFormatError:
+def format_error(path: Path, what: str) -> GoldenFormatError:
+    """A GoldenFormatError naming ``path``, what is wrong with it, and the remedy."""
     return GoldenFormatError(f"{path}: {what}. Nothing was loaded from it; {REMEDY_UPDATE}.")
 
 
@@ -167,7 +168,7 @@ def read_bytes(path: Path) -> bytearray:
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc})") from exc
+        raise format_error(path, f"cannot be read ({exc})") from exc
 
 
 def _read_exact(path: Path, f: Any, buf: Any) -> Any:
@@ -176,21 +177,23 @@ def _read_exact(path: Path, f: Any, buf: Any) -> Any:
     while got < len(view):
         n = f.readinto(view[got:])
         if not n:
-            raise _fail(path, f"shrank while being read ({got} of {len(view)} bytes)")
+            raise format_error(path, f"shrank while being read ({got} of {len(view)} bytes)")
         got += n
     return buf
 
 
 def _sniff_foreign(path: Path, buf: bytearray) -> None:
     if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
-        raise _fail(
+        raise format_error(
             path,
             "is a pickle file, not a safetensors golden; it was not unpickled "
             "(unpickling runs code stored in the file)",
         )
     for magic, what in _FOREIGN_MAGIC:
         if buf.startswith(magic):
-            raise _fail(path, f"is {what}, not a safetensors golden; it was not deserialized")
+            raise format_error(
+                path, f"is {what}, not a safetensors golden; it was not deserialized"
+            )
 
 
 def _parse_header(
@@ -203,22 +206,24 @@ def _parse_header(
     """
     _sniff_foreign(path, head)
     if size < 8:
-        raise _fail(path, f"is truncated ({size} bytes, no safetensors header)")
+        raise format_error(path, f"is truncated ({size} bytes, no safetensors header)")
     (n,) = struct.unpack_from("<Q", head)
     if n > _HEADER_LIMIT or 8 + n > size:
         if bytes(head).isascii() and bytes(head[:1]) in b"(c]}IFLNSVdlt":
-            raise _fail(
+            raise format_error(
                 path,
                 "is not a safetensors file: it starts like a text pickle "
                 "(protocol 0 or 1); it was not unpickled",
             )
-        raise _fail(path, f"is truncated or not safetensors (header length {n}, file {size} B)")
+        raise format_error(
+            path, f"is truncated or not safetensors (header length {n}, file {size} B)"
+        )
     try:
         header = json.loads(header_bytes(n))
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _fail(path, f"has a corrupted safetensors header ({exc})") from None
+        raise format_error(path, f"has a corrupted safetensors header ({exc})") from None
     return n, header, _check_entries(path, header, size - 8 - n)
 
 
@@ -229,7 +234,7 @@ def _verify(
     metadata = header.get("__metadata__") or {}
     stored = metadata.get("prg.digest")
     if stored is None and "prg.format" in metadata:  # ours, but the digest's key was damaged
-        raise _fail(path, "is corrupted: its header lost the checksum")
+        raise format_error(path, "is corrupted: its header lost the checksum")
     if stored is not None:
         unsigned = {
             **header,
@@ -239,9 +244,11 @@ def _verify(
         for chunk in data:
             hasher.update(chunk)
         if hasher.hexdigest() != stored:
-            raise _fail(path, "is corrupted: its checksum does not match its content")
+            raise format_error(path, "is corrupted: its checksum does not match its content")
     if expect_digest is not None and stored != expect_digest:
-        raise _fail(path, "differs from the file listed in manifest.json (checksum mismatch)")
+        raise format_error(
+            path, "differs from the file listed in manifest.json (checksum mismatch)"
+        )
     return metadata
 
 
@@ -256,20 +263,22 @@ def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tu
             count = math.prod(shape)
             ok = all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= begin <= end
         except (KeyError, TypeError, ValueError):
-            raise _fail(path, f"has a malformed entry for tensor {name!r}") from None
+            raise format_error(path, f"has a malformed entry for tensor {name!r}") from None
         if not ok or end - begin != count * itemsize:
-            raise _fail(path, f"has inconsistent shape/offsets for tensor {name!r}")
+            raise format_error(path, f"has inconsistent shape/offsets for tensor {name!r}")
         if end > data_len:
-            raise _fail(path, f"is truncated: tensor {name!r} ends at byte {end} of {data_len}")
+            raise format_error(
+                path, f"is truncated: tensor {name!r} ends at byte {end} of {data_len}"
+            )
         entries.append((name, code, shape, begin, end))
     covered = sorted((b, e) for *_, b, e in entries)
     pos = 0
     for b, e in covered:
         if b != pos:
-            raise _fail(path, "has overlapping or missing tensor data")
+            raise format_error(path, "has overlapping or missing tensor data")
         pos = e
     if pos != data_len:
-        raise _fail(path, f"has {data_len - pos} trailing bytes after the last tensor")
+        raise format_error(path, f"has {data_len - pos} trailing bytes after the last tensor")
     return entries
 
 
@@ -343,7 +352,7 @@ def read_safetensors(
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc})") from exc
+        raise format_error(path, f"cannot be read ({exc})") from exc
     metadata = _verify(path, header, chunks.values(), expect_digest)
     numpy_keys = _numpy_keys(metadata)
     arrays = {}
@@ -374,7 +383,7 @@ def load_batch(
     try:
         return codec.unflatten(arrays, json.loads(layout), rebuild=rebuild)
     except GoldenFormatError as exc:
-        raise _fail(path, str(exc)) from None
+        raise format_error(path, str(exc)) from None
 
 
 # --------------------------------------------------------------------------- JSON
@@ -389,13 +398,13 @@ def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
     buf = read_bytes(path)
     _sniff_foreign(path, buf)
     if expect_digest is not None and xxhash.xxh3_128_hexdigest(buf) != expect_digest:
-        raise _fail(
+        raise format_error(
             path, "is corrupted or was edited by hand: its checksum differs from manifest.json"
         )
     try:
         return json.loads(bytes(buf))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _fail(path, f"is not valid JSON ({exc})") from None
+        raise format_error(path, f"is not valid JSON ({exc})") from None
 
 
 def json_digest(data: bytes) -> str:
@@ -413,14 +422,14 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _fail(path, "is not a pytest-rollout-golden manifest")
+        raise format_error(path, "is not a pytest-rollout-golden manifest")
     if manifest.get("schema") != SCHEMA:
         raise GoldenFormatError(
             f"{path}: schema version {manifest.get('schema')!r} is not supported by this "
             f"pytest-rollout-golden (schema {SCHEMA}); upgrade the plugin, or {REMEDY_UPDATE}."
         )
     if not isinstance(manifest.get("files"), dict):
-        raise _fail(path, "has no file table")
+        raise format_error(path, "has no file table")
     return manifest
 
 
