@@ -1,0 +1,56 @@
+"""Property checkers for rollout-correction and loss code: point them at your own functions.
+
+Each checker takes your function and one rollout batch (from
+:func:`pytest_rollout_golden.strategies.rollout_batches` or your own), returns ``None`` when
+every invariant holds and raises ``AssertionError`` otherwise. The message starts with the
+broken invariant's name in brackets (``[rs_mask.reference_agreement]``) and lists the
+offending batch/token positions with their values.
+
+Batches are dicts with ``old_log_probs``, ``rollout_log_probs``, ``log_probs``,
+``response_mask``, ``advantages`` (``[B, T]``) and ``uid`` (``[B]``). Padding positions may
+hold any finite garbage. Checkers never modify the batch they are given.
+
+Loss functions are called as ``loss_fn(batch, *, global_tokens, global_seqs)`` and return a
+scalar tensor (or a tuple whose first item is one), where ``global_tokens`` is the number of
+valid tokens and ``global_seqs`` the number of sequences with at least one valid token in the
+*whole* step (full batch). Gradients are taken with respect to ``batch["log_probs"]``: the
+checker passes a fresh leaf tensor there, so the loss must be computed from it.
+
+Tolerances. Agreement is judged in float64. The reference runs in float64 on the exact values
+your function received; your function's rounding is allowed for from the unit roundoff
+``eps`` of the lowest-precision dtype involved (input or output): about
+``4·eps·(1 + |log w|)`` relative for a value ``exp(log w)`` (exp turns an absolute error in
+the exponent into a relative one), plus ``n·eps_acc`` for reductions over ``n`` terms, with
+``eps_acc`` the float32 roundoff for float32/bf16 (torch accumulates low-precision sums in
+float32) and the float64 roundoff for float64. Boolean decisions (RS keep/drop, IcePop,
+PPO clip regions) are not judged where the deciding statistic lies within that tolerance of
+a bound: there, either decision is correct. This keeps the checkers free of false alarms for
+every generated batch while a bug in float64 still shows as an error many orders of
+magnitude above the tolerance. In bf16 the tolerances are honest and therefore wide (a
+sequence-level IS weight over 12 tokens is only known to a few percent).
+"""
+
+from .correction import check_is_weights, check_rs_mask
+from .losses import (
+    check_linear_in_advantages,
+    check_packing_invariance,
+    check_padding_invariance,
+    check_permutation_invariance,
+    check_ppo_clip,
+    check_ppo_reduces_to_reinforce,
+    check_split_invariance,
+    check_zero_advantage,
+)
+
+__all__ = [
+    "check_is_weights",
+    "check_linear_in_advantages",
+    "check_packing_invariance",
+    "check_padding_invariance",
+    "check_permutation_invariance",
+    "check_ppo_clip",
+    "check_ppo_reduces_to_reinforce",
+    "check_rs_mask",
+    "check_split_invariance",
+    "check_zero_advantage",
+]

@@ -1,0 +1,432 @@
+"""Checkers for rollout correction: IS weights and RS masks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..reference import correction as corr
+from ..reference.masking import as_bool_mask, masked_mean, valid_rows
+from .comparison import (
+    F64_EPS,
+    Batch,
+    accepts,
+    accumulation_roundoff,
+    f64,
+    fail,
+    fmt,
+    positions,
+    regarble,
+    replace_valid,
+    token_tensor,
+    unit_roundoff,
+)
+
+__all__ = ["check_is_weights", "check_rs_mask"]
+
+
+# --------------------------------------------------------------------------- IS weights
+
+
+def check_is_weights(
+    fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    level: corr.ISLevel,
+    threshold: float | str | None,
+    batch_normalize: bool = False,
+) -> None:
+    """Check ``fn(old_log_prob, rollout_log_prob, response_mask) -> weights [B, T]``.
+
+    ``level``, ``threshold`` and ``batch_normalize`` describe what ``fn`` is configured to
+    compute (a tuple return is allowed; its first item is the weights). Invariants:
+
+    * ``is_weights.nonnegative``; ``is_weights.zero_on_padding``;
+    * ``is_weights.sequence_constant`` (sequence level): one weight per sequence;
+    * ``is_weights.padding_independence``: other garbage on padding, same weights;
+    * ``is_weights.normalized_mean`` (batch_normalize): mean 1 at the IS level — over valid
+      tokens, or over sequences of their mean weight — unless the reference skips
+      normalization (mean ≤ 1e-8);
+    * ``is_weights.truncation`` / ``is_weights.icepop_bounds``: before normalization, weights
+      are ≤ upper (truncation) or 0 or inside ``[lower, upper]`` (IcePop). With
+      ``batch_normalize`` the checker undoes the normalization with the reference normalizer
+      (if your normalizer is wrong, ``normalized_mean`` or ``reference_agreement`` says so);
+    * ``is_weights.reference_agreement``: equal to the reference within dtype tolerance.
+    """
+    old, rollout, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+    weights_out = token_tensor("is_weights", fn(old, rollout, mask), mask.shape)
+    w = f64(weights_out)
+    valid = as_bool_mask(mask)
+    eps = unit_roundoff(old.dtype, weights_out.dtype)
+    acc = accumulation_roundoff(eps)
+    thr = corr.parse_is_threshold(threshold)
+
+    old64, rollout64 = f64(old), f64(rollout)
+    log_w = corr.is_log_weights(old64, rollout64, mask, level=level)
+    raw = corr.raw_is_weights(old64, rollout64, mask, level=level)
+    # Rounding of log ratios scales with the log-probs themselves (an implementation may sum
+    # old and rollout log-probs separately before subtracting).
+    token_magnitude = old64.abs() + rollout64.abs()
+    if level == "token":
+        magnitude = token_magnitude
+    else:
+        per_row = corr.masked_sum(token_magnitude, mask, dim=-1)
+        magnitude = per_row.unsqueeze(-1).expand_as(w)
+    n_row = valid.sum(dim=-1, keepdim=True).expand_as(w).to(torch.float64)
+    spread = n_row if level == "sequence" else torch.ones_like(w)
+    elem_rtol = 4 * eps * (1 + magnitude) + 4 * acc * spread * magnitude
+    norm_rtol = float(elem_rtol[valid].max()) if bool(valid.any()) else 0.0
+    norm_rtol += 4 * acc * int(valid.sum())
+    tiny = 4 * torch.finfo(weights_out.dtype).tiny
+
+    def describe(b: int, t: int) -> str:
+        return f"(b={b}, t={t}): fn={fmt(float(w[b, t]))}, log weight={fmt(float(log_w[b, t]))}"
+
+    negative = w < 0
+    if bool(negative.any()):
+        fail(
+            "is_weights.nonnegative",
+            "negative IS weights",
+            [describe(*p) for p in positions(negative)],
+        )
+    on_padding = ~valid & (w != 0)
+    if bool(on_padding.any()):
+        fail(
+            "is_weights.zero_on_padding",
+            "non-zero IS weights on padding positions",
+            [describe(*p) for p in positions(on_padding)],
+        )
+    if level == "sequence":
+        first = w.gather(-1, valid.long().argmax(dim=-1, keepdim=True)).expand_as(w)
+        uneven = valid & ((w - first).abs() > 2 * elem_rtol * first.abs() + tiny)
+        if bool(uneven.any()):
+            fail(
+                "is_weights.sequence_constant",
+                "sequence-level weights differ within a sequence",
+                [
+                    f"{describe(b, t)}, first weight of row {fmt(float(first[b, t]))}"
+                    for b, t in positions(uneven)
+                ],
+            )
+    again = f64(token_tensor("is_weights", fn(*_is_inputs(regarble(batch))), mask.shape))
+    moved = (again - w).abs() > 2 * elem_rtol * w.abs() + tiny
+    if bool(moved.any()):
+        fail(
+            "is_weights.padding_independence",
+            "changing only the garbage in padding positions changed the weights of valid tokens "
+            "(padding log ratios leak into the weights, e.g. a sequence sum over all T positions)",
+            [f"{describe(b, t)} -> {fmt(float(again[b, t]))}" for b, t in positions(moved)],
+        )
+
+    # The reference, with IcePop decisions on near-boundary weights resolved as fn did.
+    thresholded = corr.apply_is_threshold(raw, threshold)
+    if thr.icepop:
+        assert thr.lower is not None and thr.upper is not None
+        near = valid & (
+            ((raw - thr.lower).abs() <= elem_rtol * thr.lower)
+            | ((raw - thr.upper).abs() <= elem_rtol * thr.upper)
+        )
+        inside = (raw >= thr.lower) & (raw <= thr.upper)
+        inside = torch.where(near, w != 0, inside)
+        thresholded = torch.where(inside & valid, raw, torch.zeros_like(raw))
+    candidates: list[tuple[Tensor, float]] = [(thresholded, 1.0)]
+    if batch_normalize:
+        mean = float(corr.is_normalizer(thresholded, mask, level=level))
+        if mean > corr.NORMALIZE_MIN * (1 + norm_rtol):
+            candidates = [(thresholded / mean, mean)]
+        elif mean > corr.NORMALIZE_MIN * (1 - norm_rtol):
+            candidates = [(thresholded / mean, mean), (thresholded, 1.0)]
+        if candidates[0][1] != 1.0 and len(candidates) == 1:
+            fn_mean = float(corr.is_normalizer(w, mask, level=level))
+            if abs(fn_mean - 1) > 2 * norm_rtol + 8 * acc:
+                token_mean = float(masked_mean(w, mask))
+                rows = valid_rows(mask)
+                seq_mean = float(masked_mean(masked_mean(w, mask, dim=-1), rows))
+                fail(
+                    "is_weights.normalized_mean",
+                    f"batch-normalized {level}-level weights have mean {fmt(fn_mean)} at the "
+                    f"{level} level, expected 1",
+                    [
+                        f"mean over {int(valid.sum())} valid tokens: {fmt(token_mean)}",
+                        f"mean over {int(rows.sum())} sequences of their mean weight: "
+                        f"{fmt(seq_mean)}",
+                    ],
+                )
+    if len(candidates) == 1 and thr.upper is not None:
+        factor = candidates[0][1]
+        before = w * factor
+        if thr.icepop:
+            assert thr.lower is not None
+            slack = elem_rtol + 2 * norm_rtol
+            outside = (
+                valid
+                & (before != 0)
+                & ((before < thr.lower * (1 - slack)) | (before > thr.upper * (1 + slack)))
+            )
+            name, what = (
+                "is_weights.icepop_bounds",
+                f"neither 0 nor inside [{thr.lower}, {thr.upper}]",
+            )
+        else:
+            outside = valid & (before > thr.upper * (1 + elem_rtol + 2 * norm_rtol))
+            name, what = "is_weights.truncation", f"above the truncation threshold {thr.upper}"
+        if bool(outside.any()):
+            note = f" (weights × reference normalizer {fmt(factor)})" if factor != 1.0 else ""
+            fail(
+                name,
+                f"weights before normalization{note} are {what}",
+                [
+                    f"{describe(b, t)}, before normalization {fmt(float(before[b, t]))}"
+                    for b, t in positions(outside)
+                ],
+            )
+    tolerance = (elem_rtol + 2 * norm_rtol) * 2
+    failures = []
+    for expected, _ in candidates:
+        off = valid & ((w - expected).abs() > tolerance * expected.abs() + tiny)
+        if not bool(off.any()):
+            return
+        failures.append((off, expected))
+    off, expected = failures[0]
+    fail(
+        "is_weights.reference_agreement",
+        f"{int(off.sum())} of {int(valid.sum())} valid weights differ from the reference "
+        f"(level={level!r}, threshold={threshold!r}, batch_normalize={batch_normalize})",
+        [f"{describe(b, t)}, reference={fmt(float(expected[b, t]))}" for b, t in positions(off)],
+    )
+
+
+def _is_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    return batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+
+
+# --------------------------------------------------------------------------- RS masks
+
+
+def _rs_decisions(
+    batch: Batch, criteria: Sequence[corr.RSCriterion], eps: float
+) -> tuple[Tensor, Tensor, list[tuple[corr.RSCriterion, Tensor, Tensor]]]:
+    """Reference keep mask, ambiguous positions, and per criterion (stat, keep) in float64."""
+    old64, rollout64 = f64(batch["old_log_probs"]), f64(batch["rollout_log_probs"])
+    mask = batch["response_mask"]
+    valid = as_bool_mask(mask)
+    acc = accumulation_roundoff(eps)
+    log_ratio = old64 - rollout64
+    lr = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND)
+    lr_error = old64.abs() + rollout64.abs()  # what rounding of log ratios scales with
+    keep = valid.clone()
+    ambiguous = torch.zeros_like(valid)
+    details = []
+    n_row = valid.sum(dim=-1).to(torch.float64)
+    for item in criteria:
+        per_token = corr.token_divergence(lr, item.estimator)
+        slope = {"k1": torch.ones_like(lr), "k2": lr.abs(), "k3": torch.expm1(lr).abs()}[
+            item.estimator
+        ]
+        band = 8 * eps * (1 + per_token.abs() + (1 + slope) * lr_error)
+        lo, hi = item.bounds()
+        bound_size = max(abs(b) for b in (lo, hi) if math.isfinite(b))
+        if item.aggregate == "sum":
+            band = corr.masked_sum(band, mask, dim=-1) + 8 * acc * n_row * corr.masked_sum(
+                per_token.abs(), mask, dim=-1
+            )
+        elif item.aggregate == "mean":
+            band = (
+                corr.masked_mean(band, mask, dim=-1)
+                + 8 * acc * corr.masked_mean(per_token.abs(), mask, dim=-1) * n_row
+            )
+        elif item.aggregate == "max":
+            band = corr.masked_max(band, mask, dim=-1)
+        band = band + 8 * eps * bound_size
+        stat = item.statistic(log_ratio, mask)
+        near = ((stat - lo).abs() <= band) | ((stat - hi).abs() <= band)
+        kept = (stat >= lo) & (stat <= hi)
+        if item.sequence_level:
+            near = near.unsqueeze(-1).expand_as(valid)
+            kept = kept.unsqueeze(-1).expand_as(valid)
+        keep &= kept
+        ambiguous |= near & valid
+        details.append((item, stat, kept))
+    return keep, ambiguous, details
+
+
+def _widened(criteria: Sequence[corr.RSCriterion]) -> str:
+    parts = []
+    for item in criteria:
+        if item.lower is not None:
+            parts.append(f"{item.lower / 2!r}_{item.upper * 2!r}")
+        else:
+            parts.append(repr(item.upper * 2))
+    return ",".join(parts)
+
+
+def check_rs_mask(
+    fn: Callable[..., Any], batch: Batch, *, criterion: str, threshold: float | str
+) -> None:
+    """Check ``fn(old_log_prob, rollout_log_prob, response_mask) -> keep mask [B, T]``.
+
+    ``criterion``/``threshold`` describe what ``fn`` computes (verl grammar, e.g.
+    ``"token_k1,seq_max_k2"`` with ``"0.6_1.6,2.5"``). The mask may be bool or 0/1; a tuple
+    return is allowed (first item). If ``fn`` also accepts ``criterion=`` and ``threshold=``
+    keywords, the checker passes them and additionally checks widening and intersection.
+
+    * ``rs_mask.binary``; ``rs_mask.subset_of_response_mask``: nothing outside the mask kept;
+    * ``rs_mask.whole_sequences``: only sequence criteria → each sequence kept or dropped whole;
+    * ``rs_mask.padding_independence``: other garbage on padding, same mask;
+    * ``rs_mask.reference_agreement``: exactly the tokens/sequences violating a criterion are
+      dropped (k1 keeps ``lower ≤ ρ ≤ upper``; a disagreement that matches verl's reciprocal
+      bounds is pointed out);
+    * ``rs_mask.monotone``: moving the training log-probs halfway towards the rollout ones
+      never drops a kept token (checked when every k1 interval contains ratio 1), and, with
+      the keywords, neither does widening the bounds;
+    * ``rs_mask.intersection`` (keywords, several criteria): the combined mask equals the
+      intersection of the single-criterion masks.
+    """
+    criteria = corr.parse_rs_criteria(criterion, threshold)
+    configurable = accepts(fn, "criterion") and accepts(fn, "threshold")
+    mask = batch["response_mask"]
+    valid = as_bool_mask(mask)
+    dtypes: list[torch.dtype] = [batch["old_log_probs"].dtype]
+
+    def call(b: Batch, crit: str = criterion, thr: float | str = threshold) -> Tensor:
+        kwargs = {"criterion": crit, "threshold": thr} if configurable else {}
+        out = token_tensor("rs_mask", fn(*_is_inputs(b), **kwargs), mask.shape)
+        if out.dtype != torch.bool:
+            dtypes.append(out.dtype)
+            not_binary = (out != 0) & (out != 1)
+            if bool(not_binary.any()):
+                fail(
+                    "rs_mask.binary",
+                    "keep mask values must be 0/1",
+                    [
+                        f"(b={b_}, t={t}): {fmt(float(out[b_, t]))}"
+                        for b_, t in positions(not_binary)
+                    ],
+                )
+        return out != 0
+
+    keep = call(batch)
+    outside = keep & ~valid
+    if bool(outside.any()):
+        fail(
+            "rs_mask.subset_of_response_mask",
+            "padding positions are marked as kept",
+            [f"(b={b}, t={t})" for b, t in positions(outside)],
+        )
+    if all(item.sequence_level for item in criteria):
+        partial = [
+            row
+            for row in range(valid.shape[0])
+            if 0 < int((keep[row] & valid[row]).sum()) < int(valid[row].sum())
+        ]
+        if partial:
+            fail(
+                "rs_mask.whole_sequences",
+                f"sequence criteria {criterion!r} kept only part of a sequence",
+                [
+                    f"row {row}: kept t={positions(keep[row] & valid[row])}, "
+                    f"dropped t={positions(valid[row] & ~keep[row])}"
+                    for row in partial
+                ],
+            )
+    moved = call(regarble(batch)) != keep
+    if bool(moved.any()):
+        fail(
+            "rs_mask.padding_independence",
+            "changing only the garbage in padding positions changed the mask of valid tokens",
+            [
+                f"(b={b}, t={t}): kept={bool(keep[b, t])} -> {not bool(keep[b, t])}"
+                for b, t in positions(moved)
+            ],
+        )
+
+    eps = unit_roundoff(*dtypes)
+    reference, ambiguous, details = _rs_decisions(batch, criteria, eps)
+    wrong = valid & (keep != reference) & ~ambiguous
+    if bool(wrong.any()):
+        log_ratio = f64(batch["old_log_probs"]) - f64(batch["rollout_log_probs"])
+        lines = []
+        for b, t in positions(wrong):
+            verdicts = []
+            for item, stat, kept in details:
+                value = float(stat[b] if item.sequence_level else stat[b, t])
+                lo, hi = item.bounds()
+                verdicts.append(
+                    f"{item.name}={fmt(value)} in [{fmt(lo)}, {fmt(hi)}]? "
+                    f"{'keep' if kept[b, t] else 'drop'}"
+                )
+            lines.append(
+                f"(b={b}, t={t}): fn {'keeps' if keep[b, t] else 'drops'}, reference "
+                f"{'keeps' if reference[b, t] else 'drops'}; "
+                f"ratio={fmt(math.exp(float(log_ratio[b, t])))}; " + "; ".join(verdicts)
+            )
+        hint = _reciprocal_hint(batch, criteria, keep, wrong)
+        fail(
+            "rs_mask.reference_agreement",
+            f"{int(wrong.sum())} of {int(valid.sum())} valid tokens kept/dropped unlike the "
+            f"reference for {criterion!r} with {threshold!r}{hint}",
+            lines,
+        )
+
+    if all(item.lower is None or item.lower <= 1.0 <= item.upper for item in criteria):
+        old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
+        halfway = dict(batch)
+        halfway["old_log_probs"] = replace_valid(old, valid, rollout + (old - rollout) / 2)
+        _, halfway_ambiguous, _ = _rs_decisions(halfway, criteria, eps)
+        lost = keep & ~call(halfway) & ~halfway_ambiguous
+        if bool(lost.any()):
+            fail(
+                "rs_mask.monotone",
+                "moving the training log-probs halfway towards the rollout log-probs (a smaller "
+                "divergence) dropped tokens that were kept",
+                [f"(b={b}, t={t})" for b, t in positions(lost)],
+            )
+    if configurable:
+        wide = _widened(criteria)
+        lost = keep & ~call(batch, criterion, wide)
+        if bool(lost.any()):
+            fail(
+                "rs_mask.monotone",
+                f"widening the bounds from {threshold!r} to {wide!r} dropped tokens that were kept",
+                [f"(b={b}, t={t})" for b, t in positions(lost)],
+            )
+        if len(criteria) > 1:
+            combined = valid.clone()
+            for item in criteria:
+                combined &= call(batch, item.name, item.spec())
+            differ = (combined != keep) & ~ambiguous
+            if bool(differ.any()):
+                fail(
+                    "rs_mask.intersection",
+                    f"the mask for {criterion!r} is not the intersection of its single criteria",
+                    [
+                        f"(b={b}, t={t}): combined keeps={bool(keep[b, t])}, intersection keeps="
+                        f"{bool(combined[b, t])}"
+                        for b, t in positions(differ)
+                    ],
+                )
+
+
+def _reciprocal_hint(
+    batch: Batch, criteria: Sequence[corr.RSCriterion], keep: Tensor, wrong: Tensor
+) -> str:
+    """Explain a disagreement that verl's reciprocal k1 bounds reproduce exactly."""
+    if not any(item.estimator == "k1" for item in criteria):
+        return ""
+    swapped = [
+        corr.RSCriterion(item.name, upper=1.0 / item.lower, lower=1.0 / item.upper)
+        if item.lower is not None
+        else item
+        for item in criteria
+    ]
+    reciprocal, _, _ = _rs_decisions(batch, swapped, F64_EPS)
+    if bool((reciprocal[wrong] == keep[wrong]).all()):
+        return (
+            " — every disagreement matches keeping 1/upper ≤ ratio ≤ 1/lower (the reciprocal "
+            "k1 bounds of verl's code) instead of lower ≤ ratio ≤ upper"
+        )
+    return ""
