@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch
 from torch import Tensor
 
+from ..reference.correction import SAFETY_BOUND
 from ..reference.masking import as_bool_mask
 
 Batch = Mapping[str, Any]
@@ -16,6 +19,13 @@ MAX_SHOWN = 8
 F32_EPS = torch.finfo(torch.float32).eps
 F64_EPS = torch.finfo(torch.float64).eps
 TOKEN_FLOATS = ("old_log_probs", "rollout_log_probs", "log_probs", "advantages")
+
+GUARD_RTOL = 4e-6
+"""Relative allowance for epsilon guards: ``x / (n + δ)`` with ``δ ≤ 1e-6`` and ``n ≥ 1``
+differs from ``x / n`` by at most ``1e-6`` relative; a value may pass through two guarded
+quotients (a per-sequence mean inside a global mean, weights divided by a guarded mean
+weight), and the reference rounds too, hence ``4e-6``. The bugs the checkers exist for are
+errors of ``1e-3`` and more, 250 times larger."""
 
 
 # --------------------------------------------------------------------------- failure reports
@@ -29,12 +39,62 @@ def fail(invariant: str, summary: str, details: Sequence[str] = ()) -> NoReturn:
     raise AssertionError("\n".join(lines))
 
 
-def fmt(value: float) -> str:
-    return f"{value:.6g}"
+def fmt(value: float, digits: int = 6) -> str:
+    return f"{value:.{digits}g}"
 
 
 def positions(bad: Tensor) -> list[tuple[int, ...]]:
     return [tuple(int(i) for i in index) for index in bad.nonzero()]
+
+
+def digits_to_separate(a: float, b: float) -> int:
+    """Significant digits that print ``a`` and ``b`` differently (6 at least, 17 at most)."""
+    difference, scale = abs(a - b), max(abs(a), abs(b))
+    if not (math.isfinite(difference) and difference > 0 and scale > 0):
+        return 6
+    return min(17, max(6, math.ceil(-math.log10(difference / scale)) + 2))
+
+
+def versus(got_name: str, got: float, expected_name: str, expected: float) -> str:
+    """``fn=1.00000001, reference=1 (difference 1e-08, relative 1e-08)``."""
+    digits = digits_to_separate(got, expected)
+    text = f"{got_name}={fmt(got, digits)}, {expected_name}={fmt(expected, digits)}"
+    difference = got - expected
+    if difference != 0 and math.isfinite(difference):
+        relative = abs(difference) / abs(expected) if expected else math.inf
+        text += f" (difference {difference:.3g}, relative {relative:.3g})"
+    return text
+
+
+# --------------------------------------------------------------------------- tolerances
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|got - expected| <= atol + rtol · scale`` (``scale`` defaults to ``|expected|``)."""
+
+    rtol: float | Tensor
+    atol: float | Tensor
+
+    def exceeded(self, got: Any, expected: Any, scale: Any = None) -> Any:
+        """Where the difference is beyond the tolerance (bool, or a bool tensor)."""
+        size = abs(expected) if scale is None else scale
+        return abs(got - expected) > self.atol + self.rtol * size
+
+
+def resolve_tolerance(
+    default_rtol: float | Tensor,
+    default_atol: float | Tensor,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Tolerance:
+    """The checker's default rule, with the user's ``rtol``/``atol`` replacing either part."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return Tolerance(
+        rtol=default_rtol if rtol is None else rtol, atol=default_atol if atol is None else atol
+    )
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -92,7 +152,23 @@ def regarble(batch: Batch) -> dict[str, Any]:
     return out
 
 
-def token_tensor(name: str, output: Any, shape: torch.Size) -> Tensor:
+def padding_hint(batch: Batch) -> str:
+    """Name the likely cause of a non-finite result when the padding holds large garbage."""
+    valid = valid_mask(batch)
+    keys = [k for k in TOKEN_FLOATS if k in batch and k != "advantages"]
+    if not keys or bool(valid.all()):
+        return ""
+    largest = max(float(f64(batch[k])[~valid].abs().max()) for k in keys)
+    if largest <= SAFETY_BOUND:
+        return ""
+    return (
+        f"; likely cause: exp of unmasked padding (padding holds values up to {largest:.3g}, "
+        "and inf · 0 is nan) — mask with torch.where before exp, or clamp the log ratio to "
+        "±20 as verl does"
+    )
+
+
+def token_tensor(name: str, output: Any, shape: torch.Size, batch: Batch | None = None) -> Tensor:
     output = first_item(output)
     if not isinstance(output, Tensor):
         fail(f"{name}.shape", f"expected a tensor, got {type(output).__name__}")
@@ -102,7 +178,7 @@ def token_tensor(name: str, output: Any, shape: torch.Size) -> Tensor:
         bad = ~torch.isfinite(output)
         fail(
             f"{name}.finite",
-            f"{int(bad.sum())} non-finite entries",
+            f"{int(bad.sum())} non-finite entries" + (padding_hint(batch) if batch else ""),
             [f"(b={b}, t={t}): {fmt(float(output[b, t]))}" for b, t in positions(bad)],
         )
     return output

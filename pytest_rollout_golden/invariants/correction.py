@@ -13,17 +13,21 @@ from ..reference import correction as corr
 from ..reference.masking import as_bool_mask, masked_mean, valid_rows
 from .comparison import (
     F64_EPS,
+    GUARD_RTOL,
     Batch,
     accepts,
     accumulation_roundoff,
+    digits_to_separate,
     f64,
     fail,
     fmt,
     positions,
     regarble,
     replace_valid,
+    resolve_tolerance,
     token_tensor,
     unit_roundoff,
+    versus,
 )
 
 __all__ = ["check_is_weights", "check_rs_mask"]
@@ -39,6 +43,8 @@ def check_is_weights(
     level: corr.ISLevel,
     threshold: float | str | None,
     batch_normalize: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Check ``fn(old_log_prob, rollout_log_prob, response_mask) -> weights [B, T]``.
 
@@ -55,10 +61,14 @@ def check_is_weights(
       are ≤ upper (truncation) or 0 or inside ``[lower, upper]`` (IcePop). With
       ``batch_normalize`` the checker undoes the normalization with the reference normalizer
       (if your normalizer is wrong, ``normalized_mean`` or ``reference_agreement`` says so);
-    * ``is_weights.reference_agreement``: equal to the reference within dtype tolerance.
+    * ``is_weights.reference_agreement``: equal to the reference within tolerance.
+
+    Tolerance (default rule, see ``docs/numerics.md``): relative, the dtype's rounding of
+    ``exp`` and of the reductions involved plus :data:`GUARD_RTOL` for an epsilon guard in
+    the normalizer; ``rtol``/``atol`` replace the relative/absolute part.
     """
     old, rollout, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
-    weights_out = token_tensor("is_weights", fn(old, rollout, mask), mask.shape)
+    weights_out = token_tensor("is_weights", fn(old, rollout, mask), mask.shape, batch)
     w = f64(weights_out)
     valid = as_bool_mask(mask)
     eps = unit_roundoff(old.dtype, weights_out.dtype)
@@ -80,11 +90,16 @@ def check_is_weights(
     spread = n_row if level == "sequence" else torch.ones_like(w)
     elem_rtol = 4 * eps * (1 + magnitude) + 4 * acc * spread * magnitude
     norm_rtol = float(elem_rtol[valid].max()) if bool(valid.any()) else 0.0
-    norm_rtol += 4 * acc * int(valid.sum())
+    norm_rtol += 4 * acc * int(valid.sum()) + GUARD_RTOL
     tiny = 4 * torch.finfo(weights_out.dtype).tiny
 
-    def describe(b: int, t: int) -> str:
-        return f"(b={b}, t={t}): fn={fmt(float(w[b, t]))}, log weight={fmt(float(log_w[b, t]))}"
+    def describe(b: int, t: int, expected: Tensor | None = None) -> str:
+        got = float(w[b, t])
+        if expected is None:
+            value = f"fn={fmt(got)}"
+        else:
+            value = versus("fn", got, "reference", float(expected[b, t]))
+        return f"(b={b}, t={t}): {value}, log weight={fmt(float(log_w[b, t]))}"
 
     negative = w < 0
     if bool(negative.any()):
@@ -112,7 +127,7 @@ def check_is_weights(
                     for b, t in positions(uneven)
                 ],
             )
-    again = f64(token_tensor("is_weights", fn(*_is_inputs(regarble(batch))), mask.shape))
+    again = f64(token_tensor("is_weights", fn(*_is_inputs(regarble(batch))), mask.shape, batch))
     moved = (again - w).abs() > 2 * elem_rtol * w.abs() + tiny
     if bool(moved.any()):
         fail(
@@ -142,14 +157,15 @@ def check_is_weights(
             candidates = [(thresholded / mean, mean), (thresholded, 1.0)]
         if candidates[0][1] != 1.0 and len(candidates) == 1:
             fn_mean = float(corr.is_normalizer(w, mask, level=level))
-            if abs(fn_mean - 1) > 2 * norm_rtol + 8 * acc:
+            if resolve_tolerance(0.0, 2 * norm_rtol + 8 * acc, None, atol).exceeded(fn_mean, 1.0):
                 token_mean = float(masked_mean(w, mask))
                 rows = valid_rows(mask)
                 seq_mean = float(masked_mean(masked_mean(w, mask, dim=-1), rows))
                 fail(
                     "is_weights.normalized_mean",
-                    f"batch-normalized {level}-level weights have mean {fmt(fn_mean)} at the "
-                    f"{level} level, expected 1",
+                    f"batch-normalized {level}-level weights have mean "
+                    f"{fmt(fn_mean, digits_to_separate(fn_mean, 1.0))} at the {level} level, "
+                    f"expected 1 (difference {fn_mean - 1:.3g})",
                     [
                         f"mean over {int(valid.sum())} valid tokens: {fmt(token_mean)}",
                         f"mean over {int(rows.sum())} sequences of their mean weight: "
@@ -184,10 +200,10 @@ def check_is_weights(
                     for b, t in positions(outside)
                 ],
             )
-    tolerance = (elem_rtol + 2 * norm_rtol) * 2
+    tolerance = resolve_tolerance((elem_rtol + 2 * norm_rtol) * 2, tiny, rtol, atol)
     failures = []
     for expected, _ in candidates:
-        off = valid & ((w - expected).abs() > tolerance * expected.abs() + tiny)
+        off = valid & tolerance.exceeded(w, expected)
         if not bool(off.any()):
             return
         failures.append((off, expected))
@@ -196,7 +212,7 @@ def check_is_weights(
         "is_weights.reference_agreement",
         f"{int(off.sum())} of {int(valid.sum())} valid weights differ from the reference "
         f"(level={level!r}, threshold={threshold!r}, batch_normalize={batch_normalize})",
-        [f"{describe(b, t)}, reference={fmt(float(expected[b, t]))}" for b, t in positions(off)],
+        [describe(b, t, expected) for b, t in positions(off)],
     )
 
 
@@ -208,9 +224,17 @@ def _is_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _rs_decisions(
-    batch: Batch, criteria: Sequence[corr.RSCriterion], eps: float
+    batch: Batch,
+    criteria: Sequence[corr.RSCriterion],
+    eps: float,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> tuple[Tensor, Tensor, list[tuple[corr.RSCriterion, Tensor, Tensor]]]:
-    """Reference keep mask, ambiguous positions, and per criterion (stat, keep) in float64."""
+    """Reference keep mask, ambiguous positions, and per criterion (stat, keep) in float64.
+
+    A statistic within tolerance of a bound is ambiguous: rounding (``atol``, from the dtype)
+    and, for a per-sequence mean, an epsilon guard on its token count (``rtol``).
+    """
     old64, rollout64 = f64(batch["old_log_probs"]), f64(batch["rollout_log_probs"])
     mask = batch["response_mask"]
     valid = as_bool_mask(mask)
@@ -243,6 +267,9 @@ def _rs_decisions(
             band = corr.masked_max(band, mask, dim=-1)
         band = band + 8 * eps * bound_size
         stat = item.statistic(log_ratio, mask)
+        guard = GUARD_RTOL if item.aggregate == "mean" else 0.0
+        tolerance = resolve_tolerance(guard, band, rtol, atol)
+        band = tolerance.atol + tolerance.rtol * stat.abs()
         near = ((stat - lo).abs() <= band) | ((stat - hi).abs() <= band)
         kept = (stat >= lo) & (stat <= hi)
         if item.sequence_level:
@@ -265,7 +292,13 @@ def _widened(criteria: Sequence[corr.RSCriterion]) -> str:
 
 
 def check_rs_mask(
-    fn: Callable[..., Any], batch: Batch, *, criterion: str, threshold: float | str
+    fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    criterion: str,
+    threshold: float | str,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Check ``fn(old_log_prob, rollout_log_prob, response_mask) -> keep mask [B, T]``.
 
@@ -285,6 +318,10 @@ def check_rs_mask(
       the keywords, neither does widening the bounds;
     * ``rs_mask.intersection`` (keywords, several criteria): the combined mask equals the
       intersection of the single-criterion masks.
+
+    Decisions are not judged where the statistic lies within tolerance of a bound: by default
+    the dtype's rounding (absolute) plus :data:`GUARD_RTOL` relative for ``seq_mean_*``
+    (an epsilon guard on the token count); ``rtol``/``atol`` replace either part.
     """
     criteria = corr.parse_rs_criteria(criterion, threshold)
     configurable = accepts(fn, "criterion") and accepts(fn, "threshold")
@@ -294,7 +331,7 @@ def check_rs_mask(
 
     def call(b: Batch, crit: str = criterion, thr: float | str = threshold) -> Tensor:
         kwargs = {"criterion": crit, "threshold": thr} if configurable else {}
-        out = token_tensor("rs_mask", fn(*_is_inputs(b), **kwargs), mask.shape)
+        out = token_tensor("rs_mask", fn(*_is_inputs(b), **kwargs), mask.shape, batch)
         if out.dtype != torch.bool:
             dtypes.append(out.dtype)
             not_binary = (out != 0) & (out != 1)
@@ -345,7 +382,7 @@ def check_rs_mask(
         )
 
     eps = unit_roundoff(*dtypes)
-    reference, ambiguous, details = _rs_decisions(batch, criteria, eps)
+    reference, ambiguous, details = _rs_decisions(batch, criteria, eps, rtol, atol)
     wrong = valid & (keep != reference) & ~ambiguous
     if bool(wrong.any()):
         log_ratio = f64(batch["old_log_probs"]) - f64(batch["rollout_log_probs"])
@@ -376,7 +413,7 @@ def check_rs_mask(
         old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
         halfway = dict(batch)
         halfway["old_log_probs"] = replace_valid(old, valid, rollout + (old - rollout) / 2)
-        _, halfway_ambiguous, _ = _rs_decisions(halfway, criteria, eps)
+        _, halfway_ambiguous, _ = _rs_decisions(halfway, criteria, eps, rtol, atol)
         lost = keep & ~call(halfway) & ~halfway_ambiguous
         if bool(lost.any()):
             fail(

@@ -13,6 +13,7 @@ from .. import parallel
 from ..reference import correction as corr
 from ..reference.losses import AggMode, policy_loss
 from .comparison import (
+    GUARD_RTOL,
     TOKEN_FLOATS,
     Batch,
     accepts,
@@ -22,11 +23,14 @@ from .comparison import (
     fail,
     first_item,
     fmt,
+    padding_hint,
     positions,
     regarble,
     replace_valid,
+    resolve_tolerance,
     unit_roundoff,
     valid_mask,
+    versus,
 )
 
 __all__ = [
@@ -91,21 +95,34 @@ class _Evaluation:
         self.value = float(loss.detach())
         self.grad = _grad(loss, leaf)
         if not math.isfinite(self.value):
-            fail(f"{name}.finite", f"the loss is {self.value}")
+            fail(f"{name}.finite", f"the loss is {self.value}{padding_hint(batch)}")
         if not bool(torch.isfinite(self.grad).all()):
             bad = ~torch.isfinite(self.grad)
             fail(
                 f"{name}.finite",
-                "non-finite gradient entries",
+                f"non-finite gradient entries{padding_hint(batch)}",
                 [f"(b={b}, t={t}): {fmt(float(self.grad[b, t]))}" for b, t in positions(bad)],
             )
 
 
 class _Tolerance:
-    """Absolute tolerance for comparing two ways of computing the same loss."""
+    """How far two ways of computing the same loss may differ, in value and per-token gradient.
+
+    Default rule: rounding, ``8·(eps·(2 + pieces) + eps_acc·n)`` relative to the size of the
+    loss (``|L|`` plus the magnitudes of its per-token terms, bounded by ``Σ|∇L|`` times the
+    largest token value), plus :data:`GUARD_RTOL` for epsilon guards in denominators.
+    Gradients: ``8·eps + GUARD_RTOL`` relative plus rounding of the largest entry. The user's
+    ``rtol`` replaces the relative part of both, ``atol`` the absolute part.
+    """
 
     def __init__(
-        self, batch: Batch, dtypes: Sequence[torch.dtype], reference: _Evaluation, pieces: int = 1
+        self,
+        batch: Batch,
+        dtypes: Sequence[torch.dtype],
+        reference: _Evaluation,
+        pieces: int = 1,
+        rtol: float | None = None,
+        atol: float | None = None,
     ):
         eps = unit_roundoff(batch["log_probs"].dtype, *dtypes)
         acc = accumulation_roundoff(eps)
@@ -115,25 +132,25 @@ class _Tolerance:
         for key in TOKEN_FLOATS:
             if key in batch and bool(valid.any()):
                 magnitude = max(magnitude, 1.0 + float(f64(batch[key])[valid].abs().max()))
-        self.rtol = 8 * (eps * (2 + pieces) + acc * n)
-        grad_scale = float(reference.grad.abs().sum()) * magnitude
-        self.value_atol = self.rtol * (abs(reference.value) + grad_scale) + 1e-300
-        self.grad_atol = 8 * (eps + acc * n) * float(reference.grad.abs().max()) + 1e-300
-        self.grad_rtol = 8 * eps
+        rounding = 8 * (eps * (2 + pieces) + acc * n)
+        self.value_scale = abs(reference.value) + float(reference.grad.abs().sum()) * magnitude
+        self.value = resolve_tolerance(rounding + GUARD_RTOL, 1e-300, rtol, atol)
+        grad_atol = 8 * (eps + acc * n) * float(reference.grad.abs().max()) + 1e-300
+        self.grad = resolve_tolerance(8 * eps + GUARD_RTOL, grad_atol, rtol, atol)
 
     def value_close(self, a: float, b: float) -> bool:
-        return abs(a - b) <= self.value_atol
+        return not self.value.exceeded(a, b, self.value_scale)
 
     def grad_off(self, a: Tensor, b: Tensor) -> Tensor:
-        return (a - b).abs() > self.grad_atol + self.grad_rtol * b.abs()
+        return self.grad.exceeded(a, b)
 
 
 def _grad_lines(
     off: Tensor, got: Tensor, expected: Tensor, got_name: str, expected_name: str
 ) -> list[str]:
     return [
-        f"(b={b}, t={t}): {got_name}={fmt(float(got[b, t]))}, "
-        f"{expected_name}={fmt(float(expected[b, t]))}"
+        f"(b={b}, t={t}): "
+        + versus(got_name, float(got[b, t]), expected_name, float(expected[b, t]))
         for b, t in positions(off)
     ]
 
@@ -152,11 +169,10 @@ def _compare(
 ) -> None:
     value, grad = (got.value, got.grad) if isinstance(got, _Evaluation) else got
     if not tolerance.value_close(value, expected.value):
-        ratio = f" (ratio {fmt(value / expected.value)})" if expected.value else ""
+        ratio = f", ratio {value / expected.value:.6g}" if expected.value else ""
         fail(
             invariant,
-            f"{what}: {got_name} loss {fmt(value)} != "
-            f"{expected_name} loss {fmt(expected.value)}{ratio}",
+            f"{what}: loss {versus(got_name, value, expected_name, expected.value)}{ratio}",
             details,
         )
     off = tolerance.grad_off(grad, expected.grad)
@@ -180,6 +196,8 @@ def check_split_invariance(
     n_splits: int = 2,
     dp_size: int = 1,
     grad_reduce: Literal["mean", "sum"] = "mean",
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Micro-batch (and data-parallel) pieces must add up to the full-batch loss and gradient.
 
@@ -241,7 +259,9 @@ def check_split_invariance(
             total = total / dp_size
         total_t = torch.as_tensor(total)
         got = (float(total_t.detach()), _grad(total_t, leaf))
-        tolerance = _Tolerance(batch, [full.dtype, total_t.dtype], full, pieces=len(lines))
+        tolerance = _Tolerance(
+            batch, [full.dtype, total_t.dtype], full, pieces=len(lines), rtol=rtol, atol=atol
+        )
         layout = f"{dp_size} DP ranks × " if dp_size > 1 else ""
         what = f"{layout}{n_splits} micro-batches split {name}"
         if dp_size > 1 and full.value and abs(got[0] / full.value * dp_size**2 - 1) < 1e-6:
@@ -266,7 +286,13 @@ def check_split_invariance(
 # --------------------------------------------------------------------------- layout invariances
 
 
-def check_permutation_invariance(loss_fn: Callable[..., Any], batch: Batch) -> None:
+def check_permutation_invariance(
+    loss_fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
     """Reordering the rows (reversed, rotated by one) changes neither the loss nor the gradient
     of each token. Invariants: ``permutation_invariance`` (value), ``….gradient``."""
     size = parallel.batch_size(batch)
@@ -283,7 +309,7 @@ def check_permutation_invariance(loss_fn: Callable[..., Any], batch: Batch) -> N
         _compare(
             "permutation_invariance",
             f"rows {name} (order {order})",
-            _Tolerance(batch, [base.dtype, moved.dtype], base),
+            _Tolerance(batch, [base.dtype, moved.dtype], base, rtol=rtol, atol=atol),
             got,
             base,
             got_name="permuted",
@@ -291,7 +317,14 @@ def check_permutation_invariance(loss_fn: Callable[..., Any], batch: Batch) -> N
         )
 
 
-def check_padding_invariance(loss_fn: Callable[..., Any], batch: Batch, *, extra: int = 3) -> None:
+def check_padding_invariance(
+    loss_fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    extra: int = 3,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
     """Padding must not matter: different garbage in the padding positions, and ``extra``
     more padding columns filled with garbage (on the batch's padding side), leave the loss
     and the gradient of every valid token unchanged; padding gets zero gradient.
@@ -310,7 +343,7 @@ def check_padding_invariance(loss_fn: Callable[..., Any], batch: Batch, *, extra
             [f"(b={b}, t={t}): {fmt(float(base.grad[b, t]))}" for b, t in positions(leaked)],
         )
     regarbled = _Evaluation("padding_invariance", loss_fn, regarble(batch))
-    tolerance = _Tolerance(batch, [base.dtype, regarbled.dtype], base)
+    tolerance = _Tolerance(batch, [base.dtype, regarbled.dtype], base, rtol=rtol, atol=atol)
     _compare(
         "padding_invariance",
         "other garbage in the padding positions",
@@ -335,7 +368,7 @@ def check_padding_invariance(loss_fn: Callable[..., Any], batch: Batch, *, extra
     _compare(
         "padding_invariance",
         f"{extra} extra garbage padding columns on the {side}",
-        _Tolerance(batch, [base.dtype, widened.dtype], base),
+        _Tolerance(batch, [base.dtype, widened.dtype], base, rtol=rtol, atol=atol),
         (widened.value, widened.grad[:, keep]),
         base,
         got_name="wider",
@@ -344,7 +377,12 @@ def check_padding_invariance(loss_fn: Callable[..., Any], batch: Batch, *, extra
 
 
 def check_packing_invariance(
-    padded_loss_fn: Callable[..., Any], packed_loss_fn: Callable[..., Any], batch: Batch
+    padded_loss_fn: Callable[..., Any],
+    packed_loss_fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """The padded ``[B, T]`` loss equals the packed ``[1, ΣL]`` (remove-padding) loss.
 
@@ -370,7 +408,7 @@ def check_packing_invariance(
     _compare(
         "packing_invariance",
         f"packed into {int(cu_seqlens[-1])} tokens with cu_seqlens={cu_seqlens.tolist()}",
-        _Tolerance(batch, [padded.dtype, loss.dtype], padded, pieces=2),
+        _Tolerance(batch, [padded.dtype, loss.dtype], padded, pieces=2, rtol=rtol, atol=atol),
         (float(loss.detach()), grad),
         padded,
         got_name="packed",
@@ -397,6 +435,8 @@ def check_ppo_clip(
     clip_ratio_c: float = 3.0,
     agg_mode: AggMode | None = None,
     loss_scale_factor: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Check a dual-clip PPO policy loss through its gradient pattern (and values).
 
@@ -496,7 +536,7 @@ def check_ppo_clip(
         _compare(
             "ppo_clip.reference_agreement",
             f"PPO-clip with agg_mode={agg_mode!r}",
-            _Tolerance(batch, [result.dtype], expected),
+            _Tolerance(batch, [result.dtype], expected, rtol=rtol, atol=atol),
             result,
             expected,
             got_name="fn",
@@ -513,7 +553,12 @@ def _as_float64(batch: Batch) -> dict[str, Any]:
 
 
 def check_ppo_reduces_to_reinforce(
-    ppo_loss_fn: Callable[..., Any], reinforce_loss_fn: Callable[..., Any], batch: Batch
+    ppo_loss_fn: Callable[..., Any],
+    reinforce_loss_fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """On-policy (ratio 1), PPO-clip is the REINFORCE surrogate in value and gradient.
 
@@ -528,7 +573,9 @@ def check_ppo_reduces_to_reinforce(
     work = _on_policy(batch)
     ppo = _Evaluation("ppo_reduces_to_reinforce", ppo_loss_fn, work)
     reinforce = _Evaluation("ppo_reduces_to_reinforce", reinforce_loss_fn, work)
-    tolerance = _Tolerance(batch, [ppo.dtype, reinforce.dtype], reinforce, pieces=2)
+    tolerance = _Tolerance(
+        batch, [ppo.dtype, reinforce.dtype], reinforce, pieces=2, rtol=rtol, atol=atol
+    )
     off = tolerance.grad_off(ppo.grad, reinforce.grad)
     if bool(off.any()):
         fail(
@@ -541,9 +588,8 @@ def check_ppo_reduces_to_reinforce(
     if not tolerance.value_close(ppo.value, surrogate):
         fail(
             "ppo_reduces_to_reinforce",
-            f"at ratio 1 the PPO loss is {fmt(ppo.value)}, but the REINFORCE surrogate in "
-            "ratio form "
-            f"(the sum of its gradient, Σ -A·w) is {fmt(surrogate)}",
+            "at ratio 1 the PPO loss differs from the REINFORCE surrogate in ratio form (the "
+            f"sum of its gradient, Σ -A·w): {versus('ppo', ppo.value, 'surrogate', surrogate)}",
         )
 
 
@@ -553,16 +599,23 @@ def _with_advantages(batch: Batch, advantages: Tensor) -> dict[str, Any]:
     return out
 
 
-def check_zero_advantage(loss_fn: Callable[..., Any], batch: Batch) -> None:
+def check_zero_advantage(
+    loss_fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
     """With all valid advantages zero (padding garbage kept), the policy loss and its gradient
     are zero. Point it at the policy-gradient term only (no KL or entropy term).
     Invariants: ``zero_advantage`` (value), ``zero_advantage.gradient``."""
     zeroed = _with_advantages(batch, torch.zeros_like(batch["advantages"]))
     result = _Evaluation("zero_advantage", loss_fn, zeroed)
     eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
-    if abs(result.value) > 16 * eps:
-        fail("zero_advantage", f"all advantages are zero but the loss is {fmt(result.value)}")
-    moving = result.grad.abs() > 16 * eps
+    tolerance = resolve_tolerance(0.0, 16 * eps, rtol, atol)
+    if tolerance.exceeded(result.value, 0.0):
+        fail("zero_advantage", f"all advantages are zero but the loss is {result.value!r}")
+    moving = tolerance.exceeded(result.grad, 0.0)
     if bool(moving.any()):
         fail(
             "zero_advantage.gradient",
@@ -577,6 +630,8 @@ def check_linear_in_advantages(
     *,
     scales: Sequence[float] = (2.0, 0.25),
     additive: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Scaling the valid advantages by ``c > 0`` scales the loss and gradient by ``c``.
 
@@ -598,7 +653,7 @@ def check_linear_in_advantages(
         _compare(
             "linear_in_advantages.homogeneity",
             f"advantages × {scale}",
-            _Tolerance(batch, [base.dtype, scaled.dtype], scaled),
+            _Tolerance(batch, [base.dtype, scaled.dtype], scaled, rtol=rtol, atol=atol),
             expected,
             scaled,
             got_name=f"{scale} × L(A)",
@@ -624,7 +679,9 @@ def check_linear_in_advantages(
         _compare(
             "linear_in_advantages.additivity",
             what,
-            _Tolerance(batch, [base.dtype, combined.dtype], combined, pieces=2),
+            _Tolerance(
+                batch, [base.dtype, combined.dtype], combined, pieces=2, rtol=rtol, atol=atol
+            ),
             expected,
             combined,
             got_name="sum of parts",

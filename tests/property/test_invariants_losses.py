@@ -280,8 +280,9 @@ def test_finds_nan_from_garbage_padding():
     def run(batch):
         check_padding_invariance(loss_fn, batch)
 
-    with pytest.raises(AssertionError, match=r"\[padding_invariance\.finite\]"):
+    with pytest.raises(AssertionError, match=r"\[padding_invariance\.finite\]") as caught:
         run()
+    assert "likely cause: exp of unmasked padding" in str(caught.value)
 
 
 def test_finds_loss_normalized_by_padded_length():
