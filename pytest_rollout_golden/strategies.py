@@ -25,6 +25,7 @@ __all__ = [
     "GRID",
     "is_thresholds",
     "register_profiles",
+    "reward_batches",
     "rollout_batches",
     "rs_configs",
     "rs_criteria",
@@ -169,6 +170,61 @@ def rollout_batches(
         out["response_mask"] = mask.to(dtype=mask_type, device=device)
         out["uid"] = torch.tensor(uid, dtype=torch.int64, device=device)
         return out
+
+    return build()
+
+
+REWARD_VALUES = (0.0, 0.1, 0.2, 0.5, 1.0, -0.3, 0.7)
+"""Reward values of :func:`reward_batches`: few (so groups often tie, and a group's std is
+often exactly 0) and mostly not dyadic (so float32 group statistics of float64 scores are
+visibly inexact: the mean of ``[0.1, 0.1, 0.1]`` in float32 is ``0.1 + 1.5e-9``)."""
+
+
+def reward_batches(
+    *,
+    min_batch: int = 1,
+    max_batch: int = 8,
+    max_len: int = 6,
+    dtype: torch.dtype | Sequence[torch.dtype] = torch.float64,
+    mask_dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    rewards: Literal["outcome", "dense", "either"] = "either",
+    max_groups: int = 3,
+    padding: Literal["right", "left", "either"] = "either",
+) -> st.SearchStrategy[dict[str, torch.Tensor]]:
+    """Inputs of an advantage estimator: ``token_level_rewards`` and ``response_mask``
+    (``[B, T]``) and ``uid`` (int64 ``[B]``, group ids in ``[0, max_groups)``, so some groups
+    are singletons and some labels unused).
+
+    Every row has at least one valid token. ``"outcome"`` rewards put one value from
+    :data:`REWARD_VALUES` on the row's last valid token; ``"dense"`` put one on every valid
+    token. Padding rewards are exactly zero (estimators such as verl's sum the whole row).
+    """
+    if not 1 <= min_batch <= max_batch:
+        raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+        float_dtype = draw(_one_of(dtype, ()))
+        mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
+        size = draw(st.integers(min_batch, max_batch))
+        width = draw(st.integers(1, max_len))
+        side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
+        kind = draw(st.sampled_from(["outcome", "dense"] if rewards == "either" else [rewards]))
+        lengths = draw(st.lists(st.integers(1, width), min_size=size, max_size=size))
+        values = torch.zeros(size, width, dtype=torch.float64)
+        mask = torch.zeros(size, width, dtype=torch.bool)
+        for row, length in enumerate(lengths):
+            cols = range(length) if side == "right" else range(width - length, width)
+            mask[row, list(cols)] = True
+            targets = list(cols) if kind == "dense" else [max(cols)]
+            for col in targets:
+                values[row, col] = draw(st.sampled_from(REWARD_VALUES))
+        uid = draw(st.lists(st.integers(0, max_groups - 1), min_size=size, max_size=size))
+        return {
+            "token_level_rewards": values.to(float_dtype),
+            "response_mask": mask.to(mask_type),
+            "uid": torch.tensor(uid, dtype=torch.int64),
+        }
 
     return build()
 

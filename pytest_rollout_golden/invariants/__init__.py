@@ -30,6 +30,7 @@ magnitude above the tolerance. In bf16 the tolerances are honest and therefore w
 sequence-level IS weight over 12 tokens is only known to a few percent).
 """
 
+from .advantages import check_advantages
 from .correction import check_is_weights, check_rs_mask
 from .losses import (
     check_linear_in_advantages,
@@ -43,6 +44,7 @@ from .losses import (
 )
 
 __all__ = [
+    "check_advantages",
     "check_is_weights",
     "check_linear_in_advantages",
     "check_packing_invariance",

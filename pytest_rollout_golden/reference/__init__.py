@@ -8,9 +8,12 @@ Python floats under their logged names (``rollout_corr/...``, ``actor/...``).
 from __future__ import annotations
 
 from .advantages import (
+    ESTIMATORS,
     drgrpo_advantages,
     group_mean_std,
     grpo_advantages,
+    outcome_advantages,
+    reinforce_baseline_advantages,
     rloo_advantages,
     sequence_scores,
 )
@@ -63,6 +66,7 @@ from .masking import (
 
 __all__ = [
     "AGG_MODES",
+    "ESTIMATORS",
     "IS_LEVELS",
     "KL_ESTIMATORS",
     "METRIC_PREFIX",
@@ -93,11 +97,13 @@ __all__ = [
     "masked_sum",
     "normalize_is_weights",
     "offpolicy_metrics",
+    "outcome_advantages",
     "parse_is_threshold",
     "parse_rs_criteria",
     "policy_loss",
     "ppo_clip_token_losses",
     "raw_is_weights",
+    "reinforce_baseline_advantages",
     "reinforce_token_losses",
     "rloo_advantages",
     "rollout_correction",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .masking import masked_fill_zero, masked_sum
+from .masking import as_bool_mask, masked_fill_zero, masked_sum
 
 
 def sequence_scores(token_level_rewards: Tensor, response_mask: Tensor) -> Tensor:
@@ -69,3 +69,47 @@ def rloo_advantages(token_level_rewards: Tensor, response_mask: Tensor, uid: Ten
     size = counts.to(scores.dtype)
     leave_one_out = (size * scores - totals) / (size - 1).clamp(min=1)
     return _broadcast(torch.where(counts > 1, leave_one_out, scores), response_mask)
+
+
+def reinforce_baseline_advantages(
+    token_level_rewards: Tensor, response_mask: Tensor, uid: Tensor, *, epsilon: float = 1e-8
+) -> Tensor:
+    """REINFORCE++ with a group baseline: ``c = s - mean_g`` (a singleton keeps ``s``),
+    broadcast over valid tokens, then whitened over every valid token of the batch:
+    ``(c - μ) / sqrt(v + ε)`` with ``μ``/``v`` the token mean and unbiased token variance.
+    A batch with a single valid token has no variance: it gets ``c - μ = 0``."""
+    scores = sequence_scores(token_level_rewards, response_mask)
+    mean, _, _ = group_mean_std(scores, uid)
+    centered = _broadcast(scores - mean, response_mask)
+    valid = as_bool_mask(response_mask)
+    n = int(valid.sum())
+    token_mean = masked_sum(centered, response_mask) / max(n, 1)
+    deviation = masked_fill_zero(centered - token_mean, response_mask)
+    variance = deviation.square().sum() / max(n - 1, 1)
+    return masked_fill_zero(deviation / (variance + epsilon).sqrt(), response_mask)
+
+
+ESTIMATORS: tuple[str, ...] = ("grpo", "grpo_no_std", "drgrpo", "rloo", "reinforce_baseline")
+
+
+def outcome_advantages(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    uid: Tensor,
+    *,
+    estimator: str,
+    epsilon: float = 1e-6,
+) -> Tensor:
+    """Advantages ``[B, T]`` of one of :data:`ESTIMATORS`; ``epsilon`` guards the std (GRPO)
+    or the variance (``reinforce_baseline``) and is unused otherwise."""
+    if estimator == "grpo":
+        return grpo_advantages(token_level_rewards, response_mask, uid, epsilon=epsilon)
+    if estimator in ("grpo_no_std", "drgrpo"):
+        return drgrpo_advantages(token_level_rewards, response_mask, uid)
+    if estimator == "rloo":
+        return rloo_advantages(token_level_rewards, response_mask, uid)
+    if estimator == "reinforce_baseline":
+        return reinforce_baseline_advantages(
+            token_level_rewards, response_mask, uid, epsilon=epsilon
+        )
+    raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ESTIMATORS}")

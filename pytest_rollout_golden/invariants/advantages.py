@@ -1,0 +1,269 @@
+"""Checker for group advantage estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++ baseline)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..reference.advantages import ESTIMATORS, group_mean_std, outcome_advantages, sequence_scores
+from ..reference.masking import as_bool_mask
+from .comparison import (
+    F32_EPS,
+    F64_EPS,
+    GUARD_RTOL,
+    Batch,
+    Tolerance,
+    accumulation_roundoff,
+    f64,
+    fail,
+    fmt,
+    positions,
+    resolve_tolerance,
+    token_tensor,
+    unit_roundoff,
+    versus,
+)
+
+__all__ = ["check_advantages"]
+
+_ZERO_MEAN = ("grpo", "grpo_no_std", "drgrpo", "rloo")
+_STD_SCALED = ("grpo", "reinforce_baseline")
+_SINGLETON = {
+    "grpo": "s / (1 + ε) (group mean 0, std 1)",
+    "grpo_no_std": "s (group mean 0)",
+    "drgrpo": "s (group mean 0)",
+    "rloo": "s (no other sample to form a baseline)",
+}
+
+
+def _group_max(values: Tensor, uid: Tensor) -> Tensor:
+    """Per-row maximum of ``values`` over the row's group."""
+    _, inverse = torch.unique(uid, return_inverse=True)
+    best = torch.zeros(int(inverse.max()) + 1, dtype=values.dtype)
+    best = best.scatter_reduce(0, inverse, values, reduce="amax")
+    return best[inverse]
+
+
+def _row_values(advantages: Tensor, valid: Tensor) -> Tensor:
+    """The advantage of each row, read at its first valid token."""
+    return advantages.gather(-1, valid.long().argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
+def _row_tolerance(
+    batch: Batch,
+    estimator: str,
+    epsilon: float,
+    expected: Tensor,
+    eps: float,
+    rtol: float | None,
+    atol: float | None,
+) -> Tolerance:
+    """Per-row tolerance ``[B]`` (the default rule of :func:`check_advantages`)."""
+    rewards = f64(batch["token_level_rewards"])
+    mask, uid = batch["response_mask"], batch["uid"]
+    valid = as_bool_mask(mask)
+    acc = accumulation_roundoff(eps)
+    scores = sequence_scores(rewards, mask)
+    _, std, size = group_mean_std(scores, uid)
+    size = size.to(torch.float64)
+    magnitude = _group_max(scores.abs(), uid) + 1e-300
+    tokens = valid.sum(dim=-1).to(torch.float64)
+    reward_mass = (rewards.abs() * valid).sum(dim=-1)
+    # Absolute error of the centered score s - mean: rounding of each score (a sum over the
+    # row's tokens) and of the group mean (a sum over the group).
+    centered = 8 * (eps * magnitude + acc * size * magnitude) + 8 * acc * tokens * reward_mass
+    if estimator == "rloo":
+        centered = 2 * centered  # n/(n - 1) ≤ 2
+    denominator = torch.ones_like(scores)
+    if estimator == "grpo":
+        denominator = torch.where(size > 1, std, torch.ones_like(std)) + epsilon
+    elif estimator == "reinforce_baseline":
+        total = int(valid.sum())
+        row_c = _row_values(expected, valid)
+        centered = centered + 8 * acc * total * float(row_c.abs().max())
+        denominator = torch.full_like(scores, _token_std(batch, epsilon))
+    relative = 8 * eps + 8 * acc * size + GUARD_RTOL
+    if estimator in _STD_SCALED:
+        relative = relative + 1e-6 / denominator  # a guard of up to 1e-6 on the std
+    return resolve_tolerance(relative, centered / denominator + 1e-300, rtol, atol)
+
+
+def _token_std(batch: Batch, epsilon: float) -> float:
+    """``sqrt(v + ε)`` of the group-centered scores over valid tokens (REINFORCE++ baseline)."""
+    rewards, mask, uid = f64(batch["token_level_rewards"]), batch["response_mask"], batch["uid"]
+    valid = as_bool_mask(mask)
+    scores = sequence_scores(rewards, mask)
+    mean, _, _ = group_mean_std(scores, uid)
+    centered = (scores - mean).unsqueeze(-1).expand(valid.shape)[valid]
+    n = centered.numel()
+    variance = float((centered - centered.mean()).square().sum()) / max(n - 1, 1)
+    return (variance + epsilon) ** 0.5
+
+
+def _call(fn: Callable[..., Any], batch: Batch) -> Tensor:
+    mask = batch["response_mask"]
+    output = fn(batch["token_level_rewards"], mask, batch["uid"])
+    return f64(token_tensor("advantages", output, mask.shape, batch))
+
+
+def _select(batch: Batch, rows: list[int]) -> dict[str, Any]:
+    index = torch.tensor(rows, dtype=torch.long)
+    return {key: value[index] for key, value in batch.items()}
+
+
+def check_advantages(
+    fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    estimator: str,
+    epsilon: float = 1e-6,
+    rtol: float | None = None,
+    atol: float | None = None,
+    variant: Callable[..., Any] | None = None,
+) -> None:
+    """Check ``fn(token_level_rewards, response_mask, uid) -> advantages [B, T]``.
+
+    ``batch`` holds ``token_level_rewards`` and ``response_mask`` (``[B, T]``, rewards zero
+    on padding: see :func:`pytest_rollout_golden.strategies.reward_batches`) and ``uid``
+    (int64 ``[B]`` group ids). A tuple return is allowed (first item). ``estimator`` is one of
+    ``"grpo"`` (``(s - mean_g) / (std_g + ε)``, unbiased std), ``"grpo_no_std"`` and its
+    alias ``"drgrpo"`` (``s - mean_g``), ``"rloo"`` (``s - mean of the others``),
+    ``"reinforce_baseline"`` (``s - mean_g``, then whitened over the batch's valid tokens with
+    ``sqrt(var + ε)``; verl uses ``ε = 1e-8`` there). ``s`` is the row's summed reward.
+
+    * ``advantages.zero_on_padding``; ``advantages.broadcast``: one value per row;
+    * ``advantages.singleton``: a group of one gets ``s / (1 + ε)`` (GRPO), ``s`` (Dr.GRPO,
+      RLOO); REINFORCE++ baseline centers it on 0 before whitening;
+    * ``advantages.precision``: float64 in, float64-accurate out (an error only float32
+      statistics explain, such as a group mean computed in float32, is named so);
+    * ``advantages.group_mean_zero`` (GRPO, Dr.GRPO, RLOO, groups of two or more);
+    * ``advantages.reference_agreement``: equal to the float64 reference within tolerance;
+    * ``advantages.row_order`` / ``advantages.group_labels``: reversing the rows reverses
+      the result; renaming the groups changes nothing;
+    * ``advantages.variant_agreement``: with ``variant`` (a second implementation, e.g. a
+      vectorized one), both agree on every row, singleton groups included.
+
+    Tolerance per row (default rule): absolute, the rounding of ``s - mean`` in the input
+    dtype (``8·(eps + eps_acc·n_group)·max|s|`` plus the rounding of each row sum) divided by
+    the estimator's denominator; relative, ``8·eps + 8·eps_acc·n_group`` plus
+    :data:`GUARD_RTOL`, plus ``1e-6 / denominator`` for std-scaled estimators (a guard of up
+    to 1e-6 on the std other than ``ε``). ``rtol``/``atol`` replace either part.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    mask, uid = batch["response_mask"], batch["uid"]
+    valid = as_bool_mask(mask)
+    if not bool(valid.any(dim=-1).all()):
+        raise ValueError("check_advantages needs at least one valid token in every row")
+    got = _call(fn, batch)
+    dtype = torch.promote_types(batch["token_level_rewards"].dtype, torch.float32)
+    eps = unit_roundoff(batch["token_level_rewards"].dtype, dtype)
+
+    leaked = ~valid & (got != 0)
+    if bool(leaked.any()):
+        fail(
+            "advantages.zero_on_padding",
+            "non-zero advantages on padding positions",
+            [f"(b={b}, t={t}): {fmt(float(got[b, t]))}" for b, t in positions(leaked)],
+        )
+    row = _row_values(got, valid)
+    uneven = valid & (got != row.unsqueeze(-1))
+    if bool(uneven.any()):
+        fail(
+            "advantages.broadcast",
+            "an outcome advantage must be one value broadcast over the row's valid tokens",
+            [
+                f"(b={b}, t={t}): {float(got[b, t])!r}, row value {float(row[b])!r}"
+                for b, t in positions(uneven)
+            ],
+        )
+
+    rewards64 = f64(batch["token_level_rewards"])
+    expected = outcome_advantages(rewards64, mask, uid, estimator=estimator, epsilon=epsilon)
+    expected_row = _row_values(expected, valid)
+    scores = sequence_scores(rewards64, mask)
+    _, _, size = group_mean_std(scores, uid)
+    tolerance = _row_tolerance(batch, estimator, epsilon, expected, eps, rtol, atol)
+    off = tolerance.exceeded(row, expected_row)
+
+    def lines(bad: Tensor, reference: Tensor = expected_row, name: str = "reference") -> list:
+        return [
+            f"row {b} (uid={int(uid[b])}, group of {int(size[b])}, "
+            f"score {float(scores[b])!r}): "
+            + versus("fn", float(row[b]), name, float(reference[b]))
+            for (b,) in positions(bad)
+        ]
+
+    single = off & (size == 1)
+    if estimator in _SINGLETON and bool(single.any()):
+        fail(
+            "advantages.singleton",
+            f"singleton groups: {estimator} gives a group of one {_SINGLETON[estimator]}",
+            lines(single),
+        )
+    if bool(off.any()) and eps == F64_EPS and rtol is None and atol is None:
+        loose = _row_tolerance(batch, estimator, epsilon, expected, F32_EPS, None, None)
+        if not bool(loose.exceeded(row, expected_row).any()):
+            fail(
+                "advantages.precision",
+                "float64 input, but the advantages are only float32-accurate (group statistics "
+                "computed in float32?)",
+                lines(off),
+            )
+    if estimator in _ZERO_MEAN:
+        _, inverse, counts = torch.unique(uid, return_inverse=True, return_counts=True)
+        sums = torch.zeros(counts.numel(), dtype=torch.float64).index_add(0, inverse, row)
+        allowed = torch.zeros_like(sums).index_add(
+            0, inverse, tolerance.atol + tolerance.rtol * expected_row.abs()
+        )
+        biased = (counts > 1) & (sums.abs() > allowed)
+        if bool(biased.any()):
+            fail(
+                "advantages.group_mean_zero",
+                f"{estimator} advantages must average to 0 over each group of two or more",
+                [
+                    f"uid={int(label)}: mean {fmt(float(sums[g] / counts[g]))} over "
+                    f"{int(counts[g])} rows"
+                    for g, label in enumerate(torch.unique(uid))
+                    if bool(biased[g])
+                ],
+            )
+    if bool(off.any()):
+        fail(
+            "advantages.reference_agreement",
+            f"{int(off.sum())} of {len(row)} rows differ from the {estimator} reference "
+            f"(epsilon={epsilon})",
+            lines(off),
+        )
+
+    reversed_rows = list(range(len(row)))[::-1]
+    moved = _row_values(_call(fn, _select(batch, reversed_rows)), valid.flip(0)).flip(0)
+    off = tolerance.exceeded(moved, row)
+    if bool(off.any()):
+        fail(
+            "advantages.row_order",
+            "reversing the rows changed the advantages",
+            lines(off, moved, "reversed"),
+        )
+    relabeled = dict(batch, uid=uid.max() - uid + 5)
+    moved = _row_values(_call(fn, relabeled), valid)
+    off = tolerance.exceeded(moved, row)
+    if bool(off.any()):
+        fail(
+            "advantages.group_labels",
+            "renaming the groups (uid → max(uid) - uid + 5) changed the advantages",
+            lines(off, moved, "relabeled"),
+        )
+    if variant is not None:
+        other = _row_values(_call(variant, batch), valid)
+        off = tolerance.exceeded(other, row)
+        if bool(off.any()):
+            fail(
+                "advantages.variant_agreement",
+                "the two implementations disagree"
+                + (" on singleton groups" if bool((size[off] == 1).all()) else ""),
+                lines(off, other, "variant"),
+            )
