@@ -83,16 +83,21 @@ def _row_tolerance(
     elif estimator == "reinforce_baseline":
         total = int(valid.sum())
         row_c = _row_values(expected, valid)
-        centered = centered + 8 * acc * total * float(row_c.abs().max())
-        denominator = torch.full_like(scores, _token_std(batch, epsilon))
+        token_mean, token_std = _token_moments(batch, epsilon)
+        # The batch mean may carry an epsilon guard on its token count (verl's masked_mean).
+        # Whitening mixes every row into the batch mean: each row inherits the worst error.
+        spread = 8 * (eps + acc * total) * float(scores.abs().max() + row_c.abs().max())
+        centered = torch.full_like(scores, float(centered.max()) + spread)
+        centered = centered + GUARD_RTOL * abs(token_mean)
+        denominator = torch.full_like(scores, token_std)
     relative = 8 * eps + 8 * acc * size + GUARD_RTOL
     if estimator in _STD_SCALED:
         relative = relative + 1e-6 / denominator  # a guard of up to 1e-6 on the std
     return resolve_tolerance(relative, centered / denominator + 1e-300, rtol, atol)
 
 
-def _token_std(batch: Batch, epsilon: float) -> float:
-    """``sqrt(v + ε)`` of the group-centered scores over valid tokens (REINFORCE++ baseline)."""
+def _token_moments(batch: Batch, epsilon: float) -> tuple[float, float]:
+    """Token mean ``μ`` and ``sqrt(v + ε)`` of the group-centered scores (REINFORCE++ baseline)."""
     rewards, mask, uid = f64(batch["token_level_rewards"]), batch["response_mask"], batch["uid"]
     valid = as_bool_mask(mask)
     scores = sequence_scores(rewards, mask)
@@ -100,7 +105,7 @@ def _token_std(batch: Batch, epsilon: float) -> float:
     centered = (scores - mean).unsqueeze(-1).expand(valid.shape)[valid]
     n = centered.numel()
     variance = float((centered - centered.mean()).square().sum()) / max(n - 1, 1)
-    return (variance + epsilon) ** 0.5
+    return float(centered.mean()), (variance + epsilon) ** 0.5
 
 
 def _call(fn: Callable[..., Any], batch: Batch) -> Tensor:

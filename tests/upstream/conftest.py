@@ -1,0 +1,28 @@
+"""The upstream conformance lane: the checkers against the real verl and OpenRLHF code.
+
+Skipped, with the reason, when the pinned packages are not installed (``.ci/run`` installs
+them).
+"""
+
+from __future__ import annotations
+
+import pytest
+import upstream
+
+
+@pytest.fixture(scope="session")
+def verl():
+    """``(core_algos, rollout_corr_helper)`` of verl 0.9.1."""
+    try:
+        return upstream.verl_modules()
+    except upstream.Missing as missing:
+        pytest.skip(str(missing))
+
+
+@pytest.fixture(scope="session")
+def openrlhf_loss():
+    """``openrlhf.models.loss`` of OpenRLHF 0.11.2."""
+    try:
+        return upstream.openrlhf_loss()
+    except upstream.Missing as missing:
+        pytest.skip(str(missing))

@@ -1,0 +1,342 @@
+"""verl 0.9.1 (``core_algos.py``, ``rollout_corr_helper.py``) against the checkers.
+
+Correct functions must pass in float64, float32 and bf16 with bool, int and float masks; the
+known discrepancies are strict xfails whose reason says which side the math supports.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from lane import (
+    DTYPES,
+    MASKS,
+    conforms,
+    discrepancy,
+    discrepancy_hunt,
+    known_discrepancy,
+    mask_dtype,
+)
+
+from pytest_rollout_golden import invariants
+from pytest_rollout_golden import reference as ref
+from pytest_rollout_golden.reference.masking import as_bool_mask
+from pytest_rollout_golden.strategies import (
+    is_thresholds,
+    reward_batches,
+    rollout_batches,
+    rs_configs,
+    rs_thresholds,
+)
+
+COMBOS = pytest.mark.parametrize(
+    "dtype, mask", [(d, m) for d in DTYPES for m in MASKS], ids=lambda v: str(v)
+)
+SCALE = 16.0  # fixed loss_scale_factor for seq-mean-token-sum-norm
+
+
+def batches(dtype, mask, **options):
+    float_dtype = DTYPES[dtype]
+    return rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
+
+
+def rewards(dtype, mask, **options):
+    float_dtype = DTYPES[dtype]
+    return reward_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
+
+
+# --------------------------------------------------------------------------- IS weights
+
+
+def verl_is_weights(helper, level, threshold, normalize):
+    def fn(old, rollout, mask):
+        weights, _ = helper.compute_rollout_correction_weights(
+            old - rollout,
+            mask,
+            rollout_is=level,
+            rollout_is_threshold=threshold,
+            rollout_is_batch_normalize=normalize,
+        )
+        return weights
+
+    return fn
+
+
+def zeroes_every_weight(batch, level, threshold):
+    """IcePop zeroes every valid weight: verl's ESS metric then divides by zero (below)."""
+    weights, _ = ref.compute_is_weights(
+        batch["old_log_probs"].double(),
+        batch["rollout_log_probs"].double(),
+        batch["response_mask"],
+        level=level,
+        threshold=threshold,
+    )
+    near_bounds = False
+    parsed = ref.parse_is_threshold(threshold)
+    if parsed.icepop:
+        raw = ref.raw_is_weights(
+            batch["old_log_probs"].double(),
+            batch["rollout_log_probs"].double(),
+            batch["response_mask"],
+            level=level,
+        )
+        for bound in (parsed.lower, parsed.upper):
+            near_bounds |= bool(((raw - bound).abs() <= 0.05 * bound).any())
+    return parsed.icepop and (
+        near_bounds or not bool(weights[as_bool_mask(batch["response_mask"])].any())
+    )
+
+
+@COMBOS
+def test_is_weights_conform(verl, dtype, mask):
+    _, helper = verl
+
+    @conforms
+    @given(
+        batches(dtype, mask),
+        st.sampled_from(["token", "sequence"]),
+        is_thresholds(),
+        st.booleans(),
+    )
+    def run(batch, level, threshold, normalize):
+        assume(not zeroes_every_weight(batch, level, threshold))
+        fn = verl_is_weights(helper, level, threshold, normalize)
+        invariants.check_is_weights(
+            fn, batch, level=level, threshold=threshold, batch_normalize=normalize
+        )
+
+    run()
+
+
+# --------------------------------------------------------------------------- RS masks
+
+
+def verl_rs_mask(helper):
+    def fn(old, rollout, mask, *, criterion, threshold):
+        keep, _ = helper.compute_rollout_rejection_mask(
+            old - rollout, mask, rollout_rs=criterion, rollout_rs_threshold=threshold
+        )
+        return keep
+
+    return fn
+
+
+def symmetric_k1(config):
+    """k1 bounds that are their own reciprocals (a bare float is upper with lower = 1/upper)."""
+    criterion, threshold = config
+    parts = threshold.split(",")
+    names = criterion.split(",")
+    if len(parts) == 1:
+        parts = parts * len(names)
+    return all(
+        not name.endswith("k1") or "_" not in part for name, part in zip(names, parts, strict=True)
+    )
+
+
+@COMBOS
+def test_rs_mask_conforms_without_asymmetric_k1_bounds(verl, dtype, mask):
+    _, helper = verl
+
+    @conforms
+    @given(batches(dtype, mask), rs_configs(max_parts=2).filter(symmetric_k1))
+    def run(batch, config):
+        criterion, threshold = config
+        invariants.check_rs_mask(
+            verl_rs_mask(helper), batch, criterion=criterion, threshold=threshold
+        )
+
+    run()
+
+
+@discrepancy(
+    "verl keeps 1/upper <= ratio <= 1/lower for k1 criteria (it compares -log ratio with "
+    "[log lower, log upper]); its own rollout_corr_math.md and the math say lower <= ratio "
+    "<= upper. Same result only for reciprocal-symmetric bounds."
+)
+@pytest.mark.parametrize("criterion", ["token_k1", "seq_sum_k1", "seq_mean_k1"])
+def test_rs_k1_bounds_are_reciprocal(verl, criterion):
+    _, helper = verl
+
+    @discrepancy_hunt
+    @given(rollout_batches(), rs_thresholds(criterion).filter(lambda t: "_" in t))
+    def run(batch, threshold):
+        invariants.check_rs_mask(
+            verl_rs_mask(helper), batch, criterion=criterion, threshold=threshold
+        )
+
+    with known_discrepancy("rs_mask.reference_agreement"):
+        run()
+
+
+# --------------------------------------------------------------------------- policy loss
+
+
+class PolicyConfig:
+    """The attributes and ``get`` that ``compute_policy_loss_vanilla`` reads from an ActorConfig."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+
+def verl_ppo_loss(core, mode):
+    def loss_fn(batch, *, global_tokens, global_seqs, dp_size=1):
+        config = PolicyConfig(
+            clip_ratio=0.2,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=3.0,
+            global_batch_info={
+                "dp_size": dp_size,
+                "batch_num_tokens": global_tokens,
+                "global_batch_size": global_seqs,
+                "loss_scale_factor": SCALE,
+            },
+        )
+        loss, _ = core.compute_policy_loss_vanilla(
+            batch["old_log_probs"],
+            batch["log_probs"],
+            batch["advantages"],
+            batch["response_mask"],
+            loss_agg_mode=mode,
+            config=config,
+        )
+        return loss
+
+    return loss_fn
+
+
+@COMBOS
+def test_ppo_loss_conforms(verl, dtype, mask):
+    core, _ = verl
+
+    @conforms
+    @given(batches(dtype, mask, min_batch=2), st.sampled_from(ref.AGG_MODES), st.integers(1, 3))
+    def run(batch, mode, dp_size):
+        loss_fn = verl_ppo_loss(core, mode)
+        invariants.check_ppo_clip(
+            loss_fn,
+            batch,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=3.0,
+            agg_mode=mode,
+            loss_scale_factor=SCALE,
+        )
+        invariants.check_split_invariance(loss_fn, batch, n_splits=2, dp_size=dp_size)
+        invariants.check_padding_invariance(loss_fn, batch)
+        invariants.check_permutation_invariance(loss_fn, batch)
+        invariants.check_zero_advantage(loss_fn, batch)
+        invariants.check_linear_in_advantages(loss_fn, batch)
+
+    run()
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def verl_advantages(function, **options):
+    def fn(token_level_rewards, response_mask, uid):
+        return function(token_level_rewards, response_mask, uid.numpy(), **options)
+
+    return fn
+
+
+ESTIMATORS = {
+    "grpo": ("compute_grpo_outcome_advantage", {}, {}),
+    "drgrpo": ("compute_grpo_outcome_advantage", {"norm_adv_by_std_in_grpo": False}, {}),
+    "rloo": ("compute_rloo_outcome_advantage", {}, {}),
+    "reinforce_baseline": (
+        "compute_reinforce_plus_plus_baseline_outcome_advantage",
+        {},
+        {"epsilon": 1e-8},  # verl whitens with var + 1e-8
+    ),
+}
+
+
+@pytest.mark.parametrize("estimator", list(ESTIMATORS))
+@COMBOS
+def test_loop_advantages_conform(verl, dtype, mask, estimator):
+    core, _ = verl
+    name, options, check_options = ESTIMATORS[estimator]
+    fn = verl_advantages(getattr(core, name), **options)
+
+    @conforms
+    @given(rewards(dtype, mask))
+    def run(batch):
+        # verl's masked_var raises on a batch with a single valid token (no variance).
+        assume(
+            estimator != "reinforce_baseline" or int(as_bool_mask(batch["response_mask"]).sum()) > 1
+        )
+        invariants.check_advantages(fn, batch, estimator=estimator, **check_options)
+
+    run()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("mask", MASKS)
+def test_vectorized_grpo_conforms_below_float64(verl, dtype, mask):
+    core, _ = verl
+    fn = verl_advantages(core.compute_grpo_vectorized_outcome_advantage)
+    loop = verl_advantages(core.compute_grpo_outcome_advantage)
+
+    @conforms
+    @given(rewards(dtype, mask))
+    def run(batch):
+        invariants.check_advantages(fn, batch, estimator="grpo", variant=loop)
+
+    run()
+
+
+@discrepancy(
+    "compute_grpo_vectorized_outcome_advantage computes group mean and std in float32 even "
+    "for float64 scores: scores [0.1, 0.1, 0.1] give -1.49e-3 instead of ~0; the loop version "
+    "and the math give 0."
+)
+def test_vectorized_grpo_float64_precision(verl):
+    core, _ = verl
+    fn = verl_advantages(core.compute_grpo_vectorized_outcome_advantage)
+
+    @discrepancy_hunt
+    @given(reward_batches(dtype=torch.float64))
+    def run(batch):
+        invariants.check_advantages(fn, batch, estimator="grpo")
+
+    with known_discrepancy("advantages.precision"):
+        run()
+
+
+@discrepancy(
+    "compute_rloo_vectorized_outcome_advantage gives 0 to a singleton group; "
+    "compute_rloo_outcome_advantage (loop) and the RLOO convention keep the raw score "
+    "(no other sample to form a baseline)."
+)
+def test_vectorized_rloo_singleton(verl):
+    core, _ = verl
+    fn = verl_advantages(core.compute_rloo_vectorized_outcome_advantage)
+
+    @discrepancy_hunt
+    @given(reward_batches())
+    def run(batch):
+        invariants.check_advantages(fn, batch, estimator="rloo")
+
+    with known_discrepancy("advantages.singleton"):
+        run()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_vectorized_rloo_agrees_with_the_loop_on_groups_of_two_or_more(verl, dtype):
+    core, _ = verl
+    fn = verl_advantages(core.compute_rloo_vectorized_outcome_advantage)
+    loop = verl_advantages(core.compute_rloo_outcome_advantage)
+
+    @conforms
+    @given(reward_batches(dtype=DTYPES[dtype], min_batch=2, max_groups=1))
+    def run(batch):
+        invariants.check_advantages(fn, batch, estimator="rloo", variant=loop)
+
+    run()

@@ -1,0 +1,111 @@
+"""Import the numerics modules of the real verl 0.9.1 and OpenRLHF 0.11.2 without their runtimes.
+
+The packages come from the package index, installed with ``pip install --no-deps`` together
+with the small pure-Python packages their numerics modules import (``.ci/run`` does it; the
+list is in ``docs/numerics.md``). Three heavy imports are replaced by minimal stubs, each
+only when the real package is not installed, so the code under test is upstream's own:
+
+* ``ray``: ``verl.protocol`` imports it and names ``ray.ObjectRef`` in an annotation;
+* ``transformers`` (and ``transformers.modeling_outputs``): verl's utilities import a dozen
+  class names, used in type hints and model loading, never by the numerics under test;
+* ``deepspeed``: ``openrlhf.models.utils`` imports it for ``set_z3_leaf_modules`` only.
+
+``openrlhf/models/__init__.py`` imports the actor model (peft, flash-attn, transformers);
+``openrlhf.models.loss`` and ``openrlhf.models.utils`` are loaded from the installed package
+directory without running that ``__init__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+VERL_VERSION = "0.9.1"
+OPENRLHF_VERSION = "0.11.2"
+
+_STUBS = {
+    "ray": ["ObjectRef"],
+    "transformers": [
+        "AutoConfig",
+        "AutoModel",
+        "AutoModelForCausalLM",
+        "AutoModelForImageTextToText",
+        "AutoModelForSequenceClassification",
+        "AutoModelForTokenClassification",
+        "AutoModelForVision2Seq",
+        "GenerationConfig",
+        "MistralForSequenceClassification",
+        "PreTrainedModel",
+        "PreTrainedTokenizer",
+        "PretrainedConfig",
+    ],
+    "transformers.modeling_outputs": ["CausalLMOutputWithPast"],
+    "deepspeed": [],
+}
+
+
+class Missing(Exception):
+    """An upstream package is not installed (at the pinned version)."""
+
+
+def _stub(name: str) -> None:
+    top = name.split(".")[0]
+    if name in sys.modules:
+        return
+    loaded = sys.modules.get(top)
+    if loaded is not None and loaded.__spec__ is not None:
+        return  # the real package is imported
+    if loaded is None and importlib.util.find_spec(top) is not None:
+        return  # the real package is installed
+    module = types.ModuleType(name)
+    module.__path__ = []  # a package, so that submodule stubs attach
+    for attribute in _STUBS[name]:
+        setattr(module, attribute, type(attribute, (), {"__module__": name}))
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+
+
+def _require(distribution: str, version: str) -> None:
+    try:
+        found = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise Missing(
+            f"{distribution} is not installed; the upstream lane needs "
+            f"`pip install --no-deps {distribution}=={version}` (see .ci/run)"
+        ) from None
+    if found != version:
+        raise Missing(
+            f"{distribution} {found} is installed; the upstream lane is pinned to {version}"
+        )
+
+
+def verl_modules() -> tuple[types.ModuleType, types.ModuleType]:
+    """``verl.trainer.ppo.core_algos`` and ``verl.trainer.ppo.rollout_corr_helper``."""
+    _require("verl", VERL_VERSION)
+    for name in _STUBS:
+        _stub(name)
+    try:
+        core = importlib.import_module("verl.trainer.ppo.core_algos")
+        helper = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+    except ModuleNotFoundError as error:
+        raise Missing(f"verl's numerics need {error.name!r} (see .ci/run)") from error
+    return core, helper
+
+
+def openrlhf_loss() -> types.ModuleType:
+    """``openrlhf.models.loss``, loaded without ``openrlhf/models/__init__.py``."""
+    _require("openrlhf", OPENRLHF_VERSION)
+    _stub("deepspeed")
+    if "openrlhf.models.loss" in sys.modules:
+        return sys.modules["openrlhf.models.loss"]
+    root = importlib.import_module("openrlhf")
+    package = types.ModuleType("openrlhf.models")
+    package.__path__ = [str(Path(root.__file__).parent / "models")]
+    sys.modules["openrlhf.models"] = package
+    return importlib.import_module("openrlhf.models.loss")
