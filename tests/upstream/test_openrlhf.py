@@ -1,0 +1,157 @@
+"""OpenRLHF 0.11.2 (``openrlhf/models/loss.py``) against the loss checkers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from lane import (
+    DTYPES,
+    MASKS,
+    conforms,
+    discrepancy,
+    discrepancy_hunt,
+    known_discrepancy,
+    mask_dtype,
+)
+
+from pytest_rollout_golden import invariants
+from pytest_rollout_golden.strategies import rollout_batches
+
+COMBOS = pytest.mark.parametrize(
+    "dtype, mask", [(d, m) for d in DTYPES for m in MASKS], ids=lambda v: str(v)
+)
+# OpenRLHF's two reductions, in the reference's names.
+MODES = {True: "token-mean", False: "seq-mean-token-mean"}
+
+
+def openrlhf_ppo_loss(loss_module, token_level_loss, dual_clip=3.0):
+    policy = loss_module.PolicyLoss(
+        clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=dual_clip, token_level_loss=token_level_loss
+    )
+
+    def loss_fn(batch, *, global_tokens, global_seqs, dp_size=1):
+        loss, *_ = policy(
+            batch["log_probs"],
+            batch["old_log_probs"],
+            batch["advantages"],
+            action_mask=batch["response_mask"],
+            dp_size=dp_size,
+            batch_num_tokens=global_tokens,
+            global_batch_size=global_seqs,
+        )
+        return loss
+
+    return loss_fn
+
+
+@COMBOS
+def test_ppo_loss_conforms(openrlhf_loss, dtype, mask):
+    float_dtype = DTYPES[dtype]
+
+    @conforms
+    @given(
+        rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
+        st.booleans(),
+        st.integers(1, 3),
+    )
+    def run(batch, token_level_loss, dp_size):
+        loss_fn = openrlhf_ppo_loss(openrlhf_loss, token_level_loss)
+        invariants.check_ppo_clip(
+            loss_fn,
+            batch,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=3.0,
+            agg_mode=MODES[token_level_loss],
+        )
+        invariants.check_split_invariance(loss_fn, batch, n_splits=2, dp_size=dp_size)
+        invariants.check_padding_invariance(loss_fn, batch)
+        invariants.check_permutation_invariance(loss_fn, batch)
+        invariants.check_zero_advantage(loss_fn, batch)
+        invariants.check_linear_in_advantages(loss_fn, batch)
+
+    run()
+
+
+@discrepancy(
+    "PolicyLoss defaults to dual_clip=None: for A < 0 the loss -A·ratio grows without bound "
+    "as the ratio passes clip_ratio_c, so those tokens keep a gradient. A configuration "
+    "default rather than a bug (dual-clip PPO needs dual_clip=3.0), shown so that the "
+    "missing-dual-clip bug of the catalogue is caught on real code."
+)
+def test_default_policy_loss_has_no_dual_clip(openrlhf_loss):
+    loss_fn = openrlhf_ppo_loss(openrlhf_loss, True, dual_clip=None)
+
+    @discrepancy_hunt
+    @given(rollout_batches())
+    def run(batch):
+        invariants.check_ppo_clip(loss_fn, batch, clip_ratio_low=0.2, clip_ratio_high=0.28)
+
+    with known_discrepancy("ppo_clip.dual_clip"):
+        run()
+
+
+def openrlhf_corrected_loss(loss_module, level, mode):
+    policy = loss_module.PolicyLoss(
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        dual_clip=3.0,
+        is_correction_level=level,
+        is_correction_mode=mode,
+        is_correction_threshold=(0.5, 5.0),
+    )
+
+    def loss_fn(batch, *, global_tokens, global_seqs, dp_size=1):
+        loss, *_ = policy(
+            batch["log_probs"],
+            batch["old_log_probs"],
+            batch["advantages"],
+            action_mask=batch["response_mask"],
+            rollout_log_probs=batch["rollout_log_probs"],
+            dp_size=dp_size,
+            batch_num_tokens=global_tokens,
+            global_batch_size=global_seqs,
+        )
+        return loss
+
+    return loss_fn
+
+
+@COMBOS
+def test_is_corrected_loss_conforms(openrlhf_loss, dtype, mask):
+    # The unclamped exp of the train/rollout log ratio also meets the garbage in padding;
+    # a NaN there would show in every checker below.
+    float_dtype = DTYPES[dtype]
+
+    @conforms
+    @given(
+        rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
+        st.sampled_from([("token", "mask"), ("token", "clip")]),
+    )
+    def run(batch, correction):
+        loss_fn = openrlhf_corrected_loss(openrlhf_loss, *correction)
+        invariants.check_split_invariance(loss_fn, batch, n_splits=2)
+        invariants.check_padding_invariance(loss_fn, batch)
+        invariants.check_permutation_invariance(loss_fn, batch)
+        invariants.check_zero_advantage(loss_fn, batch)
+
+    run()
+
+
+@discrepancy(
+    "is_correction_level='seq' with mode 'mask' multiplies the loss by exp(old - rollout) at "
+    "every position of a kept sequence, padding included and without the ±20 clamp: garbage "
+    "padding overflows to inf, and inf · 0 is NaN in the masked sum. The math weights valid "
+    "tokens only (verl clamps the log ratio at ±20 and masks the weights)."
+)
+def test_sequence_mask_correction_exponentiates_padding(openrlhf_loss):
+    loss_fn = openrlhf_corrected_loss(openrlhf_loss, "seq", "mask")
+
+    @discrepancy_hunt
+    @given(rollout_batches())
+    def run(batch):
+        invariants.check_padding_invariance(loss_fn, batch)
+
+    with known_discrepancy("padding_invariance.finite"):
+        run()
