@@ -42,8 +42,11 @@ from .losses import (
     check_split_invariance,
     check_zero_advantage,
 )
+from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
 
 __all__ = [
+    "IS_METRICS",
+    "PPO_METRICS",
     "check_advantages",
     "check_is_weights",
     "check_linear_in_advantages",
@@ -51,7 +54,9 @@ __all__ = [
     "check_padding_invariance",
     "check_permutation_invariance",
     "check_ppo_clip",
+    "check_ppo_metrics",
     "check_ppo_reduces_to_reinforce",
+    "check_rollout_corr_metrics",
     "check_rs_mask",
     "check_split_invariance",
     "check_zero_advantage",

@@ -155,3 +155,54 @@ def test_sequence_mask_correction_exponentiates_padding(openrlhf_loss):
 
     with known_discrepancy("padding_invariance.finite"):
         run()
+
+
+def openrlhf_ppo_metrics(loss_module):
+    policy = loss_module.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=3.0)
+
+    def fn(batch):
+        _, clip_ratio, ppo_kl, _, _ = policy(
+            batch["log_probs"],
+            batch["old_log_probs"],
+            batch["advantages"],
+            action_mask=batch["response_mask"],
+            batch_num_tokens=max(int((batch["response_mask"] != 0).sum()), 1),
+        )
+        return {"actor/pg_clipfrac": clip_ratio, "actor/ppo_kl": ppo_kl}
+
+    return fn
+
+
+@COMBOS
+def test_ppo_metrics_conform(openrlhf_loss, dtype, mask):
+    float_dtype = DTYPES[dtype]
+
+    @conforms
+    @given(rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype)))
+    def run(batch):
+        invariants.check_ppo_metrics(
+            openrlhf_ppo_metrics(openrlhf_loss),
+            batch,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            degenerate=False,
+        )
+
+    run()
+
+
+@discrepancy(
+    "masked_mean divides by mask.sum() without a guard: on a micro-batch with no valid token "
+    "(every token rejected) ppo_kl and the clip fraction are 0/0 = NaN. A mean over nothing "
+    "has no value; the reference (and verl's +1e-8) log 0."
+)
+def test_ppo_metrics_nan_without_valid_tokens(openrlhf_loss):
+    @discrepancy_hunt
+    @given(rollout_batches())
+    def run(batch):
+        invariants.check_ppo_metrics(
+            openrlhf_ppo_metrics(openrlhf_loss), batch, clip_ratio_low=0.2, clip_ratio_high=0.28
+        )
+
+    with known_discrepancy("ppo_metrics.finite"):
+        run()

@@ -340,3 +340,176 @@ def test_vectorized_rloo_agrees_with_the_loop_on_groups_of_two_or_more(verl, dty
         invariants.check_advantages(fn, batch, estimator="rloo", variant=loop)
 
     run()
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def verl_is_metrics(helper, level, threshold):
+    def fn(old, rollout, mask):
+        return helper.compute_rollout_correction_weights(
+            old - rollout, mask, rollout_is=level, rollout_is_threshold=threshold
+        )
+
+    return fn
+
+
+# verl reports the raw, untruncated sequence weight as rollout_is_min/max and counts empty rows
+# in the sequence-level fractions (see the xfail below); the std and the ESS have their own.
+AGREEING = {
+    "token": (
+        "rollout_is_mean",
+        "rollout_is_min",
+        "rollout_is_max",
+        "rollout_is_ratio_fraction_high",
+        "rollout_is_ratio_fraction_low",
+        "rollout_is_oob_ratio",
+    ),
+    "sequence": ("rollout_is_mean", "rollout_is_oob_ratio"),
+}
+
+
+@COMBOS
+def test_is_metrics_conform(verl, dtype, mask):
+    _, helper = verl
+
+    @conforms
+    @given(batches(dtype, mask), st.sampled_from(["token", "sequence"]), is_thresholds())
+    def run(batch, level, threshold):
+        assume(not zeroes_every_weight(batch, level, threshold))
+        invariants.check_rollout_corr_metrics(
+            verl_is_metrics(helper, level, threshold),
+            batch,
+            level=level,
+            threshold=threshold,
+            metrics=AGREEING[level],
+            degenerate=False,
+        )
+
+    run()
+
+
+@discrepancy(
+    "rollout_is_std is computed as sqrt(E[w²] - E[w]²) with +1e-8 in both denominators: "
+    "~5.6e-5 where the true std is 0 (the guards do not cancel under the square root). "
+    "The math (and a two-pass std) gives 0."
+)
+def test_is_std_biased_by_guards(verl):
+    _, helper = verl
+
+    @discrepancy_hunt
+    @given(rollout_batches(mask_dtype=torch.float64), is_thresholds(icepop=False))
+    def run(batch, threshold):
+        invariants.check_rollout_corr_metrics(
+            verl_is_metrics(helper, "token", threshold),
+            batch,
+            level="token",
+            threshold=threshold,
+            metrics=["rollout_is_std"],
+            degenerate=False,
+        )
+
+    with known_discrepancy("metrics.reference_agreement"):
+        run()
+
+
+@discrepancy(
+    "rollout_is_eff_sample_size normalizes by (mean + 1e-8): when every weight is below "
+    "~1e-8 the guard dominates and the ESS exceeds 1 (34 for weights of 2e-9). By definition "
+    "ESS = (Σw)² / (n Σw²) lies in (0, 1]."
+)
+def test_ess_above_one_for_tiny_weights(verl):
+    _, helper = verl
+    batch = {  # one valid token, log ratio -25: its weight is exp(-20) = 2.1e-9
+        "old_log_probs": torch.tensor([[-26.0, 3.0]], dtype=torch.float64),
+        "rollout_log_probs": torch.tensor([[-1.0, -7.0]], dtype=torch.float64),
+        "response_mask": torch.tensor([[True, False]]),
+    }
+    with known_discrepancy("metrics.reference_agreement"):
+        invariants.check_rollout_corr_metrics(
+            verl_is_metrics(helper, "token", 2.0),
+            batch,
+            level="token",
+            threshold=2.0,
+            metrics=["rollout_is_eff_sample_size"],
+            degenerate=False,
+        )
+
+
+@discrepancy(
+    "compute_rollout_correction_weights raises on degenerate batches instead of logging "
+    "finite metrics: ZeroDivisionError in the ESS (1.0 / masked_mean(w²).item()) when "
+    "IcePop zeroes every valid weight, ValueError when no token is valid (every token "
+    "rejected). The reference logs ESS 0 and zero statistics."
+)
+@pytest.mark.parametrize("threshold", ["0.5_2.0", 2.0])
+def test_is_metrics_raise_on_degenerate_batches(verl, threshold):
+    _, helper = verl
+
+    @discrepancy_hunt
+    @given(rollout_batches())
+    def run(batch):
+        invariants.check_rollout_corr_metrics(
+            verl_is_metrics(helper, "token", threshold),
+            batch,
+            level="token",
+            threshold=threshold,
+            metrics=["rollout_is_mean"],
+        )
+
+    with known_discrepancy("metrics.degenerate_batch"):
+        run()
+
+
+@discrepancy(
+    "At sequence level verl reports rollout_is_min/max of the raw, untruncated sequence "
+    "weight (up to e^20, above the truncation threshold) over every row, empty rows as "
+    "weight 1; at token level the same names describe the applied weights. The reference "
+    "describes the applied weights of sequences with valid tokens at both levels."
+)
+def test_sequence_min_max_describe_raw_weights(verl):
+    _, helper = verl
+
+    @discrepancy_hunt
+    @given(rollout_batches(), is_thresholds(icepop=False))
+    def run(batch, threshold):
+        invariants.check_rollout_corr_metrics(
+            verl_is_metrics(helper, "sequence", threshold),
+            batch,
+            level="sequence",
+            threshold=threshold,
+            metrics=["rollout_is_min", "rollout_is_max"],
+            degenerate=False,
+        )
+
+    with known_discrepancy("metrics.reference_agreement"):
+        run()
+
+
+@COMBOS
+def test_ppo_metrics_conform(verl, dtype, mask):
+    core, _ = verl
+
+    @conforms
+    @given(batches(dtype, mask))
+    def run(batch):
+        def fn(b):
+            config_tokens = int(as_bool_mask(b["response_mask"]).sum())
+            return core.compute_policy_loss_vanilla(
+                b["old_log_probs"],
+                b["log_probs"],
+                b["advantages"],
+                b["response_mask"],
+                loss_agg_mode="token-mean",
+                config=PolicyConfig(
+                    clip_ratio=0.2,
+                    clip_ratio_low=0.2,
+                    clip_ratio_high=0.28,
+                    clip_ratio_c=3.0,
+                    global_batch_info={"dp_size": 1, "batch_num_tokens": max(config_tokens, 1)},
+                ),
+            )
+
+        invariants.check_ppo_metrics(fn, batch, clip_ratio_low=0.2, clip_ratio_high=0.28)
+
+    run()
