@@ -186,10 +186,16 @@ def _is_tolerances(
 
 
 def _degenerate_is_batches(batch: Batch, threshold: float | str) -> list[tuple[str, dict]]:
-    """(description, batch) pairs: one valid token, no valid token, every weight zeroed."""
+    """(description, batch) pairs: every weight zeroed (IcePop), one valid token, none."""
     mask = batch["response_mask"]
     valid = as_bool_mask(mask)
     out = []
+    parsed = corr.parse_is_threshold(threshold)
+    if parsed.icepop:
+        assert parsed.upper is not None
+        above = batch["rollout_log_probs"] + math.log(parsed.upper) + 1.0
+        old = torch.where(valid, above.to(batch["old_log_probs"].dtype), batch["old_log_probs"])
+        out.append(("IcePop zeroes every valid weight", dict(batch, old_log_probs=old)))
     first = torch.zeros_like(valid)
     first.view(-1)[int(valid.view(-1).long().argmax())] = True
     out.append(
@@ -201,12 +207,6 @@ def _degenerate_is_batches(batch: Batch, threshold: float | str) -> list[tuple[s
             dict(batch, response_mask=torch.zeros_like(mask)),
         )
     )
-    parsed = corr.parse_is_threshold(threshold)
-    if parsed.icepop:
-        assert parsed.upper is not None
-        above = batch["rollout_log_probs"] + math.log(parsed.upper) + 1.0
-        old = torch.where(valid, above.to(batch["old_log_probs"].dtype), batch["old_log_probs"])
-        out.append(("IcePop zeroes every valid weight", dict(batch, old_log_probs=old)))
     return out
 
 
