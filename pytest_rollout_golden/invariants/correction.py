@@ -123,7 +123,8 @@ def check_is_weights(
                 "is_weights.sequence_constant",
                 "sequence-level weights differ within a sequence",
                 [
-                    f"{describe(b, t)}, first weight of row {fmt(float(first[b, t]))}"
+                    f"(b={b}, t={t}): "
+                    + versus("fn", float(w[b, t]), "first weight of row", float(first[b, t]))
                     for b, t in positions(uneven)
                 ],
             )
@@ -134,7 +135,10 @@ def check_is_weights(
             "is_weights.padding_independence",
             "changing only the garbage in padding positions changed the weights of valid tokens "
             "(padding log ratios leak into the weights, e.g. a sequence sum over all T positions)",
-            [f"{describe(b, t)} -> {fmt(float(again[b, t]))}" for b, t in positions(moved)],
+            [
+                f"(b={b}, t={t}): " + versus("regarbled", float(again[b, t]), "fn", float(w[b, t]))
+                for b, t in positions(moved)
+            ],
         )
 
     # The reference, with IcePop decisions on near-boundary weights resolved as fn did.
@@ -196,7 +200,8 @@ def check_is_weights(
                 name,
                 f"weights before normalization{note} are {what}",
                 [
-                    f"{describe(b, t)}, before normalization {fmt(float(before[b, t]))}"
+                    f"{describe(b, t)}, before normalization "
+                    f"{fmt(float(before[b, t]), _digits_near(float(before[b, t]), thr))}"
                     for b, t in positions(outside)
                 ],
             )
@@ -214,6 +219,12 @@ def check_is_weights(
         f"(level={level!r}, threshold={threshold!r}, batch_normalize={batch_normalize})",
         [describe(b, t, expected) for b, t in positions(off)],
     )
+
+
+def _digits_near(value: float, threshold: corr.ISThreshold) -> int:
+    """Digits that tell ``value`` apart from the threshold's bounds."""
+    bounds = [b for b in (threshold.lower, threshold.upper) if b is not None]
+    return max((digits_to_separate(value, b) for b in bounds), default=6)
 
 
 def _is_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
@@ -392,8 +403,9 @@ def check_rs_mask(
             for item, stat, kept in details:
                 value = float(stat[b] if item.sequence_level else stat[b, t])
                 lo, hi = item.bounds()
+                digits = max(digits_to_separate(value, lo), digits_to_separate(value, hi))
                 verdicts.append(
-                    f"{item.name}={fmt(value)} in [{fmt(lo)}, {fmt(hi)}]? "
+                    f"{item.name}={fmt(value, digits)} in [{fmt(lo, digits)}, {fmt(hi, digits)}]? "
                     f"{'keep' if kept[b, t] else 'drop'}"
                 )
             lines.append(

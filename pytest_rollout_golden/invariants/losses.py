@@ -19,6 +19,7 @@ from .comparison import (
     accepts,
     accumulation_roundoff,
     batch_counts,
+    digits_to_separate,
     f64,
     fail,
     first_item,
@@ -488,8 +489,10 @@ def check_ppo_clip(
     }
 
     def line(b: int, t: int) -> str:
+        value = float(ratio[b, t])
+        digits = max(digits_to_separate(value, edge) for edge in edges)
         return (
-            f"(b={b}, t={t}): A={fmt(float(advantages[b, t]))}, ratio={fmt(float(ratio[b, t]))}, "
+            f"(b={b}, t={t}): A={fmt(float(advantages[b, t]))}, ratio={fmt(value, digits)}, "
             f"gradient={fmt(float(grad[b, t]))}"
         )
 

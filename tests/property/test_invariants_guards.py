@@ -3,6 +3,8 @@ still catches the bugs of the catalogue, and says by how much two values differ.
 
 from __future__ import annotations
 
+import math
+
 import guarded
 import pytest
 import torch
@@ -173,3 +175,22 @@ def test_hint_names_exp_of_unmasked_padding():
         run()
     assert "exp of unmasked padding" in str(caught.value)
     assert "torch.where" in str(caught.value)
+
+
+def test_clip_message_tells_the_ratio_from_the_clip_bound():
+    log_ratio = math.log(1.2) + 1e-6  # just above 1 + ε_high: clipped
+    batch = {
+        "old_log_probs": torch.tensor([[-1.0]], dtype=torch.float64),
+        "rollout_log_probs": torch.tensor([[-1.0]], dtype=torch.float64),
+        "log_probs": torch.tensor([[-1.0 + log_ratio]], dtype=torch.float64),
+        "advantages": torch.tensor([[1.0]], dtype=torch.float64),
+        "response_mask": torch.ones(1, 1, dtype=torch.bool),
+    }
+
+    def unclipped(b, *, global_tokens, global_seqs):
+        ratio = (b["log_probs"] - b["old_log_probs"]).exp()
+        return (-b["advantages"] * ratio * b["response_mask"]).sum() / global_tokens
+
+    with finds("ppo_clip.upper_clip") as caught:
+        invariants.check_ppo_clip(unclipped, batch)
+    assert "ratio=1.2000012" in str(caught.value)
