@@ -72,28 +72,41 @@ def _describe(batch: Batch) -> str:
     )
 
 
-def _call(name: str, fn: Callable[..., Any], args: Sequence[Any], what: str, batch: Batch):
+AS_GIVEN = "the batch as given"
+
+
+def _evaluate(
+    name: str,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    batch: Batch,
+    names: Sequence[str],
+    what: str = AS_GIVEN,
+) -> dict[str, float]:
+    """Call ``fn``; an exception or a non-finite metric among ``names`` fails, naming the batch."""
+    where = what if what == AS_GIVEN else f"the degenerate batch where {what}"
     try:
-        return _metrics(name, fn(*args))
-    except AssertionError:
-        raise
-    except Exception as error:  # the point: a crash on a degenerate batch is a finding
+        output = fn(*args)
+    except Exception as error:  # the point: a crash (assert included) is a finding
         fail(
-            f"{name}.degenerate_batch",
-            f"fn raised {type(error).__name__}: {error} on the degenerate batch where {what}",
+            f"{name}.{'exception' if what == AS_GIVEN else 'degenerate_batch'}",
+            f"fn raised {type(error).__name__}: {error} on {where}",
             [_describe(batch)],
         )
-
-
-def _finite(name: str, metrics: Mapping[str, Any], what: str, batch: Batch) -> None:
-    bad = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not math.isfinite(v)}
+    metrics = _metrics(name, output)
+    bad = {
+        key: metrics[key]
+        for key in names
+        if isinstance(metrics.get(key), int | float) and not math.isfinite(metrics[key])
+    }
     if bad:
         fail(
             f"{name}.finite",
-            f"non-finite metrics on the batch where {what}: "
+            f"non-finite metrics on {where}: "
             + ", ".join(f"{k}={v}" for k, v in sorted(bad.items())),
             [_describe(batch)],
         )
+    return metrics
 
 
 def _compare(
@@ -239,8 +252,7 @@ def check_rollout_corr_metrics(
     ``rtol``/``atol`` replace either part.
     """
     args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
-    got = _call("metrics", fn, args, "nothing is degenerate", batch)
-    _finite("metrics", got, "nothing is degenerate", batch)
+    got = _evaluate("metrics", fn, args, batch, metrics)
     old, rollout = f64(args[0]), f64(args[1])
     _, expected = corr.compute_is_weights(old, rollout, args[2], level=level, threshold=threshold)
     expected.update(corr.offpolicy_metrics(old, rollout, args[2]))
@@ -258,14 +270,8 @@ def check_rollout_corr_metrics(
         f"level={level!r}, threshold={threshold!r}",
     )
     for what, reduced in _degenerate_is_batches(batch, threshold) if degenerate else []:
-        values = _call(
-            "metrics",
-            fn,
-            (reduced["old_log_probs"], reduced["rollout_log_probs"], reduced["response_mask"]),
-            what,
-            reduced,
-        )
-        _finite("metrics", values, what, reduced)
+        inputs = (reduced["old_log_probs"], reduced["rollout_log_probs"], reduced["response_mask"])
+        _evaluate("metrics", fn, inputs, reduced, metrics, what)
 
 
 def check_ppo_metrics(
@@ -292,8 +298,7 @@ def check_ppo_metrics(
     """
     mask = batch["response_mask"]
     valid = as_bool_mask(mask)
-    got = _call("ppo_metrics", fn, (batch,), "nothing is degenerate", batch)
-    _finite("ppo_metrics", got, "nothing is degenerate", batch)
+    got = _evaluate("ppo_metrics", fn, (batch,), batch, metrics)
     logp, old = f64(batch["log_probs"]), f64(batch["old_log_probs"])
     _, expected = policy_loss(
         logp,
@@ -327,4 +332,4 @@ def check_ppo_metrics(
     )
     for what, reduced in cases if degenerate else ():
         small = dict(batch, response_mask=reduced)
-        _finite("ppo_metrics", _call("ppo_metrics", fn, (small,), what, small), what, small)
+        _evaluate("ppo_metrics", fn, (small,), small, metrics, what)

@@ -43,13 +43,14 @@ class KnownDiscrepancy(AssertionError):
 
 
 @contextmanager
-def known_discrepancy(invariant: str):
-    """Turn the checker failure naming ``invariant`` into :class:`KnownDiscrepancy`, for
-    ``xfail(strict=True, raises=KnownDiscrepancy)``: any other failure still fails."""
+def known_discrepancy(*invariants: str):
+    """Turn a checker failure naming one of ``invariants`` into :class:`KnownDiscrepancy`,
+    for ``xfail(strict=True, raises=KnownDiscrepancy)``: any other failure still fails."""
     try:
         yield
     except AssertionError as error:
-        if re.search(rf"\[{re.escape(invariant)}(\.[a-z_]+)?\]", str(error)):
+        names = "|".join(re.escape(name) for name in invariants)
+        if re.search(rf"\[({names})(\.[a-z_]+)?\]", str(error)):
             raise KnownDiscrepancy(str(error)) from error
         raise
 
