@@ -65,28 +65,19 @@ def verl_is_weights(helper, level, threshold, normalize):
 
 
 def zeroes_every_weight(batch, level, threshold):
-    """IcePop zeroes every valid weight: verl's ESS metric then divides by zero (below)."""
-    weights, _ = ref.compute_is_weights(
+    """IcePop may zero every valid weight (no weight safely inside the bounds): verl's ESS
+    metric then divides by zero, inside the weights function (a separate xfail below)."""
+    parsed = ref.parse_is_threshold(threshold)
+    if not parsed.icepop:
+        return False
+    raw = ref.raw_is_weights(
         batch["old_log_probs"].double(),
         batch["rollout_log_probs"].double(),
         batch["response_mask"],
         level=level,
-        threshold=threshold,
-    )
-    near_bounds = False
-    parsed = ref.parse_is_threshold(threshold)
-    if parsed.icepop:
-        raw = ref.raw_is_weights(
-            batch["old_log_probs"].double(),
-            batch["rollout_log_probs"].double(),
-            batch["response_mask"],
-            level=level,
-        )
-        for bound in (parsed.lower, parsed.upper):
-            near_bounds |= bool(((raw - bound).abs() <= 0.05 * bound).any())
-    return parsed.icepop and (
-        near_bounds or not bool(weights[as_bool_mask(batch["response_mask"])].any())
-    )
+    )[as_bool_mask(batch["response_mask"])]
+    inside = (raw > parsed.lower * 1.01) & (raw < parsed.upper * 0.99)
+    return not bool(inside.any())
 
 
 @COMBOS
