@@ -84,10 +84,10 @@ def _row_tolerance(
         total = int(valid.sum())
         row_c = _row_values(expected, valid)
         token_mean, token_std = _token_moments(batch, epsilon)
-        # The batch mean may carry an epsilon guard on its token count (verl's masked_mean).
         # Whitening mixes every row into the batch mean: each row inherits the worst error.
         spread = 8 * (eps + acc * total) * float(scores.abs().max() + row_c.abs().max())
         centered = torch.full_like(scores, float(centered.max()) + spread)
+        # The batch mean may carry an epsilon guard on its token count (verl's masked_mean).
         centered = centered + GUARD_RTOL * abs(token_mean)
         denominator = torch.full_like(scores, token_std)
     relative = 8 * eps + 8 * acc * size + GUARD_RTOL
