@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _torchrun_rank() -> int:
+    """This process's rank in a torchrun job (0 when not under torchrun)."""
+    if not all(os.environ.get(v) for v in ("WORLD_SIZE", "RANK", "MASTER_ADDR")):
+        return 0
+    try:
+        return int(os.environ["RANK"])
+    except ValueError:
+        return 0
+
+
 def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
@@ -137,6 +148,15 @@ class GoldenPlugin:
             self.mode = "auto"
         self.rootdir = Path(config.rootpath)
         self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
+        self.snapshot: Path | None = None
+        if _torchrun_rank() > 0:
+            # Every rank of a torchrun job runs the same tests; rank 0 owns golden/. The
+            # others replay a private copy and never record, so that no rank waits on a
+            # golden's lock while rank 0 waits for it in a collective.
+            self.snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{_torchrun_rank()}-"))
+            if self.root.is_dir():
+                shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
+            self.root, self.mode = self.snapshot, "strict"
         self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
         self.ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
         self.builtin = builtin_layer()
@@ -281,6 +301,8 @@ class GoldenPlugin:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
         self.registry.remove()
+        if self.snapshot is not None:
+            shutil.rmtree(self.snapshot, ignore_errors=True)
 
     def _not_full_run(self, session: pytest.Session) -> str:
         if self.state.partial_files:

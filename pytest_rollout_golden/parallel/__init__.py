@@ -37,7 +37,7 @@ _BATCHING = (
 _LAZY = {
     **dict.fromkeys(_BATCHING, "batching"),
     **dict.fromkeys(("LaunchError", "LaunchTimeout", "launch", "shutdown"), "launcher"),
-    **dict.fromkeys(("LAYOUT_TOLERANCES", "variants"), "variants"),
+    **dict.fromkeys(("LAYOUT_TOLERANCES", "layout_params", "variant", "variants"), "variants"),
 }
 _SUBMODULES = {"batching", "launcher", "variants", "policy", "layout"}
 
@@ -49,6 +49,8 @@ __all__ = [  # noqa: RUF022 - grouped by module
     "launch",
     "shutdown",
     "LAYOUT_TOLERANCES",
+    "layout_params",
+    "variant",
     "variants",
     "Batch",
     "Split",

@@ -380,17 +380,31 @@ def _token_losses(
     return pg, kl_penalty(log_probs, ref, "low_var_kl")
 
 
+def default_splits(layout: Layout, size: int) -> list[list[list[int]]]:
+    """Rows of each DP rank's micro-batches: contiguous shards, then contiguous micro-batches."""
+    return [
+        [[shard[i] for i in piece] for piece in split_by_count(len(shard), layout.micro_batches)]
+        for shard in dp_shards(size, layout.dp)
+    ]
+
+
 def train_step(
-    w: dict[str, Tensor], batch: dict[str, Tensor], cfg: PolicyConfig, g: Groups
+    w: dict[str, Tensor],
+    batch: dict[str, Tensor],
+    cfg: PolicyConfig,
+    g: Groups,
+    splits: list[list[list[int]]] | None = None,
 ) -> dict[str, Any]:
-    """One PPO step of this rank's shard; returns metrics and per-token log probs (last stage)."""
+    """One PPO step of this rank's shard; returns metrics and per-token log probs (last stage).
+
+    ``splits[dp_rank]`` lists the rows of each of this rank's micro-batches (default:
+    :func:`default_splits`); every DP rank needs at least one row.
+    """
     layout = g.layout
     last = g.stage == layout.pp - 1
-    shard_rows = dp_shards(int(batch["response_mask"].shape[0]), layout.dp)[g.dp_rank]
-    micro_rows = [
-        [shard_rows[i] for i in piece]
-        for piece in split_by_count(len(shard_rows), layout.micro_batches)
-    ]
+    size = int(batch["response_mask"].shape[0])
+    micro_rows = (splits or default_splits(layout, size))[g.dp_rank]
+    shard_rows = [row for rows in micro_rows for row in rows]
     micros = [
         make_micro_batch(
             batch, rows, cfg, packed=layout.packing, leak=layout.fault == "packing-leak"
@@ -491,12 +505,16 @@ def _padded(pieces: list[tuple[MicroBatch, Tensor]], cfg: PolicyConfig) -> Tenso
 
 
 def train(
-    rank: int, layout: Layout, cfg: PolicyConfig, batches: list[dict[str, Tensor]]
+    rank: int,
+    layout: Layout,
+    cfg: PolicyConfig,
+    batches: list[dict[str, Tensor]],
+    splits: list[list[list[int]]] | None = None,
 ) -> dict[str, Any]:
     """What :func:`launch` runs on each rank: ``len(batches)`` training steps."""
     g = make_groups(layout, rank)
     w = shard_weights(full_weights(cfg), cfg, layout, rank)
-    steps = [train_step(w, batch, cfg, g) for batch in batches]
+    steps = [train_step(w, batch, cfg, g, splits) for batch in batches]
     return {"rank": rank, "steps": steps}
 
 
@@ -509,10 +527,18 @@ class StepResult:
 
 
 def run(
-    layout: Layout, cfg: PolicyConfig, batches: list[dict[str, Tensor]], *, timeout: float = 120.0
+    layout: Layout,
+    cfg: PolicyConfig,
+    batches: list[dict[str, Tensor]],
+    *,
+    splits: list[list[list[int]]] | None = None,
+    timeout: float = 120.0,
 ) -> list[StepResult]:
-    """Train ``len(batches)`` steps on ``layout`` (real processes) and reassemble the results."""
-    per_rank = launch(train, layout, layout, cfg, batches, timeout=timeout)
+    """Train ``len(batches)`` steps on ``layout`` (real processes) and reassemble the results.
+
+    ``splits`` overrides how rows are cut into DP shards and micro-batches (every step).
+    """
+    per_rank = launch(train, layout, layout, cfg, batches, splits, timeout=timeout)
     out = []
     for step in range(len(batches)):
         shards = [r["steps"][step] for r in per_rank if r["steps"][step]["last_stage"]]
@@ -523,6 +549,30 @@ def run(
             log_probs[torch.tensor(s["rows"], dtype=torch.long)] = s["log_probs"]
         out.append(StepResult(shards[0]["metrics"], log_probs))
     return out
+
+
+def check_step(
+    golden: Any, result: StepResult, *, step: int, reference: Layout | None = None
+) -> None:
+    """Gate one step: every metric, and per-token log probs by (DP rank, micro-batch).
+
+    Ranks and micro-batches are those of the *reference* layout (one of each by default):
+    a variant's log probs are reassembled into the whole batch first and cut the way the
+    reference cuts it, so that every layout checks the same tensors.
+    """
+    reference = reference or Layout()
+    golden.check(result.metrics, step=step)
+    size = result.log_probs.shape[0]
+    for dp_rank, shard in enumerate(dp_shards(size, reference.dp)):
+        for micro, piece in enumerate(split_by_count(len(shard), reference.micro_batches)):
+            rows = torch.tensor([shard[i] for i in piece], dtype=torch.long)
+            golden.check_tensors(
+                "policy",
+                {"log_probs": result.log_probs[rows]},
+                step=step,
+                rank=dp_rank,
+                micro=micro,
+            )
 
 
 # ---------------------------------------------------------------------- rollouts

@@ -60,6 +60,25 @@ def variant(
     return pytest.param(layout, id=layout.id, marks=[pytest.mark.golden(**options), *marks])
 
 
+def layout_params(
+    layouts: Iterable[Layout],
+    *,
+    reference: Layout | None = None,
+    dtype: str = "float32",
+    tolerances: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """Params of the reference (first: it records the golden), then of ``layouts``.
+
+    Duplicates and the reference's own layout are dropped from ``layouts``.
+    """
+    reference = reference or Layout()
+    ordered = list(dict.fromkeys([reference, *layouts]))
+    return [
+        variant(layout, reference=reference, dtype=dtype, tolerances=tolerances)
+        for layout in ordered
+    ]
+
+
 def variants(
     tp: Iterable[int] = (1, 2),
     pp: Iterable[int] = (1, 2),
@@ -77,13 +96,8 @@ def variants(
     the product. Ids read ``tp2-pp1-dp1-packed-mb4``. Share the golden across test files
     with ``@pytest.mark.golden(shared="name")`` on each test function.
     """
-    reference = reference or Layout()
     layouts = [
         Layout(t, p, d, pk, mb)
         for t, p, d, pk, mb in itertools.product(tp, pp, dp, packing, micro_batches)
     ]
-    ordered = [reference, *(lay for lay in layouts if lay != reference)]
-    return [
-        variant(layout, reference=reference, dtype=dtype, tolerances=tolerances)
-        for layout in ordered
-    ]
+    return layout_params(layouts, reference=reference, dtype=dtype, tolerances=tolerances)
