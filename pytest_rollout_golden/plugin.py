@@ -38,7 +38,7 @@ _MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, exact=False, deterministic=True, seed=None, "
     "rebuild=None, variant=None, reference=None, layout_tolerances=None): configure the golden "
     "of this test; key= shares it within a file, shared= across files; variant/reference: a "
-    "layout variant that replays the reference's golden (see parallel.variants)"
+    "layout variant that replays the reference's golden (see parallel.variants())"
 )
 _OPTIONS = {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}

@@ -2,7 +2,7 @@
 
 * :mod:`.batching` -- split, shard, re-pad and pack rollout batches in one process;
 * :mod:`.layout` -- :class:`Layout`, a frozen (tp, pp, dp, packing, micro_batches);
-* :mod:`.variants` -- :func:`variants`, pytest params over layouts that share one golden;
+* :mod:`.params` -- :func:`variants`, pytest params over layouts that share one golden;
 * :mod:`.launcher` -- :func:`launch`, run a function on N ``torch.distributed`` ranks;
 * :mod:`.policy` -- a small transformer trained with real TP / PP / DP / packing.
 
@@ -37,9 +37,9 @@ _BATCHING = (
 _LAZY = {
     **dict.fromkeys(_BATCHING, "batching"),
     **dict.fromkeys(("LaunchError", "LaunchTimeout", "launch", "shutdown"), "launcher"),
-    **dict.fromkeys(("LAYOUT_TOLERANCES", "layout_params", "variant", "variants"), "variants"),
+    **dict.fromkeys(("LAYOUT_TOLERANCES", "layout_params", "variant", "variants"), "params"),
 }
-_SUBMODULES = {"batching", "launcher", "variants", "policy", "layout"}
+_SUBMODULES = {"batching", "launcher", "params", "policy", "layout"}
 
 __all__ = [  # noqa: RUF022 - grouped by module
     "FAULTS",

@@ -586,7 +586,7 @@ def make_rollout(
     Token ids and rewards are random; ``ref_log_prob`` is the initial policy's log prob (the
     reference model) and ``old_log_probs`` that plus noise, as if from a rollout engine.
     """
-    g = torch.Generator().manual_seed(10_000 + step)
+    g = torch.Generator().manual_seed(10_000 + 1_000 * cfg.seed + step)
     size = prompts * group
     ids = torch.randint(1, cfg.vocab, (size, cfg.seq_len), generator=g)
     ids[:, : cfg.prompt_len] = ids[::group, : cfg.prompt_len].repeat_interleave(group, 0)
