@@ -111,7 +111,8 @@ def measure_cost(rounds: int = 3) -> None:
             cold.append(timed(layout))
             warm.append(timed(layout))
         c, w = sorted(cold)[rounds // 2], sorted(warm)[rounds // 2]
-        print(f"| {layout.id} | {layout.world_size} | {c:.2f} | {w:.3f} | {w / base:.1f} |")
+        cold_cell = "in-process" if layout.world_size == 1 else f"{c:.2f}"
+        print(f"| {layout.id} | {layout.world_size} | {cold_cell} | {w:.3f} | {w / base:.1f} |")
     launcher.shutdown()
 
 

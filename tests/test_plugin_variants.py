@@ -52,8 +52,8 @@ def test_perturbed_variant_fails_naming_metric_and_variant(project):
 def test_layout_lane_replaces_same_layout_defaults_only_for_variants(project):
     project.write(GATE.format(extra=""))
     project.run().assert_outcomes(passed=2)
-    # 5e-5 relative: inside the layout lane (1e-4), outside the same-layout default (1e-5)
-    project.set_values(**{VARIANT: 1.00005, REF: 1.00005})
+    # 3e-5 relative: inside the layout lane (1e-4), outside the same-layout default (1e-5)
+    project.set_values(**{VARIANT: 1.00003, REF: 1.00003})
     result = project.run()
     result.assert_outcomes(passed=1, failed=1)
     assert project.mismatch_row(result, "pg_loss")["allowed"] == "rtol=1e-05, atol=1e-08"
