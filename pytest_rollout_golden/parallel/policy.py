@@ -305,7 +305,7 @@ def transformer_layer(
         for name in ("wq", "wk", "wv")
     )
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(head_dim)
-    scores = scores.masked_fill(~mb.allowed.unsqueeze(1), float("-inf"))
+    scores = scores.masked_fill(~mb.allowed.to(h.device).unsqueeze(1), float("-inf"))
     attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(rows, length, -1)
     h = h + reduce(attended @ w[p + "wo"])  # row-parallel: partial sums until reduced
 
@@ -344,7 +344,8 @@ def stage_forward(
 ) -> Tensor:
     """This stage's part of the forward: embeddings (first stage) and its layers."""
     if g.stage == 0:
-        h = w["embed"][h_or_ids.to(w["embed"].device)] + w["pos"][mb.positions]
+        on = w["embed"].device
+        h = w["embed"][h_or_ids.to(on)] + w["pos"][mb.positions.to(on)]
     else:
         h = h_or_ids
     for i in stage_layers(cfg, g.layout, g.stage):
