@@ -22,6 +22,7 @@ import pytest
 
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
 from .location import golden_dir, shared_golden_dir
+from .parallel.environment import torchrun_rank
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
 from .tolerance import Layer, Resolver, builtin_layer, parse_spec
@@ -107,16 +108,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _torchrun_rank() -> int:
-    """This process's rank in a torchrun job (0 when not under torchrun)."""
-    if not all(os.environ.get(v) for v in ("WORLD_SIZE", "RANK", "MASTER_ADDR")):
-        return 0
-    try:
-        return int(os.environ["RANK"])
-    except ValueError:
-        return 0
-
-
 def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
@@ -149,11 +140,12 @@ class GoldenPlugin:
         self.rootdir = Path(config.rootpath)
         self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
         self.snapshot: Path | None = None
-        if _torchrun_rank() > 0:
+        rank = torchrun_rank()
+        if rank:
             # Every rank of a torchrun job runs the same tests; rank 0 owns golden/. The
             # others replay a private copy and never record, so that no rank waits on a
             # golden's lock while rank 0 waits for it in a collective.
-            self.snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{_torchrun_rank()}-"))
+            self.snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{rank}-"))
             if self.root.is_dir():
                 shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
             self.root, self.mode = self.snapshot, "strict"
@@ -222,7 +214,7 @@ class GoldenPlugin:
             lane = Layer("layout lane", options.get("layout_tolerances") or {})
             layers.insert(1, lane)
             exact = bool(options.get("exact"))
-            replay_only = _reference_recipe(item, options)
+            replay_only = _reference_recipe(options)
         return Golden(
             self.directory_of(item),
             mode=Mode(self.mode),
@@ -332,7 +324,7 @@ def _reference_name(item: pytest.Item, name: str, options: dict[str, Any]) -> st
     return base + bracket + params.replace(variant, reference, 1)
 
 
-def _reference_recipe(item: pytest.Item, options: dict[str, Any]) -> ReplayOnly:
+def _reference_recipe(options: dict[str, Any]) -> ReplayOnly:
     from .replay import ReplayOnly
 
     reference = str(options["reference"])

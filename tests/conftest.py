@@ -145,7 +145,7 @@ def project(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slow: the full parallel variant matrix; run with `pytest -m slow`"
+        "markers", "slow: full parallel variant matrix and torchrun runs; `pytest -m slow`"
     )
 
 
@@ -153,7 +153,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip ``slow`` tests unless a ``-m`` expression names them."""
     if "slow" in (config.option.markexpr or ""):
         return
-    skip = pytest.mark.skip(reason="full variant matrix: run with `pytest -m slow`")
+    skip = pytest.mark.skip(reason="slow (variant matrix, torchrun): run with `pytest -m slow`")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)

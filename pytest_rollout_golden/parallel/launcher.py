@@ -32,12 +32,12 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .environment import torchrun_rank
 from .layout import Layout
 
 DEFAULT_TIMEOUT = 120.0
 START_TIMEOUT = 120.0
 GRACE_AFTER_FAILURE = 3.0  # other ranks may finish, or sit in a collective forever
-_TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "MASTER_ADDR")
 
 
 class LaunchError(RuntimeError):
@@ -98,7 +98,7 @@ def launch(
 
 def under_torchrun() -> bool:
     """Whether this process is one rank of a job torchrun (or a similar launcher) started."""
-    return all(os.environ.get(name) for name in _TORCHRUN_VARS)
+    return torchrun_rank() is not None
 
 
 def shutdown() -> None:
