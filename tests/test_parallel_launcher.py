@@ -94,3 +94,12 @@ def test_under_torchrun_launch_joins_the_existing_group(monkeypatch):
     assert launcher.under_torchrun()
     monkeypatch.delenv("MASTER_ADDR")
     assert not launcher.under_torchrun()
+
+
+def test_idle_pools_are_capped_least_recently_used_first(monkeypatch):
+    monkeypatch.setattr(launcher, "MAX_WORKERS", 4)
+    launch(pid, 2)
+    launch(pid, 3)  # 2 + 3 > 4: the world-2 pool is stopped first
+    assert set(launcher.pool_pids()) == {3}
+    launch(pid, 1)  # in-process: no pool
+    assert set(launcher.pool_pids()) == {3}

@@ -2,7 +2,8 @@
 
 Worker processes are started once per world size and reused by every later :func:`launch`
 of the session: starting a Python process and importing torch costs seconds, training the
-tiny reference policy milliseconds. A pool whose ranks failed or hung is killed and started
+tiny reference policy milliseconds. At most :data:`MAX_WORKERS` idle workers are kept (the
+least recently used pool is stopped first). A pool whose ranks failed or hung is killed and started
 afresh on the next launch, since its process group is in an unknown state. Each worker
 joins one process group at start (gloo on CPU; NCCL when every rank has its own CUDA
 device) through a rendezvous on a free TCP port of 127.0.0.1.
@@ -38,6 +39,9 @@ from .layout import Layout
 DEFAULT_TIMEOUT = 120.0
 START_TIMEOUT = 120.0
 GRACE_AFTER_FAILURE = 3.0  # other ranks may finish, or sit in a collective forever
+MAX_WORKERS = int(os.environ.get("ROLLOUT_GOLDEN_MAX_WORKERS", "6"))
+"""Idle worker processes kept per pytest process (each xdist worker has its own); beyond
+this, the least recently used pool is stopped before a new one starts."""
 
 
 class LaunchError(RuntimeError):
@@ -83,11 +87,14 @@ def launch(
         )
     if under_torchrun():
         return _launch_torchrun(fn, world_size, args, timeout)
-    pool = _POOLS.get(world_size)
+    pool = _POOLS.pop(world_size, None)
     if pool is None or not pool.alive():
         if pool is not None:
             pool.close()
-        pool = _POOLS[world_size] = _Pool(world_size)
+        while _POOLS and sum(_POOLS) + world_size > MAX_WORKERS:
+            _POOLS.pop(next(iter(_POOLS))).close()  # the least recently used pool
+        pool = _Pool(world_size)
+    _POOLS[world_size] = pool  # most recently used last
     try:
         return pool.run(fn, args, timeout)
     except LaunchError:
