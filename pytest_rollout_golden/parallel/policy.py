@@ -389,6 +389,91 @@ def default_splits(layout: Layout, size: int) -> list[list[list[int]]]:
     ]
 
 
+def gpipe_forward_backward(
+    w: dict[str, Tensor],
+    batch: dict[str, Tensor],
+    cfg: PolicyConfig,
+    g: Groups,
+    micros: list[MicroBatch],
+    global_tokens: Tensor,
+) -> tuple[Tensor, list[tuple[MicroBatch, Tensor]]]:
+    """GPipe: every micro-batch's forward, then every backward in reverse order.
+
+    Gradients accumulate in ``w[...].grad``. The last stage returns the step's metric pieces
+    (``[pg, kl, entropy]`` sums over global tokens of this DP rank) and each micro-batch's
+    per-token log probs; other stages return zeros and nothing.
+    """
+    layout = g.layout
+    last = g.stage == layout.pp - 1
+    prev_rank = g.stage_ranks[g.stage - 1] if g.stage > 0 else None
+    next_rank = g.stage_ranks[g.stage + 1] if not last else None
+    saved: list[tuple[Tensor | None, Tensor]] = []  # (input activation, output or loss)
+    sums = torch.zeros(3, dtype=torch.float64, device=device())
+    log_probs_out: list[tuple[MicroBatch, Tensor]] = []
+    for mb in micros:
+        h_in = None
+        if prev_rank is not None:  # activations of the previous stage
+            h_in = torch.empty((*mb.input_ids.shape, cfg.hidden), dtype=cfg.torch_dtype)
+            h_in = h_in.to(device())
+            dist.recv(h_in, src=prev_rank)
+            h_in.requires_grad_(True)
+        h = stage_forward(mb.input_ids if h_in is None else h_in, w, cfg, mb, g)
+        if not last:
+            dist.send(h.detach().contiguous(), dst=next_rank)
+            saved.append((h_in, h))
+            continue
+        log_probs, entropy = head_log_probs(h, w, mb, g)
+        pg, kl = _token_losses(log_probs, batch, mb, cfg)
+        per_token = (pg + cfg.kl_coef * kl).unsqueeze(0)
+        ones = torch.ones_like(per_token)
+        normalizer = global_tokens
+        if layout.fault == "micro-mean":  # each micro-batch's own mean, averaged: wrong
+            normalizer = ones.sum() * len(micros) * layout.dp
+        loss = aggregate_loss(per_token, ones, "token-mean", global_tokens=normalizer)
+        with torch.no_grad():
+            pieces = torch.stack([pg.sum(), kl.sum(), entropy.sum()]).double()
+            sums += pieces / normalizer.double()
+        saved.append((h_in, loss))
+        log_probs_out.append((mb, log_probs.detach()))
+
+    for h_in, out in reversed(saved):
+        if last:
+            out.backward()
+        else:  # gradient of this stage's output, from the next stage
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=next_rank)
+            out.backward(grad)
+        if h_in is not None:
+            dist.send(h_in.grad.contiguous(), dst=prev_rank)
+    return sums, log_probs_out
+
+
+def reduce_gradients(w: dict[str, Tensor], g: Groups) -> None:
+    """Data parallelism: sum the replicas' gradients (one all-reduce of one flat buffer).
+
+    Each replica's loss is already divided by the global token count, so the pieces add up
+    to the full batch's gradient: a sum, not a mean.
+    """
+    flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in w.values()]), g.dp)
+    if g.layout.fault == "dp-double-norm":  # averaged on top of the global normalizer: wrong
+        flat /= g.layout.dp
+    for p, grad in zip(w.values(), flat.split([p.numel() for p in w.values()]), strict=True):
+        p.grad = grad.view_as(p)
+
+
+def grad_norm(w: dict[str, Tensor], g: Groups) -> float:
+    """L2 norm of the whole model's gradient.
+
+    TP-split parameters count on every TP rank, replicated ones on TP rank 0 only; the
+    squares are then summed over the tp x pp ranks of this replica.
+    """
+    square = torch.zeros((), dtype=torch.float64, device=device())
+    for name, p in w.items():
+        if is_tp_split(name) or g.tp_rank == 0:
+            square += p.grad.double().square().sum()
+    return float(all_reduce(square, g.model).sqrt())
+
+
 def train_step(
     w: dict[str, Tensor],
     batch: dict[str, Tensor],
@@ -402,94 +487,34 @@ def train_step(
     :func:`default_splits`); every DP rank needs at least one row.
     """
     layout = g.layout
-    last = g.stage == layout.pp - 1
     size = int(batch["response_mask"].shape[0])
     micro_rows = (splits or default_splits(layout, size))[g.dp_rank]
     shard_rows = [row for rows in micro_rows for row in rows]
+    leak = layout.fault == "packing-leak"
     micros = [
-        make_micro_batch(
-            batch, rows, cfg, packed=layout.packing, leak=layout.fault == "packing-leak"
-        )
-        for rows in micro_rows
+        make_micro_batch(batch, rows, cfg, packed=layout.packing, leak=leak) for rows in micro_rows
     ]
     # The token-mean's normalizer is the step's valid-token count over every DP replica.
     tokens = batch["response_mask"][torch.tensor(shard_rows, dtype=torch.long)].sum()
     global_tokens = all_reduce(tokens.to(device(), torch.float64), g.dp)
-    prev_rank = g.stage_ranks[g.stage - 1] if g.stage > 0 else None
-    next_rank = g.stage_ranks[g.stage + 1] if not last else None
 
-    # GPipe: every micro-batch's forward, then every backward in reverse order.
-    saved: list[tuple[Tensor | None, Tensor]] = []  # (input activation, output or loss)
-    sums = torch.zeros(3, dtype=torch.float64, device=device())  # pg, kl, entropy pieces
-    log_probs_out: list[tuple[MicroBatch, Tensor]] = []
-    for mb in micros:
-        if prev_rank is None:
-            h_in, x = None, mb.input_ids
-        else:
-            shape = (*mb.input_ids.shape, cfg.hidden)
-            h_in = torch.empty(shape, dtype=cfg.torch_dtype, device=device())
-            dist.recv(h_in, src=prev_rank)
-            h_in.requires_grad_(True)
-            x = h_in
-        h = stage_forward(x, w, cfg, mb, g)
-        if not last:
-            dist.send(h.detach().contiguous(), dst=next_rank)
-            saved.append((h_in, h))
-            continue
-        log_probs, entropy = head_log_probs(h, w, mb, g)
-        pg, kl = _token_losses(log_probs, batch, mb, cfg)
-        per_token = (pg + cfg.kl_coef * kl).unsqueeze(0)
-        ones = torch.ones_like(per_token)
-        if layout.fault == "micro-mean":  # each micro-batch's own mean, averaged: wrong
-            normalizer = ones.sum() * len(micros) * layout.dp
-        else:
-            normalizer = global_tokens
-        loss = aggregate_loss(per_token, ones, "token-mean", global_tokens=normalizer)
-        with torch.no_grad():
-            pieces = torch.stack([pg.sum(), kl.sum(), entropy.sum()]).double()
-            sums += pieces / normalizer.double()
-        saved.append((h_in, loss))
-        log_probs_out.append((mb, log_probs.detach()))
-
-    for h_in, out in reversed(saved):
-        if last:
-            out.backward()
-        else:
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=next_rank)
-            out.backward(grad)
-        if h_in is not None:
-            dist.send(h_in.grad.contiguous(), dst=prev_rank)
-
-    # Data parallelism: the pieces' gradients add up to the full batch's; sum them.
-    names = list(w)
-    flat = torch.cat([w[n].grad.reshape(-1) for n in names])
-    all_reduce(flat, g.dp)
-    if layout.fault == "dp-double-norm":  # averaged on top of the global normalizer: wrong
-        flat /= layout.dp
-    # grad norm over the whole model: TP-split parameters count on every TP rank,
-    # replicated ones once; then summed over the stages of this replica.
-    offset, square = 0, torch.zeros((), dtype=torch.float64, device=device())
-    for n in names:
-        size = w[n].numel()
-        grad = flat[offset : offset + size].view_as(w[n])
-        offset += size
-        if is_tp_split(n) or g.tp_rank == 0:
-            square += grad.double().square().sum()
-        w[n].grad = grad
-    all_reduce(square, g.model)
-    with torch.no_grad():
-        for n in names:
-            w[n] -= cfg.lr * w[n].grad
-            w[n].grad = None
+    sums, log_probs = gpipe_forward_backward(w, batch, cfg, g, micros, global_tokens)
+    reduce_gradients(w, g)
+    norm = grad_norm(w, g)
+    with torch.no_grad():  # SGD
+        for p in w.values():
+            p -= cfg.lr * p.grad
+            p.grad = None
     all_reduce(sums, g.dp)
-    result: dict[str, Any] = {"rank": g.rank, "last_stage": last}
-    if last:
-        metrics = dict(zip(("pg_loss", "kl", "entropy"), sums.tolist(), strict=True))
-        metrics["grad_norm"] = float(square.sqrt())
-        result["metrics"] = metrics
+
+    result: dict[str, Any] = {"rank": g.rank, "last_stage": g.stage == layout.pp - 1}
+    if result["last_stage"]:
+        result["metrics"] = {
+            **dict(zip(("pg_loss", "kl", "entropy"), sums.tolist(), strict=True)),
+            "grad_norm": norm,
+        }
         result["rows"] = shard_rows
-        result["log_probs"] = _padded(log_probs_out, cfg).cpu()
+        result["log_probs"] = _padded(log_probs, cfg).cpu()
     return result
 
 
