@@ -4,7 +4,8 @@
 * :mod:`.layout` -- :class:`Layout`, a frozen (tp, pp, dp, packing, micro_batches);
 * :mod:`.params` -- :func:`variants`, pytest params over layouts that share one golden;
 * :mod:`.launcher` -- :func:`launch`, run a function on N ``torch.distributed`` ranks;
-* :mod:`.policy` -- a small transformer trained with real TP / PP / DP / packing.
+* :mod:`.policy` -- a small transformer trained with real TP / PP / DP / packing;
+* :mod:`.environment` -- whether this process is a rank of a torchrun job.
 
 Names are loaded on first use: ``from pytest_rollout_golden.parallel import variants,
 Layout`` imports neither torch nor numpy (test collection stays fast).
