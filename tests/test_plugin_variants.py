@@ -179,3 +179,28 @@ def test_each_wrong_variant_fails_against_the_committed_golden_naming_metric_and
         assert f"test_gate[{variant_id}] against the golden of the reference layout" in section
         rows = [line.split() for line in section.splitlines() if line.startswith("  ")]
         assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
+
+
+def test_variant_checking_a_step_the_reference_never_recorded_names_the_reference(project):
+    project.write(
+        """
+import pytest
+from pytest_rollout_golden.parallel import variants
+
+LAYOUTS = variants(tp=[1, 2], pp=[1], dp=[1], packing=[False], micro_batches=[1])
+
+@pytest.mark.golden(shared="policy")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gate(golden, values, layout):
+    steps = 2 if layout.tp == 2 and values.get("more") else 1
+    for step in range(steps):
+        golden.check({"pg_loss": 0.5}, step=step)
+"""
+    )
+    project.run().assert_outcomes(passed=2)
+    project.set_values(more=True)
+    result = project.run("-k", VARIANT)
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "step 1 was never recorded (recorded steps: [0])" in text
+    assert f'record it by running the reference: `pytest --update-golden -k "{REF}"`' in text
