@@ -1,5 +1,10 @@
 """Where a test's golden lives: ``<golden root>/<test file without .py>/<test name>/``.
 
+A golden shared across test files (``@pytest.mark.golden(shared="name")``) lives in
+``<golden root>/@shared/<name>/``: ``@`` never survives :func:`safe_name`, so that folder can
+neither be a test file's folder nor lie inside one, and a shared golden neither nests in nor
+contains another test's golden.
+
 Names are made filesystem-safe; a name that had to change gets a short hash of
 the original appended, so two names never collapse into one directory and no
 name can climb out of the golden root.
@@ -8,6 +13,7 @@ name can climb out of the golden root.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Callable
@@ -50,6 +56,14 @@ def golden_dir(
     return root.joinpath(*parts, *(safe_name(n) for n in names))
 
 
+SHARED = "@shared"
+
+
+def shared_golden_dir(root: Path, name: str) -> Path:
+    """The directory of the golden shared under ``name`` by tests of any file."""
+    return root / SHARED / safe_name(name)
+
+
 def find_goldens(root: Path) -> list[Path]:
     """Every golden directory at or below ``root`` (hidden staging directories excluded)."""
     if (root / "manifest.json").is_file():
@@ -73,6 +87,8 @@ def owning_test_file(
     walked, matching each level by applying :func:`safe_name` to what exists on disk.
     """
     rel = directory.relative_to(root)
+    if rel.parts and rel.parts[0] == SHARED:
+        return _recorder_file(rootdir, directory, is_file)
     for i in range(len(rel.parts) - 1, 0, -1):
         candidate = rootdir.joinpath(*rel.parts[:i])
         candidate = candidate.with_name(candidate.name + ".py")  # not with_suffix: "v1.2"
@@ -93,3 +109,13 @@ def owning_test_file(
         if current is None:
             return None
     return None
+
+
+def _recorder_file(rootdir: Path, directory: Path, is_file: Callable[[Path], bool]) -> Path | None:
+    """A shared golden belongs to the file of the test that recorded it (``manifest.json``)."""
+    try:
+        test = json.loads((directory / "manifest.json").read_text())["test"]
+        candidate = rootdir / str(test).split("::", 1)[0]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return candidate if is_file(candidate) else None

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,13 +21,14 @@ import pluggy
 import pytest
 
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
-from .location import golden_dir
+from .location import golden_dir, shared_golden_dir
+from .parallel.environment import torchrun_rank
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
 from .tolerance import Layer, Resolver, builtin_layer, parse_spec
 
 if TYPE_CHECKING:
-    from .replay import Golden
+    from .replay import Golden, ReplayOnly
 
 _PLUGIN = pytest.StashKey["GoldenPlugin"]()
 _GOLDEN = pytest.StashKey["Golden"]()
@@ -34,9 +36,13 @@ _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
-    "golden(key=None, tolerances=None, exact=False, deterministic=True, seed=None, rebuild=None): "
-    "configure the golden of this test; key= makes several tests share one golden"
+    "golden(key=None, shared=None, tolerances=None, exact=False, deterministic=True, seed=None, "
+    "rebuild=None, variant=None, reference=None, layout_tolerances=None): configure the golden "
+    "of this test; key= shares it within a file, shared= across files; variant/reference: a "
+    "layout variant that replays the reference's golden (see parallel.variants())"
 )
+_OPTIONS = {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
+_LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -133,6 +139,16 @@ class GoldenPlugin:
             self.mode = "auto"
         self.rootdir = Path(config.rootpath)
         self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
+        self.snapshot: Path | None = None
+        rank = torchrun_rank()
+        if rank:
+            # Every rank of a torchrun job runs the same tests; rank 0 owns golden/. The
+            # others replay a private copy and never record, so that no rank waits on a
+            # golden's lock while rank 0 waits for it in a collective.
+            self.snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{rank}-"))
+            if self.root.is_dir():
+                shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
+            self.root, self.mode = self.snapshot, "strict"
         self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
         self.ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
         self.builtin = builtin_layer()
@@ -162,17 +178,23 @@ class GoldenPlugin:
             if marker.args:
                 raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.golden takes keywords only")
             options.update(marker.kwargs)
-        unknown = set(options) - {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
+        unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS
         if unknown:
             raise pytest.UsageError(
                 f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
             )
+        if options.get("key") is not None and options.get("shared") is not None:
+            raise pytest.UsageError(f"{item.nodeid}: golden key= and shared= exclude each other")
         return options
 
     def directory_of(self, item: pytest.Item) -> Path:
         options = self.marker_options(item)
+        if options.get("shared") is not None:
+            return shared_golden_dir(self.root, str(options["shared"]))
         name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
         key = options.get("key")
+        if key is None and _replays_reference(options):
+            name = _reference_name(item, name, options)
         return golden_dir(
             self.root, self.rootdir, Path(item.path), name, key=None if key is None else str(key)
         )
@@ -184,16 +206,23 @@ class GoldenPlugin:
         marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
         item.stash[_MARKER_LAYER] = marker_layer
         exact = bool(options.get("exact")) or self.config.option.golden_exact
-        resolver = Resolver(
-            [marker_layer, self.cli_layer, self.ini_layer, self.builtin], exact=exact
-        )
+        layers = [marker_layer, self.cli_layer, self.ini_layer, self.builtin]
+        replay_only = None
+        if _replays_reference(options):
+            # Another layout recorded these values: the layout lane replaces the same-layout
+            # defaults (the user's own marker tolerances still come first), never bit-exact.
+            lane = Layer("layout lane", options.get("layout_tolerances") or {})
+            layers.insert(1, lane)
+            exact = bool(options.get("exact"))
+            replay_only = _reference_recipe(options)
         return Golden(
             self.directory_of(item),
             mode=Mode(self.mode),
-            resolver=resolver,
+            resolver=Resolver(layers, exact=exact),
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
             registry=self.registry,
+            replay_only=replay_only,
         )
 
     def wants_determinism(self, item: pytest.Item) -> bool:
@@ -264,6 +293,8 @@ class GoldenPlugin:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
         self.registry.remove()
+        if self.snapshot is not None:
+            shutil.rmtree(self.snapshot, ignore_errors=True)
 
     def _not_full_run(self, session: pytest.Session) -> str:
         if self.state.partial_files:
@@ -273,6 +304,36 @@ class GoldenPlugin:
         if session.testsfailed:
             return "tests failed"
         return ""
+
+
+def _replays_reference(options: dict[str, Any]) -> bool:
+    """A layout variant other than its reference: it replays the reference's golden."""
+    variant, reference = options.get("variant"), options.get("reference")
+    return variant is not None and reference is not None and variant != reference
+
+
+def _reference_name(item: pytest.Item, name: str, options: dict[str, Any]) -> str:
+    """The test name of the reference param (``test_x[tp2-...]`` -> ``test_x[tp1-...]``)."""
+    base, bracket, params = name.partition("[")
+    variant, reference = str(options["variant"]), str(options["reference"])
+    if variant not in params:
+        raise pytest.UsageError(
+            f"{item.nodeid}: the id of layout variant {variant!r} is not in the test id; "
+            "keep the ids variants() gives"
+        )
+    return base + bracket + params.replace(variant, reference, 1)
+
+
+def _reference_recipe(options: dict[str, Any]) -> ReplayOnly:
+    from .replay import ReplayOnly
+
+    reference = str(options["reference"])
+    where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
+    return ReplayOnly(
+        recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
+        remedy=f'record it by running the reference: `pytest --update-golden -k "{reference}"` '
+        "(then commit golden/)",
+    )
 
 
 def _expected_to_fail(item: pytest.Item) -> bool:
@@ -399,6 +460,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.workeroutput[_WORKER_OUTPUT] = plugin.state.to_json()  # type: ignore[attr-defined]
     else:
         plugin.close(session)
+    launcher = sys.modules.get("pytest_rollout_golden.parallel.launcher")
+    if launcher is not None:  # worker pools of parallel.launch(): stop them with the session
+        launcher.shutdown()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -55,6 +55,18 @@ class UpdateRegistry(Protocol):
     def add(self, directory: Path) -> None: ...
 
 
+@dataclass(frozen=True)
+class ReplayOnly:
+    """This golden is recorded by another test (``recorder``); this one only replays it.
+
+    Such a golden never records, whatever the mode: a missing golden, step or metric fails
+    with ``remedy`` (how to record it) instead of the usual ``--update-golden`` advice.
+    """
+
+    recorder: str
+    remedy: str
+
+
 class GoldenToleranceWarning(UserWarning):
     """A tolerance was given for a metric name that never appeared."""
 
@@ -101,9 +113,12 @@ class Golden:
         test_id: str = "",
         rebuild: Callable[..., Any] | None = None,
         registry: UpdateRegistry | None = None,
+        replay_only: ReplayOnly | None = None,
     ):
         self.directory = Path(directory)
-        self.mode = mode
+        self.mode = Mode.STRICT if replay_only is not None else mode
+        self._replay_only = replay_only
+        self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
         self._resolver = resolver or Resolver([builtin_layer()])
         self._rebuild = rebuild
@@ -134,6 +149,12 @@ class Golden:
             if self.mode is not Mode.UPDATE:
                 raise
             self._manifest = None  # --update-golden is the remedy: re-record it from scratch
+        if self._manifest is None and self._replay_only is not None:
+            only = self._replay_only
+            raise GoldenMissingError(
+                f"{self.test_id} only replays the golden of {only.recorder}, but "
+                f"{_display(self.directory)} does not exist; {only.remedy}."
+            )
         updated = self._registry is not None and self._registry.contains(self.directory)
         if self._manifest is not None and self.mode is Mode.UPDATE and updated:
             self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
@@ -203,11 +224,11 @@ class Golden:
             where = f"step {step_key} was never recorded (recorded steps: {steps})"
         else:
             where = f"never recorded at step {step_key}"
-        return f"{where}; {REMEDY_UPDATE}"
+        return f"{where}; {self._remedy}"
 
     def _tensor_never_recorded(self, name: str, step: int, old_info: Any) -> str:
         if old_info is not None:
-            return f"never recorded in this file; {REMEDY_UPDATE}"
+            return f"never recorded in this file; {self._remedy}"
         steps = sorted(
             {
                 i["step"]
@@ -216,14 +237,17 @@ class Golden:
             }
         )
         listing = f"recorded steps: {steps}" if steps else f"no {name!r} tensors were recorded"
-        return f"step {step} was never recorded ({listing}); {REMEDY_UPDATE}"
+        return f"step {step} was never recorded ({listing}); {self._remedy}"
 
     def _missing(self, what: str, step: int, recorded: Iterable[int]) -> GoldenMissingError:
         steps = sorted(set(recorded))
         listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
+        why = "Recording is off (--golden-strict or CI)"
+        if self._replay_only is not None:
+            why = f"This test only replays the golden of {self._replay_only.recorder}"
         return GoldenMissingError(
             f"{what} at step {step} is not in the golden {_display(self.directory)} ({listing}). "
-            f"Recording is off (--golden-strict or CI); {REMEDY_UPDATE}."
+            f"{why}; {self._remedy}."
         )
 
     # ------------------------------------------------------------------ public API
@@ -565,6 +589,8 @@ class Golden:
             f"golden mismatch: {len(failures)} of {total} checks failed "
             f"(golden {_display(self.directory)})"
         ]
+        if self._replay_only is not None:
+            lines.append(f"{self.test_id} against the golden of {self._replay_only.recorder}")
         rows = [c for c in failures if c.verdict == FAIL and not c.detail]
         if rows:
             table = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
@@ -596,9 +622,15 @@ class Golden:
                 "note: replayed under another environment than recorded: "
                 + "; ".join(self._outcome.environment_changes)
             )
-        lines.append(
-            "If the new values are right, run `pytest --update-golden` and commit golden/."
-        )
+        if self._replay_only is not None:
+            lines.append(
+                "This test never records: fix it, or if the reference itself changed on "
+                f"purpose, {self._replay_only.remedy}."
+            )
+        else:
+            lines.append(
+                "If the new values are right, run `pytest --update-golden` and commit golden/."
+            )
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ context manager
@@ -670,4 +702,4 @@ def _allowed(c: Comparison) -> str:
     return c.tolerance.describe() if c.tolerance else "-"
 
 
-__all__ = ["Golden", "GoldenError", "GoldenToleranceWarning", "Mode", "Outcome"]
+__all__ = ["Golden", "GoldenError", "GoldenToleranceWarning", "Mode", "Outcome", "ReplayOnly"]

@@ -141,3 +141,19 @@ def project(
     """A fresh project in default (recording) mode, whatever the CI variable of this run says."""
     monkeypatch.delenv("CI", raising=False)
     return Project(pytester)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: full parallel variant matrix and torchrun runs; `pytest -m slow`"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``slow`` tests unless a ``-m`` expression names them."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="slow (variant matrix, torchrun): run with `pytest -m slow`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

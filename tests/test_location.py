@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_rollout_golden import location
 from pytest_rollout_golden.location import golden_dir, owning_test_file, safe_name
 
 ROOTDIR = Path("/repo")
@@ -94,3 +95,13 @@ def test_owning_test_file_outside_the_rootdir(tmp_path):
     directory = golden_dir(root, rootdir, test_file, "test_y")
     assert directory.relative_to(root).parts[0] == "_external"
     assert owning_test_file(root, rootdir, directory) == test_file
+
+
+def test_shared_goldens_cannot_collide_with_test_file_goldens(tmp_path):
+    root = tmp_path / "golden"
+    shared = location.shared_golden_dir(root, "policy/../x")
+    assert shared.parent == root / "@shared" and shared.name != ".."
+    for name in ("@shared.py", "sub/@shared.py"):
+        directory = location.golden_dir(root, tmp_path, tmp_path / name, "test_x")
+        assert root / "@shared" not in (directory, *directory.parents)
+        assert shared not in directory.parents and directory not in shared.parents

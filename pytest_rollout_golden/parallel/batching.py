@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .reference.masking import as_bool_mask
+from ..reference.masking import as_bool_mask
 
 Batch = dict[str, Any]
 Split = list[list[int]]

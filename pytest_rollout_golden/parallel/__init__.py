@@ -1,0 +1,79 @@
+"""Parallel training for golden tests: layouts, variants, a launcher, a reference policy.
+
+* :mod:`.batching` -- split, shard, re-pad and pack rollout batches in one process;
+* :mod:`.layout` -- :class:`Layout`, a frozen (tp, pp, dp, packing, micro_batches);
+* :mod:`.params` -- :func:`variants`, pytest params over layouts that share one golden;
+* :mod:`.launcher` -- :func:`launch`, run a function on N ``torch.distributed`` ranks;
+* :mod:`.policy` -- a small transformer trained with real TP / PP / DP / packing;
+* :mod:`.environment` -- whether this process is a rank of a torchrun job.
+
+Names are loaded on first use: ``from pytest_rollout_golden.parallel import variants,
+Layout`` imports neither torch nor numpy (test collection stays fast).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from .layout import FAULTS, Layout
+
+_BATCHING = (
+    "Batch",
+    "Split",
+    "batch_size",
+    "dp_shards",
+    "micro_batch_splits",
+    "pack",
+    "pad_columns",
+    "padding_side",
+    "select_rows",
+    "split_by_count",
+    "split_by_token_budget",
+    "split_interleaved",
+    "token_counts",
+    "token_keys",
+    "unpack",
+)
+_LAZY = {
+    **dict.fromkeys(_BATCHING, "batching"),
+    **dict.fromkeys(("LaunchError", "LaunchTimeout", "launch", "shutdown"), "launcher"),
+    **dict.fromkeys(("LAYOUT_TOLERANCES", "layout_params", "variant", "variants"), "params"),
+}
+_SUBMODULES = {"batching", "launcher", "params", "policy", "layout"}
+
+__all__ = [  # noqa: RUF022 - grouped by module
+    "FAULTS",
+    "Layout",
+    "LaunchError",
+    "LaunchTimeout",
+    "launch",
+    "shutdown",
+    "LAYOUT_TOLERANCES",
+    "layout_params",
+    "variant",
+    "variants",
+    "Batch",
+    "Split",
+    "batch_size",
+    "dp_shards",
+    "micro_batch_splits",
+    "pack",
+    "pad_columns",
+    "padding_side",
+    "select_rows",
+    "split_by_count",
+    "split_by_token_budget",
+    "split_interleaved",
+    "token_counts",
+    "token_keys",
+    "unpack",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,362 @@
+"""Run ``fn(rank, *args)`` on N ``torch.distributed`` ranks and return what every rank returned.
+
+Worker processes are started once per world size and reused by every later :func:`launch`
+of the session: starting a Python process and importing torch costs seconds, training the
+tiny reference policy milliseconds. At most :data:`MAX_WORKERS` idle workers are kept (the
+least recently used pool is stopped first). A pool whose ranks failed or hung is killed and started
+afresh on the next launch, since its process group is in an unknown state. Each worker
+joins one process group at start (gloo on CPU; NCCL when every rank has its own CUDA
+device) through a rendezvous on a free TCP port of 127.0.0.1.
+
+Under ``torchrun`` (``WORLD_SIZE``, ``RANK`` and ``MASTER_ADDR`` set) nothing is spawned:
+:func:`launch` joins the process group torchrun set up, runs ``fn`` for this process's rank
+and exchanges the results, so every process sees the results of all ranks.
+
+``fn`` and ``args`` travel to the workers, and results back, through pickle over a pipe
+between processes of this session (by reference for ``fn``: it must be importable). Nothing
+read from disk is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from .environment import torchrun_rank
+from .layout import Layout
+
+DEFAULT_TIMEOUT = 120.0
+START_TIMEOUT = 120.0
+GRACE_AFTER_FAILURE = 3.0  # other ranks may finish, or sit in a collective forever
+MAX_WORKERS = int(os.environ.get("ROLLOUT_GOLDEN_MAX_WORKERS", "6"))
+"""Idle worker processes kept per pytest process (each xdist worker has its own); beyond
+this, the least recently used pool is stopped before a new one starts."""
+
+
+class LaunchError(RuntimeError):
+    """A rank raised, died or never answered; the message holds every rank's traceback."""
+
+
+class LaunchTimeout(LaunchError):
+    """Some ranks did not return within the timeout; ``hung`` lists them."""
+
+    def __init__(self, message: str, hung: list[int]):
+        super().__init__(message)
+        self.hung = hung
+
+
+def launch(
+    fn: Callable[..., Any],
+    layout_or_world_size: Layout | int,
+    *args: Any,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[Any]:
+    """``[fn(0, *args), ..., fn(N - 1, *args)]``, each computed on its own rank.
+
+    ``N`` is the layout's world size. World size 1 runs ``fn(0, *args)`` in this process,
+    without a process group. A rank that raises fails the launch with its full traceback; a
+    rank that has not returned after ``timeout`` seconds gets every worker killed and a
+    :class:`LaunchTimeout` naming the hung ranks (a collective one rank never enters fails,
+    it does not hang). Under torchrun, a world size other than torchrun's (and other than 1)
+    skips the calling test.
+    """
+    world_size = (
+        layout_or_world_size.world_size
+        if isinstance(layout_or_world_size, Layout)
+        else int(layout_or_world_size)
+    )
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if world_size == 1:
+        return [fn(0, *args)]
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in fn.__qualname__:
+        raise TypeError(
+            f"launch({fn.__qualname__}): workers import fn by name, so it must be defined at "
+            "the top level of an importable module (not in __main__ or inside a function)"
+        )
+    if under_torchrun():
+        return _launch_torchrun(fn, world_size, args, timeout)
+    pool = _POOLS.pop(world_size, None)
+    if pool is None or not pool.alive():
+        if pool is not None:
+            pool.close()
+        while _POOLS and sum(_POOLS) + world_size > MAX_WORKERS:
+            _POOLS.pop(next(iter(_POOLS))).close()  # the least recently used pool
+        pool = _Pool(world_size)
+    _POOLS[world_size] = pool  # most recently used last
+    try:
+        return pool.run(fn, args, timeout)
+    except LaunchError:
+        _POOLS.pop(world_size, None)
+        pool.close()
+        raise
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a job torchrun (or a similar launcher) started."""
+    return torchrun_rank() is not None
+
+
+def shutdown() -> None:
+    """Stop every worker pool of this process (also done at exit and at the end of a session)."""
+    while _POOLS:
+        _, pool = _POOLS.popitem()
+        pool.close()
+
+
+def pool_pids() -> dict[int, list[int]]:
+    """Process ids of the live worker pools, by world size (to observe reuse)."""
+    return {n: [p.pid for p in pool.processes] for n, pool in _POOLS.items()}
+
+
+def device() -> Any:
+    """The torch device of this rank: its own CUDA device under NCCL, else the CPU."""
+    import torch
+
+    if _STATE.get("backend") == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _backend(world_size: int) -> str:
+    import torch
+
+    usable = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+    return "nccl" if usable else "gloo"
+
+
+# ---------------------------------------------------------------------- spawned pools
+
+_POOLS: dict[int, _Pool] = {}
+_STATE: dict[str, Any] = {}  # in a worker: the backend it joined with
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Pool:
+    """N worker processes that joined one process group; runs one function at a time."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        backend = _backend(world_size)
+        last_error = ""
+        for _ in range(2):  # a free port can be taken between picking and binding it
+            self._start(backend, _free_port())
+            try:
+                self._gather(self._ready, START_TIMEOUT, what="start")
+                return
+            except LaunchError as exc:
+                last_error = str(exc)
+                self.close()
+        raise LaunchError(f"could not start {world_size} workers: {last_error}")
+
+    def _start(self, backend: str, port: int) -> None:
+        # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the
+        # caller's __main__ in every worker, which an unguarded script does not survive.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.processes, self.conns = [], []
+        for rank in range(self.world_size):
+            to_child, from_parent = os.pipe()[::-1]
+            from_child, to_parent = os.pipe()
+            command = [sys.executable, "-c", _WORKER_COMMAND]
+            command += [str(a) for a in (from_parent, to_parent, rank, self.world_size)]
+            command += [backend, str(port)]
+            process = subprocess.Popen(command, env=env, pass_fds=(from_parent, to_parent))
+            os.close(from_parent)
+            os.close(to_parent)
+            self.processes.append(process)
+            self.conns.append(_Channel(to_child, from_child))
+
+    @staticmethod
+    def _ready(message: Any) -> Any:
+        return message
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.processes)
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> list[Any]:
+        task = pickle.dumps((fn, args))
+        for conn in self.conns:
+            conn.send(task)
+        return self._gather(pickle.loads, timeout, what=getattr(fn, "__qualname__", repr(fn)))
+
+    def _gather(self, decode: Callable[[Any], Any], timeout: float, *, what: str) -> list[Any]:
+        pending = {conn: rank for rank, conn in enumerate(self.conns)}
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            now = time.monotonic()
+            if errors:
+                deadline = min(deadline, now + GRACE_AFTER_FAILURE)
+            if now >= deadline:
+                break
+            for reader in wait([c.reader for c in pending], deadline - now):
+                conn = next(c for c in pending if c.reader is reader)
+                rank = pending.pop(conn)
+                try:
+                    status, payload = pickle.loads(conn.recv())
+                except (EOFError, OSError):
+                    code = self.processes[rank].poll()
+                    errors[rank] = f"the process exited (exit code {code}) without a result"
+                    continue
+                if status == "ok":
+                    results[rank] = decode(payload)
+                else:
+                    errors[rank] = payload
+        hung = sorted(pending.values())
+        if not errors and not hung:
+            return [results[rank] for rank in range(self.world_size)]
+        self.close()
+        lines = []
+        for rank in sorted(errors):
+            lines.append(f"--- rank {rank} of {self.world_size} failed:")
+            lines.append(errors[rank].rstrip())
+        if errors:
+            head = f"{what}: rank(s) {sorted(errors)} of {self.world_size} failed"
+            if hung:
+                head += f"; rank(s) {hung} were still running (waiting for the failed rank?)"
+            raise LaunchError("\n".join([head + "; every worker was killed.", *lines]))
+        raise LaunchTimeout(
+            f"{what}: rank(s) {hung} of {self.world_size} did not return within {timeout:g} s "
+            "(hung, e.g. in a collective another rank never entered); every worker was killed."
+            + (f" Rank(s) {sorted(results)} returned." if results else ""),
+            hung,
+        )
+
+    def close(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(b"")  # stop request; a busy worker gets killed below
+        deadline = time.monotonic() + 1.0
+        for process in self.processes:
+            try:
+                process.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5.0)
+        for conn in self.conns:
+            conn.close()
+        self.processes, self.conns = [], []
+
+
+class _Channel:
+    """Both directions of the pipe pair between the test process and one worker."""
+
+    def __init__(self, write_fd: int, read_fd: int):
+        self.writer = Connection(write_fd, readable=False)
+        self.reader = Connection(read_fd, writable=False)
+
+    def send(self, data: bytes) -> None:
+        self.writer.send_bytes(data)
+
+    def recv(self) -> bytes:
+        return self.reader.recv_bytes()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.reader.close()
+
+
+_WORKER_COMMAND = "from pytest_rollout_golden.parallel.launcher import _worker; _worker()"
+
+
+def _worker() -> None:
+    """Entry point of a worker process (arguments in ``sys.argv``, see ``_Pool._start``)."""
+    read_fd, write_fd, rank, world_size, backend, port = sys.argv[1:7]
+    conn = _Channel(int(write_fd), int(read_fd))
+    _worker_main(conn, int(rank), int(world_size), backend, int(port))
+
+
+def _worker_main(conn: _Channel, rank: int, world_size: int, backend: str, port: int) -> None:
+    """Body of a spawned worker: join the process group, then run tasks until told to stop."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share the machine's cores
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=START_TIMEOUT),
+        )
+        _STATE["backend"] = backend
+    except BaseException:
+        conn.send(pickle.dumps(("error", traceback.format_exc())))
+        return
+    conn.send(pickle.dumps(("ok", os.getpid())))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            break
+        if not task:
+            break
+        try:
+            fn, args = pickle.loads(task)
+            reply = ("ok", pickle.dumps(fn(rank, *args)))
+        except BaseException:
+            reply = ("error", traceback.format_exc())
+        conn.send(pickle.dumps(reply))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- under torchrun
+
+
+def _launch_torchrun(
+    fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float
+) -> list[Any]:
+    import torch.distributed as dist
+
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size != env_world:
+        import pytest
+
+        pytest.skip(f"needs world size {world_size}; this torchrun job has {env_world} ranks")
+    rank = int(os.environ["RANK"])
+    if not dist.is_initialized():
+        backend = _backend(world_size)
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        _STATE["backend"] = backend
+    try:
+        mine: tuple[str, Any] = ("ok", fn(rank, *args))
+    except Exception:
+        mine = ("error", traceback.format_exc())
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    errors = {r: payload for r, (status, payload) in enumerate(gathered) if status != "ok"}
+    if errors:
+        lines = [f"{getattr(fn, '__qualname__', fn)}: rank(s) {sorted(errors)} failed"]
+        for r, text in sorted(errors.items()):
+            lines += [f"--- rank {r} of {world_size} failed:", text.rstrip()]
+        raise LaunchError("\n".join(lines))
+    return [payload for _, payload in gathered]
+
+
+atexit.register(shutdown)
+
+__all__ = ["LaunchError", "LaunchTimeout", "device", "launch", "shutdown", "under_torchrun"]

@@ -1,0 +1,106 @@
+"""pytest params over parallel layouts that all gate against the golden of one reference layout.
+
+The reference layout records the golden; every other layout (a *variant*) only replays it,
+with the cross-layout tolerance lane (:data:`LAYOUT_TOLERANCES`) in place of the
+same-layout defaults. Variants never record: a missing reference golden fails, naming the
+reference and the command that records it.
+
+Everything here is read by the plugin through ``@pytest.mark.golden`` options, so the
+plugin itself never imports this module (nor torch)::
+
+    golden(variant="tp2-pp1-dp1-padded-mb1", reference="tp1-pp1-dp1-padded-mb1",
+           layout_tolerances={...})
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from .layout import Layout
+
+# Cross-layout lane, by compute dtype. Measured by `benchmarks/bench_parallel.py --seeds 5`:
+# the largest relative spread of each metric over the 31 variants of the full matrix, 5
+# seeds and 3 steps against the single-process run (float32: pg_loss 6.2e-6, kl 1.7e-6,
+# entropy 2.3e-7, grad_norm 3.1e-7, log_probs 6.7e-7 relative / 1.4e-6 absolute), times 10,
+# rounded up to 1-2-5 and never below the same-layout default (rtol 1e-5), which covers
+# replaying on another machine. The wrong layouts of the README move them by >= 3e-3.
+LAYOUT_TOLERANCES: dict[str, dict[str, dict[str, float]]] = {
+    "float64": {"*": {"rtol": 1e-12, "atol": 1e-14}},
+    "float32": {
+        "pg_loss": {"rtol": 1e-4, "atol": 1e-7},
+        "kl": {"rtol": 2e-5, "atol": 1e-8},
+        "entropy": {"rtol": 1e-5, "atol": 1e-7},
+        "grad_norm": {"rtol": 1e-5, "atol": 1e-7},
+        "log_probs": {"rtol": 1e-5, "atol": 2e-5},
+    },
+}
+
+
+def variant(
+    layout: Layout,
+    *,
+    reference: Layout | None = None,
+    dtype: str = "float32",
+    tolerances: Mapping[str, Any] | None = None,
+    marks: Sequence[Any] = (),
+) -> Any:
+    """One ``pytest.param(layout, id=layout.id)``: the recording reference or a replay-only variant.
+
+    ``tolerances`` replaces the lane of ``dtype`` for this variant (marker ``tolerances=``
+    still take precedence over both).
+    """
+    reference = reference or Layout()
+    options: dict[str, Any] = {"variant": layout.id, "reference": reference.id}
+    if layout != reference:
+        if dtype not in LAYOUT_TOLERANCES and tolerances is None:
+            raise ValueError(f"no measured layout tolerances for {dtype!r}; pass tolerances=")
+        lane = LAYOUT_TOLERANCES[dtype] if tolerances is None else tolerances
+        options["layout_tolerances"] = dict(lane)
+    return pytest.param(layout, id=layout.id, marks=[pytest.mark.golden(**options), *marks])
+
+
+def layout_params(
+    layouts: Iterable[Layout],
+    *,
+    reference: Layout | None = None,
+    dtype: str = "float32",
+    tolerances: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """Params of the reference (first: it records the golden), then of ``layouts``.
+
+    Duplicates and the reference's own layout are dropped from ``layouts``.
+    """
+    reference = reference or Layout()
+    ordered = list(dict.fromkeys([reference, *layouts]))
+    return [
+        variant(layout, reference=reference, dtype=dtype, tolerances=tolerances)
+        for layout in ordered
+    ]
+
+
+def variants(
+    tp: Iterable[int] = (1, 2),
+    pp: Iterable[int] = (1, 2),
+    dp: Iterable[int] = (1, 2),
+    packing: Iterable[bool] = (False, True),
+    micro_batches: Iterable[int] = (1, 4),
+    *,
+    reference: Layout | None = None,
+    dtype: str = "float32",
+    tolerances: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """Params over the product of the given sizes, reference first (it records the golden).
+
+    The reference (default: everything 1, padded) is included even when it lies outside
+    the product. Ids read ``tp2-pp1-dp1-packed-mb4``. Share the golden across test files
+    with ``@pytest.mark.golden(shared="name")`` on each test function.
+    """
+    layouts = [
+        Layout(t, p, d, pk, mb)
+        for t, p, d, pk, mb in itertools.product(tp, pp, dp, packing, micro_batches)
+    ]
+    return layout_params(layouts, reference=reference, dtype=dtype, tolerances=tolerances)

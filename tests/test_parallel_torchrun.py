@@ -1,0 +1,49 @@
+"""The gate tests under a real ``torchrun --nproc-per-node 2`` job, and the NCCL path.
+
+Under torchrun, ``launch`` joins the job's process group instead of spawning workers; every
+rank runs the same pytest session and world-size-2 variants run across the two ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_rollout_golden.parallel import Layout
+from pytest_rollout_golden.parallel.policy import PolicyConfig, make_rollout, run
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.slow
+def test_gate_runs_under_torchrun_with_two_ranks():
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
+    env["CI"] = "1"  # replay only
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["-m", "pytest", "tests/test_parallel_gate.py", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "no:xdist", "-k", "mb1 or dp2 or tp2-pp1"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # each rank prints its own session: the world-size-2 variants ran on both, none failed
+    summaries = [line for line in done.stdout.splitlines() if " passed" in line]
+    assert len(summaries) == 2 and all("failed" not in s for s in summaries), done.stdout
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason=f"NCCL path NOT exercised: needs 2 CUDA devices, this machine has "
+    f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}",
+)
+def test_nccl_layouts_agree_with_single_process():
+    cfg = PolicyConfig(dtype="float64")
+    batches = [make_rollout(cfg, step) for step in range(2)]
+    reference = run(Layout(), cfg, batches)
+    for layout in (Layout(tp=2), Layout(dp=2, packing=True, micro_batches=2), Layout(pp=2)):
+        for got, want in zip(run(layout, cfg, batches), reference, strict=True):
+            for name, value in want.metrics.items():
+                assert got.metrics[name] == pytest.approx(value, rel=1e-12, abs=1e-14), layout.id
