@@ -23,7 +23,7 @@ from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissin
 from .location import golden_dir
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
-from .tolerance import Layer, Resolver, builtin_layer, parse_spec
+from .tolerance import CLI, IGNORE, INI, MARKER, Layer, Resolver, builtin_layer, parse_spec
 
 if TYPE_CHECKING:
     from .replay import Golden
@@ -34,8 +34,9 @@ _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
-    "golden(key=None, tolerances=None, exact=False, deterministic=True, seed=None, rebuild=None): "
-    "configure the golden of this test; key= makes several tests share one golden"
+    "golden(key=None, tolerances=None, ignore=(), exact=False, deterministic=True, seed=None, "
+    "rebuild=None): configure the golden of this test; key= makes several tests share one "
+    "golden; ignore= names metrics/tensors not compared"
 )
 
 
@@ -70,6 +71,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="per-metric tolerance, e.g. grad_norm:rtol=3e-2,atol=1e-4 (repeatable)",
     )
     group.addoption(
+        "--golden-ignore",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not compare this metric or tensor (glob; repeatable); listed as 'not compared'",
+    )
+    group.addoption(
         "--golden-exact",
         action="store_true",
         help="demand bit equality for every metric and tensor",
@@ -93,6 +101,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type="linelist",
         default=[],
     )
+    parser.addini(
+        "golden_ignore",
+        "metrics or tensors (globs) not compared, one per line",
+        type="linelist",
+        default=[],
+    )
     parser.addini("golden_seed", "seed of the deterministic settings", default="0")
     parser.addini(
         "golden_deterministic",
@@ -106,7 +120,7 @@ def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _layer(source: str, specs: list[str]) -> Layer:
+def _layer(source: str, specs: list[str], order: int) -> Layer:
     entries = {}
     for spec in specs:
         try:
@@ -114,7 +128,22 @@ def _layer(source: str, specs: list[str]) -> Layer:
         except ValueError as exc:
             raise pytest.UsageError(f"{source}: {exc}") from None
         entries[name] = tol
-    return Layer(source, entries)
+    return Layer(source, entries, order=order)
+
+
+def _ignore_layer(source: str, names: Any, tolerances: Layer) -> Layer:
+    """A "not compared" entry per name, at the level of ``tolerances`` (and before it)."""
+    if isinstance(names, str):
+        names = [names]
+    for name in names or ():
+        if not isinstance(name, str) or not name:
+            raise pytest.UsageError(f"{source}: takes metric or tensor names, got {name!r}")
+        if not tolerances.entries.get(name, IGNORE).ignore:
+            raise pytest.UsageError(
+                f"{name!r} has a tolerance in {tolerances.source} and is ignored by {source}; "
+                "choose one"
+            )
+    return Layer(source, dict.fromkeys(names or (), IGNORE), order=tolerances.order)
 
 
 class GoldenPlugin:
@@ -133,8 +162,14 @@ class GoldenPlugin:
             self.mode = "auto"
         self.rootdir = Path(config.rootpath)
         self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
-        self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
-        self.ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
+        self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance, order=CLI)
+        self.ini_layer = _layer(
+            "ini golden_tolerances", config.getini("golden_tolerances"), order=INI
+        )
+        self.cli_ignore = _ignore_layer("--golden-ignore", opt.golden_ignore, self.cli_layer)
+        self.ini_ignore = _ignore_layer(
+            "ini golden_ignore", config.getini("golden_ignore"), self.ini_layer
+        )
         self.builtin = builtin_layer()
         try:
             self.seed = int(config.getini("golden_seed"))
@@ -162,7 +197,8 @@ class GoldenPlugin:
             if marker.args:
                 raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.golden takes keywords only")
             options.update(marker.kwargs)
-        unknown = set(options) - {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
+        known = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
+        unknown = set(options) - known
         if unknown:
             raise pytest.UsageError(
                 f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
@@ -181,11 +217,25 @@ class GoldenPlugin:
         from .replay import Golden, Mode
 
         options = self.marker_options(item)
-        marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
+        marker_layer = Layer(
+            "@pytest.mark.golden(tolerances=)", options.get("tolerances") or {}, order=MARKER
+        )
+        marker_ignore = _ignore_layer(
+            "@pytest.mark.golden(ignore=)", options.get("ignore"), marker_layer
+        )
         item.stash[_MARKER_LAYER] = marker_layer
         exact = bool(options.get("exact")) or self.config.option.golden_exact
         resolver = Resolver(
-            [marker_layer, self.cli_layer, self.ini_layer, self.builtin], exact=exact
+            [
+                marker_ignore,
+                marker_layer,
+                self.cli_ignore,
+                self.cli_layer,
+                self.ini_ignore,
+                self.ini_layer,
+                self.builtin,
+            ],
+            exact=exact,
         )
         return Golden(
             self.directory_of(item),
@@ -224,18 +274,17 @@ class GoldenPlugin:
 
     # ------------------------------------------------------------------ session end
 
+    def _session_layers(self) -> tuple[Layer, ...]:
+        return (self.cli_ignore, self.cli_layer, self.ini_ignore, self.ini_layer)
+
     def used_tolerances(self) -> set[str]:
         return {
-            f"{layer.source} {name!r}"
-            for layer in (self.cli_layer, self.ini_layer)
-            for name in layer.used
+            f"{layer.source} {name!r}" for layer in self._session_layers() for name in layer.used
         }
 
     def unused_tolerances(self) -> list[str]:
         names = [
-            f"{layer.source} {name!r}"
-            for layer in (self.cli_layer, self.ini_layer)
-            for name in layer.entries
+            f"{layer.source} {name!r}" for layer in self._session_layers() for name in layer.entries
         ]
         return [n for n in names if n not in self.state.used_tolerances]
 

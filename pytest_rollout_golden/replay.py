@@ -24,7 +24,17 @@ from typing import Any, Protocol
 
 from . import metrics as metric_codec
 from . import store
-from .compare import FAIL, MISSING, NEW, PASS, UPDATED, Comparison, compare_named, dtype_name
+from .compare import (
+    FAIL,
+    IGNORED,
+    MISSING,
+    NEW,
+    PASS,
+    UPDATED,
+    Comparison,
+    compare_named,
+    dtype_name,
+)
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,
@@ -36,6 +46,7 @@ from .location import safe_name
 from .tolerance import Layer, Resolver, Tolerance, builtin_layer
 
 METRICS = "metrics.json"
+TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 
 
@@ -137,6 +148,9 @@ class Golden:
         updated = self._registry is not None and self._registry.contains(self.directory)
         if self._manifest is not None and self.mode is Mode.UPDATE and updated:
             self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
+        calibrated = self.calibrated_layer()
+        if calibrated is not None:
+            self._resolver = self._resolver.with_layer(calibrated)
         if self._manifest is not None and self.mode is not Mode.UPDATE:
             from .determinism import fingerprint, fingerprint_changes
 
@@ -144,6 +158,18 @@ class Golden:
             self._outcome.environment_changes = changes
             if changes and self._resolver.exact:
                 self._resolver = Resolver(self._resolver.layers, exact=False)
+
+    def calibrated_layer(self) -> Layer | None:
+        """The tolerances ``--golden-calibrate`` wrote into this golden, if any."""
+        info = self._old_files().get(TOLERANCES)
+        if info is None:
+            return None
+        document = self._load_for_update(TOLERANCES, info, None)
+        if document is None:
+            return None
+        from .calibrate import calibrated_layer
+
+        return calibrated_layer(document, self.directory / TOLERANCES)
 
     @property
     def _replaying(self) -> bool:
@@ -173,7 +199,7 @@ class Golden:
     def _load(self, filename: str, info: Mapping[str, Any]) -> Any:
         path, digest = self.directory / filename, info["digest"]
         try:
-            if filename == METRICS:
+            if filename.endswith(".json"):
                 return store.read_json(path, expect_digest=digest)
             return store.load_batch(path, rebuild=self._rebuild, expect_digest=digest)
         except FileNotFoundError:
@@ -353,7 +379,7 @@ class Golden:
             diff, tol, source = compare_named(
                 label, old[tensor_name], value, self._resolver, check_dtype=True
             )
-            verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
+            verdict = _verdict(self.mode, diff.ok, tol)
             results.append(
                 Comparison(
                     label,
@@ -398,7 +424,7 @@ class Golden:
         where = f"metric {name!r} at step {step}"
         expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
         diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
-        verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
+        verdict = _verdict(self.mode, diff.ok, tol)
         return Comparison(
             name,
             step,
@@ -411,6 +437,9 @@ class Golden:
             tolerance_source=source,
             detail=diff.detail if diff.ok is False else "",
         )
+
+    def _ignored(self, name: str) -> bool:
+        return self._resolver.resolve(name)[0].ignore
 
     def _warn_unused(self, layer: Layer, at: tuple[str, int] | None = None) -> None:
         """Warn about ``layer``'s unmatched entries, at the caller of check() or at ``at``."""
@@ -482,7 +511,7 @@ class Golden:
         out = []
         for step, names in self._recorded_metrics().items():
             for name in names:
-                if (step, name) not in seen:
+                if (step, name) not in seen and not self._ignored(name):
                     out.append(
                         Comparison(
                             name,
@@ -493,7 +522,11 @@ class Golden:
                         )
                     )
         for filename, info in self._old_files().items():
-            if info.get("kind") == "tensors" and filename not in self._touched:
+            if (
+                info.get("kind") == "tensors"
+                and filename not in self._touched
+                and not self._ignored(info["name"])
+            ):
                 out.append(
                     Comparison(
                         info["name"],
@@ -523,8 +556,9 @@ class Golden:
         for filename, info in self._old_files().items():
             if filename in tx.files or filename == METRICS:
                 continue
-            if self.mode is Mode.UPDATE and filename not in self._touched:
-                continue
+            kept_on_update = filename in self._touched or filename == TOLERANCES
+            if self.mode is Mode.UPDATE and not kept_on_update:
+                continue  # calibrated tolerances describe the setup's noise: kept on update
             tx.keep(filename, info)
         if steps:
             ordered = {k: steps[k] for k in sorted(steps, key=int)}
@@ -562,8 +596,8 @@ class Golden:
         """The text of a GoldenMismatch: one table of scalar rows, then tensor details."""
         total = len(self._outcome.comparisons)
         lines = [
-            f"golden mismatch: {len(failures)} of {total} checks failed "
-            f"(golden {_display(self.directory)})"
+            f"golden mismatch: {_first_divergence(failures)}{len(failures)} of {total} checks "
+            f"failed (golden {_display(self.directory)})"
         ]
         rows = [c for c in failures if c.verdict == FAIL and not c.detail]
         if rows:
@@ -591,6 +625,9 @@ class Golden:
         for c in failures:
             if c.verdict == MISSING:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}): {c.detail}")
+        ignored = sorted({c.name for c in self._outcome.comparisons if c.verdict == IGNORED})
+        if ignored:
+            lines.append(f"not compared (excluded on purpose): {', '.join(ignored)}")
         if self._outcome.environment_changes:
             lines.append(
                 "note: replayed under another environment than recorded: "
@@ -612,6 +649,22 @@ class Golden:
     @property
     def outcome(self) -> Outcome:
         return self._outcome
+
+
+def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> str:
+    if tol.ignore:
+        return IGNORED
+    return UPDATED if mode is Mode.UPDATE else (PASS if ok else FAIL)
+
+
+def _first_divergence(failures: list[Comparison]) -> str:
+    """``"first divergence at step 2: pg_loss, kl; "`` (empty when nothing drifted)."""
+    drifted = [c for c in failures if c.verdict == FAIL]
+    if not drifted:
+        return ""
+    step = min(c.step for c in drifted)
+    names = list(dict.fromkeys(c.name for c in drifted if c.step == step))
+    return f"first divergence at step {step}: {', '.join(names)}; "
 
 
 def _recorded_summary(
@@ -667,7 +720,11 @@ def _fmt(value: Any, digits: int | None = None) -> str:
 
 
 def _allowed(c: Comparison) -> str:
-    return c.tolerance.describe() if c.tolerance else "-"
+    if not c.tolerance:
+        return "-"
+    if c.tolerance.exact or not c.tolerance_source:
+        return c.tolerance.describe()
+    return f"{c.tolerance.describe()} ({c.tolerance_source})"
 
 
 __all__ = ["Golden", "GoldenError", "GoldenToleranceWarning", "Mode", "Outcome"]

@@ -38,6 +38,30 @@ def _moved(c: dict[str, Any]) -> str:
     return f"{label}: changed (greatest {change})"
 
 
+def not_compared(outcomes: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per test: the metrics and tensors it excluded, their steps and who said so."""
+    lines = []
+    for outcome in outcomes:
+        steps: dict[tuple[str, str], set[int]] = {}
+        for c in outcome["comparisons"]:
+            if c["verdict"] == "not compared":
+                steps.setdefault((c["metric"], c["tolerance_source"]), set()).add(c["step"])
+        if steps:
+            items = [
+                f"{name} ({_steps(sorted(s))}; {source})" for (name, source), s in steps.items()
+            ]
+            lines.append(f"{outcome['test']}: {', '.join(items)}")
+    return lines
+
+
+def _steps(values: list[int]) -> str:
+    if len(values) == 1:
+        return f"step {values[0]}"
+    if values == list(range(values[0], values[-1] + 1)):
+        return f"steps {values[0]}-{values[-1]}"
+    return "steps " + ", ".join(map(str, values))
+
+
 def _section(title: str, items: list[str]) -> list[str]:
     if not items:
         return []
@@ -89,6 +113,7 @@ def summary_lines(
     lines += _section(
         "replayed under another environment than recorded (exact lane not applied):", envs
     )
+    lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
     lines += _section(
         "unused golden directories (delete with --golden-prune on a full run):",
         [rel(p) for p in unused if p not in pruned],

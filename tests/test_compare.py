@@ -142,7 +142,13 @@ def test_comparison_json_is_strict_json():
         "nan",
         "-inf",
     )
-    assert data["tolerance"] == {"rtol": 1e-3, "atol": 1e-6, "equal_nan": False, "exact": False}
+    assert data["tolerance"] == {
+        "rtol": 1e-3,
+        "atol": 1e-6,
+        "equal_nan": False,
+        "exact": False,
+        "ignore": False,
+    }
     json.dumps(data, allow_nan=False)
     assert c.failed and Comparison("x", 0, "missing").failed
     assert not Comparison("x", 0, "pass").failed and not Comparison("x", 0, "new").failed
