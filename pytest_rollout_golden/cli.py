@@ -342,6 +342,42 @@ def diff(a: Path, b: Path, resolver: Resolver, *, as_json: bool = False, config:
     return 1 if differs else 0
 
 
+def plot(a: Path, b: Path | None, out: Path, resolver: Resolver) -> int:
+    """Draw the metric curves of golden ``a`` (against ``b``) into ``out``."""
+    from .diff import METRICS, diff_goldens, load_golden
+    from .plot import plot_metrics, series
+
+    curves = []
+    for path in (a, b):
+        if path is None:
+            continue
+        if not (path / store.MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {store.MANIFEST}; plot takes golden directories")
+        curves.append(series(load_golden(path)[1].get(METRICS, {}).get("steps", {})))
+    first, allowed = None, None
+    if b is not None:
+        result = diff_goldens(a, b, resolver, label=a.name)
+        first = {n: s for n, s in result.first_divergence().items()}
+        allowed = {}
+        for row in result.rows:
+            if row.kind == "metric" and row.compared and row.allowed:
+                tol = resolver.resolve(row.name)[0]
+                allowed[row.name] = (tol.rtol, tol.atol)
+    title = f"{a}" if b is None else f"{a} vs {b}"
+    labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
+    plot_metrics(
+        curves[0],
+        out,
+        b=curves[1] if b is not None else None,
+        labels=labels,
+        title=title,
+        first_divergence=first,
+        allowed=allowed,
+    )
+    print(f"wrote {out}")
+    return 0
+
+
 def _resolver(args: argparse.Namespace) -> tuple[Resolver, str]:
     """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
     from .projectini import find_config, linelist
@@ -350,7 +386,7 @@ def _resolver(args: argparse.Namespace) -> tuple[Resolver, str]:
     layers = [Layer("--ignore", dict.fromkeys(args.ignore, IGNORE), order=CLI), cli]
     config = ""
     if not args.no_config:
-        paths = [args.config] if args.config else [args.a, args.b]
+        paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
         path, options = find_config(paths)
         if args.config and path is None:
             raise GoldenError(f"{args.config}: not a pytest configuration file")
@@ -381,6 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_show = sub.add_parser("show", help="print a golden directory or a .safetensors batch")
     p_show.add_argument("path", type=Path)
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
+    p_plot = sub.add_parser("plot", help="draw metric curves of golden A (against B) to a PNG")
+    p_plot.add_argument("a", type=Path)
+    p_plot.add_argument("b", type=Path, nargs="?")
+    p_plot.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
     p_diff = sub.add_parser(
         "diff", help="compare B against A (goldens, golden roots or batch files)"
     )
@@ -404,6 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verify(args.paths)
         if args.command == "show":
             return show(args.path, as_json=args.json)
+        if args.command == "plot":
+            args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
+            args.no_config = False
+            resolver, _ = _resolver(args)
+            return plot(args.a, args.b, args.output, resolver)
         try:
             resolver, config = _resolver(args)
         except ValueError as exc:

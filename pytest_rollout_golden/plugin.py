@@ -7,6 +7,7 @@ golden is first read, written or compared.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -81,6 +82,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--golden-exact",
         action="store_true",
         help="demand bit equality for every metric and tensor",
+    )
+    group.addoption(
+        "--golden-plot",
+        metavar="DIR",
+        help="write a PNG of metric curves (recorded vs this run) per failed golden to DIR "
+        "(needs matplotlib: pip install 'pytest-rollout-golden[plot]')",
     )
     group.addoption(
         "--golden-prune",
@@ -185,6 +192,11 @@ class GoldenPlugin:
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
         self.registry = UpdateRegistry(self.token)
         self.state = SessionState()
+        self.plot_dir = Path(opt.golden_plot) if opt.golden_plot else None
+        if self.plot_dir is not None and importlib.util.find_spec("matplotlib") is None:
+            from .plot import MISSING_MATPLOTLIB
+
+            raise pytest.UsageError(f"--golden-plot: {MISSING_MATPLOTLIB}")
         self.unused: list[Path] = []
         self.pruned: list[Path] = []
         self.prune_note = ""
@@ -270,7 +282,19 @@ class GoldenPlugin:
                 golden.outcome.status = "failed"
             if golden.outcome.status == "failed" and _expected_to_fail(item):
                 golden.outcome.status = "xfailed"
-            self.state.add_outcome(golden.outcome.to_json())
+            outcome = golden.outcome.to_json()
+            self.state.add_outcome(outcome)
+            if self.plot_dir is not None and outcome["status"] == "failed":
+                self._plot(item, outcome)
+
+    def _plot(self, item: pytest.Item, outcome: dict[str, Any]) -> None:
+        from .location import safe_name
+        from .plot import plot_outcome
+
+        if not any(c["kind"] == "metric" for c in outcome["comparisons"]):
+            return
+        path = self.plot_dir / f"{safe_name(item.nodeid)}.png"
+        self.state.plots.append(str(plot_outcome(outcome, path)))
 
     # ------------------------------------------------------------------ session end
 

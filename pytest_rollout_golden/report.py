@@ -120,6 +120,7 @@ def summary_lines(
     )
     lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
     lines += _section("tolerances that matched no metric:", list(unused_tolerances))
+    lines += _section("golden plots written (--golden-plot):", list(state.plots))
     if report_path:
         lines.append(f"golden report written to {report_path}")
     return lines

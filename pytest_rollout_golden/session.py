@@ -53,6 +53,7 @@ class SessionState:
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
     used_tolerances: set[str] = field(default_factory=set)
+    plots: list[str] = field(default_factory=list)
 
     def add_outcome(self, outcome: dict[str, Any]) -> None:
         if outcome.get("status") or outcome.get("comparisons"):
@@ -66,6 +67,7 @@ class SessionState:
                 "collected_files": sorted(self.collected_files),
                 "partial_files": sorted(self.partial_files),
                 "used_tolerances": sorted(self.used_tolerances),
+                "plots": self.plots,
             }
         )
 
@@ -76,6 +78,7 @@ class SessionState:
         self.collected_files.update(data["collected_files"])
         self.partial_files.update(data["partial_files"])
         self.used_tolerances.update(data["used_tolerances"])
+        self.plots.extend(data.get("plots", []))
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""
