@@ -33,6 +33,7 @@ _PLUGIN = pytest.StashKey["GoldenPlugin"]()
 _GOLDEN = pytest.StashKey["Golden"]()
 _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
+_CALIBRATION_RUN = pytest.StashKey[int]()
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
     "golden(key=None, tolerances=None, ignore=(), exact=False, deterministic=True, seed=None, "
@@ -88,6 +89,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="write a PNG of metric curves (recorded vs this run) per failed golden to DIR "
         "(needs matplotlib: pip install 'pytest-rollout-golden[plot]')",
+    )
+    group.addoption(
+        "--golden-calibrate",
+        type=int,
+        metavar="N",
+        help="run each selected golden test N times under perturbed reduction orders and write "
+        "calibrated tolerances (spread x margin) into tolerances.json of its golden",
+    )
+    group.addoption(
+        "--golden-calibrate-perturb",
+        action="append",
+        choices=("threads", "nondeterministic", "tf32"),
+        metavar="KIND",
+        help="what --golden-calibrate varies between runs: threads (default), "
+        "nondeterministic, tf32 (GPU; repeatable)",
     )
     group.addoption(
         "--golden-prune",
@@ -161,9 +177,18 @@ class GoldenPlugin:
         opt = config.option
         if opt.update_golden and opt.golden_strict:
             raise pytest.UsageError("--update-golden and --golden-strict exclude each other")
+        self.calibrate = opt.golden_calibrate or 0
+        self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
+        if opt.golden_calibrate is not None and self.calibrate < 2:
+            raise pytest.UsageError("--golden-calibrate N needs N >= 2 runs to measure a spread")
+        if self.calibrate and opt.update_golden:
+            raise pytest.UsageError(
+                "--golden-calibrate measures the noise around existing goldens; "
+                "record them first, without --update-golden"
+            )
         if opt.update_golden:
             self.mode = "update"
-        elif opt.golden_strict or _truthy_env("CI"):
+        elif opt.golden_strict or _truthy_env("CI") or self.calibrate:
             self.mode = "strict"
         else:
             self.mode = "auto"
@@ -284,8 +309,62 @@ class GoldenPlugin:
                 golden.outcome.status = "xfailed"
             outcome = golden.outcome.to_json()
             self.state.add_outcome(outcome)
+            if _CALIBRATION_RUN in item.stash:
+                self._calibration_sample(item, golden, test_error=error)
             if self.plot_dir is not None and outcome["status"] == "failed":
                 self._plot(item, outcome)
+
+    def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
+        """Keep this run's metrics, unless the test is expected to fail or raised itself."""
+        directory = str(golden.directory)
+        runs = self.state.calibration.setdefault(directory, {}).setdefault(item.nodeid, [])
+        if test_error or _expected_to_fail(item):
+            self.state.calibration_skipped.setdefault(directory, {})[item.nodeid] = (
+                "expected to fail (xfail)" if _expected_to_fail(item) else "the test raised"
+            )
+            return
+        runs.append(golden.checked_metrics())
+
+    def write_calibration(self) -> None:
+        """Derive and write ``tolerances.json`` for every golden calibrated this session."""
+        from . import calibrate
+
+        below = [
+            Layer(layer.source, layer.entries, order=layer.order)
+            for layer in (*self._session_layers(), self.builtin)
+        ]
+        resolver = Resolver(below)
+        for directory, tests in sorted(self.state.calibration.items()):
+            skipped = self.state.calibration_skipped.get(directory, {})
+            usable = {t: runs for t, runs in tests.items() if t not in skipped and len(runs) > 1}
+            if not usable:
+                reasons = sorted(set(skipped.values())) or ["fewer than 2 runs completed"]
+                self.state.calibrated.append(
+                    {"directory": directory, "skipped": "; ".join(reasons), "rows": []}
+                )
+                continue
+            found: dict[str, calibrate.Spread] = {}
+            for runs in usable.values():
+                for name, spread in calibrate.spreads(runs).items():
+                    found[name] = spread if name not in found else found[name].merge(spread)
+            content = calibrate.document(
+                found,
+                lambda name, dtype: resolver.resolve(name, (dtype,))[0],
+                runs=self.calibrate,
+                perturbations=self.perturb,
+                tests=sorted(usable),
+            )
+            calibrate.write(Path(directory), content)
+            self.state.calibrated.append(
+                {
+                    "directory": directory,
+                    "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(skipped.items())),
+                    "rows": [
+                        {"metric": name, **entry, **content["tolerances"].get(name, {})}
+                        for name, entry in content["spreads"].items()
+                    ],
+                }
+            )
 
     def _plot(self, item: pytest.Item, outcome: dict[str, Any]) -> None:
         from .location import safe_name
@@ -314,6 +393,8 @@ class GoldenPlugin:
 
     def close(self, session: pytest.Session) -> None:
         self.state.used_tolerances |= self.used_tolerances()
+        if self.calibrate:
+            self.write_calibration()
         if self.state.expected_dirs or self.config.option.golden_prune:
             self.unused = self.state.unused_dirs(self.root, self.rootdir)
         if self.config.option.golden_prune and self.unused:
@@ -388,8 +469,38 @@ class _XdistHooks:
             self.plugin.state.merge_json(output)
 
 
+def _calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
+    """``item`` and ``runs - 1`` copies of it (same node id, fresh fixtures), numbered."""
+    copies = [item]
+    if isinstance(item, pytest.Function):
+        for _ in range(runs - 1):
+            copies.append(
+                pytest.Function.from_parent(
+                    item.parent,
+                    name=item.name,
+                    callspec=getattr(item, "callspec", None),
+                    callobj=item.obj,
+                    fixtureinfo=item._fixtureinfo,
+                    originalname=item.originalname,
+                )
+            )
+    for run, copy in enumerate(copies):
+        copy.stash[_CALIBRATION_RUN] = run
+    return copies
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     plugin = config.stash[_PLUGIN]
+    if plugin.calibrate:
+        items[:] = [
+            copy
+            for item in items
+            for copy in (
+                _calibration_copies(item, plugin.calibrate)
+                if "golden" in getattr(item, "fixturenames", ())
+                else [item]
+            )
+        ]
     for arg in config.args:
         if "::" in arg:
             # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
@@ -409,12 +520,17 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     plugin = item.config.stash[_PLUGIN]
+    stack = contextlib.ExitStack()
     if plugin.wants_determinism(item):
         from .determinism import deterministic
 
-        stack = contextlib.ExitStack()
         stack.enter_context(deterministic(plugin.seed_of(item)))
-        item.stash[_DETERMINISM] = stack
+    if _CALIBRATION_RUN in item.stash:
+        from .calibrate import perturbed
+
+        how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], plugin.perturb))
+        item.user_properties.append(("golden_calibration_run", how))
+    item.stash[_DETERMINISM] = stack
     return (yield)
 
 

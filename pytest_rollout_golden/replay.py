@@ -650,6 +650,17 @@ class Golden:
     def outcome(self) -> Outcome:
         return self._outcome
 
+    def checked_metrics(self) -> dict[str, dict[str, tuple[Any, str]]]:
+        """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
+        out: dict[str, dict[str, tuple[Any, str]]] = {}
+        for step, names in self._metrics.items():
+            for name, node in names.items():
+                value = metric_codec.scalar(node)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    dtype = node["dtype"] if isinstance(node, dict) else "float64"
+                    out.setdefault(step, {})[name] = (value, dtype)
+        return out
+
 
 def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> str:
     if tol.ignore:
