@@ -378,6 +378,24 @@ def plot(a: Path, b: Path | None, out: Path, resolver: Resolver) -> int:
     return 0
 
 
+def import_dumps(args: argparse.Namespace) -> int:
+    """Convert a folder of framework dumps into a golden directory."""
+    from .dumps import convert
+
+    done = convert(
+        args.source,
+        args.output,
+        layout=args.layout,
+        name=args.name,
+        trust_pickle=args.trust_pickle,
+        test_id=args.test or "",
+    )
+    for entry, filename in done:
+        print(f"{entry.path} -> {filename}")
+    print(f"wrote golden {args.output} ({len(done)} files); check it with: rollout-golden verify")
+    return 0
+
+
 def _resolver(args: argparse.Namespace) -> tuple[Resolver, str]:
     """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
     from .projectini import find_config, linelist
@@ -421,6 +439,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_plot.add_argument("a", type=Path)
     p_plot.add_argument("b", type=Path, nargs="?")
     p_plot.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
+    p_import = sub.add_parser(
+        "import",
+        help="convert verl/ROLL/NexRL/AReaL/slime dumps into a golden directory",
+        description="Convert a folder of framework dumps into a golden directory. Dumps are "
+        "pickles or torch.save files: each is loaded with torch.load(weights_only=True) when "
+        "that suffices; anything else needs --trust-pickle, because unpickling runs code named "
+        "in the file.",
+    )
+    p_import.add_argument("source", type=Path, help="the dump folder")
+    p_import.add_argument("-o", "--output", type=Path, required=True, help="golden to write")
+    p_import.add_argument("--layout", choices=("verl", "roll", "nexrl", "areal", "slime"))
+    p_import.add_argument("--name", default="rollout", help="rollout name (golden.rollout(name=))")
+    p_import.add_argument("--test", help="test id recorded in the manifest")
+    p_import.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow full unpickling of dumps that need it (runs code from the files)",
+    )
     p_diff = sub.add_parser(
         "diff", help="compare B against A (goldens, golden roots or batch files)"
     )
@@ -444,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verify(args.paths)
         if args.command == "show":
             return show(args.path, as_json=args.json)
+        if args.command == "import":
+            return import_dumps(args)
         if args.command == "plot":
             args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
             args.no_config = False

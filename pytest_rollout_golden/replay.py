@@ -94,6 +94,19 @@ class Outcome:
         }
 
 
+def rollout_filename(name: str, step: int) -> str:
+    """The file of rollout batch ``name`` at ``step`` inside a golden directory."""
+    return f"rollout-{safe_name(name, strict=True)}-step{step:06d}.safetensors"
+
+
+def tensors_filename(name: str, step: int, rank: int | None, micro: int | None) -> str:
+    """The file of ``check_tensors(name, ...)`` at ``step`` (rank, micro-batch)."""
+    filename = f"tensors-{safe_name(name, strict=True)}-step{step:06d}"
+    filename += "" if rank is None else f"-rank{int(rank)}"
+    filename += "" if micro is None else f"-micro{int(micro)}"
+    return filename + ".safetensors"
+
+
 def _step_key(step: int) -> str:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
@@ -262,7 +275,7 @@ class Golden:
         """
         key = _step_key(step)
         self._open()
-        filename = f"rollout-{safe_name(name, strict=True)}-step{int(key):06d}.safetensors"
+        filename = rollout_filename(name, int(key))
         self._touched.add(filename)
         if self._tx is not None and filename in self._tx.files:
             return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
@@ -343,10 +356,7 @@ class Golden:
         self._open()
         if not isinstance(tensors, Mapping) or not tensors:
             raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
-        filename = f"tensors-{safe_name(name, strict=True)}-step{int(key):06d}"
-        filename += "" if rank is None else f"-rank{int(rank)}"
-        filename += "" if micro is None else f"-micro{int(micro)}"
-        filename += ".safetensors"
+        filename = tensors_filename(name, int(key), rank, micro)
         if filename in self._tensor_files:
             raise ValueError(
                 f"check_tensors({name!r}) at step {step}, rank {rank}, micro {micro} was already "
