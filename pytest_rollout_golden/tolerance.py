@@ -6,7 +6,8 @@ golden) > ``--golden-tolerance`` > ini ``golden_tolerances`` > built-in RL
 defaults > torch.testing's per-dtype defaults. Within a layer a metric name
 matches an exact entry first, then a glob pattern (``rollout_corr/*``), then its
 last path component (``pg_loss`` matches ``actor/pg_loss``). An entry may say
-"not compared" (:data:`IGNORE`) instead of giving a tolerance.
+"not compared" (:data:`IGNORE`) instead of giving a tolerance; such an exclusion
+wins over the tolerances of every layer.
 """
 
 from __future__ import annotations
@@ -233,15 +234,19 @@ class Resolver:
 
         Every layer is consulted, so that an entry shadowed by a higher layer or by
         the exact lane still counts as matched (it must not be reported as unused).
-        A "not compared" entry holds in the exact lane too: it is a decision about
-        the metric, not a width.
+        A "not compared" entry from any layer wins over every tolerance and over
+        the exact lane: it is a decision about the metric, not a width.
         """
-        found = None
+        found = ignored = None
         for layer in self.layers:
             tol = layer.match(name)
             if tol is not None and found is None:
                 found = tol, layer.source
-        if self.exact and not (found and found[0].ignore):
+            if tol is not None and tol.ignore and ignored is None:
+                ignored = tol, layer.source
+        if ignored is not None:  # an exclusion, wherever it is given, beats every tolerance
+            return ignored
+        if self.exact:
             return EXACT, "exact lane"
         return found or dtype_default(dtypes)
 
