@@ -34,6 +34,7 @@ _GOLDEN = pytest.StashKey["Golden"]()
 _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 _CALIBRATION_RUN = pytest.StashKey[int]()
+_SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
     "golden(key=None, tolerances=None, ignore=(), exact=False, deterministic=True, seed=None, "
@@ -525,12 +526,13 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
         from .determinism import deterministic
 
         stack.enter_context(deterministic(plugin.seed_of(item)))
+        item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
     if _CALIBRATION_RUN in item.stash:
         from .calibrate import perturbed
 
         how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], plugin.perturb))
         item.user_properties.append(("golden_calibration_run", how))
-    item.stash[_DETERMINISM] = stack
+        item.stash[_SETTINGS] = stack
     return (yield)
 
 
@@ -553,7 +555,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
         return (yield)
     finally:
         item.config.stash[_PLUGIN].finish(item, error=True)  # no-op once finished
-        stack = item.stash.get(_DETERMINISM, None)
+        stack = item.stash.get(_SETTINGS, item.stash.get(_DETERMINISM, None))
         if stack is not None:
             stack.close()
 

@@ -121,17 +121,21 @@ def _preloaded() -> None:
     """Import what inner runs need before pytester snapshots sys.modules.
 
     An in-process run drops every module it imported. numpy and torch (including
-    ``torch._dynamo``, which ``torch.use_deterministic_algorithms`` loads lazily)
-    cannot be imported twice in one process, and hypothesis, which pytest's
-    hypothesis plugin imports, would be re-imported (and assertion-rewritten,
+    ``torch._dynamo`` and ``torch._inductor``, which torch's optimizers load lazily on
+    their first step) cannot be imported twice in one process, and hypothesis, which
+    pytest's hypothesis plugin imports, would be re-imported (and assertion-rewritten,
     ~1.5 s) by every inner run.
     """
     import hypothesis  # noqa: F401
+    import torch
+    import torch._inductor.config
 
     from pytest_rollout_golden import deterministic
 
     with deterministic(0):
-        pass
+        weight = torch.nn.Parameter(torch.zeros(1))
+        weight.grad = torch.zeros(1)
+        torch.optim.Adam([weight]).step()
 
 
 @pytest.fixture

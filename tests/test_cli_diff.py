@@ -172,28 +172,26 @@ def test_unusable_input_exits_2_with_a_named_error(tmp_path, capsys, case):
     assert err.startswith("error: ") and expected in err
 
 
-def test_diff_of_two_example_roots_one_recorded_with_a_changed_loss(pytester, capsys):
-    """The done-criterion: two roots of the example, the second with a changed KL coefficient."""
+def test_diff_of_two_example_roots_one_recorded_with_a_changed_loss(project, capsys):
+    """The done-criterion: the committed example goldens against a root recorded with the KL
+    coefficient of the loss changed from 0.01 to 0.02."""
     for name in ("tiny_rl.py", "test_tiny_rl_golden.py"):
-        shutil.copy(EXAMPLES / name, pytester.path / name)
-    pytester.makeini("[pytest]\n")
-    args = ("-p", "no:cacheprovider", "-k", "matches_golden")
-    pytester.runpytest_subprocess(*args, "--golden-dir", "golden_a").assert_outcomes(passed=1)
-    source = (pytester.path / "tiny_rl.py").read_text()
-    (pytester.path / "tiny_rl.py").write_text(
-        source.replace("kl_coef: float = 0.01", "kl_coef: float = 0.02")
-    )
-    pytester.runpytest_subprocess(*args, "--golden-dir", "golden_b").assert_outcomes(passed=1)
-    a, b = str(pytester.path / "golden_a"), str(pytester.path / "golden_b")
+        shutil.copy(EXAMPLES / name, project.path / name)
+    a = EXAMPLES.parent / "golden" / "examples"
+    source = (project.path / "tiny_rl.py").read_text()
+    changed = source.replace("kl_coef: float = 0.01", "kl_coef: float = 0.02")
+    (project.path / "tiny_rl.py").write_text(changed)
+    project.run("--golden-dir", "golden_b", "-k", "matches_golden").assert_outcomes(passed=1)
+    b = project.path / "golden_b"
     capsys.readouterr()
-    code, doc = run_json(capsys, a, b)
+    code, doc = run_json(capsys, str(a), str(b))
     assert code == 1
-    (golden,) = doc["goldens"]
-    assert golden["golden"] == "test_tiny_rl_golden/test_grpo_training_matches_golden"
-    first = golden["first_divergence"]
-    # The KL term enters the loss: kl and grad_norm diverge once the weights moved apart.
+    by_name = {g["golden"]: g for g in doc["goldens"]}
+    assert by_name["test_tiny_rl_golden/grpo_layouts"]["problems"][0].startswith("golden only in A")
+    first = by_name["test_tiny_rl_golden/test_grpo_training_matches_golden"]["first_divergence"]
+    # The KL term enters the loss: grad_norm diverges once the weights moved apart, kl after.
     assert first["grad_norm"] == 1 and first["kl"] == 2 and first["entropy"] is None
-    assert main(["diff", a, b]) == 1
+    assert main(["diff", str(a), str(b)]) == 1
     out = capsys.readouterr().out
     assert "grad_norm        step 1" in out and "kl               step 2" in out
 

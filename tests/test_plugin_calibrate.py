@@ -149,31 +149,30 @@ def test_perturbations_change_the_settings_and_restore_them():
     assert after == before
 
 
-def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(
-    pytester, monkeypatch
-):
-    """The done-criterion on examples/: --golden-calibrate 3, then replay and the known bug."""
-    monkeypatch.delenv("CI", raising=False)
+def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(project):
+    """The done-criterion on examples/ and its committed goldens: --golden-calibrate 3, then
+    replay, the known bug (xfail), and the bug in the main test's own calibrated golden."""
     for name in ("tiny_rl.py", "test_tiny_rl_golden.py"):
-        shutil.copy(EXAMPLES / name, pytester.path / name)
-    pytester.makeini("[pytest]\n")
-    run = lambda *a: pytester.runpytest_subprocess("-p", "no:cacheprovider", *a)  # noqa: E731
-    run().assert_outcomes(passed=4, xfailed=1)
-    run("--golden-calibrate", "3").assert_outcomes(passed=12, xfailed=3)
-    root = pytester.path / "golden" / "test_tiny_rl_golden"
+        shutil.copy(EXAMPLES / name, project.path / name)
+    committed = EXAMPLES.parent / "golden" / "examples" / "test_tiny_rl_golden"
+    shutil.copytree(committed, project.golden / "test_tiny_rl_golden")
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=12, xfailed=3)
     for golden in ("test_grpo_training_matches_golden", "grpo_layouts"):
-        doc = json.loads((root / golden / "tolerances.json").read_text())
+        directory = project.golden / "test_tiny_rl_golden" / golden
+        doc = json.loads((directory / "tolerances.json").read_text())
+        assert set(doc["spreads"]) == {
+            "pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "response_length"
+        }  # fmt: skip
         for name, tol in doc["tolerances"].items():  # whatever was measured stays tight
             assert tol["rtol"] < 1e-4, (golden, name, tol)
-    run().assert_outcomes(passed=4, xfailed=1)  # unchanged code passes; the xfail bug still fails
-    # The bug in the main test's own golden, under its calibrated tolerances:
-    source = (pytester.path / "test_tiny_rl_golden.py").read_text()
-    (pytester.path / "test_tiny_rl_golden.py").write_text(
+    project.run("--golden-strict").assert_outcomes(passed=4, xfailed=1)  # bug still fails
+    source = (project.path / "test_tiny_rl_golden.py").read_text()
+    (project.path / "test_tiny_rl_golden.py").write_text(
         source.replace(
             "train(golden, TrainConfig())",
             'train(golden, TrainConfig(micro_batches=4, aggregation="sample-fraction"))',
         )
     )
-    result = run("-k", "matches_golden")
+    result = project.run("--golden-strict", "-k", "matches_golden")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["golden mismatch: first divergence at step 0: *"])
