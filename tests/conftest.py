@@ -91,6 +91,21 @@ class Project:
             if p.is_file()
         }
 
+    def copy_example(self) -> str:
+        """examples/ under new module names; returns the test module's name.
+
+        The outer session may have imported the originals, and an in-process run
+        would reuse them instead of the copies.
+        """
+        examples = Path(__file__).parent.parent / "examples"
+        source = (examples / "test_tiny_rl_golden.py").read_text()
+        assert "from tiny_rl import" in source
+        (self.path / "test_example.py").write_text(
+            source.replace("from tiny_rl import", "from example_rl import")
+        )
+        (self.path / "example_rl.py").write_text((examples / "tiny_rl.py").read_text())
+        return "test_example"
+
     def golden_dir(self, test: str, module: str = "test_it") -> Path:
         return self.golden / module / test
 

@@ -175,20 +175,21 @@ def test_unusable_input_exits_2_with_a_named_error(tmp_path, capsys, case):
 def test_diff_of_two_example_roots_one_recorded_with_a_changed_loss(project, capsys):
     """The done-criterion: the committed example goldens against a root recorded with the KL
     coefficient of the loss changed from 0.01 to 0.02."""
-    for name in ("tiny_rl.py", "test_tiny_rl_golden.py"):
-        shutil.copy(EXAMPLES / name, project.path / name)
-    a = EXAMPLES.parent / "golden" / "examples"
-    source = (project.path / "tiny_rl.py").read_text()
+    module = project.copy_example()
+    a = project.path / "golden_a"
+    committed = EXAMPLES.parent / "golden" / "examples" / "test_tiny_rl_golden"
+    shutil.copytree(committed, a / module)
+    source = (project.path / "example_rl.py").read_text()
     changed = source.replace("kl_coef: float = 0.01", "kl_coef: float = 0.02")
-    (project.path / "tiny_rl.py").write_text(changed)
+    (project.path / "example_rl.py").write_text(changed)
     project.run("--golden-dir", "golden_b", "-k", "matches_golden").assert_outcomes(passed=1)
     b = project.path / "golden_b"
     capsys.readouterr()
     code, doc = run_json(capsys, str(a), str(b))
     assert code == 1
     by_name = {g["golden"]: g for g in doc["goldens"]}
-    assert by_name["test_tiny_rl_golden/grpo_layouts"]["problems"][0].startswith("golden only in A")
-    first = by_name["test_tiny_rl_golden/test_grpo_training_matches_golden"]["first_divergence"]
+    assert by_name["test_example/grpo_layouts"]["problems"][0].startswith("golden only in A")
+    first = by_name["test_example/test_grpo_training_matches_golden"]["first_divergence"]
     # The KL term enters the loss: grad_norm diverges once the weights moved apart, kl after.
     assert first["grad_norm"] == 1 and first["kl"] == 2 and first["entropy"] is None
     assert main(["diff", str(a), str(b)]) == 1

@@ -152,13 +152,12 @@ def test_perturbations_change_the_settings_and_restore_them():
 def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(project):
     """The done-criterion on examples/ and its committed goldens: --golden-calibrate 3, then
     replay, the known bug (xfail), and the bug in the main test's own calibrated golden."""
-    for name in ("tiny_rl.py", "test_tiny_rl_golden.py"):
-        shutil.copy(EXAMPLES / name, project.path / name)
+    module = project.copy_example()
     committed = EXAMPLES.parent / "golden" / "examples" / "test_tiny_rl_golden"
-    shutil.copytree(committed, project.golden / "test_tiny_rl_golden")
+    shutil.copytree(committed, project.golden / module)
     project.run("--golden-calibrate", "3").assert_outcomes(passed=12, xfailed=3)
     for golden in ("test_grpo_training_matches_golden", "grpo_layouts"):
-        directory = project.golden / "test_tiny_rl_golden" / golden
+        directory = project.golden / module / golden
         doc = json.loads((directory / "tolerances.json").read_text())
         assert set(doc["spreads"]) == {
             "pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "response_length"
@@ -166,8 +165,8 @@ def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(p
         for name, tol in doc["tolerances"].items():  # whatever was measured stays tight
             assert tol["rtol"] < 1e-4, (golden, name, tol)
     project.run("--golden-strict").assert_outcomes(passed=4, xfailed=1)  # bug still fails
-    source = (project.path / "test_tiny_rl_golden.py").read_text()
-    (project.path / "test_tiny_rl_golden.py").write_text(
+    source = (project.path / "test_example.py").read_text()
+    (project.path / "test_example.py").write_text(
         source.replace(
             "train(golden, TrainConfig())",
             'train(golden, TrainConfig(micro_batches=4, aggregation="sample-fraction"))',
