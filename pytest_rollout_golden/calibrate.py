@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GoldenFormatError
-from .tolerance import CALIBRATED, Layer, Tolerance
+from .tolerance import CALIBRATED, Layer, Resolver, Tolerance
 
 FILENAME = "tolerances.json"
 FORMAT = "pytest-rollout-golden-tolerances"
@@ -227,3 +227,51 @@ def write(directory: Path, content: Mapping[str, Any]) -> None:
         except BaseException:
             tx.abort()
             raise
+
+
+def calibrate_goldens(
+    samples: Mapping[str, Mapping[str, Sequence[Any]]],
+    skipped: Mapping[str, Mapping[str, str]],
+    resolver: Resolver,
+    *,
+    runs: int,
+    perturbations: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Write ``tolerances.json`` for every golden with at least one test of 2+ usable runs.
+
+    ``samples``: golden directory -> test id -> each run's metrics; ``skipped``: golden
+    directory -> test id -> why its runs do not count. ``resolver`` gives the tolerances
+    below the calibrated layer. Returns one summary entry per golden (what was written,
+    or why nothing was).
+    """
+    out = []
+    for directory, tests in sorted(samples.items()):
+        left_out = skipped.get(directory, {})
+        usable = {t: r for t, r in tests.items() if t not in left_out and len(r) > 1}
+        if not usable:
+            reasons = sorted(set(left_out.values())) or ["fewer than 2 runs completed"]
+            out.append({"directory": directory, "skipped": "; ".join(reasons), "rows": []})
+            continue
+        found: dict[str, Spread] = {}
+        for test_runs in usable.values():
+            for name, spread in spreads(test_runs).items():
+                found[name] = spread if name not in found else found[name].merge(spread)
+        content = document(
+            found,
+            lambda name, dtype: resolver.resolve(name, (dtype,))[0],
+            runs=runs,
+            perturbations=perturbations,
+            tests=sorted(usable),
+        )
+        write(Path(directory), content)
+        out.append(
+            {
+                "directory": directory,
+                "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
+                "rows": [
+                    {"metric": name, **entry, **content["tolerances"].get(name, {})}
+                    for name, entry in content["spreads"].items()
+                ],
+            }
+        )
+    return out

@@ -328,44 +328,19 @@ class GoldenPlugin:
 
     def write_calibration(self) -> None:
         """Derive and write ``tolerances.json`` for every golden calibrated this session."""
-        from . import calibrate
+        from .calibrate import calibrate_goldens
 
-        below = [
+        below = [  # fresh copies: resolving here must not count as using a tolerance
             Layer(layer.source, layer.entries, order=layer.order)
             for layer in (*self._session_layers(), self.builtin)
         ]
-        resolver = Resolver(below)
-        for directory, tests in sorted(self.state.calibration.items()):
-            skipped = self.state.calibration_skipped.get(directory, {})
-            usable = {t: runs for t, runs in tests.items() if t not in skipped and len(runs) > 1}
-            if not usable:
-                reasons = sorted(set(skipped.values())) or ["fewer than 2 runs completed"]
-                self.state.calibrated.append(
-                    {"directory": directory, "skipped": "; ".join(reasons), "rows": []}
-                )
-                continue
-            found: dict[str, calibrate.Spread] = {}
-            for runs in usable.values():
-                for name, spread in calibrate.spreads(runs).items():
-                    found[name] = spread if name not in found else found[name].merge(spread)
-            content = calibrate.document(
-                found,
-                lambda name, dtype: resolver.resolve(name, (dtype,))[0],
-                runs=self.calibrate,
-                perturbations=self.perturb,
-                tests=sorted(usable),
-            )
-            calibrate.write(Path(directory), content)
-            self.state.calibrated.append(
-                {
-                    "directory": directory,
-                    "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(skipped.items())),
-                    "rows": [
-                        {"metric": name, **entry, **content["tolerances"].get(name, {})}
-                        for name, entry in content["spreads"].items()
-                    ],
-                }
-            )
+        self.state.calibrated = calibrate_goldens(
+            self.state.calibration,
+            self.state.calibration_skipped,
+            Resolver(below),
+            runs=self.calibrate,
+            perturbations=self.perturb,
+        )
 
     def _plot(self, item: pytest.Item, outcome: dict[str, Any]) -> None:
         from .location import safe_name
