@@ -41,8 +41,8 @@ def calibrated_layer(document: Any, path: Path) -> Layer:
     """The resolution layer of a ``tolerances.json`` document."""
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise GoldenFormatError(
-            f"{path}: is not a calibrated-tolerances file of ours; "
-            "re-run `pytest --golden-calibrate N` for this test"
+            f"{path}: is not a calibrated-tolerances file of ours; re-run "
+            "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
         )
     try:
         return Layer(SOURCE, document.get("tolerances", {}), order=CALIBRATED)

@@ -142,6 +142,7 @@ class Golden:
         self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
         self._touched: set[str] = set()
         self._finished = False
+        self._drop_tolerances = False
 
     # ------------------------------------------------------------------ opening
 
@@ -178,11 +179,18 @@ class Golden:
         if info is None:
             return None
         document = self._load_for_update(TOLERANCES, info, None)
-        if document is None:
+        if document is None:  # damaged, and --update-golden is the remedy: drop it
+            self._drop_tolerances = True
             return None
         from .calibrate import calibrated_layer
 
-        return calibrated_layer(document, self.directory / TOLERANCES)
+        try:
+            return calibrated_layer(document, self.directory / TOLERANCES)
+        except GoldenFormatError:
+            if self.mode is not Mode.UPDATE:
+                raise
+            self._drop_tolerances = True
+            return None
 
     @property
     def _replaying(self) -> bool:
@@ -566,7 +574,11 @@ class Golden:
         for filename, info in self._old_files().items():
             if filename in tx.files or filename == METRICS:
                 continue
-            kept_on_update = filename in self._touched or filename == TOLERANCES
+            if filename == TOLERANCES and self._drop_tolerances:
+                continue
+            kept_on_update = filename in self._touched or (
+                filename == TOLERANCES and not self._drop_tolerances
+            )
             if self.mode is Mode.UPDATE and not kept_on_update:
                 continue  # calibrated tolerances describe the setup's noise: kept on update
             tx.keep(filename, info)

@@ -222,3 +222,24 @@ def test_show_prints_statistics_and_a_steps_by_metrics_table(tmp_path, capsys):
     assert "metrics (2 steps × 2 metrics):" in out
     assert "  step  kl   pg_loss" in out and "  1     -    0.125" in out
     assert "log_probs      float32[2, 4]  -3   0    -0.666667" in out and "25.0%" in out
+
+
+def test_a_calibrated_golden_brings_its_tolerances_to_diff(tmp_path, capsys):
+    from pytest_rollout_golden.calibrate import FORMAT, write
+
+    record(tmp_path / "a")
+    record(tmp_path / "b", losses=(0.5, 0.6, 0.7007))  # rel 1e-3 at step 2
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert main(["diff", a, b, "--no-config"]) == 1
+    doc = {"format": FORMAT, "version": 1, "how": {}, "spreads": {},
+           "tolerances": {"pg_loss": {"rtol": 2e-3, "atol": 1e-8}}}  # fmt: skip
+    write(tmp_path / "a", doc)
+    capsys.readouterr()
+    code, out = run_json(capsys, a, b, "--no-config")
+    assert code == 0
+    row = next(m for m in out["goldens"][0]["metrics"] if m["name"] == "pg_loss" and m["step"] == 2)
+    assert row["source"] == "calibrated (tolerances.json)" and row["allowed"].startswith(
+        "rtol=0.002"
+    )
+    # ... and a --tolerance on the command line sits below it, as in the plugin.
+    assert main(["diff", a, b, "--no-config", "--tolerance", "pg_loss:rtol=1e-6"]) == 0

@@ -175,3 +175,18 @@ def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(p
     result = project.run("--golden-strict", "-k", "matches_golden")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["golden mismatch: first divergence at step 0: *"])
+
+
+def test_a_damaged_tolerances_file_fails_and_update_drops_it(calibrated):
+    project, _ = calibrated
+    path = project.golden_dir("test_noisy") / "tolerances.json"
+    path.write_text(path.read_text().replace("5.99", "9.99"))  # a hand edit
+    result = project.run()
+    result.assert_outcomes(errors=0, failed=1, xfailed=1)
+    assert "tolerances.json: is corrupted or was edited by hand" in result.stdout.str()
+    project.run("--update-golden").assert_outcomes(passed=1, xfailed=1)
+    assert not path.exists()
+    manifest = json.loads((project.golden_dir("test_noisy") / "manifest.json").read_text())
+    assert "tolerances.json" not in manifest["files"]
+    project.run("--golden-strict").assert_outcomes(passed=1, xfailed=1)
+    assert main(["verify", str(project.golden)]) == 0
