@@ -286,12 +286,7 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     rel = diff / e.abs()
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     bad = ~ok
-    finite_abs, finite_rel = diff.isfinite(), rel.isfinite()
-    sums = (
-        float(diff[finite_abs].sum()),
-        float(rel[finite_rel].sum()),
-        int(finite_rel.sum()),
-    )
+    sums = (*_finite_sum(diff)[:1], *_finite_sum(rel))
     nan_mismatch = e_nan ^ a_nan
     n_nan = int(torch.count_nonzero(nan_mismatch))
     first_nan = int(torch.nonzero(nan_mismatch)[0, 0]) if n_nan else -1
@@ -304,6 +299,15 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
         _greatest(rel),
         sums,
     )
+
+
+def _finite_sum(values: Any) -> tuple[float, int]:
+    """Sum and count of the finite elements (one pass when all are finite, the usual case)."""
+    total = float(values.sum())
+    if math.isfinite(total):
+        return total, values.numel()
+    finite = values.isfinite()
+    return float(values[finite].sum()), int(finite.sum())
 
 
 def dtype_name(value: Any) -> str:
