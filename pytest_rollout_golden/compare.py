@@ -69,9 +69,10 @@ class Difference:
     """Outcome of :func:`compare_values`.
 
     ``abs_diff``/``rel_diff`` are the greatest differences, ``abs_mean``/``rel_mean``
-    their means over all ``numel`` elements (relative: over the elements where it is
-    finite), ``mismatched`` the count beyond tolerance. NaN when shapes or dtypes differ
-    or the value was not compared.
+    their means over the elements where they are finite (NaN against a number, and a
+    relative difference against 0, are left out), ``mismatched`` the count beyond
+    tolerance. The differences are NaN when shapes or dtypes differ or the value was
+    not compared.
     """
 
     ok: bool
@@ -172,14 +173,15 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
         if e.dtype == a.dtype and (
             torch.equal(_bits(ce), _bits(ca)) if bitwise else torch.equal(ce, ca)
         ):
-            stats.rel_count += ce.numel()  # all-zero differences
+            stats.abs_count += ce.numel()  # all-zero differences
+            stats.rel_count += ce.numel()
             continue  # equal chunks (NaN never equals itself here) cannot hold a mismatch
         stats.add(start, *_chunk_analysis(ce, ca, tol, bitwise))
     means = {
         "mismatched": stats.bad,
         "numel": n,
-        "abs_mean": stats.abs_sum / n,
-        "rel_mean": stats.rel_sum / stats.rel_count if stats.rel_count else 0.0,
+        "abs_mean": stats.abs_sum / stats.abs_count if stats.abs_count else math.nan,
+        "rel_mean": stats.rel_sum / stats.rel_count if stats.rel_count else math.nan,
     }
     if stats.bad == 0:
         return Difference(True, stats.abs_max, stats.rel_max, **means)
@@ -224,6 +226,7 @@ class _Stats:
     rel_max: float = 0.0
     rel_idx: int = 0
     abs_sum: float = 0.0
+    abs_count: int = 0  # elements whose absolute difference is finite
     rel_sum: float = 0.0
     rel_count: int = 0  # elements whose relative difference is finite
 
@@ -236,10 +239,11 @@ class _Stats:
         nan_vs_nan: int,
         greatest_abs: tuple[float, int],
         greatest_rel: tuple[float, int],
-        sums: tuple[float, float, int],
+        sums: tuple[float, int, float, int],
     ) -> None:
-        abs_sum, rel_sum, rel_count = sums
+        abs_sum, abs_count, rel_sum, rel_count = sums
         self.abs_sum += abs_sum
+        self.abs_count += abs_count
         self.rel_sum += rel_sum
         self.rel_count += rel_count
         self.bad += bad
@@ -286,7 +290,7 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     rel = diff / e.abs()
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     bad = ~ok
-    sums = (*_finite_sum(diff)[:1], *_finite_sum(rel))
+    sums = (*_finite_sum(diff), *_finite_sum(rel))
     nan_mismatch = e_nan ^ a_nan
     n_nan = int(torch.count_nonzero(nan_mismatch))
     first_nan = int(torch.nonzero(nan_mismatch)[0, 0]) if n_nan else -1
