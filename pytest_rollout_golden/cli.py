@@ -1,11 +1,14 @@
-"""``rollout-golden``: verify, show and diff goldens outside pytest.
+"""``rollout-golden``: verify, show, diff, plot and import goldens outside pytest.
 
     rollout-golden verify [PATH ...]          check every checksum (exit 1 on any problem)
-    rollout-golden show PATH                  a golden directory or one .safetensors file
-    rollout-golden diff A B [--tolerance ...] compare two goldens or batch files (exit 1 on drift)
+    rollout-golden show PATH [--json]         steps x metrics, per-tensor statistics
+    rollout-golden diff A B [--json] [...]    two goldens, golden roots or batch files
+    rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
+    rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`.
+Exit status: 0 fine, 1 a difference (or failed check), 2 unusable input.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import store
 from .errors import GoldenError
+
+if TYPE_CHECKING:
+    from .diff import GoldenDiff
 from .location import find_goldens
 from .tolerance import CLI, IGNORE, INI, Layer, Resolver, builtin_layer, parse_spec
 
@@ -190,10 +196,8 @@ def _shape(row: Any, side: int) -> str:
 _ROWS_SHOWN = 30  # rows beyond tolerance printed per golden and table; --json has them all
 
 
-def _print_golden(d: Any) -> None:
-    from .diff import GoldenDiff
-
-    assert isinstance(d, GoldenDiff)
+def _print_golden(d: GoldenDiff) -> None:
+    """The human report of one golden's differences."""
     metrics = [r for r in d.rows if r.kind == "metric"]
     tensors = [r for r in d.rows if r.kind == "tensor"]
     if d.one_sided:
