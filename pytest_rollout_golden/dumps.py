@@ -134,6 +134,19 @@ _ENTRIES = {"verl": _verl, "roll": _roll, "nexrl": _nexrl, "areal": _areal, "sli
 
 def load(path: Path, *, trust_pickle: bool) -> Any:
     """The object in a dump file: ``weights_only`` first, full unpickling only if trusted."""
+    try:
+        return _load(path, trust_pickle=trust_pickle)
+    except GoldenError:
+        raise
+    except Exception as exc:  # anything a foreign pickle can raise
+        raise GoldenError(
+            f"{path}: cannot be loaded ({type(exc).__name__}: {str(exc)[:300]}). A pickled "
+            "dump needs the classes it names to be importable (verl for its DataProto, "
+            "tensordict for TensorDict, ...) in this environment"
+        ) from None
+
+
+def _load(path: Path, *, trust_pickle: bool) -> Any:
     import torch
 
     with open(path, "rb") as f:

@@ -241,3 +241,17 @@ def test_existing_golden_is_never_overwritten(tmp_path, capsys):
     assert import_(tmp_path / "dump", out) == 2
     assert "a golden exists already" in capsys.readouterr().err
     assert (out / "manifest.json").read_bytes() == before
+
+
+def test_a_pickle_naming_a_missing_class_is_a_clear_error(tmp_path, capsys):
+    dump = tmp_path / "dump" / "train"
+    dump.mkdir(parents=True)
+    # A pickle of a class from a module this environment does not have (as a ROLL dump
+    # read without ROLL installed): protocol 2, GLOBAL "no_such_framework.protocol DataProto".
+    payload = b"\x80\x02cno_such_framework.protocol\nDataProto\nq\x00)\x81q\x01."
+    (dump / "step_000000.pkl").write_bytes(payload)
+    assert import_(tmp_path / "dump", tmp_path / "golden", "--trust-pickle") == 2
+    err = capsys.readouterr().err
+    assert "step_000000.pkl: cannot be loaded (ModuleNotFoundError" in err
+    assert "needs the classes it names to be importable" in err
+    assert not (tmp_path / "golden").exists()
