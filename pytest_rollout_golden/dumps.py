@@ -155,7 +155,7 @@ def _load(path: Path, *, trust_pickle: bool) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            refusal = str(exc).strip().splitlines()[-1][:200]
+            refusal = _refusal(str(exc))
             if not trust_pickle:
                 why = f"torch.load(weights_only=True): {refusal}"
                 raise GoldenError(_needs_trust(path, why)) from None
@@ -164,6 +164,14 @@ def _load(path: Path, *, trust_pickle: bool) -> Any:
         raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
     with open(path, "rb") as f:
         return pickle.load(f)  # the caller passed --trust-pickle for this file
+
+
+def _refusal(message: str) -> str:
+    """The line of torch's weights_only refusal that names what it refused."""
+    match = re.search(r"Unsupported global: GLOBAL (\S+)", message)
+    if match:
+        return f"it names {match.group(1)}, which is not an allowed type"
+    return message.strip().splitlines()[0][:200]
 
 
 def _needs_trust(path: Path, why: str) -> str:

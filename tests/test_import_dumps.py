@@ -255,3 +255,28 @@ def test_a_pickle_naming_a_missing_class_is_a_clear_error(tmp_path, capsys):
     assert "step_000000.pkl: cannot be loaded (ModuleNotFoundError" in err
     assert "needs the classes it names to be importable" in err
     assert not (tmp_path / "golden").exists()
+
+
+def test_verl_tq_batch_with_the_real_tensordict(tmp_path, capsys):
+    """tensordict 0.10.0 where installed (.ci/run: pip install --no-deps tensordict==0.10.0 ...)."""
+    tensordict = pytest.importorskip("tensordict")
+    step_dir = tmp_path / "dump" / "GBS2_N1_in2_out4" / "6"
+    step_dir.mkdir(parents=True)
+    td = tensordict.TensorDict(
+        {"input_ids": torch.arange(8).view(2, 4), "old_log_probs": -torch.rand(2, 4)},
+        batch_size=[2],
+    )
+    payload = {"tensordict": td, "tags": [{"status": "ok"}] * 2, "keys": ["input_ids"],
+               "global_steps": 6}  # fmt: skip
+    torch.save(payload, step_dir / "tq_batch.pt")
+    out = tmp_path / "golden"
+    assert import_(tmp_path / "dump", out) == 2
+    err = capsys.readouterr().err
+    assert "it names tensordict." in err and "which is not an allowed type" in err
+    assert import_(tmp_path / "dump", out, "--trust-pickle") == 0
+    replayed = replay(out, 6)
+    assert isinstance(replayed["tensordict"], tensordict.TensorDict)
+    assert replayed["tensordict"].batch_size == torch.Size([2])
+    for key in ("input_ids", "old_log_probs"):
+        assert torch.equal(replayed["tensordict"][key], td[key])
+    assert replayed["tags"] == payload["tags"] and replayed["global_steps"] == 6
