@@ -35,6 +35,8 @@ _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 _CALIBRATION_RUN = pytest.StashKey[int]()
 _SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
+# Fingerprint fields that --golden-calibrate's perturbations change (see calibrate.perturbed).
+PERTURBED = ("cpu_threads", "deterministic_algorithms", "cudnn_deterministic", "tf32_matmul")
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
     "golden(key=None, tolerances=None, ignore=(), exact=False, deterministic=True, seed=None, "
@@ -309,9 +311,12 @@ class GoldenPlugin:
             if golden.outcome.status == "failed" and _expected_to_fail(item):
                 golden.outcome.status = "xfailed"
             outcome = golden.outcome.to_json()
-            self.state.add_outcome(outcome)
             if _CALIBRATION_RUN in item.stash:
                 self._calibration_sample(item, golden, test_error=error)
+                outcome["environment_changes"] = [  # not those calibration makes on purpose
+                    c for c in outcome["environment_changes"] if c.split(":")[0] not in PERTURBED
+                ]
+            self.state.add_outcome(outcome)
             if self.plot_dir is not None and outcome["status"] == "failed":
                 self._plot(item, outcome)
 
