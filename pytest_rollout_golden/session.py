@@ -136,4 +136,6 @@ class SessionState:
             "comparisons": comparisons,
             "unused": [str(p) for p in unused],
             "pruned": [str(p) for p in pruned],
+            "plots": self.plots,
+            "calibrated": self.calibrated,
         }

@@ -192,3 +192,12 @@ def test_a_damaged_tolerances_file_fails_and_update_drops_it(calibrated):
     assert "tolerances.json" not in manifest["files"]
     project.run("--golden-strict").assert_outcomes(passed=1, xfailed=1)
     assert main(["verify", str(project.golden)]) == 0
+
+
+def test_the_report_lists_what_calibration_wrote(calibrated):
+    project, _ = calibrated
+    project.run("--golden-calibrate", "2", "--golden-report", "r.json")
+    report = json.loads((project.path / "r.json").read_text())
+    entry = next(e for e in report["calibrated"] if e["directory"].endswith("test_noisy"))
+    rows = {r["metric"]: r for r in entry["rows"]}
+    assert rows["loss"]["rtol"] > 0 and "rtol" not in rows["steady"]
