@@ -201,3 +201,19 @@ def test_the_report_lists_what_calibration_wrote(calibrated):
     entry = next(e for e in report["calibrated"] if e["directory"].endswith("test_noisy"))
     rows = {r["metric"]: r for r in entry["rows"]}
     assert rows["loss"]["rtol"] > 0 and "rtol" not in rows["steady"]
+
+
+def test_xdist_workers_send_their_runs_and_the_controller_writes(project):
+    pytest.importorskip("xdist")
+    project.write(NOISY)
+    project.set_values()
+    project.run().assert_outcomes(passed=1, xfailed=1)
+    project.run_subprocess("-n", "2", "--golden-calibrate", "3").assert_outcomes(
+        passed=3, xfailed=3
+    )
+    doc = tolerances(project)
+    # All three runs were merged, whichever worker ran them: the spread covers 3 thread counts.
+    counts = thread_counts(torch.get_num_threads())[:3]
+    assert doc["spreads"]["loss"]["abs_spread"] == pytest.approx(
+        1e-7 * (max(counts) - min(counts)), rel=1e-6
+    )
