@@ -243,3 +243,15 @@ def test_a_calibrated_golden_brings_its_tolerances_to_diff(tmp_path, capsys):
     )
     # ... and a --tolerance on the command line sits below it, as in the plugin.
     assert main(["diff", a, b, "--no-config", "--tolerance", "pg_loss:rtol=1e-6"]) == 0
+
+
+def test_changed_non_tensor_values_are_a_difference(tmp_path, capsys):
+    ids = torch.arange(4)
+    save_batch(tmp_path / "a.safetensors", {"ids": ids, "meta": {"temperature": 1.0}})
+    save_batch(tmp_path / "b.safetensors", {"ids": ids, "meta": {"temperature": 0.7}})
+    save_batch(tmp_path / "c.safetensors", {"ids": ids.clone(), "meta": {"temperature": 1.0}})
+    a, b, c = (str(tmp_path / f"{n}.safetensors") for n in "abc")
+    code, doc = run_json(capsys, a, b)
+    assert code == 1
+    assert doc["goldens"][0]["problems"] == ["a.safetensors: non-tensor values or structure differ"]
+    assert run_json(capsys, a, c)[0] == 0
