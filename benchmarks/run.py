@@ -14,6 +14,7 @@ import sys
 import time
 
 import bench_compare
+import bench_determinism
 import bench_example
 import bench_io
 import bench_startup
@@ -25,6 +26,7 @@ SECTIONS = {
     "compare": bench_compare,
     "startup": bench_startup,
     "example": bench_example,
+    "determinism": bench_determinism,
 }
 
 

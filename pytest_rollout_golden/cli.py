@@ -1,11 +1,14 @@
-"""``rollout-golden``: verify, show and diff goldens outside pytest.
+"""``rollout-golden``: verify, show, diff, plot and import goldens outside pytest.
 
     rollout-golden verify [PATH ...]          check every checksum (exit 1 on any problem)
-    rollout-golden show PATH                  a golden directory or one .safetensors file
-    rollout-golden diff A B [--tolerance ...] compare two goldens or batch files (exit 1 on drift)
+    rollout-golden show PATH [--json]         steps x metrics, per-tensor statistics
+    rollout-golden diff A B [--json] [...]    two goldens, golden roots or batch files
+    rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
+    rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`.
+Exit status: 0 fine, 1 a difference (or failed check), 2 unusable input.
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import store
 from .errors import GoldenError
+
+if TYPE_CHECKING:
+    from .diff import GoldenDiff
 from .location import find_goldens
-from .tolerance import Layer, Resolver, builtin_layer, parse_spec
+from .tolerance import CLI, IGNORE, INI, Layer, Resolver, builtin_layer, parse_spec
 
 
 def _golden_dirs(paths: Sequence[Path]) -> Iterator[Path]:
@@ -30,19 +36,9 @@ def _golden_dirs(paths: Sequence[Path]) -> Iterator[Path]:
 
 def _load_dir(directory: Path) -> dict[str, Any]:
     """Every file of a golden, verified: ``{filename: loaded content}``."""
-    manifest = store.read_manifest(directory)
-    if manifest is None:
-        raise GoldenError(f"{directory}: no {store.MANIFEST}; not a golden directory")
-    out = {}
-    for filename, info in manifest["files"].items():
-        path = directory / filename
-        if not path.is_file():
-            raise GoldenError(f"{path}: listed in {store.MANIFEST} but missing")
-        if filename.endswith(".json"):
-            out[filename] = store.read_json(path, expect_digest=info["digest"])
-        else:
-            out[filename] = store.load_batch(path, expect_digest=info["digest"])
-    return out
+    from .diff import load_golden
+
+    return load_golden(directory)[1]
 
 
 def verify(paths: Sequence[Path]) -> int:
@@ -60,93 +56,379 @@ def verify(paths: Sequence[Path]) -> int:
     return 1 if problems or not checked else 0
 
 
-def show(path: Path) -> int:
+def show(path: Path, *, as_json: bool = False) -> int:
+    """Print a golden (structure, steps × metrics, per-tensor statistics) or one batch file."""
+    from . import codec
+    from . import metrics as metric_codec
+    from .stats import fmt, tensor_stats
+
     if path.is_file():
         arrays, metadata = store.read_safetensors(path)
-        for name, array in arrays.items():
-            print(f"{name}: {str(array.dtype).removeprefix('torch.')}{list(array.shape)}")
-        if "prg.layout" in metadata:
-            print("layout:", metadata["prg.layout"][:2000])
+        document: dict[str, Any] = {"file": str(path), "tensors": tensor_stats(arrays)}
+        layout = metadata.get("prg.layout")
+        files = {path.name: {"info": {}, "tensors": document["tensors"], "layout": layout}}
+        manifest, steps = None, {}
+    else:
+        from .diff import load_golden
+
+        if not (path / store.MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {store.MANIFEST}; not a golden directory")
+        manifest, content = load_golden(path)
+        steps = content.get("metrics.json", {}).get("steps", {})
+        files = {}
+        for filename, value in content.items():
+            if filename.endswith(".json"):
+                continue
+            arrays, _ = codec.flatten(value)
+            files[filename] = {
+                "info": manifest["files"][filename],
+                "tensors": tensor_stats(arrays),
+            }
+        document = {
+            "golden": str(path),
+            "test": manifest.get("test"),
+            "fingerprint": manifest.get("fingerprint"),
+            "metrics": {
+                step: {
+                    name: _json_scalar(metric_codec.scalar(node), node)
+                    for name, node in names.items()
+                }
+                for step, names in steps.items()
+            },
+            "files": {k: {"info": v["info"], "tensors": v["tensors"]} for k, v in files.items()},
+            "tolerances": content.get("tolerances.json"),
+        }
+    if as_json:
+        print(json.dumps(document, indent=2, allow_nan=False, default=str))
         return 0
-    manifest = store.read_manifest(path)
-    if manifest is None:
-        print(f"{path}: not a golden directory", file=sys.stderr)
-        return 1
-    print(f"golden {path} (test {manifest.get('test')})")
-    print("fingerprint:", json.dumps(manifest.get("fingerprint")))
-    files = _load_dir(path)
-    for filename, content in files.items():
-        if filename == "metrics.json":
-            for step, metrics in content["steps"].items():
-                for name, value in metrics.items():
-                    print(f"  step {step:>4}  {name:<32} {json.dumps(value)[:100]}")
-        else:
-            info = manifest["files"][filename]
-            print(
-                f"  {filename}  ({info.get('kind')} {info.get('name')!r} step {info.get('step')})"
+    if manifest is not None:
+        print(f"golden {path} (test {manifest.get('test')})")
+        print("fingerprint:", json.dumps(manifest.get("fingerprint")))
+    if steps:
+        names = sorted({n for m in steps.values() for n in m})
+        table = [("step", *names)]
+        for step in sorted(steps, key=int):
+            table.append((step, *(_metric_cell(steps[step].get(n), metric_codec) for n in names)))
+        print(f"metrics ({len(steps)} steps × {len(names)} metrics):")
+        print("\n".join(_table(table)))
+    for filename, entry in files.items():
+        info = entry["info"]
+        what = f" ({info.get('kind')} {info.get('name')!r}, {_place(info)})" if info else ""
+        print(f"{filename}{what}")
+        table = [("tensor", "dtype[shape]", "min", "max", "mean", "std", "nan", "inf", "padding")]
+        for key, st in entry["tensors"].items():
+            padding = "-" if st["padding"] is None else f"{st['padding']:.1%}"
+            table.append(
+                (
+                    key,
+                    f"{st['dtype']}{st['shape']}",
+                    fmt(st["min"]),
+                    fmt(st["max"]),
+                    fmt(st["mean"]),
+                    fmt(st["std"]),
+                    st["nan"],
+                    st["inf"],
+                    padding,
+                )
             )
+        print("\n".join(_table(table)))
+    if manifest is None and files[path.name].get("layout"):
+        print("layout:", files[path.name]["layout"][:2000])
+    if document.get("tolerances"):
+        print("calibrated tolerances (tolerances.json):")
+        for name, tol in document["tolerances"].get("tolerances", {}).items():
+            print(f"  {name}: {tol}")
     return 0
 
 
-def diff(a: Path, b: Path, resolver: Resolver) -> int:
-    """Compare golden ``b`` (or batch file) against ``a``; print the mismatches."""
-    from . import codec
-    from . import metrics as metric_codec
-    from .compare import compare_named
+def _json_scalar(value: Any, node: Any) -> Any:
+    from .compare import json_number
 
-    if a.is_file() and b.is_file():
-        left = {a.name: store.load_batch(a)}
-        right = {a.name: store.load_batch(b)}
-    else:
-        left, right = _load_dir(a), _load_dir(b)
-    rows, failures = [], 0
+    return json_number(value) if value is not None else node
 
-    def record(label: str, ok: bool, text: str) -> None:
-        nonlocal failures
-        failures += not ok
-        rows.append(f"{'ok  ' if ok else 'FAIL'} {label}: {text}")
 
-    for filename in sorted(left.keys() | right.keys()):
-        if filename not in left or filename not in right:
-            record(filename, False, f"only in {a if filename in left else b}")
-            continue
-        if filename == "metrics.json":
-            steps_a, steps_b = left[filename]["steps"], right[filename]["steps"]
-            for step in sorted(steps_a.keys() | steps_b.keys(), key=int):
-                ma, mb = steps_a.get(step, {}), steps_b.get(step, {})
-                for name in sorted(ma.keys() | mb.keys()):
-                    label = f"{name} step {step}"
-                    if name not in ma or name not in mb:
-                        record(label, False, f"only in {a if name in ma else b}")
-                        continue
-                    ea = metric_codec.decode(ma[name], where=label)
-                    eb = metric_codec.decode(mb[name], where=label)
-                    d, tol, _ = compare_named(name, ea, eb, resolver, check_dtype=False)
-                    record(
-                        label,
-                        d.ok,
-                        f"abs {d.abs_diff:.3g} rel {d.rel_diff:.3g} "
-                        f"({tol.describe()}) {d.detail}".rstrip(),
-                    )
-            continue
-        arrays_a, layout_a = codec.flatten(left[filename])
-        arrays_b, layout_b = codec.flatten(right[filename])
-        if layout_a != layout_b:
-            record(filename, False, "structure or non-tensor values differ")
-            continue
-        for key in arrays_a:
-            label = f"{filename}:{key}"
-            d, tol, _ = compare_named(key, arrays_a[key], arrays_b[key], resolver, check_dtype=True)
-            record(
-                label,
-                d.ok,
-                f"abs {d.abs_diff:.3g} rel {d.rel_diff:.3g} ({tol.describe()})"
-                + (("\n    " + d.detail.replace("\n", "\n    ")) if d.detail else ""),
+def _metric_cell(node: Any, metric_codec: Any) -> str:
+    if node is None:
+        return "-"
+    value = metric_codec.scalar(node)
+    if value is None:  # an array metric
+        return f"{node.get('dtype')}{node.get('shape')}"
+    return f"{value:.8g}" if isinstance(value, float) else str(value)
+
+
+def _place(info: Mapping[str, Any]) -> str:
+    parts = [f"step {info.get('step')}"]
+    parts += [f"{k} {info[k]}" for k in ("rank", "micro") if info.get(k) is not None]
+    return ", ".join(parts)
+
+
+def _table(rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return [
+        (indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
+        for row in rows
+    ]
+
+
+def _g(value: Any) -> str:
+    """A difference, compactly: 3 significant digits; ``-`` for nothing."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "0" if value == 0 else f"{value:.3g}"
+    return str(value)
+
+
+def _value(value: Any) -> str:
+    """A recorded value in full (a rounded pair could look equal)."""
+    return "-" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+def _where(row: Any) -> list[str]:
+    return [_g(row.step), _g(row.rank), _g(row.micro)]
+
+
+def _shape(row: Any, side: int) -> str:
+    shape, dtype = row.shape[side], row.dtype[side]
+    return "missing" if shape is None else f"{dtype}{shape}"
+
+
+_ROWS_SHOWN = 30  # rows beyond tolerance printed per golden and table; --json has them all
+
+
+def _print_golden(d: GoldenDiff) -> None:
+    """The human report of one golden's differences."""
+    metrics = [r for r in d.rows if r.kind == "metric"]
+    tensors = [r for r in d.rows if r.kind == "tensor"]
+    if d.one_sided:
+        print(f"{d.label}: DIFFERS: {d.problems[0]}")
+        return
+    verdict = f"DIFFERS ({d.differences} beyond tolerance)" if d.differences else "ok"
+    print(f"{d.label}: {verdict}; {len(metrics)} metric values, {len(tensors)} tensors compared")
+    first = d.first_divergence()
+    if metrics:
+        table = [
+            (
+                "metric",
+                "first divergence",
+                "steps beyond",
+                "max abs diff",
+                "max rel diff",
+                "allowed",
             )
-    for row in rows:
-        print(row)
-    print(f"{len(rows)} compared, {failures} differ beyond tolerance")
-    return 1 if failures else 0
+        ]
+        for name in dict.fromkeys(r.name for r in metrics):
+            rows = [r for r in metrics if r.name == name]
+            bad = sum(not r.ok for r in rows)
+            compared = [r for r in rows if r.compared and r.detail[:4] != "only"]
+            table.append(
+                (
+                    name,
+                    "-" if first[name] is None else f"step {first[name]}",
+                    f"{bad}/{len(rows)}",
+                    _g(max((r.abs_max for r in compared), default=None)),
+                    _g(max((r.rel_max for r in compared), default=None)),
+                    _allowed(rows[0]),
+                )
+            )
+        print("\n".join(_table(table)))
+        failing = [r for r in metrics if not r.ok]
+        if failing:
+            table = [("metric", "step", "A", "B", "abs diff", "rel diff", "")]
+            for r in failing[:_ROWS_SHOWN]:
+                table.append(
+                    (
+                        r.name,
+                        r.step,
+                        _value(r.expected),
+                        _value(r.actual),
+                        _g(r.abs_max),
+                        _g(r.rel_max),
+                        r.detail.replace("\n", "; "),
+                    )
+                )
+            print("  metric values beyond tolerance:")
+            print("\n".join(_table(table, "    ")))
+            if len(failing) > _ROWS_SHOWN:
+                print(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+    failing = [r for r in tensors if not r.ok]
+    if failing:
+        table = [
+            (
+                "tensor",
+                "step",
+                "rank",
+                "micro",
+                "A",
+                "B",
+                "mismatched",
+                "max abs",
+                "mean abs",
+                "max rel",
+                "mean rel",
+                "first divergence",
+                "allowed",
+            )
+        ]
+        for r in failing[:_ROWS_SHOWN]:
+            table.append(
+                (
+                    r.name,
+                    *_where(r),
+                    _shape(r, 0),
+                    _shape(r, 1),
+                    f"{r.mismatched}/{r.numel}" if r.numel else "-",
+                    _g(r.abs_max),
+                    _g(r.abs_mean),
+                    _g(r.rel_max),
+                    _g(r.rel_mean),
+                    "-" if first[r.name] is None else f"step {first[r.name]}",
+                    _allowed(r),
+                )
+            )
+        print("  tensors beyond tolerance:")
+        print("\n".join(_table(table, "    ")))
+        if len(failing) > _ROWS_SHOWN:
+            print(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+        for r in failing[:_ROWS_SHOWN]:
+            if r.detail and "\n" in r.detail:
+                print(f"    {r.name} (step {_g(r.step)}):")
+                print("\n".join("      " + line for line in r.detail.splitlines()))
+    if tensors and len(failing) < len(tensors):
+        print(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
+    ignored = sorted({r.name for r in d.rows if not r.compared})
+    if ignored:
+        print(f"  not compared (excluded on purpose): {', '.join(ignored)}")
+    for problem in d.problems:
+        print(f"  {problem}")
+
+
+def _allowed(row: Any) -> str:
+    if not row.compared:
+        return f"not compared ({row.source})"
+    if not row.allowed:
+        return "-"
+    return f"{row.allowed} ({row.source})" if row.source else row.allowed
+
+
+def diff(a: Path, b: Path, resolver: Resolver, *, as_json: bool = False, config: str = "") -> int:
+    """Compare B against A; print a table (or JSON); exit status 0 same, 1 differs."""
+    from .diff import diff_paths, summary
+
+    diffs = diff_paths(a, b, resolver)
+    counts = summary(diffs)
+    differs = counts["differ"] + counts["one_sided"]
+    if as_json:
+        document = {
+            "format": "pytest-rollout-golden-diff",
+            "version": 1,
+            "a": str(a),
+            "b": str(b),
+            "tolerance_config": config or None,
+            "ok": not differs,
+            "summary": counts,
+            "goldens": [d.to_json() for d in diffs],
+        }
+        print(json.dumps(document, indent=2, allow_nan=False))
+        return 1 if differs else 0
+    print(f"A: {a}\nB: {b}")
+    if config:
+        print(f"tolerances also from {config}")
+    for d in diffs:
+        print()
+        _print_golden(d)
+    print()
+    print(
+        f"{counts['goldens']} golden{'s' if counts['goldens'] != 1 else ''} compared: "
+        f"{counts['differ']} differ beyond tolerance, {counts['within_tolerance']} within "
+        f"tolerance, {counts['one_sided']} on one side only"
+    )
+    return 1 if differs else 0
+
+
+def plot(a: Path, b: Path | None, out: Path, resolver: Resolver) -> int:
+    """Draw the metric curves of golden ``a`` (against ``b``) into ``out``."""
+    from .diff import METRICS, diff_goldens, load_golden
+    from .plot import plot_metrics, series
+
+    curves = []
+    for path in (a, b):
+        if path is None:
+            continue
+        if not (path / store.MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {store.MANIFEST}; plot takes golden directories")
+        curves.append(series(load_golden(path)[1].get(METRICS, {}).get("steps", {})))
+    first, allowed = None, None
+    if b is not None:
+        result = diff_goldens(a, b, resolver, label=a.name)
+        first = {n: s for n, s in result.first_divergence().items()}
+        allowed = {}
+        for row in result.rows:
+            if row.kind == "metric" and row.compared and row.allowed:
+                tol = resolver.resolve(row.name)[0]
+                allowed[row.name] = (tol.rtol, tol.atol)
+    title = f"{a}" if b is None else f"{a} vs {b}"
+    labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
+    plot_metrics(
+        curves[0],
+        out,
+        b=curves[1] if b is not None else None,
+        labels=labels,
+        title=title,
+        first_divergence=first,
+        allowed=allowed,
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+def import_dumps(args: argparse.Namespace) -> int:
+    """Convert a folder of framework dumps into a golden directory."""
+    from .dumps import convert
+
+    done = convert(
+        args.source,
+        args.output,
+        layout=args.layout,
+        name=args.name,
+        trust_pickle=args.trust_pickle,
+        test_id=args.test or "",
+    )
+    for entry, filename in done:
+        print(f"{entry.path} -> {filename}")
+    print(f"wrote golden {args.output} ({len(done)} files); check it with: rollout-golden verify")
+    return 0
+
+
+def _resolver(args: argparse.Namespace) -> tuple[Resolver, str]:
+    """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
+    from .projectini import find_config, linelist
+
+    cli = Layer("--tolerance", dict(parse_spec(x) for x in args.tolerance), order=CLI)
+    layers = [Layer("--ignore", dict.fromkeys(args.ignore, IGNORE), order=CLI), cli]
+    config = ""
+    if not args.no_config:
+        paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
+        path, options = find_config(paths)
+        if args.config and path is None:
+            raise GoldenError(f"{args.config}: not a pytest configuration file")
+        if path is not None:
+            config = str(path)
+            specs = linelist(options.get("golden_tolerances"))
+            layers.append(
+                Layer(
+                    "ini golden_ignore",
+                    dict.fromkeys(linelist(options.get("golden_ignore")), IGNORE),
+                    order=INI,
+                )
+            )
+            try:
+                layers.append(
+                    Layer("ini golden_tolerances", dict(map(parse_spec, specs)), order=INI)
+                )
+            except ValueError as exc:
+                raise GoldenError(f"{path}: golden_tolerances: {exc}") from None
+    return Resolver([*layers, builtin_layer()], exact=args.exact), config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,22 +438,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_verify.add_argument("paths", nargs="*", type=Path, default=[Path("golden")])
     p_show = sub.add_parser("show", help="print a golden directory or a .safetensors batch")
     p_show.add_argument("path", type=Path)
-    p_diff = sub.add_parser("diff", help="compare B against A with the plugin's tolerances")
+    p_show.add_argument("--json", action="store_true", help="machine-readable output")
+    p_plot = sub.add_parser("plot", help="draw metric curves of golden A (against B) to a PNG")
+    p_plot.add_argument("a", type=Path)
+    p_plot.add_argument("b", type=Path, nargs="?")
+    p_plot.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
+    p_import = sub.add_parser(
+        "import",
+        help="convert verl/ROLL/NexRL/AReaL/slime dumps into a golden directory",
+        description="Convert a folder of framework dumps into a golden directory. Dumps are "
+        "pickles or torch.save files: each is loaded with torch.load(weights_only=True) when "
+        "that suffices; anything else needs --trust-pickle, because unpickling runs code named "
+        "in the file.",
+    )
+    p_import.add_argument("source", type=Path, help="the dump folder")
+    p_import.add_argument("-o", "--output", type=Path, required=True, help="golden to write")
+    p_import.add_argument("--layout", choices=("verl", "roll", "nexrl", "areal", "slime"))
+    p_import.add_argument("--name", default="rollout", help="rollout name (golden.rollout(name=))")
+    p_import.add_argument("--test", help="test id recorded in the manifest")
+    p_import.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow full unpickling of dumps that need it (runs code from the files)",
+    )
+    p_diff = sub.add_parser(
+        "diff", help="compare B against A (goldens, golden roots or batch files)"
+    )
     p_diff.add_argument("a", type=Path)
     p_diff.add_argument("b", type=Path)
     p_diff.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
+    p_diff.add_argument(
+        "--ignore", action="append", default=[], metavar="NAME", help="do not compare (glob)"
+    )
     p_diff.add_argument("--exact", action="store_true", help="demand bit equality")
+    p_diff.add_argument("--json", action="store_true", help="machine-readable output")
+    p_diff.add_argument(
+        "--config", type=Path, help="pytest configuration file to read golden_tolerances from"
+    )
+    p_diff.add_argument(
+        "--no-config", action="store_true", help="ignore the project's golden_tolerances"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "verify":
             return verify(args.paths)
         if args.command == "show":
-            return show(args.path)
+            return show(args.path, as_json=args.json)
+        if args.command == "import":
+            return import_dumps(args)
+        if args.command == "plot":
+            args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
+            args.no_config = False
+            resolver, _ = _resolver(args)
+            return plot(args.a, args.b, args.output, resolver)
         try:
-            layer = Layer("--tolerance", dict(parse_spec(s) for s in args.tolerance))
+            resolver, config = _resolver(args)
         except ValueError as exc:
             parser.error(str(exc))
-        return diff(args.a, args.b, Resolver([layer, builtin_layer()], exact=args.exact))
+        return diff(args.a, args.b, resolver, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

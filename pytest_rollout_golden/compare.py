@@ -15,6 +15,7 @@ from typing import Any
 from .tolerance import Resolver, Tolerance
 
 PASS, FAIL, MISSING, NEW, UPDATED = "pass", "fail", "missing", "new", "updated"
+IGNORED = "not compared"  # excluded on purpose by a tolerance entry (Tolerance.ignore)
 
 
 @dataclasses.dataclass
@@ -65,12 +66,24 @@ def json_number(value: Any) -> Any:
 
 @dataclasses.dataclass
 class Difference:
-    """Outcome of :func:`compare_values`."""
+    """Outcome of :func:`compare_values`.
+
+    ``abs_diff``/``rel_diff`` are the greatest differences, ``abs_mean``/``rel_mean``
+    their means over the elements where they are finite (NaN against a number, and a
+    relative difference against 0, are left out), ``mismatched`` the count beyond
+    tolerance. The differences are NaN when shapes or dtypes differ or the value was
+    not compared.
+    """
 
     ok: bool
     abs_diff: float
     rel_diff: float
     detail: str = ""
+    mismatched: int = 0
+    numel: int = 0
+    abs_mean: float = 0.0
+    rel_mean: float = 0.0
+    compared: bool = True
 
 
 def _as_tensor(value: Any) -> Any:
@@ -117,25 +130,39 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
     """Compare ``actual`` with ``expected`` (tensors, arrays or numbers) under ``tol``."""
     import torch
 
+    if tol.ignore:
+        return Difference(True, math.nan, math.nan, "not compared", compared=False)
     e, a = _as_tensor(expected), _as_tensor(actual)
     if a.device != e.device:
         a = a.to(e.device)
+    n = e.numel()
     if e.shape != a.shape:
         return Difference(
             False,
             math.nan,
             math.nan,
             f"shape {tuple(a.shape)} differs from the recorded {tuple(e.shape)}",
+            mismatched=max(n, a.numel()),
+            numel=n,
+            abs_mean=math.nan,
+            rel_mean=math.nan,
         )
     if check_dtype and e.dtype != a.dtype:
         return Difference(
-            False, math.nan, math.nan, f"dtype {a.dtype} differs from the recorded {e.dtype}"
+            False,
+            math.nan,
+            math.nan,
+            f"dtype {a.dtype} differs from the recorded {e.dtype}",
+            mismatched=n,
+            numel=n,
+            abs_mean=math.nan,
+            rel_mean=math.nan,
         )
     if tol.exact and e.dtype == a.dtype and torch.equal(_bits(e), _bits(a)):
-        return Difference(True, 0.0, 0.0)
+        return Difference(True, 0.0, 0.0, numel=n)
     if not tol.exact and e.dtype == a.dtype and torch.equal(e, a):
-        return Difference(True, 0.0, 0.0)
-    if e.numel() == 0:
+        return Difference(True, 0.0, 0.0, numel=n)
+    if n == 0:
         return Difference(True, 0.0, 0.0)
 
     stats = _Stats()
@@ -146,13 +173,20 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
         if e.dtype == a.dtype and (
             torch.equal(_bits(ce), _bits(ca)) if bitwise else torch.equal(ce, ca)
         ):
+            stats.abs_count += ce.numel()  # all-zero differences
+            stats.rel_count += ce.numel()
             continue  # equal chunks (NaN never equals itself here) cannot hold a mismatch
         stats.add(start, *_chunk_analysis(ce, ca, tol, bitwise))
+    means = {
+        "mismatched": stats.bad,
+        "numel": n,
+        "abs_mean": stats.abs_sum / stats.abs_count if stats.abs_count else math.nan,
+        "rel_mean": stats.rel_sum / stats.rel_count if stats.rel_count else math.nan,
+    }
     if stats.bad == 0:
-        return Difference(True, stats.abs_max, stats.rel_max)
+        return Difference(True, stats.abs_max, stats.rel_max, **means)
     if e.dim() == 0:
-        return Difference(False, stats.abs_max, stats.rel_max, "")
-    n = e.numel()
+        return Difference(False, stats.abs_max, stats.rel_max, "", **means)
     lines = [f"Mismatched elements: {stats.bad} / {n} ({100.0 * stats.bad / n:.1f}%)"]
     if stats.nan_vs_value:
         lines.append(
@@ -171,7 +205,7 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
         f"Greatest relative difference: {stats.rel_max:.6g} at index "
         f"{_index(stats.rel_idx, e.shape)} (up to {allowed_rel} allowed)"
     )
-    return Difference(False, stats.abs_max, stats.rel_max, "\n".join(lines))
+    return Difference(False, stats.abs_max, stats.rel_max, "\n".join(lines), **means)
 
 
 # Elements analysed at a time: the temporaries of one chunk stay in cache, and a
@@ -191,6 +225,10 @@ class _Stats:
     abs_idx: int = 0
     rel_max: float = 0.0
     rel_idx: int = 0
+    abs_sum: float = 0.0
+    abs_count: int = 0  # elements whose absolute difference is finite
+    rel_sum: float = 0.0
+    rel_count: int = 0  # elements whose relative difference is finite
 
     def add(
         self,
@@ -201,7 +239,13 @@ class _Stats:
         nan_vs_nan: int,
         greatest_abs: tuple[float, int],
         greatest_rel: tuple[float, int],
+        sums: tuple[float, int, float, int],
     ) -> None:
+        abs_sum, abs_count, rel_sum, rel_count = sums
+        self.abs_sum += abs_sum
+        self.abs_count += abs_count
+        self.rel_sum += rel_sum
+        self.rel_count += rel_count
         self.bad += bad
         if nan_vs_value and self.first_nan < 0:
             self.first_nan = start + first_nan
@@ -246,6 +290,7 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     rel = diff / e.abs()
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     bad = ~ok
+    sums = (*_finite_sum(diff), *_finite_sum(rel))
     nan_mismatch = e_nan ^ a_nan
     n_nan = int(torch.count_nonzero(nan_mismatch))
     first_nan = int(torch.nonzero(nan_mismatch)[0, 0]) if n_nan else -1
@@ -256,7 +301,17 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
         int(torch.count_nonzero(both_nan & bad)),
         _greatest(diff),
         _greatest(rel),
+        sums,
     )
+
+
+def _finite_sum(values: Any) -> tuple[float, int]:
+    """Sum and count of the finite elements (one pass when all are finite, the usual case)."""
+    total = float(values.sum())
+    if math.isfinite(total):
+        return total, values.numel()
+    finite = values.isfinite()
+    return float(values[finite].sum()), int(finite.sum())
 
 
 def dtype_name(value: Any) -> str:

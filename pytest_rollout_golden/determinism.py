@@ -15,7 +15,11 @@ DETERMINISTIC_ENV = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "NCCL_ALGO": "Ring",
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+    # Read by torch._inductor.config when it is first imported: a test that compiles
+    # gets inductor's deterministic mode without every test paying that import.
+    "TORCHINDUCTOR_DETERMINISTIC": "1",
 }
+_INDUCTOR_CONFIG = "torch._inductor.config"
 
 
 @contextlib.contextmanager
@@ -27,7 +31,8 @@ def deterministic(seed: int = 0, *, warn_only: bool = False) -> Iterator[int]:
     cuDNN deterministic and non-benchmark, and exports ``CUBLAS_WORKSPACE_CONFIG``,
     ``NCCL_ALGO=Ring`` and ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``. Enter it before
     the model and the process groups are built: libraries such as Transformer
-    Engine and NCCL read their variables once.
+    Engine and NCCL read their variables once. Inductor's ``deterministic`` setting
+    is applied too, without importing inductor when nothing uses it.
     """
     import numpy as np
     import torch
@@ -56,7 +61,7 @@ def deterministic(seed: int = 0, *, warn_only: bool = False) -> Iterator[int]:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)  # seeds every CUDA device as well
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        _set_deterministic_algorithms(torch, True, warn_only)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         yield seed
     finally:
@@ -70,8 +75,21 @@ def deterministic(seed: int = 0, *, warn_only: bool = False) -> Iterator[int]:
         torch.random.set_rng_state(torch_state)
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
-        torch.use_deterministic_algorithms(algorithms[0], warn_only=algorithms[1])
+        _set_deterministic_algorithms(torch, algorithms[0], algorithms[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
+def _set_deterministic_algorithms(torch: Any, mode: bool, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` minus its import of inductor (~1 s).
+
+    If inductor is loaded, its setting follows ``mode`` as torch would set it;
+    if not, ``TORCHINDUCTOR_DETERMINISTIC`` (exported by :func:`deterministic`)
+    sets it when inductor is first imported.
+    """
+    inductor_config = sys.modules.get(_INDUCTOR_CONFIG)
+    if inductor_config is not None:
+        inductor_config.deterministic = mode
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 def fingerprint() -> dict[str, Any]:

@@ -7,6 +7,7 @@ golden is first read, written or compared.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from .location import golden_dir, shared_golden_dir
 from .parallel.environment import torchrun_rank
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
-from .tolerance import Layer, Resolver, builtin_layer, parse_spec
+from .tolerance import CLI, IGNORE, INI, LAYOUT, MARKER, Layer, Resolver, builtin_layer, parse_spec
 
 if TYPE_CHECKING:
     from .replay import Golden, ReplayOnly
@@ -34,14 +35,19 @@ _PLUGIN = pytest.StashKey["GoldenPlugin"]()
 _GOLDEN = pytest.StashKey["Golden"]()
 _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
+_CALIBRATION_RUN = pytest.StashKey[int]()
+_SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
+# Fingerprint fields that --golden-calibrate's perturbations change (see calibrate.perturbed).
+PERTURBED = ("cpu_threads", "deterministic_algorithms", "cudnn_deterministic", "tf32_matmul")
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
-    "golden(key=None, shared=None, tolerances=None, exact=False, deterministic=True, seed=None, "
-    "rebuild=None, variant=None, reference=None, layout_tolerances=None): configure the golden "
-    "of this test; key= shares it within a file, shared= across files; variant/reference: a "
-    "layout variant that replays the reference's golden (see parallel.variants())"
+    "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
+    "seed=None, rebuild=None, variant=None, reference=None, layout_tolerances=None): configure "
+    "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
+    "metrics/tensors not compared; variant/reference: a layout variant that replays the "
+    "reference's golden (see parallel.variants())"
 )
-_OPTIONS = {"key", "tolerances", "exact", "deterministic", "seed", "rebuild"}
+_OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
 
 
@@ -76,9 +82,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="per-metric tolerance, e.g. grad_norm:rtol=3e-2,atol=1e-4 (repeatable)",
     )
     group.addoption(
+        "--golden-ignore",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not compare this metric or tensor (glob; repeatable); listed as 'not compared'",
+    )
+    group.addoption(
         "--golden-exact",
         action="store_true",
         help="demand bit equality for every metric and tensor",
+    )
+    group.addoption(
+        "--golden-plot",
+        metavar="DIR",
+        help="write a PNG of metric curves (recorded vs this run) per failed golden to DIR "
+        "(needs matplotlib: pip install 'pytest-rollout-golden[plot]')",
+    )
+    group.addoption(
+        "--golden-calibrate",
+        type=int,
+        metavar="N",
+        help="run each selected golden test N times under perturbed reduction orders and write "
+        "calibrated tolerances (spread x margin) into tolerances.json of its golden",
+    )
+    group.addoption(
+        "--golden-calibrate-perturb",
+        action="append",
+        choices=("threads", "nondeterministic", "tf32"),
+        metavar="KIND",
+        help="what --golden-calibrate varies between runs: threads (default), "
+        "nondeterministic, tf32 (GPU; repeatable)",
     )
     group.addoption(
         "--golden-prune",
@@ -99,6 +133,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type="linelist",
         default=[],
     )
+    parser.addini(
+        "golden_ignore",
+        "metrics or tensors (globs) not compared, one per line",
+        type="linelist",
+        default=[],
+    )
     parser.addini("golden_seed", "seed of the deterministic settings", default="0")
     parser.addini(
         "golden_deterministic",
@@ -112,7 +152,7 @@ def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _layer(source: str, specs: list[str]) -> Layer:
+def _layer(source: str, specs: list[str], order: int) -> Layer:
     entries = {}
     for spec in specs:
         try:
@@ -120,7 +160,22 @@ def _layer(source: str, specs: list[str]) -> Layer:
         except ValueError as exc:
             raise pytest.UsageError(f"{source}: {exc}") from None
         entries[name] = tol
-    return Layer(source, entries)
+    return Layer(source, entries, order=order)
+
+
+def _ignore_layer(source: str, names: Any, tolerances: Layer) -> Layer:
+    """A "not compared" entry per name, at the level of ``tolerances`` (and before it)."""
+    if isinstance(names, str):
+        names = [names]
+    for name in names or ():
+        if not isinstance(name, str) or not name:
+            raise pytest.UsageError(f"{source}: takes metric or tensor names, got {name!r}")
+        if not tolerances.entries.get(name, IGNORE).ignore:
+            raise pytest.UsageError(
+                f"{name!r} has a tolerance in {tolerances.source} and is ignored by {source}; "
+                "choose one"
+            )
+    return Layer(source, dict.fromkeys(names or (), IGNORE), order=tolerances.order)
 
 
 class GoldenPlugin:
@@ -131,9 +186,18 @@ class GoldenPlugin:
         opt = config.option
         if opt.update_golden and opt.golden_strict:
             raise pytest.UsageError("--update-golden and --golden-strict exclude each other")
+        self.calibrate = opt.golden_calibrate or 0
+        self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
+        if opt.golden_calibrate is not None and self.calibrate < 2:
+            raise pytest.UsageError("--golden-calibrate N needs N >= 2 runs to measure a spread")
+        if self.calibrate and opt.update_golden:
+            raise pytest.UsageError(
+                "--golden-calibrate measures the noise around existing goldens; "
+                "record them first, without --update-golden"
+            )
         if opt.update_golden:
             self.mode = "update"
-        elif opt.golden_strict or _truthy_env("CI"):
+        elif opt.golden_strict or _truthy_env("CI") or self.calibrate:
             self.mode = "strict"
         else:
             self.mode = "auto"
@@ -149,8 +213,14 @@ class GoldenPlugin:
             if self.root.is_dir():
                 shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
             self.root, self.mode = self.snapshot, "strict"
-        self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
-        self.ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
+        self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance, order=CLI)
+        self.ini_layer = _layer(
+            "ini golden_tolerances", config.getini("golden_tolerances"), order=INI
+        )
+        self.cli_ignore = _ignore_layer("--golden-ignore", opt.golden_ignore, self.cli_layer)
+        self.ini_ignore = _ignore_layer(
+            "ini golden_ignore", config.getini("golden_ignore"), self.ini_layer
+        )
         self.builtin = builtin_layer()
         try:
             self.seed = int(config.getini("golden_seed"))
@@ -166,6 +236,11 @@ class GoldenPlugin:
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
         self.registry = UpdateRegistry(self.token)
         self.state = SessionState()
+        self.plot_dir = Path(opt.golden_plot) if opt.golden_plot else None
+        if self.plot_dir is not None and importlib.util.find_spec("matplotlib") is None:
+            from .plot import MISSING_MATPLOTLIB
+
+            raise pytest.UsageError(f"--golden-plot: {MISSING_MATPLOTLIB}")
         self.unused: list[Path] = []
         self.pruned: list[Path] = []
         self.prune_note = ""
@@ -203,16 +278,30 @@ class GoldenPlugin:
         from .replay import Golden, Mode
 
         options = self.marker_options(item)
-        marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
+        marker_layer = Layer(
+            "@pytest.mark.golden(tolerances=)", options.get("tolerances") or {}, order=MARKER
+        )
+        marker_ignore = _ignore_layer(
+            "@pytest.mark.golden(ignore=)", options.get("ignore"), marker_layer
+        )
         item.stash[_MARKER_LAYER] = marker_layer
         exact = bool(options.get("exact")) or self.config.option.golden_exact
-        layers = [marker_layer, self.cli_layer, self.ini_layer, self.builtin]
+        layers = [
+            marker_ignore,
+            marker_layer,
+            self.cli_ignore,
+            self.cli_layer,
+            self.ini_ignore,
+            self.ini_layer,
+            self.builtin,
+        ]
         replay_only = None
         if _replays_reference(options):
             # Another layout recorded these values: the layout lane replaces the same-layout
             # defaults (the user's own marker tolerances still come first), never bit-exact.
-            lane = Layer("layout lane", options.get("layout_tolerances") or {})
-            layers.insert(1, lane)
+            layers.append(
+                Layer("layout lane", options.get("layout_tolerances") or {}, order=LAYOUT)
+            )
             exact = bool(options.get("exact"))
             replay_only = _reference_recipe(options)
         return Golden(
@@ -249,27 +338,72 @@ class GoldenPlugin:
                 golden.outcome.status = "failed"
             if golden.outcome.status == "failed" and _expected_to_fail(item):
                 golden.outcome.status = "xfailed"
-            self.state.add_outcome(golden.outcome.to_json())
+            outcome = golden.outcome.to_json()
+            if _CALIBRATION_RUN in item.stash:
+                self._calibration_sample(item, golden, test_error=error)
+                outcome["environment_changes"] = [  # not those calibration makes on purpose
+                    c for c in outcome["environment_changes"] if c.split(":")[0] not in PERTURBED
+                ]
+            self.state.add_outcome(outcome)
+            if self.plot_dir is not None and outcome["status"] == "failed":
+                self._plot(item, outcome)
+
+    def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
+        """Keep this run's metrics, unless the test is expected to fail or raised itself."""
+        directory = str(golden.directory)
+        runs = self.state.calibration.setdefault(directory, {}).setdefault(item.nodeid, [])
+        if test_error or _expected_to_fail(item):
+            self.state.calibration_skipped.setdefault(directory, {})[item.nodeid] = (
+                "expected to fail (xfail)" if _expected_to_fail(item) else "the test raised"
+            )
+            return
+        runs.append(golden.checked_metrics())
+
+    def write_calibration(self) -> None:
+        """Derive and write ``tolerances.json`` for every golden calibrated this session."""
+        from .calibrate import calibrate_goldens
+
+        below = [  # fresh copies: resolving here must not count as using a tolerance
+            Layer(layer.source, layer.entries, order=layer.order)
+            for layer in (*self._session_layers(), self.builtin)
+        ]
+        self.state.calibrated = calibrate_goldens(
+            self.state.calibration,
+            self.state.calibration_skipped,
+            Resolver(below),
+            runs=self.calibrate,
+            perturbations=self.perturb,
+        )
+
+    def _plot(self, item: pytest.Item, outcome: dict[str, Any]) -> None:
+        from .location import safe_name
+        from .plot import plot_outcome
+
+        if not any(c["kind"] == "metric" for c in outcome["comparisons"]):
+            return
+        path = self.plot_dir / f"{safe_name(item.nodeid)}.png"
+        self.state.plots.append(str(plot_outcome(outcome, path)))
 
     # ------------------------------------------------------------------ session end
 
+    def _session_layers(self) -> tuple[Layer, ...]:
+        return (self.cli_ignore, self.cli_layer, self.ini_ignore, self.ini_layer)
+
     def used_tolerances(self) -> set[str]:
         return {
-            f"{layer.source} {name!r}"
-            for layer in (self.cli_layer, self.ini_layer)
-            for name in layer.used
+            f"{layer.source} {name!r}" for layer in self._session_layers() for name in layer.used
         }
 
     def unused_tolerances(self) -> list[str]:
         names = [
-            f"{layer.source} {name!r}"
-            for layer in (self.cli_layer, self.ini_layer)
-            for name in layer.entries
+            f"{layer.source} {name!r}" for layer in self._session_layers() for name in layer.entries
         ]
         return [n for n in names if n not in self.state.used_tolerances]
 
     def close(self, session: pytest.Session) -> None:
         self.state.used_tolerances |= self.used_tolerances()
+        if self.calibrate:
+            self.write_calibration()
         if self.state.expected_dirs or self.config.option.golden_prune:
             self.unused = self.state.unused_dirs(self.root, self.rootdir)
         if self.config.option.golden_prune and self.unused:
@@ -376,8 +510,38 @@ class _XdistHooks:
             self.plugin.state.merge_json(output)
 
 
+def _calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
+    """``item`` and ``runs - 1`` copies of it (same node id, fresh fixtures), numbered."""
+    copies = [item]
+    if isinstance(item, pytest.Function):
+        for _ in range(runs - 1):
+            copies.append(
+                pytest.Function.from_parent(
+                    item.parent,
+                    name=item.name,
+                    callspec=getattr(item, "callspec", None),
+                    callobj=item.obj,
+                    fixtureinfo=item._fixtureinfo,
+                    originalname=item.originalname,
+                )
+            )
+    for run, copy in enumerate(copies):
+        copy.stash[_CALIBRATION_RUN] = run
+    return copies
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     plugin = config.stash[_PLUGIN]
+    if plugin.calibrate:
+        items[:] = [
+            copy
+            for item in items
+            for copy in (
+                _calibration_copies(item, plugin.calibrate)
+                if "golden" in getattr(item, "fixturenames", ())
+                else [item]
+            )
+        ]
     for arg in config.args:
         if "::" in arg:
             # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
@@ -397,12 +561,18 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     plugin = item.config.stash[_PLUGIN]
+    stack = contextlib.ExitStack()
     if plugin.wants_determinism(item):
         from .determinism import deterministic
 
-        stack = contextlib.ExitStack()
         stack.enter_context(deterministic(plugin.seed_of(item)))
-        item.stash[_DETERMINISM] = stack
+        item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+    if _CALIBRATION_RUN in item.stash:
+        from .calibrate import perturbed
+
+        how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], plugin.perturb))
+        item.user_properties.append(("golden_calibration_run", how))
+        item.stash[_SETTINGS] = stack
     return (yield)
 
 
@@ -425,7 +595,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
         return (yield)
     finally:
         item.config.stash[_PLUGIN].finish(item, error=True)  # no-op once finished
-        stack = item.stash.get(_DETERMINISM, None)
+        stack = item.stash.get(_SETTINGS, item.stash.get(_DETERMINISM, None))
         if stack is not None:
             stack.close()
 

@@ -24,7 +24,17 @@ from typing import Any, Protocol
 
 from . import metrics as metric_codec
 from . import store
-from .compare import FAIL, MISSING, NEW, PASS, UPDATED, Comparison, compare_named, dtype_name
+from .compare import (
+    FAIL,
+    IGNORED,
+    MISSING,
+    NEW,
+    PASS,
+    UPDATED,
+    Comparison,
+    compare_named,
+    dtype_name,
+)
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,
@@ -36,6 +46,7 @@ from .location import safe_name
 from .tolerance import Layer, Resolver, Tolerance, builtin_layer
 
 METRICS = "metrics.json"
+TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 
 
@@ -95,6 +106,19 @@ class Outcome:
         }
 
 
+def rollout_filename(name: str, step: int) -> str:
+    """The file of rollout batch ``name`` at ``step`` inside a golden directory."""
+    return f"rollout-{safe_name(name, strict=True)}-step{step:06d}.safetensors"
+
+
+def tensors_filename(name: str, step: int, rank: int | None, micro: int | None) -> str:
+    """The file of ``check_tensors(name, ...)`` at ``step`` (rank, micro-batch)."""
+    filename = f"tensors-{safe_name(name, strict=True)}-step{step:06d}"
+    filename += "" if rank is None else f"-rank{int(rank)}"
+    filename += "" if micro is None else f"-micro{int(micro)}"
+    return filename + ".safetensors"
+
+
 def _step_key(step: int) -> str:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
@@ -133,6 +157,7 @@ class Golden:
         self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
         self._touched: set[str] = set()
         self._finished = False
+        self._drop_tolerances = False
 
     # ------------------------------------------------------------------ opening
 
@@ -158,6 +183,9 @@ class Golden:
         updated = self._registry is not None and self._registry.contains(self.directory)
         if self._manifest is not None and self.mode is Mode.UPDATE and updated:
             self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
+        calibrated = self.calibrated_layer()
+        if calibrated is not None:
+            self._resolver = self._resolver.with_layer(calibrated)
         if self._manifest is not None and self.mode is not Mode.UPDATE:
             from .determinism import fingerprint, fingerprint_changes
 
@@ -165,6 +193,25 @@ class Golden:
             self._outcome.environment_changes = changes
             if changes and self._resolver.exact:
                 self._resolver = Resolver(self._resolver.layers, exact=False)
+
+    def calibrated_layer(self) -> Layer | None:
+        """The tolerances ``--golden-calibrate`` wrote into this golden, if any."""
+        info = self._old_files().get(TOLERANCES)
+        if info is None:
+            return None
+        document = self._load_for_update(TOLERANCES, info, None)
+        if document is None:  # damaged, and --update-golden is the remedy: drop it
+            self._drop_tolerances = True
+            return None
+        from .calibrate import calibrated_layer
+
+        try:
+            return calibrated_layer(document, self.directory / TOLERANCES)
+        except GoldenFormatError:
+            if self.mode is not Mode.UPDATE:
+                raise
+            self._drop_tolerances = True
+            return None
 
     @property
     def _replaying(self) -> bool:
@@ -194,7 +241,7 @@ class Golden:
     def _load(self, filename: str, info: Mapping[str, Any]) -> Any:
         path, digest = self.directory / filename, info["digest"]
         try:
-            if filename == METRICS:
+            if filename.endswith(".json"):
                 return store.read_json(path, expect_digest=digest)
             return store.load_batch(path, rebuild=self._rebuild, expect_digest=digest)
         except FileNotFoundError:
@@ -260,7 +307,7 @@ class Golden:
         """
         key = _step_key(step)
         self._open()
-        filename = f"rollout-{safe_name(name, strict=True)}-step{int(key):06d}.safetensors"
+        filename = rollout_filename(name, int(key))
         self._touched.add(filename)
         if self._tx is not None and filename in self._tx.files:
             return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
@@ -341,10 +388,7 @@ class Golden:
         self._open()
         if not isinstance(tensors, Mapping) or not tensors:
             raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
-        filename = f"tensors-{safe_name(name, strict=True)}-step{int(key):06d}"
-        filename += "" if rank is None else f"-rank{int(rank)}"
-        filename += "" if micro is None else f"-micro{int(micro)}"
-        filename += ".safetensors"
+        filename = tensors_filename(name, int(key), rank, micro)
         if filename in self._tensor_files:
             raise ValueError(
                 f"check_tensors({name!r}) at step {step}, rank {rank}, micro {micro} was already "
@@ -377,7 +421,7 @@ class Golden:
             diff, tol, source = compare_named(
                 label, old[tensor_name], value, self._resolver, check_dtype=True
             )
-            verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
+            verdict = _verdict(self.mode, diff.ok, tol)
             results.append(
                 Comparison(
                     label,
@@ -422,7 +466,7 @@ class Golden:
         where = f"metric {name!r} at step {step}"
         expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
         diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
-        verdict = UPDATED if self.mode is Mode.UPDATE else (PASS if diff.ok else FAIL)
+        verdict = _verdict(self.mode, diff.ok, tol)
         return Comparison(
             name,
             step,
@@ -435,6 +479,9 @@ class Golden:
             tolerance_source=source,
             detail=diff.detail if diff.ok is False else "",
         )
+
+    def _ignored(self, name: str) -> bool:
+        return self._resolver.resolve(name)[0].ignore
 
     def _warn_unused(self, layer: Layer, at: tuple[str, int] | None = None) -> None:
         """Warn about ``layer``'s unmatched entries, at the caller of check() or at ``at``."""
@@ -506,7 +553,7 @@ class Golden:
         out = []
         for step, names in self._recorded_metrics().items():
             for name in names:
-                if (step, name) not in seen:
+                if (step, name) not in seen and not self._ignored(name):
                     out.append(
                         Comparison(
                             name,
@@ -517,7 +564,11 @@ class Golden:
                         )
                     )
         for filename, info in self._old_files().items():
-            if info.get("kind") == "tensors" and filename not in self._touched:
+            if (
+                info.get("kind") == "tensors"
+                and filename not in self._touched
+                and not self._ignored(info["name"])
+            ):
                 out.append(
                     Comparison(
                         info["name"],
@@ -547,8 +598,13 @@ class Golden:
         for filename, info in self._old_files().items():
             if filename in tx.files or filename == METRICS:
                 continue
-            if self.mode is Mode.UPDATE and filename not in self._touched:
+            if filename == TOLERANCES and self._drop_tolerances:
                 continue
+            kept_on_update = filename in self._touched or (
+                filename == TOLERANCES and not self._drop_tolerances
+            )
+            if self.mode is Mode.UPDATE and not kept_on_update:
+                continue  # calibrated tolerances describe the setup's noise: kept on update
             tx.keep(filename, info)
         if steps:
             ordered = {k: steps[k] for k in sorted(steps, key=int)}
@@ -586,8 +642,8 @@ class Golden:
         """The text of a GoldenMismatch: one table of scalar rows, then tensor details."""
         total = len(self._outcome.comparisons)
         lines = [
-            f"golden mismatch: {len(failures)} of {total} checks failed "
-            f"(golden {_display(self.directory)})"
+            f"golden mismatch: {_first_divergence(failures)}{len(failures)} of {total} checks "
+            f"failed (golden {_display(self.directory)})"
         ]
         if self._replay_only is not None:
             lines.append(f"{self.test_id} against the golden of {self._replay_only.recorder}")
@@ -617,6 +673,9 @@ class Golden:
         for c in failures:
             if c.verdict == MISSING:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}): {c.detail}")
+        ignored = sorted({c.name for c in self._outcome.comparisons if c.verdict == IGNORED})
+        if ignored:
+            lines.append(f"not compared (excluded on purpose): {', '.join(ignored)}")
         if self._outcome.environment_changes:
             lines.append(
                 "note: replayed under another environment than recorded: "
@@ -644,6 +703,33 @@ class Golden:
     @property
     def outcome(self) -> Outcome:
         return self._outcome
+
+    def checked_metrics(self) -> dict[str, dict[str, tuple[Any, str]]]:
+        """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
+        out: dict[str, dict[str, tuple[Any, str]]] = {}
+        for step, names in self._metrics.items():
+            for name, node in names.items():
+                value = metric_codec.scalar(node)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    dtype = node["dtype"] if isinstance(node, dict) else "float64"
+                    out.setdefault(step, {})[name] = (value, dtype)
+        return out
+
+
+def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> str:
+    if tol.ignore:
+        return IGNORED
+    return UPDATED if mode is Mode.UPDATE else (PASS if ok else FAIL)
+
+
+def _first_divergence(failures: list[Comparison]) -> str:
+    """``"first divergence at step 2: pg_loss, kl; "`` (empty when nothing drifted)."""
+    drifted = [c for c in failures if c.verdict == FAIL]
+    if not drifted:
+        return ""
+    step = min(c.step for c in drifted)
+    names = list(dict.fromkeys(c.name for c in drifted if c.step == step))
+    return f"first divergence at step {step}: {', '.join(names)}; "
 
 
 def _recorded_summary(
@@ -699,7 +785,11 @@ def _fmt(value: Any, digits: int | None = None) -> str:
 
 
 def _allowed(c: Comparison) -> str:
-    return c.tolerance.describe() if c.tolerance else "-"
+    if not c.tolerance:
+        return "-"
+    if c.tolerance.exact or not c.tolerance_source:
+        return c.tolerance.describe()
+    return f"{c.tolerance.describe()} ({c.tolerance_source})"
 
 
 __all__ = ["Golden", "GoldenError", "GoldenToleranceWarning", "Mode", "Outcome", "ReplayOnly"]

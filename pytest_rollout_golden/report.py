@@ -38,6 +38,58 @@ def _moved(c: dict[str, Any]) -> str:
     return f"{label}: changed (greatest {change})"
 
 
+def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
+    """The summary's table of one golden's calibrated tolerances (``--golden-calibrate``)."""
+    if not entry["rows"]:
+        return [f"not calibrated: {directory} ({entry['skipped']})"]
+    lines = [f"calibrated tolerances written to {directory}/tolerances.json:"]
+    table = [("metric", "rel spread", "abs spread", "at step", "rtol", "atol")]
+    for row in entry["rows"]:
+        kept = "rtol" not in row
+        table.append(
+            (
+                row["metric"],
+                f"{row['rel_spread']:.3g}",
+                f"{row['abs_spread']:.3g}",
+                "-" if row["at_step"] is None else str(row["at_step"]),
+                "default kept" if kept else f"{row['rtol']:.3g}",
+                "-" if kept else f"{row['atol']:.3g}",
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines += [
+        ("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip()
+        for r in table
+    ]
+    if entry["skipped"]:
+        lines.append(f"    left out: {entry['skipped']}")
+    return lines
+
+
+def not_compared(outcomes: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per test: the metrics and tensors it excluded, their steps and who said so."""
+    lines = []
+    for outcome in outcomes:
+        steps: dict[tuple[str, str], set[int]] = {}
+        for c in outcome["comparisons"]:
+            if c["verdict"] == "not compared":
+                steps.setdefault((c["metric"], c["tolerance_source"]), set()).add(c["step"])
+        if steps:
+            items = [
+                f"{name} ({_steps(sorted(s))}; {source})" for (name, source), s in steps.items()
+            ]
+            lines.append(f"{outcome['test']}: {', '.join(items)}")
+    return lines
+
+
+def _steps(values: list[int]) -> str:
+    if len(values) == 1:
+        return f"step {values[0]}"
+    if values == list(range(values[0], values[-1] + 1)):
+        return f"steps {values[0]}-{values[-1]}"
+    return "steps " + ", ".join(map(str, values))
+
+
 def _section(title: str, items: list[str]) -> list[str]:
     if not items:
         return []
@@ -66,7 +118,8 @@ def summary_lines(
     counts = state.counts()
     unused, pruned = list(unused), list(pruned)
     discarded = any(o.get("discarded") for o in state.outcomes)
-    if not any(counts.values()) and not unused and not pruned and not discarded:
+    quiet = not any(counts.values()) and not state.calibrated
+    if quiet and not unused and not pruned and not discarded:
         return []
     lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
     for outcome in state.outcomes:
@@ -89,12 +142,16 @@ def summary_lines(
     lines += _section(
         "replayed under another environment than recorded (exact lane not applied):", envs
     )
+    lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
     lines += _section(
         "unused golden directories (delete with --golden-prune on a full run):",
         [rel(p) for p in unused if p not in pruned],
     )
     lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
     lines += _section("tolerances that matched no metric:", list(unused_tolerances))
+    lines += _section("golden plots written (--golden-plot):", list(state.plots))
+    for entry in state.calibrated:
+        lines += calibrated_table(entry, rel(entry["directory"]))
     if report_path:
         lines.append(f"golden report written to {report_path}")
     return lines

@@ -53,6 +53,11 @@ class SessionState:
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
     used_tolerances: set[str] = field(default_factory=set)
+    plots: list[str] = field(default_factory=list)
+    # --golden-calibrate: golden directory -> test id -> each run's metrics, and tests left out
+    calibration: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    calibration_skipped: dict[str, dict[str, str]] = field(default_factory=dict)
+    calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
 
     def add_outcome(self, outcome: dict[str, Any]) -> None:
         if outcome.get("status") or outcome.get("comparisons"):
@@ -66,6 +71,9 @@ class SessionState:
                 "collected_files": sorted(self.collected_files),
                 "partial_files": sorted(self.partial_files),
                 "used_tolerances": sorted(self.used_tolerances),
+                "plots": self.plots,
+                "calibration": self.calibration,
+                "calibration_skipped": self.calibration_skipped,
             }
         )
 
@@ -76,6 +84,13 @@ class SessionState:
         self.collected_files.update(data["collected_files"])
         self.partial_files.update(data["partial_files"])
         self.used_tolerances.update(data["used_tolerances"])
+        self.plots.extend(data.get("plots", []))
+        for directory, tests in data.get("calibration", {}).items():
+            for test, runs in tests.items():
+                merged = self.calibration.setdefault(directory, {}).setdefault(test, [])
+                merged.extend(runs)
+        for directory, tests in data.get("calibration_skipped", {}).items():
+            self.calibration_skipped.setdefault(directory, {}).update(tests)
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""
@@ -121,4 +136,6 @@ class SessionState:
             "comparisons": comparisons,
             "unused": [str(p) for p in unused],
             "pruned": [str(p) for p in pruned],
+            "plots": self.plots,
+            "calibrated": self.calibrated,
         }

@@ -1,11 +1,14 @@
 """Per-metric tolerances and the one resolver that picks them.
 
 Resolution order, first match wins: ``golden.check(tolerances=)`` >
-``@pytest.mark.golden(tolerances=)`` > ``--golden-tolerance`` > ini
-``golden_tolerances`` > built-in RL defaults > torch.testing's per-dtype
-defaults. Within a layer a metric name matches an exact entry first, then a
-glob pattern (``rollout_corr/*``), then its last path component (``pg_loss``
-matches ``actor/pg_loss``).
+``@pytest.mark.golden(tolerances=)`` > the layout lane (variants of
+``parallel.variants()`` replaying their reference) > calibrated (``tolerances.json`` in the
+golden) > ``--golden-tolerance`` > ini ``golden_tolerances`` > built-in RL
+defaults > torch.testing's per-dtype defaults. Within a layer a metric name
+matches an exact entry first, then a glob pattern (``rollout_corr/*``), then its
+last path component (``pg_loss`` matches ``actor/pg_loss``). An entry may say
+"not compared" (:data:`IGNORE`) instead of giving a tolerance; such an exclusion
+wins over the tolerances of every layer.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ class Tolerance:
 
     NaN against a finite value always fails; NaN against NaN passes only with
     ``equal_nan``. ``exact`` demands bit equality and ignores the rest.
+    ``ignore`` excludes the value from comparison on purpose ("not compared").
     """
 
     rtol: float = 0.0
     atol: float = 0.0
     equal_nan: bool = False
     exact: bool = False
+    ignore: bool = False
 
     def __post_init__(self) -> None:
         for field in ("rtol", "atol"):
@@ -36,6 +41,8 @@ class Tolerance:
                 raise ValueError(f"tolerance {field} must be a number >= 0, got {value!r}")
 
     def describe(self) -> str:
+        if self.ignore:
+            return "not compared"
         if self.exact:
             return "bit-exact"
         nan = ", equal_nan" if self.equal_nan else ""
@@ -50,13 +57,20 @@ class Tolerance:
             unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
                 raise ValueError(
-                    f"{what}: unknown field(s) {sorted(unknown)}; use rtol, atol, equal_nan, exact"
+                    f"{what}: unknown field(s) {sorted(unknown)}; "
+                    "use rtol, atol, equal_nan, exact, ignore"
                 )
             return cls(**value)
         raise TypeError(f"{what}: expected a Tolerance or a dict, got {type(value).__name__}")
 
 
 EXACT = Tolerance(exact=True)
+IGNORE = Tolerance(ignore=True)
+
+# Where each source of tolerances sits in the resolution order (lower wins).
+# LAYOUT is the cross-layout lane of parallel.variants(): a variant replaying the reference
+# layout's golden differs by reduction order across ranks, more than same-layout noise.
+CHECK, MARKER, LAYOUT, CALIBRATED, CLI, INI, BUILTIN_ORDER = 0, 10, 15, 20, 30, 40, 50
 
 # Tight defaults for replay on the same platform under deterministic settings,
 # where results are usually bit-identical: rtol 1e-5 leaves ~100 float32 ulps for
@@ -130,8 +144,13 @@ def dtype_default(dtypes: Iterable[str]) -> tuple[Tolerance, str]:
 
 
 def parse_spec(text: str) -> tuple[str, Tolerance]:
-    """Parse ``"grad_norm:rtol=3e-2,atol=1e-4"`` (also ``equal_nan=true``, ``exact=true``)."""
+    """Parse ``"grad_norm:rtol=3e-2,atol=1e-4"`` (also ``equal_nan=true``, ``exact=true``).
+
+    ``"pg_clipfrac:ignore"`` excludes the metric from comparison.
+    """
     name, sep, body = text.strip().rpartition(":")
+    if sep and name.strip() and body.strip().lower() == "ignore":
+        return name.strip(), IGNORE
     if not sep or not name.strip() or not body.strip():
         raise ValueError(
             f"bad tolerance {text!r}: expected METRIC:rtol=R,atol=A "
@@ -147,13 +166,14 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
                 fields[key] = float(value)
             except ValueError:
                 raise ValueError(f"bad tolerance {text!r}: {key} must be a number") from None
-        elif key in ("equal_nan", "exact"):
+        elif key in ("equal_nan", "exact", "ignore"):
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"bad tolerance {text!r}: {key} must be true or false")
             fields[key] = value.lower() in ("true", "1")
         else:
             raise ValueError(
-                f"bad tolerance {text!r}: unknown key {key!r} (rtol, atol, equal_nan, exact)"
+                f"bad tolerance {text!r}: unknown key {key!r} "
+                "(rtol, atol, equal_nan, exact, ignore)"
             )
     try:
         return name.strip(), Tolerance(**fields)
@@ -162,10 +182,21 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
 
 
 class Layer:
-    """One source of tolerances; remembers which of its entries matched a metric."""
+    """One source of tolerances; remembers which of its entries matched a metric.
 
-    def __init__(self, source: str, entries: Mapping[str, Tolerance | Mapping[str, Any]]):
+    ``order`` places the layer in the resolution order (:data:`CHECK` ...
+    :data:`BUILTIN_ORDER`); layers of equal order keep the order they were given in.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        entries: Mapping[str, Tolerance | Mapping[str, Any]],
+        *,
+        order: int = CHECK,
+    ):
         self.source = source
+        self.order = order
         self.entries = {k: Tolerance.coerce(v, what=f"{source} {k!r}") for k, v in entries.items()}
         self.used: set[str] = set()
         self._globs = [k for k in self.entries if any(c in k for c in "*?[")]
@@ -190,11 +221,15 @@ class Resolver:
     """Picks the tolerance of a metric from ordered layers, then dtype defaults."""
 
     def __init__(self, layers: Iterable[Layer], *, exact: bool = False):
-        self.layers = [layer for layer in layers if layer.entries]
+        kept = [layer for layer in layers if layer.entries]
+        self.layers = sorted(kept, key=lambda layer: layer.order)  # stable: ties keep their order
         self.exact = exact
 
     def with_layer(self, layer: Layer) -> Resolver:
-        """A resolver that consults ``layer`` before every layer of this one."""
+        """A resolver that also consults ``layer``, at its place in the order.
+
+        A layer of the default order (:data:`CHECK`) comes before every other.
+        """
         return Resolver([layer, *self.layers], exact=self.exact)
 
     def resolve(self, name: str, dtypes: Iterable[str] = ("float64",)) -> tuple[Tolerance, str]:
@@ -202,16 +237,22 @@ class Resolver:
 
         Every layer is consulted, so that an entry shadowed by a higher layer or by
         the exact lane still counts as matched (it must not be reported as unused).
+        A "not compared" entry from any layer wins over every tolerance and over
+        the exact lane: it is a decision about the metric, not a width.
         """
-        found = None
+        found = ignored = None
         for layer in self.layers:
             tol = layer.match(name)
             if tol is not None and found is None:
                 found = tol, layer.source
+            if tol is not None and tol.ignore and ignored is None:
+                ignored = tol, layer.source
+        if ignored is not None:  # an exclusion, wherever it is given, beats every tolerance
+            return ignored
         if self.exact:
             return EXACT, "exact lane"
         return found or dtype_default(dtypes)
 
 
 def builtin_layer() -> Layer:
-    return Layer("built-in default", BUILTIN)
+    return Layer("built-in default", BUILTIN, order=BUILTIN_ORDER)

@@ -91,6 +91,21 @@ class Project:
             if p.is_file()
         }
 
+    def copy_example(self) -> str:
+        """examples/ under new module names; returns the test module's name.
+
+        The outer session may have imported the originals, and an in-process run
+        would reuse them instead of the copies.
+        """
+        examples = Path(__file__).parent.parent / "examples"
+        source = (examples / "test_tiny_rl_golden.py").read_text()
+        assert "from tiny_rl import" in source
+        (self.path / "test_example.py").write_text(
+            source.replace("from tiny_rl import", "from example_rl import")
+        )
+        (self.path / "example_rl.py").write_text((examples / "tiny_rl.py").read_text())
+        return "test_example"
+
     def golden_dir(self, test: str, module: str = "test_it") -> Path:
         return self.golden / module / test
 
@@ -121,17 +136,21 @@ def _preloaded() -> None:
     """Import what inner runs need before pytester snapshots sys.modules.
 
     An in-process run drops every module it imported. numpy and torch (including
-    ``torch._dynamo``, which ``torch.use_deterministic_algorithms`` loads lazily)
-    cannot be imported twice in one process, and hypothesis, which pytest's
-    hypothesis plugin imports, would be re-imported (and assertion-rewritten,
+    ``torch._dynamo`` and ``torch._inductor``, which torch's optimizers load lazily on
+    their first step) cannot be imported twice in one process, and hypothesis, which
+    pytest's hypothesis plugin imports, would be re-imported (and assertion-rewritten,
     ~1.5 s) by every inner run.
     """
     import hypothesis  # noqa: F401
+    import torch
+    import torch._inductor.config
 
     from pytest_rollout_golden import deterministic
 
     with deterministic(0):
-        pass
+        weight = torch.nn.Parameter(torch.zeros(1))
+        weight.grad = torch.zeros(1)
+        torch.optim.Adam([weight]).step()
 
 
 @pytest.fixture

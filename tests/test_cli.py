@@ -41,7 +41,8 @@ def test_diff_gates_on_the_plugins_tolerances(tmp_path, capsys):
     capsys.readouterr()
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "drift")]) == 1
     out = capsys.readouterr().out
-    assert "FAIL pg_loss step 0" in out and "ok   grad_norm step 0" in out
+    assert "pg_loss  0     0.5  0.50005" in out  # the row beyond tolerance, values in full
+    assert "grad_norm  -                 0/1" in out  # within tolerance: no divergence
     # A tolerance wide enough turns the same drift into a pass.
     assert (
         main(
@@ -74,4 +75,4 @@ def test_show_lists_metrics_and_tensors(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "pg_loss" in out and "0.25" in out and "tensors-forward-step000000-rank0" in out
     assert main(["show", str(tmp_path / "g" / "rollout-rollout-step000000.safetensors")]) == 0
-    assert "ids: int64[2, 3]" in capsys.readouterr().out
+    assert "  ids     int64[2, 3]   0    5" in capsys.readouterr().out

@@ -142,10 +142,27 @@ def test_comparison_json_is_strict_json():
         "nan",
         "-inf",
     )
-    assert data["tolerance"] == {"rtol": 1e-3, "atol": 1e-6, "equal_nan": False, "exact": False}
+    assert data["tolerance"] == {
+        "rtol": 1e-3,
+        "atol": 1e-6,
+        "equal_nan": False,
+        "exact": False,
+        "ignore": False,
+    }
     json.dumps(data, allow_nan=False)
     assert c.failed and Comparison("x", 0, "missing").failed
     assert not Comparison("x", 0, "pass").failed and not Comparison("x", 0, "new").failed
     assert Comparison("t", 1, "pass", kind="tensor", rank=2, micro=0).where == (
         "step 1, rank 2, micro 0"
     )
+
+
+def test_means_and_counts_leave_non_finite_differences_out():
+    expected = torch.tensor([1.0, 2.0, float("nan"), 0.0])
+    actual = torch.tensor([1.0, 2.5, 1.0, 1e-3])
+    d = compare_values(expected, actual, TOL, check_dtype=True)
+    assert (d.ok, d.mismatched, d.numel) == (False, 3, 4)
+    assert d.abs_mean == pytest.approx((0.5 + 1e-3) / 3)  # the NaN element is left out
+    assert d.rel_mean == pytest.approx(0.25 / 2)  # so is the relative difference against 0
+    same = compare_values(expected, expected.clone(), Tolerance(equal_nan=True), check_dtype=True)
+    assert (same.ok, same.mismatched, same.abs_mean) == (True, 0, 0.0)

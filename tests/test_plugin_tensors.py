@@ -39,8 +39,9 @@ def test_check_tensors_per_rank_and_micro_batch(project):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "golden mismatch: 1 of 8 checks failed*",
-            "tensor 'actor/log_probs' (step 0, rank 1, micro 0), allowed rtol=1e-05, atol=1e-06:",
+            "golden mismatch: *1 of 8 checks failed*",
+            "tensor 'actor/log_probs' (step 0, rank 1, micro 0), "
+            "allowed rtol=1e-05, atol=1e-06 (built-in default):",
             "    Mismatched elements: 1 / 6 (16.7%)",
             "    Greatest absolute difference: 0.5 at index (1, 2)*",
             "    Greatest relative difference: * at index (1, 2)*",
@@ -108,9 +109,10 @@ def test_tensor_metric_mismatch_reports_count_and_index(project):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "golden mismatch: 2 of 2 checks failed*",
+            "golden mismatch: *2 of 2 checks failed*",
             "  mean  *",
-            "metric 'token_entropy' (step 0), allowed rtol=1e-07, atol=1e-07:",
+            "metric 'token_entropy' (step 0), "
+            "allowed rtol=1e-07, atol=1e-07 (torch.testing default for float64):",
             "    Mismatched elements: 1 / 4 (25.0%)",
             "    Greatest absolute difference: 0.5 at index (1, 0) (up to 1e-07 allowed)",
             "    Greatest relative difference: 0.5 at index (1, 0) (up to 1e-07 allowed)",

@@ -155,3 +155,29 @@ def test_builtin_fraction_metrics_are_absolute():
     tol, _ = Resolver([builtin_layer()]).resolve("actor/pg_clipfrac")
     assert compare_values(0.0, 1e-8, tol, check_dtype=False).ok
     assert not compare_values(0.25, 0.25 + 1 / 512, tol, check_dtype=False).ok  # one token of 512
+
+
+def test_layers_are_consulted_in_their_order_whatever_order_they_are_given_in():
+    from pytest_rollout_golden.tolerance import CALIBRATED, CLI, MARKER
+
+    cli = Layer("cli", {"kl": Tolerance(rtol=3e-1)}, order=CLI)
+    calibrated = Layer("calibrated", {"kl": Tolerance(rtol=2e-1)}, order=CALIBRATED)
+    marker = Layer("marker", {"kl": Tolerance(rtol=1e-1)}, order=MARKER)
+    assert Resolver([cli, calibrated, builtin_layer()]).resolve("kl")[1] == "calibrated"
+    resolver = Resolver([cli, builtin_layer()]).with_layer(calibrated)
+    assert resolver.resolve("kl") == (Tolerance(rtol=2e-1), "calibrated")
+    assert Resolver([calibrated, marker]).resolve("kl")[1] == "marker"
+    check = Layer("check", {"kl": Tolerance(rtol=1e-2)})  # the default order: first of all
+    assert resolver.with_layer(check).resolve("kl")[1] == "check"
+
+
+def test_an_exclusion_in_any_layer_beats_every_tolerance_and_the_exact_lane():
+    from pytest_rollout_golden.tolerance import IGNORE, INI, MARKER
+
+    marker = Layer("marker", {"*": Tolerance(rtol=1e-4)}, order=MARKER)
+    ini = Layer("ini", {"pg_clipfrac": IGNORE}, order=INI)
+    resolver = Resolver([marker, ini, builtin_layer()], exact=True)
+    assert resolver.resolve("pg_clipfrac") == (IGNORE, "ini")
+    assert resolver.resolve("pg_loss")[1] == "exact lane"
+    assert parse_spec("actor/*:ignore") == ("actor/*", IGNORE)
+    assert IGNORE.describe() == "not compared"

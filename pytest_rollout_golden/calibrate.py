@@ -1,0 +1,277 @@
+"""Calibrated tolerances: measured from repeated runs, stored in the golden they belong to.
+
+``pytest --golden-calibrate N`` runs each selected golden test N times under
+perturbations that change the order of floating-point reductions but not the
+math (CPU thread counts; on GPU optionally non-deterministic algorithms and
+TF32). Each metric's spread over those runs becomes its tolerance::
+
+    rtol = max(MARGIN * max relative spread, DTYPE_FLOOR * eps(dtype))
+    atol = max(MARGIN * max absolute spread at steps whose value is ~0, lower layers' atol)
+
+A metric whose runs agree bit for bit gets no entry: it keeps the tight
+default. The result is ``tolerances.json`` inside the golden directory, listed
+in its manifest (so the atomic swap of an update keeps it), readable in review:
+each entry carries the spread it was derived from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .errors import GoldenFormatError
+from .tolerance import CALIBRATED, Layer, Resolver, Tolerance
+
+FILENAME = "tolerances.json"
+FORMAT = "pytest-rollout-golden-tolerances"
+# The largest spread seen in N runs underestimates the spread of the next run
+# (with N = 3 by a lot): 2x leaves room without reaching a bug's 1e-3.
+MARGIN = 2.0
+# The smallest rtol written: a few units in the last place of the metric's dtype.
+DTYPE_FLOOR = 4.0
+EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
+SOURCE = "calibrated (tolerances.json)"
+
+
+def calibrated_layer(document: Any, path: Path) -> Layer:
+    """The resolution layer of a ``tolerances.json`` document."""
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise GoldenFormatError(
+            f"{path}: is not a calibrated-tolerances file of ours; re-run "
+            "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
+        )
+    try:
+        return Layer(SOURCE, document.get("tolerances", {}), order=CALIBRATED)
+    except (TypeError, ValueError) as exc:
+        raise GoldenFormatError(f"{path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- perturbations
+
+PERTURBATIONS = ("threads", "nondeterministic", "tf32")
+
+
+def thread_counts(base: int) -> list[int]:
+    """Intra-op thread counts to cycle through, starting with the current one."""
+    wanted = [base, 1, 2 * base, max(1, base // 2), base + 1, 3, 4 * base]
+    return list(dict.fromkeys(n for n in wanted if n >= 1))
+
+
+@contextmanager
+def perturbed(run: int, kinds: Sequence[str]) -> Iterator[str]:
+    """Run number ``run`` of a calibration: reduction order changed, math unchanged.
+
+    ``threads`` cycles ``torch.set_num_threads`` through :func:`thread_counts`;
+    ``nondeterministic`` allows non-deterministic algorithms (and cuDNN
+    benchmarking) on odd runs; ``tf32`` switches TF32 matmuls and convolutions on
+    on odd runs. Yields a description such as ``"threads=1, tf32"``; everything is
+    restored on exit.
+    """
+    import torch
+
+    saved = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    parts = []
+    try:
+        if "threads" in kinds:
+            n = thread_counts(saved[0])[run % len(thread_counts(saved[0]))]
+            torch.set_num_threads(n)
+            parts.append(f"threads={n}")
+        odd = run % 2 == 1
+        if "nondeterministic" in kinds and odd:
+            torch._C._set_deterministic_algorithms(False, warn_only=False)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+            parts.append("nondeterministic")
+        if "tf32" in kinds:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = odd
+            parts.append(f"tf32={'on' if odd else 'off'}")
+        yield ", ".join(parts)
+    finally:
+        torch.set_num_threads(saved[0])
+        torch._C._set_deterministic_algorithms(saved[1], warn_only=saved[2])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[3:5]
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[5:7]
+
+
+# --------------------------------------------------------------------------- spreads
+
+
+@dataclasses.dataclass
+class Spread:
+    """The largest disagreement between runs of one metric over all steps."""
+
+    rel: float = 0.0
+    abs: float = 0.0
+    step: int | None = None  # where the relative spread is largest
+    near_zero: bool = False  # some step's values straddle or touch 0
+    dtype: str = "float64"
+
+    def merge(self, other: Spread) -> Spread:
+        """The larger of two spreads (of two steps, or two tests sharing a golden)."""
+        best = self if (self.rel, self.abs) >= (other.rel, other.abs) else other
+        return dataclasses.replace(
+            best, abs=max(self.abs, other.abs), near_zero=self.near_zero or other.near_zero
+        )
+
+
+def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread]:
+    """Per metric, the spread over ``runs`` (each ``{step: {name: (value, dtype)}}``).
+
+    Only steps every run checked count; NaN or infinite values are skipped.
+    """
+    out: dict[str, Spread] = {}
+    if len(runs) < 2:
+        return out
+    steps = set.intersection(*(set(r) for r in runs))
+    for step in sorted(steps, key=int):
+        names = set.intersection(*(set(r[step]) for r in runs))
+        for name in sorted(names):
+            values = [float(r[step][name][0]) for r in runs]
+            if not all(math.isfinite(v) for v in values):
+                continue
+            dtype = runs[0][step][name][1]
+            width, scale = max(values) - min(values), max(abs(v) for v in values)
+            rel = width / scale if scale else 0.0
+            spread = Spread(rel, width, int(step), min(abs(v) for v in values) <= width, dtype)
+            out[name] = spread if name not in out else out[name].merge(spread)
+    return out
+
+
+def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
+    """The calibrated tolerance of a metric, or ``None`` to keep ``base`` (zero spread)."""
+    if spread.abs == 0:
+        return None
+    floor = DTYPE_FLOOR * EPS.get(spread.dtype, EPS["float64"])
+    atol = base.atol
+    if spread.near_zero:  # a relative spread means little around 0
+        atol = max(atol, MARGIN * spread.abs)
+    return Tolerance(rtol=max(MARGIN * spread.rel, floor), atol=atol, equal_nan=base.equal_nan)
+
+
+def document(
+    found: Mapping[str, Spread],
+    base: Callable[[str, str], Tolerance],
+    *,
+    runs: int,
+    perturbations: Sequence[str],
+    tests: Sequence[str],
+) -> dict[str, Any]:
+    """The content of ``tolerances.json``: tolerances, and the spreads they come from."""
+    tolerances, table = {}, {}
+    for name, spread in sorted(found.items()):
+        tol = tolerance_for(spread, base(name, spread.dtype))
+        entry = {
+            "rel_spread": spread.rel,
+            "abs_spread": spread.abs,
+            "at_step": spread.step if spread.abs else None,
+            "dtype": spread.dtype,
+        }
+        if tol is None:
+            entry["kept"] = "spread 0: the default tolerance applies"
+        else:
+            tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
+            if tol.equal_nan:
+                tolerances[name]["equal_nan"] = True
+        table[name] = entry
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "how": {
+            "runs": runs,
+            "perturbations": list(perturbations),
+            "margin": MARGIN,
+            "floor": f"{DTYPE_FLOOR:g} x dtype epsilon",
+            "tests": list(tests),
+        },
+        "tolerances": tolerances,
+        "spreads": table,
+    }
+
+
+def write(directory: Path, content: Mapping[str, Any]) -> None:
+    """Put ``tolerances.json`` into the golden ``directory``, listed in its manifest.
+
+    The golden is re-committed as a whole (its other files kept as they are),
+    under its lock, like any other update of it.
+    """
+    from . import store
+
+    with store.locked(directory):
+        store.recover(directory)
+        manifest = store.read_manifest(directory)
+        if manifest is None:
+            raise GoldenFormatError(f"{directory}: no golden to calibrate (it was never recorded)")
+        tx = store.Transaction(directory)
+        try:
+            for filename, info in manifest["files"].items():
+                if filename != FILENAME:
+                    tx.keep(filename, info)
+            # The environment whose noise this is: the golden's (runs differ only as perturbed).
+            content = {
+                **content,
+                "how": {**content["how"], "fingerprint": manifest.get("fingerprint")},
+            }
+            tx.write_json(FILENAME, content, kind="tolerances")
+            tx.commit({k: v for k, v in manifest.items() if k not in ("format", "schema", "files")})
+        except BaseException:
+            tx.abort()
+            raise
+
+
+def calibrate_goldens(
+    samples: Mapping[str, Mapping[str, Sequence[Any]]],
+    skipped: Mapping[str, Mapping[str, str]],
+    resolver: Resolver,
+    *,
+    runs: int,
+    perturbations: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Write ``tolerances.json`` for every golden with at least one test of 2+ usable runs.
+
+    ``samples``: golden directory -> test id -> each run's metrics; ``skipped``: golden
+    directory -> test id -> why its runs do not count. ``resolver`` gives the tolerances
+    below the calibrated layer. Returns one summary entry per golden (what was written,
+    or why nothing was).
+    """
+    out = []
+    for directory, tests in sorted(samples.items()):
+        left_out = skipped.get(directory, {})
+        usable = {t: r for t, r in tests.items() if t not in left_out and len(r) > 1}
+        if not usable:
+            reasons = sorted(set(left_out.values())) or ["fewer than 2 runs completed"]
+            out.append({"directory": directory, "skipped": "; ".join(reasons), "rows": []})
+            continue
+        found: dict[str, Spread] = {}
+        for test_runs in usable.values():
+            for name, spread in spreads(test_runs).items():
+                found[name] = spread if name not in found else found[name].merge(spread)
+        content = document(
+            found,
+            lambda name, dtype: resolver.resolve(name, (dtype,))[0],
+            runs=runs,
+            perturbations=perturbations,
+            tests=sorted(usable),
+        )
+        write(Path(directory), content)
+        out.append(
+            {
+                "directory": directory,
+                "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
+                "rows": [
+                    {"metric": name, **entry, **content["tolerances"].get(name, {})}
+                    for name, entry in content["spreads"].items()
+                ],
+            }
+        )
+    return out

@@ -1,0 +1,341 @@
+"""Differences between two goldens, two golden roots or two batch files, outside pytest.
+
+Every value goes through the plugin's comparison routine and tolerance resolver,
+so a difference reported here is one the plugin would fail on. For each golden
+the result lists, per metric and per tensor, every step (and rank and
+micro-batch) with its greatest and mean absolute and relative difference, the
+count of mismatched elements, shape and dtype problems and entries present on
+one side only, plus the first divergent step of each metric and tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import store
+from .compare import compare_named, dtype_name, json_number
+from .errors import GoldenError
+from .location import find_goldens
+from .tolerance import Layer, Resolver
+
+METRICS = "metrics.json"
+TOLERANCES = "tolerances.json"
+
+
+@dataclasses.dataclass
+class Row:
+    """One metric or tensor at one step (rank, micro-batch) of one golden."""
+
+    kind: str  # "metric" | "tensor"
+    name: str
+    step: int | None
+    ok: bool
+    rank: int | None = None
+    micro: int | None = None
+    compared: bool = True
+    expected: Any = None  # a scalar metric's values; tensors: None
+    actual: Any = None
+    shape: tuple[list[int] | None, list[int] | None] = (None, None)
+    dtype: tuple[str | None, str | None] = (None, None)
+    numel: int = 0
+    mismatched: int = 0
+    abs_max: float = 0.0
+    abs_mean: float = 0.0
+    rel_max: float = 0.0
+    rel_mean: float = 0.0
+    allowed: str = ""
+    source: str = ""
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("expected", "actual", "abs_max", "abs_mean", "rel_max", "rel_mean"):
+            out[key] = json_number(out[key])
+        out["shape"], out["dtype"] = list(self.shape), list(self.dtype)
+        return out
+
+
+@dataclasses.dataclass
+class GoldenDiff:
+    """The comparison of one golden (or batch file) of side A with its counterpart in B."""
+
+    label: str
+    a: str | None
+    b: str | None
+    rows: list[Row] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)  # structure, one-sided files
+
+    @property
+    def one_sided(self) -> bool:
+        return self.a is None or self.b is None
+
+    @property
+    def differences(self) -> int:
+        return (
+            len(self.problems)
+            + sum(not r.ok for r in self.rows)
+            + (1 if self.one_sided and not self.problems else 0)
+        )
+
+    def first_divergence(self) -> dict[str, int | None]:
+        """Per metric or tensor name: the first step beyond tolerance (``None``: none)."""
+        first: dict[str, int | None] = {}
+        for row in self.rows:
+            first.setdefault(row.name, None)
+            if not row.ok and row.step is not None:
+                step = first[row.name]
+                first[row.name] = row.step if step is None else min(step, row.step)
+        return first
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "golden": self.label,
+            "a": self.a,
+            "b": self.b,
+            "differences": self.differences,
+            "first_divergence": self.first_divergence(),
+            "problems": self.problems,
+            "metrics": [r.to_json() for r in self.rows if r.kind == "metric"],
+            "tensors": [r.to_json() for r in self.rows if r.kind == "tensor"],
+        }
+
+
+def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(manifest, {filename: content})`` of a golden, every checksum verified."""
+    manifest = store.read_manifest(directory)
+    if manifest is None:
+        raise GoldenError(f"{directory}: no {store.MANIFEST}; not a golden directory")
+    out = {}
+    for filename, info in manifest["files"].items():
+        path = directory / filename
+        if not path.is_file():
+            raise GoldenError(f"{path}: listed in {store.MANIFEST} but missing")
+        if filename.endswith(".json"):
+            out[filename] = store.read_json(path, expect_digest=info["digest"])
+        else:
+            out[filename] = store.load_batch(path, expect_digest=info["digest"])
+    return manifest, out
+
+
+def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
+    """Compare B against A: two golden directories, two golden roots or two batch files.
+
+    Roots are paired by the goldens' paths relative to them; a golden found on
+    one side only is a difference. Raises :class:`GoldenError` for a path that is
+    missing, unreadable or not ours.
+    """
+    for path in (a, b):
+        if not path.exists():
+            raise GoldenError(f"{path}: no such file or directory")
+    if a.is_file() != b.is_file():
+        raise GoldenError(f"{a} and {b}: compare two batch files or two directories, not one each")
+    if a.is_file():
+        return [_diff_batches(a, b, resolver)]
+    a_golden, b_golden = (a / store.MANIFEST).is_file(), (b / store.MANIFEST).is_file()
+    if a_golden and b_golden:
+        label = a.name if a.name == b.name else f"{a.name} vs {b.name}"
+        return [diff_goldens(a, b, resolver, label=label)]
+    if a_golden != b_golden:
+        golden, root = (a, b) if a_golden else (b, a)
+        raise GoldenError(
+            f"{golden} is a golden directory but {root} is not (it has no {store.MANIFEST}); "
+            "give two golden directories or two golden roots"
+        )
+    left = {str(d.relative_to(a)): d for d in find_goldens(a)}
+    right = {str(d.relative_to(b)): d for d in find_goldens(b)}
+    if not left and not right:
+        raise GoldenError(f"no golden directory (no {store.MANIFEST}) under {a} or {b}")
+    out = []
+    for rel in sorted(left.keys() | right.keys()):
+        if rel in left and rel in right:
+            out.append(diff_goldens(left[rel], right[rel], resolver, label=rel))
+        else:
+            side = "A" if rel in left else "B"
+            out.append(
+                GoldenDiff(
+                    rel,
+                    str(left[rel]) if rel in left else None,
+                    str(right[rel]) if rel in right else None,
+                    problems=[f"golden only in {side} ({left.get(rel) or right.get(rel)})"],
+                )
+            )
+    return out
+
+
+def diff_goldens(a: Path, b: Path, resolver: Resolver, *, label: str) -> GoldenDiff:
+    """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply)."""
+    manifest_a, left = load_golden(a)
+    _, right = load_golden(b)
+    calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES)
+    if calibrated is not None:
+        resolver = resolver.with_layer(calibrated)
+    result = GoldenDiff(label, str(a), str(b))
+    for filename in sorted((left.keys() | right.keys()) - {TOLERANCES}):
+        if filename not in left or filename not in right:
+            result.problems.append(f"{filename} only in {'A' if filename in left else 'B'}")
+            continue
+        if filename == METRICS:
+            result.rows += _metric_rows(left[filename], right[filename], resolver)
+            continue
+        info = manifest_a["files"][filename]
+        result.rows += _tensor_rows(
+            left[filename], right[filename], resolver, info, result.problems, filename
+        )
+    return result
+
+
+def _calibrated(document: Any, path: Path) -> Layer | None:
+    if document is None:
+        return None
+    from .calibrate import calibrated_layer
+
+    return calibrated_layer(document, path)
+
+
+def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:
+    result = GoldenDiff(a.name, str(a), str(b))
+    left, right = store.load_batch(a), store.load_batch(b)
+    result.rows += _tensor_rows(left, right, resolver, {}, result.problems, a.name)
+    return result
+
+
+def _metric_rows(left: Any, right: Any, resolver: Resolver) -> list[Row]:
+    from . import metrics as metric_codec
+
+    steps_a, steps_b = left.get("steps", {}), right.get("steps", {})
+    names = sorted({n for s in (steps_a, steps_b) for names in s.values() for n in names})
+    rows = []
+    for name in names:
+        for step in sorted(steps_a.keys() | steps_b.keys(), key=int):
+            ma, mb = steps_a.get(step, {}), steps_b.get(step, {})
+            if name not in ma and name not in mb:
+                continue
+            if name not in ma or name not in mb:
+                tol, source = resolver.resolve(name)
+                rows.append(
+                    Row(
+                        "metric",
+                        name,
+                        int(step),
+                        ok=tol.ignore,
+                        compared=not tol.ignore,
+                        expected=metric_codec.scalar(ma[name]) if name in ma else None,
+                        actual=metric_codec.scalar(mb[name]) if name in mb else None,
+                        source=source,
+                        detail=f"only in {'A' if name in ma else 'B'}",
+                    )
+                )
+                continue
+            where = f"metric {name!r} at step {step}"
+            ea = metric_codec.decode(ma[name], where=where)
+            eb = metric_codec.decode(mb[name], where=where)
+            d, tol, source = compare_named(name, ea, eb, resolver, check_dtype=False)
+            rows.append(
+                _row(
+                    "metric",
+                    name,
+                    ea,
+                    eb,
+                    d,
+                    tol,
+                    source,
+                    step=int(step),
+                    expected=metric_codec.scalar(ma[name]),
+                    actual=metric_codec.scalar(mb[name]),
+                )
+            )
+    return rows
+
+
+def _tensor_rows(
+    left: Any,
+    right: Any,
+    resolver: Resolver,
+    info: Mapping[str, Any],
+    problems: list[str],
+    filename: str,
+) -> list[Row]:
+    from . import codec
+
+    arrays_a, layout_a = codec.flatten(left)
+    arrays_b, layout_b = codec.flatten(right)
+    prefix = f"{info['name']}/" if info.get("name") else ""
+    where = {"step": info.get("step"), "rank": info.get("rank"), "micro": info.get("micro")}
+    same_keys = arrays_a.keys() == arrays_b.keys()
+    if same_keys and _strip_arrays(layout_a) != _strip_arrays(layout_b):
+        problems.append(f"{filename}: non-tensor values or structure differ")
+    rows = []
+    for key in sorted(arrays_a.keys() | arrays_b.keys()):
+        label = prefix + key
+        if key not in arrays_a or key not in arrays_b:
+            tol, source = resolver.resolve(label)
+            present = arrays_a.get(key, arrays_b.get(key))
+            shape = list(getattr(present, "shape", ()))
+            rows.append(
+                Row(
+                    "tensor",
+                    label,
+                    ok=tol.ignore,
+                    compared=not tol.ignore,
+                    shape=(shape, None) if key in arrays_a else (None, shape),
+                    dtype=(dtype_name(present), None)
+                    if key in arrays_a
+                    else (None, dtype_name(present)),
+                    source=source,
+                    detail=f"only in {'A' if key in arrays_a else 'B'} ({filename})",
+                    **where,
+                )
+            )
+            continue
+        ea, eb = arrays_a[key], arrays_b[key]
+        d, tol, source = compare_named(label, ea, eb, resolver, check_dtype=True)
+        rows.append(_row("tensor", label, ea, eb, d, tol, source, **where))
+    return rows
+
+
+def _row(kind: str, name: str, a: Any, b: Any, d: Any, tol: Any, source: str, **kw: Any) -> Row:
+    """A row of two values compared (``kw``: step, rank, micro, expected, actual)."""
+    return Row(
+        kind,
+        name,
+        ok=d.ok,
+        compared=d.compared,
+        shape=(list(getattr(a, "shape", ())), list(getattr(b, "shape", ()))),
+        dtype=(dtype_name(a), dtype_name(b)),
+        numel=d.numel,
+        mismatched=d.mismatched,
+        abs_max=d.abs_diff,
+        abs_mean=d.abs_mean,
+        rel_max=d.rel_diff,
+        rel_mean=d.rel_mean,
+        allowed=tol.describe(),
+        source=source,
+        detail=d.detail if not d.ok else "",
+        **kw,
+    )
+
+
+def _strip_arrays(layout: Any) -> Any:
+    """The layout without array descriptors: what is left are the non-tensor values."""
+    if isinstance(layout, list):
+        return [_strip_arrays(x) for x in layout]
+    if isinstance(layout, dict):
+        if layout.get("t") in ("torch", "numpy"):
+            return {"t": "array"}
+        return {k: _strip_arrays(v) for k, v in layout.items()}
+    return layout
+
+
+def summary(diffs: Iterable[GoldenDiff]) -> dict[str, int]:
+    """Counts over goldens: compared, differing, within tolerance, on one side only."""
+    diffs = list(diffs)
+    return {
+        "goldens": len(diffs),
+        "differ": sum(1 for d in diffs if d.differences and not d.one_sided),
+        "within_tolerance": sum(1 for d in diffs if not d.differences),
+        "one_sided": sum(1 for d in diffs if d.one_sided),
+        "not_compared": sum(1 for d in diffs for r in d.rows if not r.compared),
+    }

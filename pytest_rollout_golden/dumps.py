@@ -1,0 +1,288 @@
+"""Rollout dumps of RL frameworks (verl, ROLL, NexRL, AReaL, slime) converted into goldens.
+
+Those dumps are pickles or ``torch.save`` files. Each file is first loaded with
+``torch.load(weights_only=True)``, which runs no code from the file; only if
+that is refused (pickled classes such as DataProto, TensorDict, dataclasses) and
+the caller passed ``trust_pickle=True`` is it fully unpickled, which runs
+whatever code the file names. The converted golden is written by the same
+writer as every golden (:class:`~.store.Transaction`), so it verifies and
+replays like one the plugin recorded.
+
+Layouts (the step comes from the file or folder name):
+
+* ``verl``: ``<dir>/<step>/gen_batch.dp`` or ``<dir>/<step>/tq_batch.pt``
+  (SkipManager), also ``genstep_<step>/gen_batch.dp`` (RolloutSkip).
+* ``roll``: ``<dir>/[train|val/]step_<step>.pkl``; ``val`` becomes rollout ``val``.
+* ``nexrl``: ``<dir>/trajectory/step_<step>.pt`` (the rollout) and
+  ``<dir>/<kind>/step_<step>[_rank<r>_micro<m>].pt`` (forward data, loss, ...:
+  tensors ``<kind>``, per rank and micro-batch).
+* ``areal``: ``<dir>/step_<step>.pt`` and ``step_<step>_dp_<rank>.pt`` (rollout
+  ``rollout_dp<rank>``).
+* ``slime``: ``<dir>/*.pt`` holding ``{"rollout_id", "samples"}``; the step is
+  ``rollout_id`` (else the last number of the file name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import GoldenError
+
+LAYOUTS = ("verl", "roll", "nexrl", "areal", "slime")
+WHY_PICKLE = (
+    "unpickling runs code named in the file (any import and call), so a dump from an "
+    "untrusted source can take over this process"
+)
+_STEP = re.compile(r"step_(\d+)$")
+_NEXREL_RANK = re.compile(r"step_(\d+)_rank(\d+)_micro(\d+)$")
+_AREAL_DP = re.compile(r"step_(\d+)_dp_(\d+)$")
+_VERL_STEP = re.compile(r"(?:genstep_)?(\d+)$")
+
+
+@dataclasses.dataclass
+class Entry:
+    """One dump file and where it goes in the golden."""
+
+    path: Path
+    kind: str  # "rollout" | "tensors"
+    name: str
+    step: int | None  # None: taken from the payload (slime's rollout_id)
+    rank: int | None = None
+    micro: int | None = None
+
+
+def detect(source: Path) -> str:
+    """The layout of the dump folder ``source``."""
+    files = [p for p in source.rglob("*") if p.is_file()]
+    names = {p.name for p in files}
+    if names & {"gen_batch.dp", "tq_batch.pt"}:
+        return "verl"
+    if any(p.suffix == ".pkl" and _STEP.match(p.stem) for p in files):
+        return "roll"
+    if any(_NEXREL_RANK.match(p.stem) for p in files) or (source / "trajectory").is_dir():
+        return "nexrl"
+    if any(p.suffix == ".pt" and (_STEP.match(p.stem) or _AREAL_DP.match(p.stem)) for p in files):
+        return "areal"
+    if any(p.suffix == ".pt" for p in files):
+        return "slime"
+    raise GoldenError(
+        f"{source}: no dump of a known layout found ({', '.join(LAYOUTS)}); give --layout"
+    )
+
+
+def entries(source: Path, layout: str, name: str = "rollout") -> list[Entry]:
+    """The files of a dump folder in ``layout``, each mapped to a golden file."""
+    out = list(_ENTRIES[layout](source, name))
+    if not out:
+        raise GoldenError(
+            f"{source}: no {layout} dump files found (see `rollout-golden import -h`)"
+        )
+    return out
+
+
+def _verl(source: Path, name: str) -> Iterator[Entry]:
+    for path in sorted(source.rglob("*")):
+        if path.name in ("gen_batch.dp", "tq_batch.pt"):
+            match = _VERL_STEP.search(path.parent.name)
+            if match is None:
+                raise GoldenError(f"{path}: its folder name is not a step number")
+            yield Entry(path, "rollout", name, int(match.group(1)))
+
+
+def _roll(source: Path, name: str) -> Iterator[Entry]:
+    for path in sorted(source.rglob("step_*.pkl")):
+        match = _STEP.match(path.stem)
+        if match:
+            split = "val" if path.parent.name == "val" else name
+            yield Entry(path, "rollout", split, int(match.group(1)))
+
+
+def _nexrl(source: Path, name: str) -> Iterator[Entry]:
+    for path in sorted(source.rglob("step_*.pt")):
+        kind = path.parent.name
+        ranked, plain = _NEXREL_RANK.match(path.stem), _STEP.match(path.stem)
+        if kind == "trajectory" and plain:
+            yield Entry(path, "rollout", name, int(plain.group(1)))
+        elif ranked:
+            step, rank, micro = (int(g) for g in ranked.groups())
+            yield Entry(path, "tensors", kind, step, rank, micro)
+        elif plain:
+            yield Entry(path, "tensors", kind, int(plain.group(1)))
+
+
+def _areal(source: Path, name: str) -> Iterator[Entry]:
+    for path in sorted(source.glob("step_*.pt")):
+        dp, plain = _AREAL_DP.match(path.stem), _STEP.match(path.stem)
+        if dp:
+            yield Entry(path, "rollout", f"{name}_dp{dp.group(2)}", int(dp.group(1)))
+        elif plain:
+            yield Entry(path, "rollout", name, int(plain.group(1)))
+
+
+def _slime(source: Path, name: str) -> Iterator[Entry]:
+    for path in sorted(source.glob("*.pt")):
+        yield Entry(path, "rollout", name, None)
+
+
+_ENTRIES = {"verl": _verl, "roll": _roll, "nexrl": _nexrl, "areal": _areal, "slime": _slime}
+
+
+def load(path: Path, *, trust_pickle: bool) -> Any:
+    """The object in a dump file: ``weights_only`` first, full unpickling only if trusted."""
+    try:
+        return _load(path, trust_pickle=trust_pickle)
+    except GoldenError:
+        raise
+    except Exception as exc:  # anything a foreign pickle can raise
+        raise GoldenError(
+            f"{path}: cannot be loaded ({type(exc).__name__}: {str(exc)[:300]}). A pickled "
+            "dump needs the classes it names to be importable (verl for its DataProto, "
+            "tensordict for TensorDict, ...) in this environment"
+        ) from None
+
+
+def _load(path: Path, *, trust_pickle: bool) -> Any:
+    import torch
+
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # torch.save's format; anything else is a raw pickle
+    if zipped:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            refusal = _refusal(str(exc))
+            if not trust_pickle:
+                why = f"torch.load(weights_only=True): {refusal}"
+                raise GoldenError(_needs_trust(path, why)) from None
+        return torch.load(path, map_location="cpu", weights_only=False)  # trusted by the caller
+    if not trust_pickle:
+        raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
+    with open(path, "rb") as f:
+        return pickle.load(f)  # the caller passed --trust-pickle for this file
+
+
+def _refusal(message: str) -> str:
+    """The line of torch's weights_only refusal that names what it refused."""
+    match = re.search(r"Unsupported global: GLOBAL (\S+)", message)
+    if match:
+        return f"it names {match.group(1)}, which is not an allowed type"
+    return message.strip().splitlines()[0][:200]
+
+
+def _needs_trust(path: Path, why: str) -> str:
+    return (
+        f"{path}: cannot be loaded without full unpickling ({why}). Nothing was loaded from it. "
+        f"Pass --trust-pickle if you trust where this dump came from: {WHY_PICKLE}."
+    )
+
+
+def plain(value: Any, where: str = "") -> Any:
+    """``value`` with dataclass objects turned into dicts, recursively, for the codec.
+
+    Returns ``value`` itself when nothing needed converting, so DataProto and
+    TensorDict batches keep their class.
+    """
+    import numpy as np
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: plain(getattr(value, f.name), f"{where}.{f.name}")
+            for f in dataclasses.fields(value)
+        }
+    if isinstance(value, dict):
+        items = {k: plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return value if all(items[k] is value[k] for k in value) else items
+    if isinstance(value, (list, tuple)):
+        items = [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        flat = [plain(v, f"{where}[{i}]") for i, v in enumerate(value.reshape(-1))]
+        if all(a is b for a, b in zip(flat, value.reshape(-1), strict=True)):
+            return value
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(value.shape)
+    if hasattr(value, "non_tensor_batch") and hasattr(value, "meta_info"):
+        converted = {k: plain(v, f"{where}.non_tensor_batch[{k!r}]")
+                     for k, v in value.non_tensor_batch.items()}  # fmt: skip
+        if any(converted[k] is not value.non_tensor_batch[k] for k in converted):
+            from .codec import RolloutBatch
+
+            return RolloutBatch(value.batch, converted, plain(dict(value.meta_info)))
+    return value
+
+
+def convert(
+    source: Path,
+    target: Path,
+    *,
+    layout: str | None = None,
+    name: str = "rollout",
+    trust_pickle: bool = False,
+    test_id: str = "",
+) -> list[tuple[Entry, str]]:
+    """Write the golden ``target`` from the dump folder ``source``; return what went where.
+
+    Refuses to overwrite an existing golden. Nothing is written if any file fails.
+    """
+    from . import store
+    from .replay import rollout_filename, tensors_filename
+
+    if not source.is_dir():
+        raise GoldenError(f"{source}: not a folder of dumps")
+    layout = layout or detect(source)
+    found = entries(source, layout, name)
+    with store.locked(target):
+        store.recover(target)
+        if (target / store.MANIFEST).exists():
+            raise GoldenError(f"{target}: a golden exists already; remove it or choose another")
+        tx = store.Transaction(target)
+        done = []
+        try:
+            for entry in found:
+                payload = load(entry.path, trust_pickle=trust_pickle)
+                if entry.step is None:
+                    entry.step = _slime_step(entry.path, payload)
+                if entry.kind == "rollout":
+                    filename = rollout_filename(entry.name, entry.step)
+                    info: dict[str, Any] = {"kind": "rollout", "name": entry.name}
+                else:
+                    filename = tensors_filename(entry.name, entry.step, entry.rank, entry.micro)
+                    info = {"kind": "tensors", "name": entry.name, "rank": entry.rank,
+                            "micro": entry.micro}  # fmt: skip
+                    if not isinstance(payload, dict):
+                        raise GoldenError(
+                            f"{entry.path}: a {entry.name} dump must hold a dict of tensors, "
+                            f"found {type(payload).__name__}"
+                        )
+                if filename in tx.files:
+                    raise GoldenError(f"{entry.path}: a second dump for {filename}")
+                tx.write_batch(filename, plain(payload), step=entry.step, **info)
+                done.append((entry, filename))
+            tx.commit(
+                {
+                    "test": test_id,
+                    "fingerprint": None,
+                    "imported": {"layout": layout, "source": str(source)},
+                }
+            )
+        except BaseException:
+            tx.abort()
+            raise
+    return done
+
+
+def _slime_step(path: Path, payload: Any) -> int:
+    if isinstance(payload, dict) and isinstance(payload.get("rollout_id"), int):
+        return payload["rollout_id"]
+    numbers = re.findall(r"\d+", path.stem)
+    if not numbers:
+        raise GoldenError(f"{path}: no rollout_id in it and no number in its name to use as step")
+    return int(numbers[-1])
