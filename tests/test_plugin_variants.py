@@ -43,7 +43,7 @@ def test_perturbed_variant_fails_naming_metric_and_variant(project):
     result = project.run()
     result.assert_outcomes(passed=1, failed=1)
     row = project.mismatch_row(result, "pg_loss")
-    assert row["allowed"] == "rtol=0.0001, atol=1e-07"  # the float32 layout lane
+    assert row["allowed"] == "rtol=0.0001, atol=1e-07 (layout lane)"  # float32 lane
     text = result.stdout.str()
     assert f"test_gate[{VARIANT}] against the golden of the reference layout [{REF}]" in text
     assert f'pytest --update-golden -k "{REF}"' in text
@@ -56,7 +56,9 @@ def test_layout_lane_replaces_same_layout_defaults_only_for_variants(project):
     project.set_values(**{VARIANT: 1.00003, REF: 1.00003})
     result = project.run()
     result.assert_outcomes(passed=1, failed=1)
-    assert project.mismatch_row(result, "pg_loss")["allowed"] == "rtol=1e-05, atol=1e-08"
+    assert project.mismatch_row(result, "pg_loss")["allowed"] == (
+        "rtol=1e-05, atol=1e-08 (built-in default)"
+    )
     failed = [x for x in result.outlines if x.startswith("FAILED")]
     assert len(failed) == 1 and f"test_gate[{REF}]" in failed[0]
 

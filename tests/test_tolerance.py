@@ -171,6 +171,18 @@ def test_layers_are_consulted_in_their_order_whatever_order_they_are_given_in():
     assert resolver.with_layer(check).resolve("kl")[1] == "check"
 
 
+def test_the_layout_lane_sits_below_the_marker_and_above_calibrated_tolerances():
+    # A variant of parallel.variants() replays its reference layout's golden: the cross-layout
+    # lane must beat the golden's calibrated (same-layout) spread, and the user's marker beats both.
+    from pytest_rollout_golden.tolerance import CALIBRATED, LAYOUT, MARKER
+
+    lane = Layer("layout lane", {"pg_loss": Tolerance(rtol=1e-4)}, order=LAYOUT)
+    calibrated = Layer("calibrated", {"pg_loss": Tolerance(rtol=1e-7)}, order=CALIBRATED)
+    marker = Layer("marker", {"pg_loss": Tolerance(rtol=1e-2)}, order=MARKER)
+    assert Resolver([calibrated, lane, builtin_layer()]).resolve("pg_loss")[1] == "layout lane"
+    assert Resolver([calibrated, lane, marker]).resolve("pg_loss")[1] == "marker"
+
+
 def test_an_exclusion_in_any_layer_beats_every_tolerance_and_the_exact_lane():
     from pytest_rollout_golden.tolerance import IGNORE, INI, MARKER
 
