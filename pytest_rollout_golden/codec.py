@@ -183,7 +183,12 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
                     out[name] = key_for([*path, name])
                     arrays[out[name]] = part
             return out
-        return {"t": "nested", "v": [node(x, [*path, str(i)]) for i, x in enumerate(t.unbind())]}
+        rows = t.unbind()
+        if not rows:
+            raise UnsupportedValueError(
+                f"nested tensor at {_where(path)} has no rows; record an empty dense tensor"
+            )
+        return {"t": "nested", "v": [node(x, [*path, str(i)]) for i, x in enumerate(rows)]}
 
     try:
         return arrays, node(value, [])

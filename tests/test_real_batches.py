@@ -390,3 +390,9 @@ def test_per_micro_batch_lists_are_refused_with_the_reduction_to_write(project):
         ]
     )
     assert project.golden_files() == {}
+
+
+def test_empty_strided_nested_tensor_is_refused_at_record_time(tmp_path):
+    with pytest.raises(UnsupportedValueError, match=r"nested tensor at \['x'\] has no rows"):
+        save_batch(tmp_path / "b.safetensors", {"x": torch.nested.nested_tensor([])})
+    assert not (tmp_path / "b.safetensors").exists()
