@@ -1,12 +1,15 @@
 """Turn a rollout batch into named arrays plus a JSON layout, and back, without pickle.
 
 A batch is any nesting of mappings, lists and tuples whose leaves are torch
-tensors, numpy arrays, numpy scalars, bytes or JSON scalars; TensorDicts and
-verl/ROLL ``DataProto``-like objects (``.batch``, ``.non_tensor_batch``,
-``.meta_info``) are recognised by shape, without importing those frameworks.
-Numeric arrays go to safetensors under a path-like key; everything else is
-described by the layout, a JSON tree in which a node is a JSON scalar, a list
-of nodes, or a tagged object ``{"t": ...}``.
+tensors (dense, or nested: jagged as values + offsets, strided as their
+components), numpy arrays, numpy scalars, bytes or JSON scalars. TensorDicts
+(with their device; nested ones too), tensordict's ``NonTensorData`` /
+``NonTensorStack`` and verl/ROLL ``DataProto``-like objects (``.batch``,
+``.non_tensor_batch``, ``.meta_info``) are recognised by shape, without
+importing those frameworks; on load they are rebuilt only with classes the
+process already imported. Numeric arrays go to safetensors under a path-like
+key; everything else is described by the layout, a JSON tree in which a node
+is a JSON scalar, a list of nodes, or a tagged object ``{"t": ...}``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,22 @@ def _is_tensordict_like(value: Any) -> bool:
     return module.split(".")[0] == "tensordict" and hasattr(value, "batch_size")
 
 
+def _non_tensor_kind(value: Any) -> str | None:
+    """``"data"`` / ``"stack"`` for tensordict's NonTensorData / NonTensorStack, else None.
+
+    Both are tensordict-like (a stack is even a Mapping), so they are told apart by
+    class name before the TensorDict branch would take them for empty TensorDicts.
+    """
+    if not _is_tensordict_like(value):
+        return None
+    names = {c.__name__ for c in type(value).__mro__}
+    if "NonTensorStack" in names:
+        return "stack"
+    if "NonTensorData" in names or "NonTensorDataBase" in names:
+        return "data"
+    return None
+
+
 def _is_torch_tensor(value: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
@@ -87,9 +106,11 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
         if isinstance(v, float):
             return v if math.isfinite(v) else {"t": "float", "v": repr(v)}
         if _is_torch_tensor(v):
-            if v.is_sparse or v.is_quantized or v.is_nested:
+            if v.is_nested:
+                return nested(v, path)
+            if v.is_sparse or v.is_quantized:
                 raise UnsupportedValueError(
-                    f"tensor at {_where(path)} is sparse, quantized or nested; "
+                    f"tensor at {_where(path)} is sparse or quantized; "
                     "store it dense (`.to_dense()`, `.dequantize()`) before recording"
                 )
             key = key_for(path)
@@ -113,12 +134,23 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             return {"t": "numpy", "k": key}
         if isinstance(v, bytes):
             return {"t": "bytes", "v": base64.b64encode(v).decode("ascii")}
-        if _is_tensordict_like(v):
+        kind = _non_tensor_kind(v)
+        if kind is not None:
+            data = v.tolist() if kind == "stack" else v.data
             return {
+                "t": f"nontensor{kind}",
+                "batch_size": list(v.batch_size),
+                "v": node(data, path),
+            }
+        if _is_tensordict_like(v):
+            out = {
                 "t": "tensordict",
                 "batch_size": list(v.batch_size),
                 "items": _items(v.items(), path, node),
             }
+            if getattr(v, "device", None) is not None:  # absent key: the layout of older goldens
+                out["device"] = str(v.device)
+            return out
         if is_dataproto_like(v):
             cls = type(v)
             return {
@@ -140,10 +172,28 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             "array or a JSON-able value (str, int, float, bool, None, list, dict) before recording"
         )
 
+    def nested(t: Any, path: list[str]) -> Any:
+        import torch
+
+        if t.layout == torch.jagged:
+            out = {"t": "jagged", "ragged_idx": int(t._ragged_idx), "device": str(t.device)}
+            parts = [("values", t.values()), ("offsets", t.offsets()), ("lengths", t.lengths())]
+            for name, part in parts:
+                if part is not None:
+                    out[name] = key_for([*path, name])
+                    arrays[out[name]] = part
+            return out
+        rows = t.unbind()
+        if not rows:
+            raise UnsupportedValueError(
+                f"nested tensor at {_where(path)} has no rows; record an empty dense tensor"
+            )
+        return {"t": "nested", "v": [node(x, [*path, str(i)]) for i, x in enumerate(rows)]}
+
     try:
         return arrays, node(value, [])
     finally:
-        node = None  # a recursive closure is a reference cycle: do not let it pin arrays until gc
+        node = nested = None  # recursive closures are a reference cycle: do not pin arrays
 
 
 def _items(pairs: Any, path: list[str], node: Callable[[Any, list[str]], Any]) -> list[Any]:
@@ -197,7 +247,31 @@ def unflatten(
         if tag == "tensordict":
             items = {k: node(v) for k, v in n["items"]}
             td = sys.modules.get("tensordict")
-            return td.TensorDict(items, batch_size=n["batch_size"]) if td else items
+            if td is None:
+                return items
+            if "device" in n:
+                device = _device_here(n["device"])
+                return td.TensorDict(items, batch_size=n["batch_size"], device=device)
+            return td.TensorDict(items, batch_size=n["batch_size"])
+        if tag == "nontensordata":
+            td = sys.modules.get("tensordict")
+            data = node(n["v"])
+            return td.NonTensorData(data, batch_size=n["batch_size"]) if td else data
+        if tag == "nontensorstack":
+            td = sys.modules.get("tensordict")
+            data = node(n["v"])
+            return _non_tensor_stack(td, data, len(n["batch_size"])) if td else data
+        if tag == "jagged":
+            import torch
+
+            parts = {p: arrays[n[p]] for p in ("values", "offsets", "lengths") if p in n}
+            nt = torch.nested.nested_tensor_from_jagged(**parts, jagged_dim=n["ragged_idx"])
+            return _to_device(nt, n["device"])
+        if tag == "nested":
+            import torch
+
+            parts = [node(x) for x in n["v"]]
+            return torch.nested.as_nested_tensor(parts, layout=torch.strided)
         if tag == "dataproto":
             parts = {p: node(n[p]) for p in ("batch", "non_tensor_batch", "meta_info")}
             factory = rebuild or _already_imported_class(n["cls"]) or RolloutBatch
@@ -212,16 +286,31 @@ def unflatten(
         node = None  # a recursive closure is a reference cycle: do not let it pin arrays until gc
 
 
-def _to_device(tensor: Any, device: str) -> Any:
+def _device_here(device: str) -> str:
+    """The recorded device if this machine has it, else the closest one it has (CPU at worst)."""
     if device.startswith("cuda"):
         import torch
 
-        if torch.cuda.is_available():
-            index = device.partition(":")[2]
-            if index and int(index) >= torch.cuda.device_count():
-                device = "cuda"
-            return tensor.to(device)
+        if not torch.cuda.is_available():
+            return "cpu"
+        index = device.partition(":")[2]
+        if index and int(index) >= torch.cuda.device_count():
+            return "cuda"
+    return device
+
+
+def _to_device(tensor: Any, device: str) -> Any:
+    if device.startswith("cuda"):
+        here = _device_here(device)
+        return tensor.to(here) if here != "cpu" else tensor
     return tensor
+
+
+def _non_tensor_stack(td: Any, data: Any, ndim: int) -> Any:
+    """A NonTensorStack of ``ndim`` stacked dimensions over the nested list ``data``."""
+    if ndim <= 1:
+        return td.NonTensorStack.from_list([td.NonTensorData(x) for x in data])
+    return td.NonTensorStack.from_list([_non_tensor_stack(td, x, ndim - 1) for x in data])
 
 
 def _already_imported_class(spec: str) -> Callable[..., Any] | None:

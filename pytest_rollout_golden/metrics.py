@@ -6,6 +6,13 @@ or a shape keeps both: ``{"dtype": "float32", "value": 0.25}`` or
 ``{"dtype": "float32", "shape": [2], "values": [0.25, 0.5]}``. Every value of
 float16/bfloat16/float32 is exactly representable as a float64, so nothing is
 lost. NaN and infinities are the strings ``"nan"``, ``"inf"`` and ``"-inf"``.
+
+Metrics as verl logs them: a ``verl.utils.metric.Metric`` (values plus an
+aggregation) is recorded as the number verl reports for it, its
+``aggregate()``. A plain list (verl's ``append_to_dict`` keeps one value per
+micro-batch) is refused with the reduction to write, because verl picks the
+reduction from the metric's name (mean, or max/min for names containing them)
+and a list could as well be meant as an array to gate value by value.
 """
 
 from __future__ import annotations
@@ -29,8 +36,38 @@ def _unnumber(x: Any) -> Any:
     return _SPECIAL[x] if isinstance(x, str) else x
 
 
+def _is_verl_metric(value: Any) -> bool:
+    cls = type(value)
+    return (
+        (cls.__module__ or "").split(".")[0] == "verl"
+        and cls.__name__ == "Metric"
+        and hasattr(value, "aggregate")
+        and hasattr(value, "values")
+    )
+
+
+def _list_refusal(value: list | tuple, where: str) -> UnsupportedValueError:
+    return UnsupportedValueError(
+        f"{where}: got {type(value).__name__} of {len(value)} values (verl's append_to_dict "
+        "logs one per micro-batch); record the number verl reports, as "
+        "`verl.utils.metric.reduce_metrics(metrics)` computes it: `float(np.mean(values))`, "
+        "or `np.max(values)` / `np.min(values)` for a name containing 'max' / 'min'; "
+        "to gate every value instead, pass `torch.tensor(values)`"
+    )
+
+
 def encode(value: Any, *, where: str) -> Any:
-    """JSON node of one metric value (Python number, numpy scalar/array, tensor)."""
+    """JSON node of one metric value (Python number, numpy scalar/array, tensor).
+
+    A verl ``Metric`` is recorded as its ``aggregate()``; a list or tuple is refused
+    with the reduction to write (see the module docstring).
+    """
+    if _is_verl_metric(value):
+        if not value.values:
+            raise UnsupportedValueError(f"{where}: the verl Metric holds no values")
+        return encode(value.aggregate(), where=where)
+    if isinstance(value, (list, tuple)):
+        raise _list_refusal(value, where)
     if isinstance(value, bool) or (isinstance(value, int) and -(2**63) <= value < 2**63):
         return value
     if isinstance(value, float):

@@ -2,6 +2,9 @@
 
 tensordict is not a dependency; the codec only looks at the class's module name and
 ``batch_size``, and rebuilds a TensorDict when the test process has imported tensordict.
+The real package is tested in ``test_real_batches.py``; these stand-in tests remain for
+what it cannot show: the codec with no tensordict installed at all, and a layout written
+without a TensorDict device (the goldens recorded before devices were kept).
 """
 
 from __future__ import annotations

@@ -1,0 +1,215 @@
+"""A verl-style rollout batch from the outputs of ``vllm.LLM.generate``.
+
+Reads vLLM's public output classes by attribute, without importing vLLM:
+
+* ``vllm.outputs.RequestOutput``: ``request_id``, ``prompt_token_ids``, ``outputs``;
+* ``vllm.outputs.CompletionOutput``: ``index``, ``token_ids``, ``logprobs``,
+  ``finish_reason``;
+* the sample logprobs of a completion (``vllm.logprobs.SampleLogprobs``): either a
+  list with one ``dict[int, vllm.logprobs.Logprob]`` per generated token (the
+  ``Logprob`` dataclass has ``logprob``, ``rank``, ``decoded_token``), or
+  ``vllm.logprobs.FlatLogprobs`` (``SamplingParams(flat_logprobs=True)``), whose flat
+  lists ``token_ids`` / ``logprobs`` are sliced per position by ``start_indices`` /
+  ``end_indices``. Any other sequence whose item ``i`` is such a dict works too.
+
+The logprob taken for each position is that of the sampled token, looked up by its
+id (with ``logprobs=k`` the dict also holds the top k, and the sampled token need not
+be the first). Ask vLLM for it with ``SamplingParams(logprobs=0)``; without
+``logprobs`` vLLM returns ``None`` and :func:`vllm_rollout` raises. Set
+``SamplingParams(seed=...)`` too, so that regenerating the rollout on the same
+machine and vLLM version gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .codec import RolloutBatch
+
+__all__ = ["VllmSamplingWarning", "vllm_generate", "vllm_rollout"]
+
+_LOGPROBS_HINT = (
+    "pass SamplingParams(logprobs=0) (the sampled token's log prob; logprobs=k adds the top k)"
+)
+
+
+class VllmSamplingWarning(UserWarning):
+    """The SamplingParams make the recorded rollout impossible to regenerate."""
+
+
+def vllm_rollout(
+    outputs: Sequence[Any],
+    *,
+    pad_token_id: int,
+    prompt_length: int | None = None,
+    response_length: int | None = None,
+    uids: Sequence[str] | None = None,
+) -> RolloutBatch:
+    """The verl rollout batch of ``outputs``, the ``RequestOutput`` list of ``LLM.generate``.
+
+    One row per completion, request by request, completions in ``index`` order; the
+    ``n`` completions of one prompt share a ``uid`` (``uids[i]`` for request ``i``,
+    default ``str(i)``). ``batch`` holds, with P = ``prompt_length`` and R =
+    ``response_length`` (default: the longest prompt / completion):
+
+    * ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded with
+      ``pad_token_id``; ``input_ids`` = both side by side (int64);
+    * ``attention_mask`` [B, P+R] (1 on real tokens), ``response_mask`` [B, R] (1 on
+      generated tokens, EOS included, as vLLM lists it in ``token_ids``), int64;
+    * ``position_ids`` = ``clamp(cumsum(attention_mask) - 1, min=0)`` (verl's
+      ``compute_position_id_with_mask``);
+    * ``rollout_log_probs`` [B, R] float32: vLLM's log prob of each sampled token, 0 on
+      padding.
+
+    ``non_tensor_batch`` holds ``uid`` and ``finish_reason`` (numpy object arrays);
+    ``meta_info`` holds ``pad_token_id``. For a verl ``DataProto``:
+    ``DataProto.from_dict(b.batch, b.non_tensor_batch, b.meta_info)``.
+    """
+    import numpy as np
+    import torch
+
+    if uids is not None and len(uids) != len(outputs):
+        raise ValueError(f"got {len(uids)} uids for {len(outputs)} vLLM request outputs")
+    rows: list[tuple[list[int], list[int], list[float], str, Any]] = []
+    for i, request in enumerate(outputs):
+        prompt = request.prompt_token_ids
+        if prompt is None:
+            raise ValueError(
+                f"vLLM request {request.request_id!r} has no prompt_token_ids; "
+                "only decoder-only generation outputs can be converted"
+            )
+        uid = str(i) if uids is None else uids[i]
+        for completion in sorted(request.outputs, key=lambda c: c.index):
+            where = f"vLLM request {request.request_id!r}, completion {completion.index}"
+            tokens = [int(t) for t in completion.token_ids]
+            logprobs = _sampled_logprobs(completion.logprobs, tokens, where)
+            rows.append((list(prompt), tokens, logprobs, uid, completion.finish_reason))
+    if not rows:
+        raise ValueError("no vLLM completions to convert (empty outputs)")
+
+    longest_prompt = max(len(r[0]) for r in rows)
+    longest_response = max(len(r[1]) for r in rows)
+    P = longest_prompt if prompt_length is None else prompt_length
+    R = longest_response if response_length is None else response_length
+    if longest_prompt > P:
+        raise ValueError(
+            f"a prompt has {longest_prompt} tokens, more than prompt_length={P}; "
+            "truncate prompts before generating, or raise prompt_length"
+        )
+    if longest_response > R:
+        raise ValueError(
+            f"a completion has {longest_response} tokens, more than response_length={R}; "
+            f"generate with SamplingParams(max_tokens={R}), or raise response_length"
+        )
+
+    B = len(rows)
+    prompts = torch.full((B, P), pad_token_id, dtype=torch.int64)
+    responses = torch.full((B, R), pad_token_id, dtype=torch.int64)
+    prompt_mask = torch.zeros((B, P), dtype=torch.int64)
+    response_mask = torch.zeros((B, R), dtype=torch.int64)
+    rollout_log_probs = torch.zeros((B, R), dtype=torch.float32)
+    for b, (prompt, tokens, logprobs, _, _) in enumerate(rows):
+        if prompt:
+            prompts[b, P - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
+            prompt_mask[b, P - len(prompt) :] = 1
+        if tokens:
+            responses[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+            response_mask[b, : len(tokens)] = 1
+            rollout_log_probs[b, : len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    batch = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+        "rollout_log_probs": rollout_log_probs,
+    }
+    non_tensor_batch = {
+        "uid": _objects([r[3] for r in rows], np),
+        "finish_reason": _objects([r[4] for r in rows], np),
+    }
+    return RolloutBatch(batch, non_tensor_batch, {"pad_token_id": pad_token_id})
+
+
+def vllm_generate(
+    llm: Any,
+    prompts: Any,
+    sampling_params: Any,
+    *,
+    pad_token_id: int,
+    prompt_length: int | None = None,
+    response_length: int | None = None,
+    uids: Sequence[str] | None = None,
+) -> Callable[[], RolloutBatch]:
+    """A ``generate`` for ``golden.rollout``: ``llm.generate(prompts, sampling_params)`` as a batch.
+
+    ``golden.rollout(vllm_generate(llm, prompts, params, pad_token_id=tok.pad_token_id))``
+    runs vLLM only when the rollout is recorded. The parameters are checked here, before
+    anything runs: a ``sampling_params`` without ``logprobs`` is a ValueError (the batch
+    would have no ``rollout_log_probs``), one without ``seed`` a
+    :class:`VllmSamplingWarning` (a regenerated rollout would hold other tokens).
+    """
+    for params in sampling_params if isinstance(sampling_params, Sequence) else [sampling_params]:
+        if getattr(params, "logprobs", None) is None:
+            raise ValueError(
+                f"SamplingParams has logprobs=None, so vLLM returns no log probs and the "
+                f"batch cannot hold rollout_log_probs; {_LOGPROBS_HINT}"
+            )
+        if getattr(params, "seed", None) is None:
+            warnings.warn(
+                "SamplingParams has seed=None: regenerating this rollout gives other tokens; "
+                "pass SamplingParams(seed=...) to record a rollout you can regenerate",
+                VllmSamplingWarning,
+                stacklevel=2,
+            )
+    return functools.partial(
+        _generate,
+        llm,
+        prompts,
+        sampling_params,
+        pad_token_id=pad_token_id,
+        prompt_length=prompt_length,
+        response_length=response_length,
+        uids=uids,
+    )
+
+
+def _generate(llm: Any, prompts: Any, sampling_params: Any, **convert: Any) -> RolloutBatch:
+    return vllm_rollout(llm.generate(prompts, sampling_params, use_tqdm=False), **convert)
+
+
+def _sampled_logprobs(logprobs: Any, tokens: list[int], where: str) -> list[float]:
+    """The log prob vLLM reported for each sampled token of one completion."""
+    if logprobs is None:
+        raise ValueError(f"{where} carries no logprobs; {_LOGPROBS_HINT}")
+    if len(logprobs) != len(tokens):
+        raise ValueError(
+            f"{where} has {len(tokens)} tokens but logprobs for {len(logprobs)} positions"
+        )
+    flat = all(
+        hasattr(logprobs, a) for a in ("start_indices", "end_indices", "token_ids", "logprobs")
+    )
+    out = []
+    for i, token in enumerate(tokens):
+        if flat:  # FlatLogprobs: read its lists instead of building a dict per position
+            ids = logprobs.token_ids[logprobs.start_indices[i] : logprobs.end_indices[i]]
+            at = ids.index(token) + logprobs.start_indices[i] if token in ids else None
+            value = None if at is None else logprobs.logprobs[at]
+        else:
+            entry = (logprobs[i] or {}).get(token)
+            value = None if entry is None else entry.logprob
+        if value is None:
+            raise ValueError(f"{where}: no logprob for the sampled token {token} at position {i}")
+        out.append(float(value))
+    return out
+
+
+def _objects(values: list[Any], np: Any) -> Any:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
