@@ -12,6 +12,11 @@ A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default. The result is ``tolerances.json`` inside the golden directory, listed
 in its manifest (so the atomic swap of an update keeps it), readable in review:
 each entry carries the spread it was derived from.
+
+Layout variants (``parallel.variants()``) that gate against one golden are also
+measured *across* layouts: the spread over every run of every layout becomes the
+golden's calibrated layout lane (``layout_tolerances``), which variants use in
+place of the shipped lane: measured on the user's model rather than on ours.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GoldenFormatError
-from .tolerance import CALIBRATED, Layer, Resolver, Tolerance
+from .tolerance import CALIBRATED, CALIBRATED_LAYOUT, Layer, Resolver, Tolerance
 
 FILENAME = "tolerances.json"
 FORMAT = "pytest-rollout-golden-tolerances"
@@ -35,19 +40,33 @@ MARGIN = 2.0
 DTYPE_FLOOR = 4.0
 EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
 SOURCE = "calibrated (tolerances.json)"
+LAYOUT_SOURCE = "calibrated layout lane (tolerances.json)"
 
 
 def calibrated_layer(document: Any, path: Path) -> Layer:
     """The resolution layer of a ``tolerances.json`` document."""
+    return calibrated_layers(document, path)[0]
+
+
+def calibrated_layers(document: Any, path: Path, *, layout_variant: bool = False) -> list[Layer]:
+    """The resolution layers of a ``tolerances.json`` document.
+
+    A ``layout_variant`` (a layout replaying another layout's golden) also gets the
+    layout lane measured across layouts, when the document has one.
+    """
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise GoldenFormatError(
             f"{path}: is not a calibrated-tolerances file of ours; re-run "
             "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
         )
     try:
-        return Layer(SOURCE, document.get("tolerances", {}), order=CALIBRATED)
-    except (TypeError, ValueError) as exc:
+        layers = [Layer(SOURCE, document.get("tolerances", {}), order=CALIBRATED)]
+        if layout_variant and document.get("layout_tolerances"):
+            lane = document["layout_tolerances"]
+            layers.append(Layer(LAYOUT_SOURCE, lane, order=CALIBRATED_LAYOUT))
+    except (TypeError, ValueError, AttributeError) as exc:
         raise GoldenFormatError(f"{path}: {exc}") from None
+    return layers
 
 
 # --------------------------------------------------------------------------- perturbations
@@ -159,15 +178,10 @@ def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
     return Tolerance(rtol=max(MARGIN * spread.rel, floor), atol=atol, equal_nan=base.equal_nan)
 
 
-def document(
-    found: Mapping[str, Spread],
-    base: Callable[[str, str], Tolerance],
-    *,
-    runs: int,
-    perturbations: Sequence[str],
-    tests: Sequence[str],
-) -> dict[str, Any]:
-    """The content of ``tolerances.json``: tolerances, and the spreads they come from."""
+def _section(
+    found: Mapping[str, Spread], base: Callable[[str, str], Tolerance]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tolerances derived from ``found`` spreads, and the table of spreads they come from."""
     tolerances, table = {}, {}
     for name, spread in sorted(found.items()):
         tol = tolerance_for(spread, base(name, spread.dtype))
@@ -184,7 +198,26 @@ def document(
             if tol.equal_nan:
                 tolerances[name]["equal_nan"] = True
         table[name] = entry
-    return {
+    return tolerances, table
+
+
+def document(
+    found: Mapping[str, Spread],
+    base: Callable[[str, str], Tolerance],
+    *,
+    runs: int,
+    perturbations: Sequence[str],
+    tests: Sequence[str],
+    across_layouts: Mapping[str, Spread] | None = None,
+    layouts: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The content of ``tolerances.json``: tolerances, and the spreads they come from.
+
+    ``across_layouts``: spreads over the runs of every layout in ``layouts``, which
+    become the calibrated layout lane.
+    """
+    tolerances, table = _section(found, base)
+    content: dict[str, Any] = {
         "format": FORMAT,
         "version": 1,
         "how": {
@@ -197,6 +230,12 @@ def document(
         "tolerances": tolerances,
         "spreads": table,
     }
+    if across_layouts is not None:
+        lane, lane_table = _section(across_layouts, base)
+        content["how"]["layouts"] = list(layouts)
+        content["layout_tolerances"] = lane
+        content["layout_spreads"] = lane_table
+    return content
 
 
 def write(directory: Path, content: Mapping[str, Any]) -> None:
@@ -236,13 +275,15 @@ def calibrate_goldens(
     *,
     runs: int,
     perturbations: Sequence[str],
+    layouts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Write ``tolerances.json`` for every golden with at least one test of 2+ usable runs.
 
     ``samples``: golden directory -> test id -> each run's metrics; ``skipped``: golden
-    directory -> test id -> why its runs do not count. ``resolver`` gives the tolerances
-    below the calibrated layer. Returns one summary entry per golden (what was written,
-    or why nothing was).
+    directory -> test id -> why its runs do not count; ``layouts``: golden directory ->
+    test id -> the layout id of a ``parallel.variants()`` test. ``resolver`` gives the
+    tolerances below the calibrated layer. Returns one summary entry per golden (what was
+    written, or why nothing was).
     """
     out = []
     for directory, tests in sorted(samples.items()):
@@ -256,22 +297,38 @@ def calibrate_goldens(
         for test_runs in usable.values():
             for name, spread in spreads(test_runs).items():
                 found[name] = spread if name not in found else found[name].merge(spread)
+        of_layout = {t: lay for t, lay in (layouts or {}).get(directory, {}).items() if t in usable}
+        across = None
+        if len(set(of_layout.values())) > 1:  # runs of every layout, pooled
+            across = spreads([run for test in sorted(of_layout) for run in usable[test]])
         content = document(
             found,
             lambda name, dtype: resolver.resolve(name, (dtype,))[0],
             runs=runs,
             perturbations=perturbations,
             tests=sorted(usable),
+            across_layouts=across,
+            layouts=sorted(set(of_layout.values())),
         )
         write(Path(directory), content)
+        rows = [
+            {"metric": name, "lane": "same layout", **entry, **content["tolerances"].get(name, {})}
+            for name, entry in content["spreads"].items()
+        ]
+        rows += [
+            {
+                "metric": name,
+                "lane": "across layouts",
+                **entry,
+                **content["layout_tolerances"].get(name, {}),
+            }
+            for name, entry in content.get("layout_spreads", {}).items()
+        ]
         out.append(
             {
                 "directory": directory,
                 "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
-                "rows": [
-                    {"metric": name, **entry, **content["tolerances"].get(name, {})}
-                    for name, entry in content["spreads"].items()
-                ],
+                "rows": rows,
             }
         )
     return out

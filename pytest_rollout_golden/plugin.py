@@ -352,6 +352,9 @@ class GoldenPlugin:
         """Keep this run's metrics, unless the test is expected to fail or raised itself."""
         directory = str(golden.directory)
         runs = self.state.calibration.setdefault(directory, {}).setdefault(item.nodeid, [])
+        layout = self.marker_options(item).get("variant")
+        if layout is not None:  # a parallel.variants() test: also measured across layouts
+            self.state.calibration_layouts.setdefault(directory, {})[item.nodeid] = str(layout)
         if test_error or _expected_to_fail(item):
             self.state.calibration_skipped.setdefault(directory, {})[item.nodeid] = (
                 "expected to fail (xfail)" if _expected_to_fail(item) else "the test raised"
@@ -373,6 +376,7 @@ class GoldenPlugin:
             Resolver(below),
             runs=self.calibrate,
             perturbations=self.perturb,
+            layouts=self.state.calibration_layouts,
         )
 
     def _plot(self, item: pytest.Item, outcome: dict[str, Any]) -> None:

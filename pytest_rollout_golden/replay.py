@@ -183,8 +183,7 @@ class Golden:
         updated = self._registry is not None and self._registry.contains(self.directory)
         if self._manifest is not None and self.mode is Mode.UPDATE and updated:
             self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
-        calibrated = self.calibrated_layer()
-        if calibrated is not None:
+        for calibrated in self.calibrated_layers():
             self._resolver = self._resolver.with_layer(calibrated)
         if self._manifest is not None and self.mode is not Mode.UPDATE:
             from .determinism import fingerprint, fingerprint_changes
@@ -194,24 +193,29 @@ class Golden:
             if changes and self._resolver.exact:
                 self._resolver = Resolver(self._resolver.layers, exact=False)
 
-    def calibrated_layer(self) -> Layer | None:
-        """The tolerances ``--golden-calibrate`` wrote into this golden, if any."""
+    def calibrated_layers(self) -> list[Layer]:
+        """The tolerances ``--golden-calibrate`` wrote into this golden, if any.
+
+        A replay-only golden (a layout variant) also takes the lane calibrated across layouts.
+        """
         info = self._old_files().get(TOLERANCES)
         if info is None:
-            return None
+            return []
         document = self._load_for_update(TOLERANCES, info, None)
         if document is None:  # damaged, and --update-golden is the remedy: drop it
             self._drop_tolerances = True
-            return None
-        from .calibrate import calibrated_layer
+            return []
+        from .calibrate import calibrated_layers
 
         try:
-            return calibrated_layer(document, self.directory / TOLERANCES)
+            return calibrated_layers(
+                document, self.directory / TOLERANCES, layout_variant=self._replay_only is not None
+            )
         except GoldenFormatError:
             if self.mode is not Mode.UPDATE:
                 raise
             self._drop_tolerances = True
-            return None
+            return []
 
     @property
     def _replaying(self) -> bool:

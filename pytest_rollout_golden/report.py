@@ -43,11 +43,15 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
     if not entry["rows"]:
         return [f"not calibrated: {directory} ({entry['skipped']})"]
     lines = [f"calibrated tolerances written to {directory}/tolerances.json:"]
+    lanes = {row.get("lane", "same layout") for row in entry["rows"]} != {"same layout"}
     table = [("metric", "rel spread", "abs spread", "at step", "rtol", "atol")]
+    if lanes:
+        table = [("lane", *table[0])]
     for row in entry["rows"]:
         kept = "rtol" not in row
         table.append(
             (
+                *((row.get("lane", "same layout"),) if lanes else ()),
                 row["metric"],
                 f"{row['rel_spread']:.3g}",
                 f"{row['abs_spread']:.3g}",

@@ -57,6 +57,7 @@ class SessionState:
     # --golden-calibrate: golden directory -> test id -> each run's metrics, and tests left out
     calibration: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     calibration_skipped: dict[str, dict[str, str]] = field(default_factory=dict)
+    calibration_layouts: dict[str, dict[str, str]] = field(default_factory=dict)  # layout ids
     calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
 
     def add_outcome(self, outcome: dict[str, Any]) -> None:
@@ -74,6 +75,7 @@ class SessionState:
                 "plots": self.plots,
                 "calibration": self.calibration,
                 "calibration_skipped": self.calibration_skipped,
+                "calibration_layouts": self.calibration_layouts,
             }
         )
 
@@ -91,6 +93,8 @@ class SessionState:
                 merged.extend(runs)
         for directory, tests in data.get("calibration_skipped", {}).items():
             self.calibration_skipped.setdefault(directory, {}).update(tests)
+        for directory, tests in data.get("calibration_layouts", {}).items():
+            self.calibration_layouts.setdefault(directory, {}).update(tests)
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""

@@ -2,13 +2,14 @@
 
 Resolution order, first match wins: ``golden.check(tolerances=)`` >
 ``@pytest.mark.golden(tolerances=)`` > the layout lane (variants of
-``parallel.variants()`` replaying their reference) > calibrated (``tolerances.json`` in the
-golden) > ``--golden-tolerance`` > ini ``golden_tolerances`` > built-in RL
-defaults > torch.testing's per-dtype defaults. Within a layer a metric name
-matches an exact entry first, then a glob pattern (``rollout_corr/*``), then its
-last path component (``pg_loss`` matches ``actor/pg_loss``). An entry may say
-"not compared" (:data:`IGNORE`) instead of giving a tolerance; such an exclusion
-wins over the tolerances of every layer.
+``parallel.variants()`` replaying their reference: calibrated across layouts if
+measured, else the shipped lane) > calibrated (``tolerances.json`` in the golden) >
+``--golden-tolerance`` > ini ``golden_tolerances`` > built-in RL defaults >
+torch.testing's per-dtype defaults. Within a layer a metric name matches an exact
+entry first, then a glob pattern (``rollout_corr/*``), then its last path component
+(``pg_loss`` matches ``actor/pg_loss``). An entry may say "not compared"
+(:data:`IGNORE`) instead of giving a tolerance; such an exclusion wins over the
+tolerances of every layer.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ IGNORE = Tolerance(ignore=True)
 # Where each source of tolerances sits in the resolution order (lower wins).
 # LAYOUT is the cross-layout lane of parallel.variants(): a variant replaying the reference
 # layout's golden differs by reduction order across ranks, more than same-layout noise.
-CHECK, MARKER, LAYOUT, CALIBRATED, CLI, INI, BUILTIN_ORDER = 0, 10, 15, 20, 30, 40, 50
+# CALIBRATED_LAYOUT is that lane measured on the user's own model by --golden-calibrate.
+CHECK, MARKER, CALIBRATED_LAYOUT, LAYOUT, CALIBRATED = 0, 10, 12, 15, 20
+CLI, INI, BUILTIN_ORDER = 30, 40, 50
 
 # Tight defaults for replay on the same platform under deterministic settings,
 # where results are usually bit-identical: rtol 1e-5 leaves ~100 float32 ulps for

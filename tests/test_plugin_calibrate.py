@@ -217,3 +217,53 @@ def test_xdist_workers_send_their_runs_and_the_controller_writes(project):
     assert doc["spreads"]["loss"]["abs_spread"] == pytest.approx(
         1e-7 * (max(counts) - min(counts)), rel=1e-6
     )
+
+
+# Layout variants of one shared golden: the layout moves pg_loss by 2e-6 relative per extra TP
+# rank (as a reduction split across ranks would); thread counts move nothing.
+LAYOUT_GATE = """
+import pytest
+from pytest_rollout_golden.parallel import variants
+
+LAYOUTS = variants(tp=[1, 2], pp=[1], dp=[1], packing=[False], micro_batches=[1])
+
+@pytest.mark.golden(shared="policy")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gate(golden, values, layout):
+    shift = 1 + 2e-6 * (layout.tp - 1)
+    golden.check({"pg_loss": 0.5 * shift * values.get(layout.id, 1.0), "grad_norm": 2.0}, step=0)
+"""
+REF, VARIANT = "tp1-pp1-dp1-padded-mb1", "tp2-pp1-dp1-padded-mb1"
+
+
+def test_calibration_across_layouts_becomes_the_variants_layout_lane(project):
+    project.write(LAYOUT_GATE)
+    project.set_values()
+    project.run().assert_outcomes(passed=2)
+    result = project.run("--golden-calibrate", "3")
+    result.assert_outcomes(passed=6)
+    written = json.loads((project.golden / "@shared" / "policy" / "tolerances.json").read_text())
+    assert written["how"]["layouts"] == [REF, VARIANT]
+    assert written["tolerances"] == {}  # no layout moves with the thread count
+    rel = (0.5 * (1 + 2e-6) - 0.5) / (0.5 * (1 + 2e-6))
+    lane = written["layout_tolerances"]
+    assert lane["pg_loss"]["rtol"] == pytest.approx(MARGIN * rel)
+    assert "grad_norm" not in lane  # equal across layouts: the shipped lane stays
+    assert written["layout_spreads"]["grad_norm"]["kept"].startswith("spread 0")
+    summary = "\n".join(result.outlines)
+    assert "across layouts  pg_loss" in summary
+
+    # 2e-5 more on the variant: inside the shipped lane (rtol 1e-4), beyond the measured one
+    project.set_values(**{VARIANT: 1.00002})
+    result = project.run()
+    result.assert_outcomes(passed=1, failed=1)
+    row = project.mismatch_row(result, "pg_loss")
+    assert row["allowed"].endswith("(calibrated layout lane (tolerances.json))")
+    assert f"test_gate[{VARIANT}]" in next(x for x in result.outlines if x.startswith("FAILED"))
+
+    # the reference layout is not a variant: the layout lane never applies to it
+    project.set_values(**{REF: 1.00002})
+    result = project.run()
+    result.assert_outcomes(passed=1, failed=1)
+    assert project.mismatch_row(result, "pg_loss")["allowed"].endswith("(built-in default)")
+    assert f"test_gate[{REF}]" in next(x for x in result.outlines if x.startswith("FAILED"))
