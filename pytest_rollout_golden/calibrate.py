@@ -8,6 +8,9 @@ TF32). Each metric's spread over those runs becomes its tolerance::
     rtol = max(MARGIN * max relative spread, DTYPE_FLOOR * eps(dtype))
     atol = max(MARGIN * max absolute spread at steps whose value is ~0, lower layers' atol)
 
+A step whose values touch or straddle 0 adds to ``atol`` only: there a relative
+spread is meaningless (0 against 1e-7 is 100%) and would disarm the gate.
+
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default. The result is ``tolerances.json`` inside the golden directory, listed
 in its manifest (so the atomic swap of an update keeps it), readable in review:
@@ -161,8 +164,11 @@ def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread
                 continue
             dtype = runs[0][step][name][1]
             width, scale = max(values) - min(values), max(abs(v) for v in values)
-            rel = width / scale if scale else 0.0
-            spread = Spread(rel, width, int(step), min(abs(v) for v in values) <= width, dtype)
+            near_zero = min(abs(v) for v in values) <= width
+            # Where the values touch or straddle 0 a relative spread means nothing (0 vs 1e-7
+            # is "100%"): that step's spread is counted in atol only.
+            rel = width / scale if scale and not near_zero else 0.0
+            spread = Spread(rel, width, int(step), near_zero, dtype)
             out[name] = spread if name not in out else out[name].merge(spread)
     return out
 
@@ -175,7 +181,9 @@ def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
     atol = base.atol
     if spread.near_zero:  # a relative spread means little around 0
         atol = max(atol, MARGIN * spread.abs)
-    return Tolerance(rtol=max(MARGIN * spread.rel, floor), atol=atol, equal_nan=base.equal_nan)
+    # Runs that moved only around 0 say nothing about the relative noise: keep base's rtol.
+    rtol = max(MARGIN * spread.rel, floor) if spread.rel else base.rtol
+    return Tolerance(rtol=rtol, atol=atol, equal_nan=base.equal_nan)
 
 
 def _section(

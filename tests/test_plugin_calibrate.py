@@ -131,6 +131,26 @@ def test_spreads_take_the_largest_step_and_skip_non_finite():
     assert found["a"].dtype == "float32" and "b" not in found
 
 
+def test_values_around_zero_widen_atol_never_rtol():
+    # kl at step 0 is 0 in one run and 1e-7 in another: "100%" relative, yet only noise at 0.
+    # A relative spread taken there (rtol 2) would let any later drift of kl pass.
+    from pytest_rollout_golden.calibrate import tolerance_for
+    from pytest_rollout_golden.tolerance import Tolerance
+
+    runs = [
+        {"0": {"kl": (0.0, "float32")}, "1": {"kl": (1e-3, "float32")}},
+        {"0": {"kl": (1e-7, "float32")}, "1": {"kl": (1e-3 * (1 + 1e-6), "float32")}},
+    ]
+    found = spreads(runs)["kl"]
+    assert found.near_zero and found.rel == pytest.approx(1e-6, rel=1e-3) and found.step == 1
+    tol = tolerance_for(found, Tolerance(rtol=1e-5, atol=1e-9))
+    assert tol.rtol == pytest.approx(MARGIN * 1e-6, rel=1e-3)
+    assert tol.atol == pytest.approx(MARGIN * 1e-7)
+    only_at_zero = spreads([runs[0], {"0": {"kl": (1e-7, "float32")}, "1": runs[0]["1"]}])
+    assert only_at_zero["kl"].rel == 0
+    assert tolerance_for(only_at_zero["kl"], Tolerance(rtol=1e-5, atol=1e-9)).rtol == 1e-5
+
+
 def test_perturbations_change_the_settings_and_restore_them():
     before = (
         torch.get_num_threads(),
