@@ -8,8 +8,9 @@ TF32). Each metric's spread over those runs becomes its tolerance::
     rtol = max(MARGIN * max relative spread, DTYPE_FLOOR * eps(dtype))
     atol = max(MARGIN * max absolute spread at steps whose value is ~0, lower layers' atol)
 
-A step whose values touch or straddle 0 adds to ``atol`` only: there a relative
-spread is meaningless (0 against 1e-7 is 100%) and would disarm the gate.
+A step whose values touch 0, or lie 100x below the metric's largest magnitude over
+the steps, adds to ``atol`` only: there a relative spread is meaningless (0 against
+1e-7 is 100%) and would disarm the gate at the steps where the metric is large.
 
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default. The result is ``tolerances.json`` inside the golden directory, listed
@@ -129,6 +130,12 @@ def perturbed(run: int, kinds: Sequence[str]) -> Iterator[str]:
 # --------------------------------------------------------------------------- spreads
 
 
+# A step whose values are this far below the metric's largest magnitude (over all steps) counts
+# as "near 0": kl is ~1e-6 at step 0 (policy = reference) and ~1e-3 later; a relative spread
+# taken at step 0 (5% there) would let every later kl drift pass.
+NEAR_ZERO = 1e-2
+
+
 @dataclasses.dataclass
 class Spread:
     """The largest disagreement between runs of one metric over all steps."""
@@ -136,39 +143,45 @@ class Spread:
     rel: float = 0.0
     abs: float = 0.0
     step: int | None = None  # where the relative spread is largest
-    near_zero: bool = False  # some step's values straddle or touch 0
+    near_zero: bool = False  # some step's values touch 0 or lie far below the metric's scale
     dtype: str = "float64"
+    near_zero_abs: float = 0.0  # the largest absolute spread at such steps
 
     def merge(self, other: Spread) -> Spread:
         """The larger of two spreads (of two steps, or two tests sharing a golden)."""
         best = self if (self.rel, self.abs) >= (other.rel, other.abs) else other
         return dataclasses.replace(
-            best, abs=max(self.abs, other.abs), near_zero=self.near_zero or other.near_zero
+            best,
+            abs=max(self.abs, other.abs),
+            near_zero=self.near_zero or other.near_zero,
+            near_zero_abs=max(self.near_zero_abs, other.near_zero_abs),
         )
 
 
 def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread]:
     """Per metric, the spread over ``runs`` (each ``{step: {name: (value, dtype)}}``).
 
-    Only steps every run checked count; NaN or infinite values are skipped.
+    Only steps every run checked count; NaN or infinite values are skipped. A step
+    whose values touch 0 or lie below ``NEAR_ZERO`` times the metric's largest
+    magnitude adds to the absolute spread only: relative to ~0 any noise is "100%".
     """
     out: dict[str, Spread] = {}
     if len(runs) < 2:
         return out
-    steps = set.intersection(*(set(r) for r in runs))
-    for step in sorted(steps, key=int):
-        names = set.intersection(*(set(r[step]) for r in runs))
-        for name in sorted(names):
+    steps = sorted(set.intersection(*(set(r) for r in runs)), key=int)
+    table: dict[str, list[tuple[int, list[float], str]]] = {}
+    for step in steps:
+        for name in sorted(set.intersection(*(set(r[step]) for r in runs))):
             values = [float(r[step][name][0]) for r in runs]
-            if not all(math.isfinite(v) for v in values):
-                continue
-            dtype = runs[0][step][name][1]
+            if all(math.isfinite(v) for v in values):
+                table.setdefault(name, []).append((int(step), values, runs[0][step][name][1]))
+    for name, rows in table.items():
+        magnitude = max(abs(v) for _, values, _ in rows for v in values)
+        for step, values, dtype in rows:
             width, scale = max(values) - min(values), max(abs(v) for v in values)
-            near_zero = min(abs(v) for v in values) <= width
-            # Where the values touch or straddle 0 a relative spread means nothing (0 vs 1e-7
-            # is "100%"): that step's spread is counted in atol only.
-            rel = width / scale if scale and not near_zero else 0.0
-            spread = Spread(rel, width, int(step), near_zero, dtype)
+            small = min(abs(v) for v in values) <= width or scale < NEAR_ZERO * magnitude
+            rel = width / scale if scale and not small else 0.0
+            spread = Spread(rel, width, step, small, dtype, width if small else 0.0)
             out[name] = spread if name not in out else out[name].merge(spread)
     return out
 
@@ -180,7 +193,7 @@ def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
     floor = DTYPE_FLOOR * EPS.get(spread.dtype, EPS["float64"])
     atol = base.atol
     if spread.near_zero:  # a relative spread means little around 0
-        atol = max(atol, MARGIN * spread.abs)
+        atol = max(atol, MARGIN * spread.near_zero_abs)
     # Runs that moved only around 0 say nothing about the relative noise: keep base's rtol.
     rtol = max(MARGIN * spread.rel, floor) if spread.rel else base.rtol
     return Tolerance(rtol=rtol, atol=atol, equal_nan=base.equal_nan)

@@ -149,6 +149,15 @@ def test_values_around_zero_widen_atol_never_rtol():
     only_at_zero = spreads([runs[0], {"0": {"kl": (1e-7, "float32")}, "1": runs[0]["1"]}])
     assert only_at_zero["kl"].rel == 0
     assert tolerance_for(only_at_zero["kl"], Tolerance(rtol=1e-5, atol=1e-9)).rtol == 1e-5
+    # Not touching 0, but 500x below the metric's own scale (the real reference policy: kl is
+    # ~2e-6 at step 0 with a 6% spread there, ~1e-3 later): atol again, not a 6% rtol.
+    tiny = [
+        {"0": {"kl": (2.0e-6, "float32")}, "1": {"kl": (1e-3, "float32")}},
+        {"0": {"kl": (2.12e-6, "float32")}, "1": {"kl": (1e-3 * (1 + 1e-6), "float32")}},
+    ]
+    found = spreads(tiny)["kl"]
+    assert found.rel == pytest.approx(1e-6, rel=1e-3)
+    assert found.near_zero_abs == pytest.approx(1.2e-7)
 
 
 def test_perturbations_change_the_settings_and_restore_them():
