@@ -13,9 +13,7 @@ Layout`` imports neither torch nor numpy (test collection stays fast).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
+from .._lazy import lazy_attributes
 from .layout import FAULTS, Layout
 
 _BATCHING = (
@@ -42,38 +40,6 @@ _LAZY = {
 }
 _SUBMODULES = {"batching", "launcher", "params", "policy", "layout"}
 
-__all__ = [  # noqa: RUF022 - grouped by module
-    "FAULTS",
-    "Layout",
-    "LaunchError",
-    "LaunchTimeout",
-    "launch",
-    "shutdown",
-    "LAYOUT_TOLERANCES",
-    "layout_params",
-    "variant",
-    "variants",
-    "Batch",
-    "Split",
-    "batch_size",
-    "dp_shards",
-    "micro_batch_splits",
-    "pack",
-    "pad_columns",
-    "padding_side",
-    "select_rows",
-    "split_by_count",
-    "split_by_token_budget",
-    "split_interleaved",
-    "token_counts",
-    "token_keys",
-    "unpack",
-]
+__all__ = ["FAULTS", "Layout", *_LAZY]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
-    if name in _SUBMODULES:
-        return import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, _SUBMODULES)
