@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import sys
@@ -464,17 +465,34 @@ def locked(directory: Path) -> Iterator[None]:
 
 def recover(directory: Path) -> None:
     """Finish or roll back an interrupted commit of ``directory`` (call under :func:`locked`)."""
-    parent, name = directory.parent, directory.name
+    parent = directory.parent
     if not parent.is_dir():
         return
-    siblings = [p for p in parent.iterdir() if p.name.startswith(f".{name}.")]
-    backups = sorted(
-        (p for p in siblings if p.name.startswith(f".{name}.old-")), key=lambda p: p.stat().st_mtime
-    )
+    backups, staged = [], []
+    for p in parent.iterdir():
+        kind = leftover_kind(directory.name, p.name)
+        if kind == "old":
+            backups.append(p)
+        elif kind == "new":
+            staged.append(p)
+    backups.sort(key=lambda p: p.stat().st_mtime)
     if backups and not directory.exists():
         os.rename(backups.pop(), directory)
-    for leftover in [*backups, *(p for p in siblings if p.name.startswith(f".{name}.new-"))]:
+    for leftover in [*backups, *staged]:
         shutil.rmtree(leftover, ignore_errors=True)
+
+
+def leftover_kind(name: str, sibling: str) -> str | None:
+    """``"old"`` or ``"new"`` if ``sibling`` is a backup or staging directory of golden ``name``.
+
+    The match is exact (``.NAME.old-PID``, ``.NAME.new-PID``): ``.layout.old-ref.new-7``
+    is the staging directory of golden ``layout.old-ref``, not a backup of ``layout``.
+    """
+    match = _LEFTOVER.fullmatch(sibling)
+    return match.group(2) if match and match.group(1) == name else None
+
+
+_LEFTOVER = re.compile(r"\.(.+)\.(old|new)-([0-9]+)")
 
 
 class Transaction:
