@@ -21,14 +21,14 @@ import shutil
 import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from . import codec
-from .errors import REMEDY_UPDATE, GoldenFormatError, UnsupportedValueError
+from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError, UnsupportedValueError
 
 FORMAT = "pytest-rollout-golden"
 SCHEMA = 1
@@ -434,33 +434,125 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     return manifest
 
 
+LOCK_TIMEOUT_ENV = "ROLLOUT_GOLDEN_LOCK_TIMEOUT"
+LOCK_TIMEOUT = 1800.0  # seconds; a lock is held for a whole test, which may train for minutes
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock file of a golden: ``.NAME.lock`` beside it, at its real (resolved) path."""
+    real = directory.resolve()
+    return real.parent / f".{real.name}.lock"
+
+
 @contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Exclusive inter-process lock on a golden directory (xdist workers, shared keys)."""
+def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
+    """Exclusive inter-process lock on a golden directory (xdist workers, shared keys).
+
+    The lock file lives beside the golden, at its resolved path, so every process
+    that reaches the golden excludes the others whatever its ``$TMPDIR``, through a
+    symlink, a bind mount or a shared filesystem. A symlink planted as the lock file
+    is refused, not followed. Waiting longer than ``timeout`` seconds (default
+    ``$ROLLOUT_GOLDEN_LOCK_TIMEOUT`` or 1800) raises a :class:`GoldenError` naming
+    the lock file and the process holding it.
+    """
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: single-process use only
         yield
         return
-    import tempfile
+    import time
 
-    digest = xxhash.xxh3_64_hexdigest(str(directory.resolve()).encode())
-    lock_path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{digest}.lock"
+    if timeout is None:
+        timeout = _lock_timeout()
+    path = lock_path(directory)
+    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    deadline = time.monotonic() + timeout
     while True:
-        f = open(lock_path, "a")  # noqa: SIM115 - closed below, after the unlink
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if os.stat(lock_path).st_ino == os.fstat(f.fileno()).st_ino:
+            fd = _open_lock(path)
+        except FileNotFoundError:
+            continue  # a releasing holder removed the empty folder it had created
+        wait = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _lock_holder(fd)
+                    os.close(fd)
+                    raise GoldenError(
+                        f"{path}: timed out after {timeout:g} s waiting for the lock of the "
+                        f"golden {directory}, held by {holder}. If no run of pytest is using "
+                        f"this golden, end that process; set {LOCK_TIMEOUT_ENV} to wait longer."
+                    ) from None
+                time.sleep(wait)
+                wait = min(wait * 2, 0.2)
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            fst = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
                 break  # still the live lock file: we hold the lock
         except FileNotFoundError:
             pass
-        f.close()  # the holder unlinked it while we waited; lock the new file instead
+        os.close(fd)  # the holder unlinked it while we waited; lock the new file instead
+    with suppress(OSError):  # a read-only lock file (another user's) still locks
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {_hostname()}\n".encode(), 0)
     try:
         yield
     finally:
-        lock_path.unlink(missing_ok=True)  # before unlocking, so no lock file is left behind
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-        f.close()
+        with suppress(OSError):
+            path.unlink()  # before unlocking, so no lock file is left behind
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        for folder in created:  # only empty folders this lock created (nothing was recorded)
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _lock_timeout() -> float:
+    raw = os.environ.get(LOCK_TIMEOUT_ENV)
+    if raw is None:
+        return LOCK_TIMEOUT
+    try:
+        return float(raw)
+    except ValueError:
+        raise GoldenError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+
+
+def _open_lock(path: Path) -> int:
+    flags = os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        try:
+            return os.open(path, os.O_RDWR | flags, 0o644)
+        except PermissionError:
+            return os.open(path, os.O_RDONLY | flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        what = "is a symbolic link, which is never followed" if path.is_symlink() else str(exc)
+        raise GoldenError(
+            f"{path}: cannot use this lock file of a golden: {what}. "
+            "It holds nothing of the golden; remove it and run again."
+        ) from None
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "an unknown process"
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def recover(directory: Path) -> None:

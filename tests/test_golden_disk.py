@@ -6,9 +6,15 @@ Each test reproduces a way a golden was lost or wrongly written (issue 9, items 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
-from pytest_rollout_golden import store
+import pytest
+
+from pytest_rollout_golden import location, store
+from pytest_rollout_golden.errors import GoldenError
 
 
 def _staged(directory: Path, pid: int) -> Path:
@@ -19,7 +25,7 @@ def _staged(directory: Path, pid: int) -> Path:
 
 
 def test_recovery_of_one_golden_leaves_a_prefixed_goldens_staging_alone(tmp_path):
-    """Recovering ``layout`` must not touch ``.layout.old-ref.new-PID`` (golden ``layout.old-ref``)."""
+    """Recovering ``layout`` leaves ``.layout.old-ref.new-7`` (golden ``layout.old-ref``) alone."""
     layout = tmp_path / "test_x" / "layout"
     other = tmp_path / "test_x" / "layout.old-ref"
     in_progress = _staged(other, os.getpid() + 1)
@@ -41,3 +47,93 @@ def test_recovery_still_finishes_and_cleans_its_own_leftovers(tmp_path):
     store.recover(layout)
     assert (layout / "manifest.json").is_file(), "the interrupted swap was not finished"
     assert not backup.exists() and not staging.exists()
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    from pytest_rollout_golden import store
+
+    with store.locked(Path(sys.argv[1]), timeout=float(sys.argv[2])):
+        print("held", flush=True)
+        sys.stdin.readline()
+    print("released", flush=True)
+    """
+)
+
+
+def _locker(directory: Path, tmpdir: Path, timeout: float = 60) -> subprocess.Popen:
+    tmpdir.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmpdir), "TEMP": str(tmpdir), "TMP": str(tmpdir)}
+    cmd = [sys.executable, "-c", HOLDER, str(directory), str(timeout)]
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("via", ["same path", "symlinked path"])
+def test_processes_with_different_tmpdirs_exclude_each_other(tmp_path, via):
+    directory = tmp_path / "golden" / "tests" / "test_x" / "test_y"
+    holder = _locker(directory, tmp_path / "tmp-a")
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    lock = store.lock_path(directory)
+    assert lock.parent == directory.parent and lock.name == ".test_y.lock"
+    try:
+        other = directory
+        if via == "symlinked path":  # e.g. a bind mount: another name for the same folder
+            (tmp_path / "link").symlink_to(tmp_path / "golden")
+            other = tmp_path / "link" / "tests" / "test_x" / "test_y"
+        waiter = _locker(other, tmp_path / "tmp-b", timeout=1.0)
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode != 0, "a second process took a lock another process holds"
+        assert "held" not in out
+        assert str(lock) in err and "timed out after 1 s" in err, err
+        assert f"pid {holder.pid} on " in err, "the message does not name the holding process"
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+        holder.communicate(timeout=60)
+    waiter = _locker(directory, tmp_path / "tmp-b", timeout=1.0)
+    out, _ = waiter.communicate(input="\n", timeout=60)
+    assert out.split() == ["held", "released"], "the lock was not released"
+    assert not lock.exists(), "the lock file was left behind"
+    assert not directory.parent.exists(), "the lock left the empty folders it created"
+
+
+def test_a_planted_symlink_as_lock_file_is_refused_not_followed(tmp_path):
+    directory = tmp_path / "golden" / "test_x" / "test_y"
+    directory.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    store.lock_path(directory).symlink_to(victim)
+    with pytest.raises(GoldenError) as exc, store.locked(directory, timeout=1):
+        pass
+    assert str(store.lock_path(directory)) in str(exc.value)
+    assert "symbolic link" in str(exc.value)
+    assert not victim.exists(), "the planted symlink was followed"
+
+
+def test_a_lock_file_is_never_a_golden_nor_part_of_one(tmp_path):
+    import numpy as np
+
+    root = tmp_path / "golden"
+    directory = root / "test_x" / "test_y"
+    with store.locked(directory):
+        store.recover(directory)
+        tx = store.Transaction(directory)
+        tx.write_batch("batch.safetensors", {"v": np.arange(3)})
+        tx.commit({})
+        # a crashed holder leaves its lock file behind; nothing may take it for golden content
+        store.lock_path(directory).with_name(".stale.lock").write_text("pid 1 on host\n")
+        assert location.find_goldens(root) == [directory]
+        assert sorted(os.listdir(directory)) == ["batch.safetensors", "manifest.json"]
+    assert sorted(store.read_manifest(directory)["files"]) == ["batch.safetensors"]
+    assert sorted(os.listdir(directory.parent)) == [".stale.lock", "test_y"]
