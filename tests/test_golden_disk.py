@@ -6,6 +6,7 @@ Each test reproduces a way a golden was lost or wrongly written (issue 9, items 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -137,3 +138,75 @@ def test_a_lock_file_is_never_a_golden_nor_part_of_one(tmp_path):
         assert sorted(os.listdir(directory)) == ["batch.safetensors", "manifest.json"]
     assert sorted(store.read_manifest(directory)["files"]) == ["batch.safetensors"]
     assert sorted(os.listdir(directory.parent)) == [".stale.lock", "test_y"]
+
+
+# --------------------------------------------------------------------------- line endings
+
+REPO = Path(__file__).resolve().parents[1]
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def _git(cwd: Path, *args: str) -> None:
+    env = {
+        **os.environ,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def _crlf_clone(source: Path, target: Path) -> None:
+    """Commit ``source`` as it is and clone it as Git for Windows does by default."""
+    _git(source, "init", "-q")
+    _git(source, "add", "-A")
+    _git(source, "commit", "-qm", "goldens")
+    _git(source.parent, "clone", "-q", "-c", "core.autocrlf=true", str(source), str(target))
+
+
+@needs_git
+def test_the_projects_own_goldens_verify_after_a_crlf_clone(tmp_path, capsys):
+    from pytest_rollout_golden import cli
+
+    shutil.copytree(REPO / "golden", tmp_path / "src" / "golden")
+    _crlf_clone(tmp_path / "src", tmp_path / "clone")
+    golden = tmp_path / "clone" / "golden"
+    converted = [p for p in golden.rglob("*.json") if b"\r\n" in p.read_bytes()]
+    assert converted, "git did not convert line endings; this test would prove nothing"
+    for batch in golden.rglob("*.safetensors"):  # binary to git: never converted
+        original = tmp_path / "src" / batch.relative_to(tmp_path / "clone")
+        assert batch.read_bytes() == original.read_bytes()
+    status = cli.verify([golden])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "FAIL" not in out and " 0 with problems" in out, out
+
+
+CRLF_TEST = """
+def test_train(golden):
+    batch = golden.rollout(lambda: {"tokens": [1, 2, 3]})
+    golden.check({"pg_loss": 0.25 * len(batch["tokens"]), "kl": {"a": 1e-3}["a"]})
+"""
+
+
+@needs_git
+def test_a_crlf_checkout_replays_and_a_real_edit_is_still_caught(project, tmp_path_factory):
+    project.write(CRLF_TEST)
+    project.run().assert_outcomes(passed=1)
+    clone = tmp_path_factory.mktemp("crlf") / "clone"
+    _crlf_clone(project.path, clone)
+    metrics = clone / "golden" / "test_it" / "test_train" / "metrics.json"
+    assert b"\r\n" in metrics.read_bytes()
+    result = project.pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--golden-strict", str(clone / "test_it.py"), f"--rootdir={clone}"
+    )
+    result.assert_outcomes(passed=1)
+    metrics.write_bytes(metrics.read_bytes().replace(b"0.75", b"0.76"))
+    result = project.pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--golden-strict", str(clone / "test_it.py"), f"--rootdir={clone}"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*metrics.json*edited by hand*"])
