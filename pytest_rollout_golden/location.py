@@ -5,9 +5,10 @@ A golden shared across test files (``@pytest.mark.golden(shared="name")``) lives
 neither be a test file's folder nor lie inside one, and a shared golden neither nests in nor
 contains another test's golden.
 
-Names are made filesystem-safe; a name that had to change gets a short hash of
-the original appended, so two names never collapse into one directory and no
-name can climb out of the golden root.
+Names are made filesystem-safe; a name that had to change, or whose case could
+collide with another's on macOS or Windows, gets a hash of the original
+appended, so two names never collapse into one directory and no name can climb
+out of the golden root.
 """
 
 from __future__ import annotations
@@ -24,17 +25,26 @@ _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _MAX = 100
 
 
-def _short_hash(text: str) -> str:
-    return hashlib.blake2s(text.encode(), digest_size=4).hexdigest()
+def _short_hash(text: str, size: int = 4) -> str:
+    return hashlib.blake2s(text.encode(), digest_size=size).hexdigest()
 
 
 def safe_name(name: str, *, strict: bool = False) -> str:
-    """``name`` as one path component; ``strict`` allows only ``[A-Za-z0-9_]``."""
+    """``name`` as one path component; ``strict`` allows only ``[A-Za-z0-9_]``.
+
+    Two names that differ only in case must not meet on a case-insensitive
+    filesystem: a rollout or tensor name (``strict``) or a parametrized id
+    (``test_x[A]``) with an upper-case letter gets the hash too. Identifiers
+    (file, class, function names, ``key=``) keep their case as they are.
+    """
     safe = (_FILE_UNSAFE if strict else _DIR_UNSAFE).sub("_", name)
     if safe.startswith("."):
         safe = "_" + safe[1:]
-    if safe != name or len(safe) > _MAX or not safe:
-        safe = f"{safe[:_MAX]}~{_short_hash(name)}"
+    cased = name if strict else name.partition("[")[2]
+    if len(safe) > _MAX:  # thousands of long ids may share the kept prefix: 64 bits
+        safe = f"{safe[:_MAX]}~{_short_hash(name, 8)}"
+    elif safe != name or not safe or cased != cased.lower():
+        safe = f"{safe}~{_short_hash(name)}"
     return safe
 
 

@@ -210,3 +210,70 @@ def test_a_crlf_checkout_replays_and_a_real_edit_is_still_caught(project, tmp_pa
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*metrics.json*edited by hand*"])
+
+
+# --------------------------------------------------------------------------- case, long names
+
+
+def _casefold_distinct(names: list[str]) -> bool:
+    return len({n.casefold() for n in names}) == len(names)
+
+
+def test_names_that_differ_only_in_case_get_distinct_directories_and_files():
+    ids = ["test_x[A]", "test_x[a]", "test_x[Ab-c]", "test_x[aB-c]", "test_x[ab-c]"]
+    assert _casefold_distinct([location.safe_name(n) for n in ids])
+    rollouts = ["Rollout", "rollout", "ROLLOUT", "actor/Logp", "actor/logp"]
+    assert _casefold_distinct([location.safe_name(n, strict=True) for n in rollouts])
+    # what was case-unambiguous keeps today's name: no committed golden is orphaned
+    for kept in ["test_x[a]", "test_x[bf16-2]", "TestPPO", "test_Loss", "rollout", "policy"]:
+        assert location.safe_name(kept, strict=kept in ("rollout", "policy")) == kept
+
+
+def test_thousands_of_long_ids_with_a_common_prefix_get_distinct_64_bit_names():
+    prefix = "test_layout[" + "tp2-pp2-dp2-" * 12
+    names = [f"{prefix}{i}]" for i in range(20_000)]
+    components = [location.safe_name(n) for n in names]
+    assert _casefold_distinct(components)
+    assert all(len(c.rsplit("~", 1)[1]) >= 16 for c in components), "a 32-bit hash collides"
+
+
+def test_the_projects_committed_goldens_keep_their_paths():
+    """Every committed golden is found where its recording test and names put it today."""
+    from pytest_rollout_golden.replay import rollout_filename, tensors_filename
+
+    goldens = location.find_goldens(REPO / "golden")
+    assert len(goldens) >= 3
+    for directory in goldens:
+        rel = directory.relative_to(REPO / "golden")
+        assert all(location.safe_name(part) == part for part in rel.parts[1:]), rel
+        for filename, info in store.read_manifest(directory)["files"].items():
+            if info.get("kind") == "rollout":
+                assert rollout_filename(info["name"], info["step"]) == filename
+            elif info.get("kind") == "tensors":
+                where = (info["name"], info["step"], info.get("rank"), info.get("micro"))
+                assert tensors_filename(*where) == filename
+
+
+CASE_TEST = """
+import pytest
+
+
+@pytest.mark.parametrize("opt", ["Adam", "adam"])
+def test_opt(golden, opt):
+    golden.rollout(lambda: {"who": [opt]}, name="Rollout")
+    golden.rollout(lambda: {"who": [opt + "!"]}, name="rollout")
+    golden.check({"loss": float(len(opt) + (opt == "adam"))})
+"""
+
+
+def test_case_twins_record_and_replay_their_own_goldens(project):
+    project.write(CASE_TEST)
+    project.run().assert_outcomes(passed=2)
+    tests = sorted(p.name for p in (project.golden / "test_it").iterdir())
+    assert len(tests) == 2 and _casefold_distinct(tests), tests
+    for test in tests:
+        files = sorted(p.name for p in (project.golden / "test_it" / test).iterdir())
+        assert len(files) == 4 and _casefold_distinct(files), files
+    replay = project.run("--golden-strict")
+    replay.assert_outcomes(passed=2)
+    assert project.counts(replay)["replayed"] == 2
