@@ -74,17 +74,29 @@ def shared_golden_dir(root: Path, name: str) -> Path:
     return root / SHARED / safe_name(name)
 
 
-def find_goldens(root: Path) -> list[Path]:
-    """Every golden directory at or below ``root`` (hidden staging directories excluded)."""
+def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
+    """Every golden directory at or below ``root``, sorted.
+
+    Hidden entries (staging and backup directories, lock files) are never goldens.
+    ``follow_symlinks`` also descends into symlinked directories, as replay does
+    (each real directory once, so a symlink loop ends).
+    """
     if (root / "manifest.json").is_file():
         return [root]
     if not root.is_dir():
         return []
-    return [
-        m.parent
-        for m in sorted(root.rglob("manifest.json"))
-        if not any(p.startswith(".") for p in m.relative_to(root).parts)
-    ]
+    found, seen = [], set()
+    for folder, dirs, files in os.walk(root, followlinks=follow_symlinks):
+        if follow_symlinks:
+            real = os.path.realpath(folder)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if "manifest.json" in files and folder != str(root):
+            found.append(Path(folder))
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 
 def owning_test_file(

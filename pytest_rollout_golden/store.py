@@ -588,8 +588,14 @@ def leftover_kind(name: str, sibling: str) -> str | None:
     The match is exact (``.NAME.old-PID``, ``.NAME.new-PID``): ``.layout.old-ref.new-7``
     is the staging directory of golden ``layout.old-ref``, not a backup of ``layout``.
     """
-    match = _LEFTOVER.fullmatch(sibling)
-    return match.group(2) if match and match.group(1) == name else None
+    parsed = leftover_name(sibling)
+    return parsed[1] if parsed is not None and parsed[0] == name else None
+
+
+def leftover_name(entry: str) -> tuple[str, str] | None:
+    """``(golden name, "old" or "new")`` if ``entry`` is a backup or staging directory."""
+    match = _LEFTOVER.fullmatch(entry)
+    return (match.group(1), match.group(2)) if match else None
 
 
 _LEFTOVER = re.compile(r"\.(.+)\.(old|new)-([0-9]+)")

@@ -5,6 +5,7 @@ Each test reproduces a way a golden was lost or wrongly written (issue 9, items 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -277,3 +278,88 @@ def test_case_twins_record_and_replay_their_own_goldens(project):
     replay = project.run("--golden-strict")
     replay.assert_outcomes(passed=2)
     assert project.counts(replay)["replayed"] == 2
+
+
+# --------------------------------------------------------------------------- rollout-golden verify
+
+
+def _golden(directory: Path, value: float = 0.5) -> None:
+    import numpy as np
+
+    with store.locked(directory):
+        tx = store.Transaction(directory)
+        tx.write_batch("rollout.safetensors", {"ids": np.arange(6)})
+        tx.write_json("metrics.json", {"steps": {"0": {"pg_loss": value}}})
+        tx.commit({"test": f"tests/test_x.py::{directory.name}"})
+
+
+def _verify(capsys, *paths: Path) -> tuple[int, str, str]:
+    from pytest_rollout_golden.cli import main
+
+    status = main(["verify", *map(str, paths)])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_verify_reports_every_golden_past_bad_ones(tmp_path, capsys):
+    root = tmp_path / "golden"
+    for name in ("a_no_digest", "b_flipped", "c_fine"):
+        _golden(root / "test_x" / name)
+    manifest = root / "test_x" / "a_no_digest" / "manifest.json"
+    document = json.loads(manifest.read_text())
+    del document["files"]["metrics.json"]["digest"]  # a plausible hand edit
+    manifest.write_text(json.dumps(document))
+    batch = root / "test_x" / "b_flipped" / "rollout.safetensors"
+    data = bytearray(batch.read_bytes())
+    data[-1] ^= 1
+    batch.write_bytes(bytes(data))
+
+    status, out, _ = _verify(capsys, root)
+    assert status in (1, 2), out  # 2 while a hand-edited manifest is beyond this version
+    lines = out.splitlines()
+    status_word, rest = lines[0].split(maxsplit=1)
+    assert status_word in ("FAIL", "ERROR") and rest.startswith(
+        f"{root / 'test_x' / 'a_no_digest'}: "
+    )
+    assert lines[1].startswith(f"FAIL {root / 'test_x' / 'b_flipped'}: ") and "checksum" in lines[1]
+    assert lines[2] == f"ok   {root / 'test_x' / 'c_fine'} (2 files)"
+    assert lines[3].startswith("3 goldens checked, ")
+
+
+def test_verify_tells_a_problem_from_a_run_that_could_not_check(tmp_path, capsys):
+    root = tmp_path / "golden"
+    _golden(root / "test_x" / "test_y")
+    assert _verify(capsys, root)[0] == 0
+    status, _, err = _verify(capsys, tmp_path / "no-such-dir")
+    assert status == 2 and f"{tmp_path / 'no-such-dir'}: no such file or directory" in err
+    (tmp_path / "empty").mkdir()
+    status, _, err = _verify(capsys, tmp_path / "empty")
+    assert status == 2 and "no golden" in err and "golden_dir" in err
+    metrics = root / "test_x" / "test_y" / "metrics.json"
+    metrics.write_text(metrics.read_text().replace("0.5", "0.6"))
+    assert _verify(capsys, root)[0] == 1
+
+
+def test_verify_reports_a_half_committed_golden(tmp_path, capsys):
+    root = tmp_path / "golden"
+    golden = root / "test_x" / "test_y"
+    _golden(golden)
+    backup = golden.parent / ".test_y.old-4242"
+    shutil.copytree(golden, backup)  # killed after the swap, before the backup was removed
+    status, out, _ = _verify(capsys, root)
+    assert status == 1 and f"FAIL {golden}: half-committed" in out and backup.name in out
+    shutil.rmtree(golden)  # killed between the two renames: only the backup is left
+    status, out, _ = _verify(capsys, root)
+    assert status == 1 and f"FAIL {golden}: missing" in out and backup.name in out
+
+
+def test_verify_follows_symlinked_goldens_like_replay(tmp_path, capsys):
+    root = tmp_path / "golden"
+    _golden(tmp_path / "elsewhere" / "test_y")
+    (root / "test_x").mkdir(parents=True)
+    (root / "test_x" / "test_y").symlink_to(tmp_path / "elsewhere" / "test_y")
+    (root / "loop").symlink_to(root)  # a cycle must end
+    status, out, _ = _verify(capsys, root)
+    assert status == 0, out
+    assert f"ok   {root / 'test_x' / 'test_y'} (2 files)" in out
+    assert "1 goldens checked" in out
