@@ -363,3 +363,50 @@ def test_verify_follows_symlinked_goldens_like_replay(tmp_path, capsys):
     assert status == 0, out
     assert f"ok   {root / 'test_x' / 'test_y'} (2 files)" in out
     assert "1 goldens checked" in out
+
+
+# --------------------------------------------------------------------------- exact lane, NaN
+
+NAN_TEST = """
+import math
+
+import pytest
+import torch
+
+
+@pytest.mark.golden(exact=True)
+def test_nan(golden, values):
+    nan = math.copysign(math.nan, values["nan_sign"])
+    zero = math.copysign(0.0, values["zero_sign"])
+    if values["what"] == "metric":
+        golden.check({"m": nan, "z": zero})
+    else:
+        golden.check_tensors("t", {"x": torch.tensor([nan, zero], dtype=torch.float64)})
+"""
+
+
+@pytest.mark.parametrize("what", ["metric", "tensor"])
+@pytest.mark.parametrize(
+    ("recorded", "replayed", "passes"),
+    [
+        ((-1, 1), (1, 1), True),
+        ((1, 1), (-1, 1), True),
+        ((-1, 1), (-1, 1), True),
+        ((1, 1), (1, -1), False),
+    ],
+)
+def test_exact_lane_treats_nan_payloads_alike_in_metrics_and_tensors(
+    project, what, recorded, replayed, passes
+):
+    """A NaN matches any NaN (sign, payload) in metrics and tensors; -0.0 never matches 0.0."""
+    import math
+    import struct
+
+    assert struct.pack("<d", math.copysign(math.nan, -1)) != struct.pack("<d", math.nan)
+    project.write(NAN_TEST)
+    project.set_values(what=what, nan_sign=recorded[0], zero_sign=recorded[1])
+    project.run().assert_outcomes(passed=1)
+    project.set_values(what=what, nan_sign=replayed[0], zero_sign=replayed[1])
+    result = project.run()
+    result.assert_outcomes(**({"passed": 1} if passes else {"failed": 1}))
+    assert project.counts(result)["replayed" if passes else "failed"] == 1
