@@ -13,6 +13,7 @@ Nothing here unpickles or executes anything read from disk.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -461,7 +462,9 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
     symlink, a bind mount or a shared filesystem. A symlink planted as the lock file
     is refused, not followed. Waiting longer than ``timeout`` seconds (default
     ``$ROLLOUT_GOLDEN_LOCK_TIMEOUT`` or 1800) raises a :class:`GoldenError` naming
-    the lock file and the process holding it.
+    the lock file and the process holding it. Where the lock file cannot be created
+    (a read-only checkout) this process cannot write the golden either, and reads
+    it without a lock.
     """
     try:
         import fcntl
@@ -476,11 +479,20 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
     created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     deadline = time.monotonic() + timeout
     while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             fd = _open_lock(path)
         except FileNotFoundError:
-            continue  # a releasing holder removed the empty folder it had created
+            if time.monotonic() < deadline:
+                continue  # a releasing holder removed the empty folder it had created
+            raise
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            fd = None
+        if fd is None:
+            yield
+            return
         wait = 0.005
         while True:
             try:
@@ -532,16 +544,24 @@ def _lock_timeout() -> float:
         raise GoldenError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
 
 
-def _open_lock(path: Path) -> int:
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _open_lock(path: Path) -> int | None:
+    """A descriptor of the lock file, or ``None`` where it cannot be created (read-only)."""
     flags = os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         try:
             return os.open(path, os.O_RDWR | flags, 0o644)
-        except PermissionError:
-            return os.open(path, os.O_RDONLY | flags)
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            return os.open(path, os.O_RDONLY | flags)  # another user's lock file locks too
     except FileNotFoundError:
         raise
     except OSError as exc:
+        if exc.errno in _READ_ONLY and not path.is_symlink():
+            return None
         what = "is a symbolic link, which is never followed" if path.is_symlink() else str(exc)
         raise GoldenError(
             f"{path}: cannot use this lock file of a golden: {what}. "

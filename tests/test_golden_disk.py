@@ -410,3 +410,34 @@ def test_exact_lane_treats_nan_payloads_alike_in_metrics_and_tensors(
     result = project.run()
     result.assert_outcomes(**({"passed": 1} if passes else {"failed": 1}))
     assert project.counts(result)["replayed" if passes else "failed"] == 1
+
+
+def test_a_read_only_checkout_replays_without_a_lock(tmp_path, monkeypatch):
+    """Where no lock file can be created, nothing can be written either: replay reads unlocked."""
+    import errno
+
+    import torch
+
+    from pytest_rollout_golden import Golden, Mode
+    from pytest_rollout_golden.errors import GoldenMismatch
+
+    directory = tmp_path / "golden" / "test_x" / "test_y"
+
+    def run(pg_loss: float) -> None:
+        with Golden(directory, mode=Mode.AUTO) as golden:
+            batch = golden.rollout(lambda: {"ids": torch.arange(4)})
+            golden.check({"pg_loss": pg_loss * float(batch["ids"].sum())})
+
+    run(0.5)
+    real_open = os.open
+
+    def read_only_open(path, flags, *args, **kwargs):
+        if str(path).endswith(".lock") and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(store.os, "open", read_only_open)
+    run(0.5)
+    with pytest.raises(GoldenMismatch):
+        run(0.6)
+    assert not store.lock_path(directory).exists()
