@@ -1,6 +1,6 @@
 """``rollout-golden``: verify, show, diff, plot and import goldens outside pytest.
 
-    rollout-golden verify [PATH ...]          check every checksum (exit 1 on any problem)
+    rollout-golden verify [PATH ...]          check every checksum of every golden
     rollout-golden show PATH [--json]         steps x metrics, per-tensor statistics
     rollout-golden diff A B [--json] [...]    two goldens, golden roots or batch files
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +30,6 @@ from .location import find_goldens
 from .tolerance import CLI, IGNORE, INI, Layer, Resolver, builtin_layer, parse_spec
 
 
-def _golden_dirs(paths: Sequence[Path]) -> Iterator[Path]:
-    for path in paths:
-        yield from find_goldens(path)
-
-
 def _load_dir(directory: Path) -> dict[str, Any]:
     """Every file of a golden, verified: ``{filename: loaded content}``."""
     from .diff import load_golden
@@ -42,18 +38,77 @@ def _load_dir(directory: Path) -> dict[str, Any]:
 
 
 def verify(paths: Sequence[Path]) -> int:
-    problems = checked = 0
-    for directory in _golden_dirs(paths):
-        checked += 1
-        try:
-            files = _load_dir(directory)
-        except GoldenError as exc:
+    """Check every golden under ``paths``; 0 all intact, 1 a problem found, 2 could not check.
+
+    Every golden is reported, whatever the others hold. A golden whose update was
+    interrupted (a ``.NAME.old-PID`` left beside it, or only that backup left) is a
+    problem; symlinked goldens are followed, as replay does.
+    """
+    missing = [p for p in paths if not p.exists()]
+    for path in missing:
+        print(f"error: {path}: no such file or directory", file=sys.stderr)
+    if missing:
+        return 2
+    problems = unchecked = checked = 0
+    for path in paths:
+        directories = find_goldens(path, follow_symlinks=True)
+        orphans = _orphaned_backups(path)
+        if not directories and not orphans:
+            print(
+                f"error: {path}: no golden (no {store.MANIFEST}) at or below it; "
+                "give the golden root (ini golden_dir, default golden/) or a golden directory",
+                file=sys.stderr,
+            )
+            unchecked += 1
+        for backup, name in orphans:
             problems += 1
-            print(f"FAIL {directory}: {exc}")
-        else:
-            print(f"ok   {directory} ({len(files)} files)")
-    print(f"{checked} goldens checked, {problems} with problems")
-    return 1 if problems or not checked else 0
+            print(
+                f"FAIL {backup.parent / name}: missing; an interrupted update left its previous "
+                f"version in {backup.name}. Any pytest run of its test restores it; commit that."
+            )
+        for directory in directories:
+            checked += 1
+            status, message = _verify_one(directory)
+            problems += status == "FAIL"
+            unchecked += status == "ERROR"
+            print(f"{status:<4} {directory}{message}")
+    print(f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked")
+    return 2 if unchecked else 1 if problems else 0
+
+
+def _verify_one(directory: Path) -> tuple[str, str]:
+    """``(status, what follows the directory in the report)`` of one golden."""
+    backups = sorted(
+        p.name
+        for p in directory.parent.iterdir()
+        if store.leftover_kind(directory.name, p.name) == "old"
+    )
+    try:
+        files = _load_dir(directory)
+    except (GoldenError, OSError) as exc:
+        return "FAIL", f": {exc}"
+    except Exception as exc:  # a file this version cannot read: say so, check the rest
+        return "ERROR", f": could not be checked ({type(exc).__name__}: {exc})"
+    if backups:
+        return "FAIL", (
+            f": half-committed, an interrupted update left {', '.join(backups)} beside it; "
+            "any pytest run of its test finishes or rolls back the update; commit that"
+        )
+    return "ok", f" ({len(files)} files)"
+
+
+def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
+    """``(backup, golden name)`` of every ``.NAME.old-PID`` at or below ``path`` without NAME."""
+    if not path.is_dir():
+        return []
+    out = []
+    for folder, dirs, _ in os.walk(path, followlinks=True):
+        for d in dirs:
+            match = store.leftover_name(d)
+            if match is not None and match[1] == "old" and match[0] not in dirs:
+                out.append((Path(folder) / d, match[0]))
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return sorted(out)
 
 
 def show(path: Path, *, as_json: bool = False) -> int:

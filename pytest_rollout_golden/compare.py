@@ -277,8 +277,10 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     e_nan, a_nan = e.isnan(), a.isnan()
     both_nan = e_nan & a_nan
     equal = (diff == 0) if integral else a == e
-    if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0 and NaN payloads
-        ok = same_bits
+    if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0...
+        # ...but a NaN matches any NaN: metrics.json cannot keep a NaN's sign and
+        # payload, and metrics and tensors follow one rule
+        ok = same_bits | both_nan
     else:
         allowed = 0.0 if tol.exact else tol.atol + tol.rtol * e.abs()
         # An infinity matches only itself: inf - x <= rtol * inf would let +inf pass as

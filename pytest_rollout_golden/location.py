@@ -5,9 +5,10 @@ A golden shared across test files (``@pytest.mark.golden(shared="name")``) lives
 neither be a test file's folder nor lie inside one, and a shared golden neither nests in nor
 contains another test's golden.
 
-Names are made filesystem-safe; a name that had to change gets a short hash of
-the original appended, so two names never collapse into one directory and no
-name can climb out of the golden root.
+Names are made filesystem-safe; a name that had to change, or whose case could
+collide with another's on macOS or Windows, gets a hash of the original
+appended, so two names never collapse into one directory and no name can climb
+out of the golden root.
 """
 
 from __future__ import annotations
@@ -24,17 +25,26 @@ _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _MAX = 100
 
 
-def _short_hash(text: str) -> str:
-    return hashlib.blake2s(text.encode(), digest_size=4).hexdigest()
+def _short_hash(text: str, size: int = 4) -> str:
+    return hashlib.blake2s(text.encode(), digest_size=size).hexdigest()
 
 
 def safe_name(name: str, *, strict: bool = False) -> str:
-    """``name`` as one path component; ``strict`` allows only ``[A-Za-z0-9_]``."""
+    """``name`` as one path component; ``strict`` allows only ``[A-Za-z0-9_]``.
+
+    Two names that differ only in case must not meet on a case-insensitive
+    filesystem: a rollout or tensor name (``strict``) or a parametrized id
+    (``test_x[A]``) with an upper-case letter gets the hash too. Identifiers
+    (file, class, function names, ``key=``) keep their case as they are.
+    """
     safe = (_FILE_UNSAFE if strict else _DIR_UNSAFE).sub("_", name)
     if safe.startswith("."):
         safe = "_" + safe[1:]
-    if safe != name or len(safe) > _MAX or not safe:
-        safe = f"{safe[:_MAX]}~{_short_hash(name)}"
+    cased = name if strict else name.partition("[")[2]
+    if len(safe) > _MAX:  # thousands of long ids may share the kept prefix: 64 bits
+        safe = f"{safe[:_MAX]}~{_short_hash(name, 8)}"
+    elif safe != name or not safe or cased != cased.lower():
+        safe = f"{safe}~{_short_hash(name)}"
     return safe
 
 
@@ -64,17 +74,29 @@ def shared_golden_dir(root: Path, name: str) -> Path:
     return root / SHARED / safe_name(name)
 
 
-def find_goldens(root: Path) -> list[Path]:
-    """Every golden directory at or below ``root`` (hidden staging directories excluded)."""
+def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
+    """Every golden directory at or below ``root``, sorted.
+
+    Hidden entries (staging and backup directories, lock files) are never goldens.
+    ``follow_symlinks`` also descends into symlinked directories, as replay does
+    (each real directory once, so a symlink loop ends).
+    """
     if (root / "manifest.json").is_file():
         return [root]
     if not root.is_dir():
         return []
-    return [
-        m.parent
-        for m in sorted(root.rglob("manifest.json"))
-        if not any(p.startswith(".") for p in m.relative_to(root).parts)
-    ]
+    found, seen = [], set()
+    for folder, dirs, files in os.walk(root, followlinks=follow_symlinks):
+        if follow_symlinks:
+            real = os.path.realpath(folder)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if "manifest.json" in files and folder != str(root):
+            found.append(Path(folder))
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 
 def owning_test_file(

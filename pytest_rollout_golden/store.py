@@ -13,21 +13,23 @@ Nothing here unpickles or executes anything read from disk.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from . import codec
-from .errors import REMEDY_UPDATE, GoldenFormatError, UnsupportedValueError
+from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError, UnsupportedValueError
 
 FORMAT = "pytest-rollout-golden"
 SCHEMA = 1
@@ -397,7 +399,7 @@ def encode_json(obj: Any) -> bytes:
 def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
     buf = read_bytes(path)
     _sniff_foreign(path, buf)
-    if expect_digest is not None and xxhash.xxh3_128_hexdigest(buf) != expect_digest:
+    if expect_digest is not None and json_digest(buf) != expect_digest:
         raise format_error(
             path, "is corrupted or was edited by hand: its checksum differs from manifest.json"
         )
@@ -407,7 +409,15 @@ def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
         raise format_error(path, f"is not valid JSON ({exc})") from None
 
 
-def json_digest(data: bytes) -> str:
+def json_digest(data: bytes | bytearray) -> str:
+    """Checksum of a JSON golden file, immune to line-ending conversion.
+
+    :func:`encode_json` never writes a carriage return (JSON escapes it inside
+    strings), so CRLF can only come from a checkout (``core.autocrlf``): it is
+    read as LF. For a file as written the checksum is xxh3-128 of its bytes.
+    """
+    if b"\r" in data:
+        data = bytes(data).replace(b"\r\n", b"\n")
     return xxhash.xxh3_128_hexdigest(data)
 
 
@@ -433,48 +443,182 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     return manifest
 
 
+LOCK_TIMEOUT_ENV = "ROLLOUT_GOLDEN_LOCK_TIMEOUT"
+LOCK_TIMEOUT = 1800.0  # seconds; a lock is held for a whole test, which may train for minutes
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock file of a golden: ``.NAME.lock`` beside it, at its real (resolved) path."""
+    real = directory.resolve()
+    return real.parent / f".{real.name}.lock"
+
+
 @contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Exclusive inter-process lock on a golden directory (xdist workers, shared keys)."""
+def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
+    """Exclusive inter-process lock on a golden directory (xdist workers, shared keys).
+
+    The lock file lives beside the golden, at its resolved path, so every process
+    that reaches the golden excludes the others whatever its ``$TMPDIR``, through a
+    symlink, a bind mount or a shared filesystem. A symlink planted as the lock file
+    is refused, not followed. Waiting longer than ``timeout`` seconds (default
+    ``$ROLLOUT_GOLDEN_LOCK_TIMEOUT`` or 1800) raises a :class:`GoldenError` naming
+    the lock file and the process holding it. Where the lock file cannot be created
+    (a read-only checkout) this process cannot write the golden either, and reads
+    it without a lock.
+    """
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: single-process use only
         yield
         return
-    import tempfile
+    import time
 
-    digest = xxhash.xxh3_64_hexdigest(str(directory.resolve()).encode())
-    lock_path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{digest}.lock"
+    if timeout is None:
+        timeout = _lock_timeout()
+    path = lock_path(directory)
+    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    deadline = time.monotonic() + timeout
     while True:
-        f = open(lock_path, "a")  # noqa: SIM115 - closed below, after the unlink
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            if os.stat(lock_path).st_ino == os.fstat(f.fileno()).st_ino:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = _open_lock(path)
+        except FileNotFoundError:
+            if time.monotonic() < deadline:
+                continue  # a releasing holder removed the empty folder it had created
+            raise
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            fd = None
+        if fd is None:
+            yield
+            return
+        wait = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _lock_holder(fd)
+                    os.close(fd)
+                    raise GoldenError(
+                        f"{path}: timed out after {timeout:g} s waiting for the lock of the "
+                        f"golden {directory}, held by {holder}. If no run of pytest is using "
+                        f"this golden, end that process; set {LOCK_TIMEOUT_ENV} to wait longer."
+                    ) from None
+                time.sleep(wait)
+                wait = min(wait * 2, 0.2)
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            fst = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
                 break  # still the live lock file: we hold the lock
         except FileNotFoundError:
             pass
-        f.close()  # the holder unlinked it while we waited; lock the new file instead
+        os.close(fd)  # the holder unlinked it while we waited; lock the new file instead
+    with suppress(OSError):  # a read-only lock file (another user's) still locks
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {_hostname()}\n".encode(), 0)
     try:
         yield
     finally:
-        lock_path.unlink(missing_ok=True)  # before unlocking, so no lock file is left behind
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-        f.close()
+        with suppress(OSError):
+            path.unlink()  # before unlocking, so no lock file is left behind
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        for folder in created:  # only empty folders this lock created (nothing was recorded)
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _lock_timeout() -> float:
+    raw = os.environ.get(LOCK_TIMEOUT_ENV)
+    if raw is None:
+        return LOCK_TIMEOUT
+    try:
+        return float(raw)
+    except ValueError:
+        raise GoldenError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+
+
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _open_lock(path: Path) -> int | None:
+    """A descriptor of the lock file, or ``None`` where it cannot be created (read-only)."""
+    flags = os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        try:
+            return os.open(path, os.O_RDWR | flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            return os.open(path, os.O_RDONLY | flags)  # another user's lock file locks too
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in _READ_ONLY and not path.is_symlink():
+            return None
+        what = "is a symbolic link, which is never followed" if path.is_symlink() else str(exc)
+        raise GoldenError(
+            f"{path}: cannot use this lock file of a golden: {what}. "
+            "It holds nothing of the golden; remove it and run again."
+        ) from None
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "an unknown process"
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def recover(directory: Path) -> None:
     """Finish or roll back an interrupted commit of ``directory`` (call under :func:`locked`)."""
-    parent, name = directory.parent, directory.name
+    parent = directory.parent
     if not parent.is_dir():
         return
-    siblings = [p for p in parent.iterdir() if p.name.startswith(f".{name}.")]
-    backups = sorted(
-        (p for p in siblings if p.name.startswith(f".{name}.old-")), key=lambda p: p.stat().st_mtime
-    )
+    backups, staged = [], []
+    for p in parent.iterdir():
+        kind = leftover_kind(directory.name, p.name)
+        if kind == "old":
+            backups.append(p)
+        elif kind == "new":
+            staged.append(p)
+    backups.sort(key=lambda p: p.stat().st_mtime)
     if backups and not directory.exists():
         os.rename(backups.pop(), directory)
-    for leftover in [*backups, *(p for p in siblings if p.name.startswith(f".{name}.new-"))]:
+    for leftover in [*backups, *staged]:
         shutil.rmtree(leftover, ignore_errors=True)
+
+
+def leftover_kind(name: str, sibling: str) -> str | None:
+    """``"old"`` or ``"new"`` if ``sibling`` is a backup or staging directory of golden ``name``.
+
+    The match is exact (``.NAME.old-PID``, ``.NAME.new-PID``): ``.layout.old-ref.new-7``
+    is the staging directory of golden ``layout.old-ref``, not a backup of ``layout``.
+    """
+    parsed = leftover_name(sibling)
+    return parsed[1] if parsed is not None and parsed[0] == name else None
+
+
+def leftover_name(entry: str) -> tuple[str, str] | None:
+    """``(golden name, "old" or "new")`` if ``entry`` is a backup or staging directory."""
+    match = _LEFTOVER.fullmatch(entry)
+    return (match.group(1), match.group(2)) if match else None
+
+
+_LEFTOVER = re.compile(r"\.(.+)\.(old|new)-([0-9]+)")
 
 
 class Transaction:

@@ -27,8 +27,9 @@ def test_verify_passes_on_intact_goldens_and_fails_on_a_flipped_bit(tmp_path, ca
     assert "tensors-forward-step000000-rank0.safetensors" in capsys.readouterr().out
 
 
-def test_verify_with_no_golden_is_a_failure(tmp_path):
-    assert main(["verify", str(tmp_path)]) == 1
+def test_verify_with_no_golden_could_not_run(tmp_path, capsys):
+    assert main(["verify", str(tmp_path)]) == 2
+    assert f"{tmp_path}: no golden" in capsys.readouterr().err
 
 
 def test_diff_gates_on_the_plugins_tolerances(tmp_path, capsys):
