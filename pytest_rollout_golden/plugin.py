@@ -255,6 +255,7 @@ class GoldenPlugin:
         self.unused: list[Path] = []
         self.pruned: list[Path] = []
         self.prune_notes: list[str] = []
+        self.report_error = ""
         self.unused_kept = 0  # unused goldens of existing test files, or shared
         self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
 
@@ -440,7 +441,12 @@ class GoldenPlugin:
             self._prune(session, goldens, tests=opt.golden_prune_tests)
         if self.report_path is not None and not opt.collectonly:
             document = self.state.report(mode=self.mode, unused=self.unused, pruned=self.pruned)
-            _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
+            try:
+                _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
+            except GoldenError as exc:
+                self.report_error = str(exc)
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.registry.remove()
         if self.snapshot is not None:
             shutil.rmtree(self.snapshot, ignore_errors=True)
@@ -534,7 +540,8 @@ def _report_path(value: str | None) -> Path | None:
         parent = parent.parent
     if not parent.is_dir():
         raise pytest.UsageError(f"--golden-report {value}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
+    if not writable:
         raise pytest.UsageError(f"--golden-report {value}: not writable")
     return path
 
@@ -545,8 +552,8 @@ def _write_report(path: Path, text: str) -> None:
         path.write_text(text + "\n")
     except OSError as exc:
         raise GoldenError(
-            f"--golden-report {path}: cannot be written ({exc.strerror or exc}); "
-            "free disk space or name another file"
+            f"--golden-report {path}: NOT written ({exc.strerror or exc}); "
+            "free disk space on that filesystem or name another file"
         ) from None
 
 
@@ -810,7 +817,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         unused=plugin.unused,
         pruned=plugin.pruned,
         unused_tolerances=plugin.unused_tolerances(),
-        report_path=terminalreporter.config.option.golden_report,
+        report_path=None
+        if plugin.report_error or terminalreporter.config.option.collectonly
+        else terminalreporter.config.option.golden_report,
         relative_to=plugin.rootdir,
     )
     opt = terminalreporter.config.option
@@ -821,6 +830,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             "--golden-prune keeps those, --golden-prune-tests deletes them on a whole run"
         )
     lines.extend(plugin.prune_notes)
+    if plugin.report_error:
+        lines.append(plugin.report_error)
     if lines:
         terminalreporter.write_sep("=", "rollout golden")
         for line in lines:

@@ -13,6 +13,7 @@ Nothing here unpickles or executes anything read from disk.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import xxhash
 
 from . import codec
-from .errors import REMEDY_UPDATE, GoldenFormatError, UnsupportedValueError
+from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError, UnsupportedValueError
 
 FORMAT = "pytest-rollout-golden"
 SCHEMA = 1
@@ -76,8 +77,14 @@ def atomic_write(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise GoldenError(
+                f"{path}: no space left on device while writing it; nothing was committed "
+                "and the previous golden is intact. Free disk space on that filesystem (or "
+                "point golden_dir elsewhere) and run again."
+            ) from exc
         raise
 
 
@@ -589,8 +596,6 @@ def remove_golden(directory: Path, root: Path) -> list[str]:
     Refuses (raises GoldenError) a directory that is not a golden of ours, is reached
     through a symbolic link, or lies outside the golden ``root``.
     """
-    from .errors import GoldenError
-
     real_root = Path(os.path.realpath(root))
     try:
         rel = directory.relative_to(root)

@@ -7,8 +7,12 @@ conftest trimming ``items[:]``, real nested and symlinked directories.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+
+from pytest_rollout_golden import store
+from pytest_rollout_golden.errors import GoldenError
 
 CASES = """
 import os
@@ -232,3 +236,155 @@ def test_a_test_failing_through_subtests_records_nothing(project):
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert "1 updated" not in result.stdout.str()
     assert project.golden_files() == before
+
+
+# ------------------------------------------------------------------ 14. the report, the disk
+
+ONE = """
+def test_one(golden):
+    golden.check({"pg_loss": 1.0})
+"""
+
+
+@pytest.mark.parametrize("where", ["a_directory", "a_file/report.json"])
+def test_a_report_path_that_cannot_be_written_is_refused_before_any_test(project, where):
+    project.write(ONE)
+    (project.path / "a_directory").mkdir()
+    (project.path / "a_file").write_text("")
+    result = project.run(f"--golden-report={where}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--golden-report {where}: *"])
+    assert not project.golden.exists(), "no test ran"
+
+
+def test_collect_only_keeps_an_existing_report(project):
+    project.write(ONE)
+    project.run("--golden-report=report.json").assert_outcomes(passed=1)
+    before = (project.path / "report.json").read_bytes()
+    assert json.loads(before)["summary"]["recorded"] == 1
+    result = project.run("--collect-only", "--golden-report=report.json")
+    assert result.ret == pytest.ExitCode.OK
+    assert (project.path / "report.json").read_bytes() == before
+    assert "golden report written" not in result.stdout.str()
+
+
+def test_a_report_on_a_full_disk_names_the_file_and_fails_the_run(project):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (Linux)")
+    project.write(ONE)
+    result = project.run("--golden-report=/dev/full")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["--golden-report /dev/full: NOT written (No space left on device); free disk space*"]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_golden_on_a_full_disk_names_the_file_and_keeps_the_old_one(project, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=64k tmpfs {disk} 2>/dev/null"):
+        pytest.skip("needs to mount a small tmpfs (root)")
+    try:
+        project.write(
+            "import torch\n\ndef test_big(golden, values):\n"
+            "    golden.check_tensors('x', {'x': torch.zeros(values.get('n', 8))})\n"
+        )
+        project.run(f"--golden-dir={disk}").assert_outcomes(passed=1)
+        before = {p: p.read_bytes() for p in disk.rglob("*") if p.is_file()}
+        project.set_values(n=1_000_000)  # 4 MB on a 64 KiB filesystem
+        result = project.run(f"--golden-dir={disk}", "--update-golden")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            [
+                "*GoldenError: *test_big*: no space left on device while writing it; nothing was "
+                "committed and the previous golden is intact. Free disk space*"
+            ]
+        )
+        assert {p: p.read_bytes() for p in disk.rglob("*") if p.is_file()} == before
+    finally:
+        os.system(f"umount {disk}")
+
+
+def test_a_path_option_written_with_a_space_is_detected(project, tmp_path_factory):
+    project.write(ONE)
+    project.pytester.makeini("[pytest]\ngolden_dir = golden\n")
+    elsewhere = tmp_path_factory.mktemp("reports") / "report.json"
+    elsewhere.write_text("{}")
+    result = project.run("--golden-report", str(elsewhere))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"*`--golden-report {elsewhere}`: pytest took {elsewhere} for a test path*"
+            f"write `--golden-report={elsewhere}`"
+        ]
+    )
+    project.run(f"--golden-report={elsewhere}").assert_outcomes(passed=1)
+    project.run("--golden-dir", "golden").assert_outcomes(passed=1)  # harmless: same rootdir
+
+
+def test_an_infinite_golden_against_a_finite_value_shows_an_infinite_relative_difference(
+    project,
+):
+    project.write(
+        "def test_inf(golden, values):\n    golden.check({'kl': values.get('kl', float('inf'))})\n"
+    )
+    project.run().assert_outcomes(passed=1)
+    project.set_values(kl=1.0)
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert project.mismatch_row(result, "kl")["rel diff"] == "inf"
+
+
+# ------------------------------------------------------------------ 15. symbolic links
+
+
+def test_updating_a_golden_whose_directory_is_a_link_replaces_its_target(project):
+    project.write(ONE)
+    store = project.golden / ".store" / "test_one"
+    store.mkdir(parents=True)
+    (project.golden / "test_it").mkdir()
+    link = project.golden_dir("test_one")
+    link.symlink_to(store, target_is_directory=True)
+    project.run().assert_outcomes(passed=1)
+    assert (store / "manifest.json").is_file()
+    result = project.run("--update-golden")
+    result.assert_outcomes(passed=1)
+    assert link.is_symlink() and (store / "manifest.json").is_file()
+    leftovers = [p.name for p in link.parent.iterdir() if p.name.startswith(".")]
+    leftovers += [p.name for p in store.parent.iterdir() if p.name != "test_one"]
+    assert leftovers == []
+    project.run("--golden-strict").assert_outcomes(passed=1)
+
+
+def test_a_link_out_of_the_golden_root_is_refused(project, tmp_path):
+    project.write(ONE)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    project.golden.mkdir()
+    (project.golden / "test_it").symlink_to(outside, target_is_directory=True)
+    result = project.run()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*golden/test_it is a symbolic link to *outside, outside the golden root*"]
+    )
+    assert list(outside.iterdir()) == [], "nothing was recorded outside the repository"
+
+
+def test_prune_never_follows_a_link(project, tmp_path):
+    project.write(ONE, "test_gone")
+    project.run().assert_outcomes(passed=1)
+    outside = tmp_path / "outside"
+    (project.golden / "test_gone").rename(outside)
+    (project.golden / "test_gone").symlink_to(outside, target_is_directory=True)
+    (project.path / "test_gone.py").unlink()
+    project.write("def test_x():\n    pass\n", "test_other")
+    result = project.run("--golden-prune")
+    result.assert_outcomes(passed=1)
+    assert (outside / "test_one" / "manifest.json").is_file()
+    assert "pruned" not in result.stdout.str()
+    with pytest.raises(GoldenError, match="reached through a symbolic link; not deleted"):
+        store.remove_golden(project.golden / "test_gone" / "test_one", project.golden)
+    with pytest.raises(GoldenError, match="not inside the golden root"):
+        store.remove_golden(outside / "test_one", project.golden)
+    assert (outside / "test_one" / "manifest.json").is_file()
