@@ -291,6 +291,7 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     diff = torch.where(both_nan | equal, torch.zeros_like(diff), diff)
     rel = diff / e.abs()
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
+    rel = torch.where(diff.isinf(), diff, rel)  # inf vs finite: inf/inf would be NaN, shown as 0
     bad = ~ok
     sums = (*_finite_sum(diff), *_finite_sum(rel))
     nan_mismatch = e_nan ^ a_nan

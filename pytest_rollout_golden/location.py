@@ -66,6 +66,26 @@ def golden_dir(
     return root.joinpath(*parts, *(safe_name(n) for n in names))
 
 
+def link_out_of_root(root: Path, directory: Path) -> Path | None:
+    """The first symbolic link between ``root`` and ``directory`` that leads out of ``root``.
+
+    Links that stay inside the (resolved) golden root are allowed; the root itself may be
+    a link.
+    """
+    real_root = os.path.realpath(root)
+    try:
+        parts = directory.relative_to(root).parts
+    except ValueError:
+        return None
+    for i in range(1, len(parts) + 1):
+        path = root.joinpath(*parts[:i])
+        if path.is_symlink():
+            real = os.path.realpath(path)
+            if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+                return path
+    return None
+
+
 SHARED = "@shared"
 
 

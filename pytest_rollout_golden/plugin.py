@@ -22,7 +22,7 @@ import pluggy
 import pytest
 
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
-from .location import golden_dir, shared_golden_dir
+from .location import SHARED, golden_dir, link_out_of_root, shared_golden_dir
 from .parallel.environment import torchrun_rank
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
@@ -117,7 +117,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--golden-prune",
         action="store_true",
-        help="delete golden directories no test uses (only on a full run)",
+        help="delete goldens whose test file is gone (only on a whole run; see README)",
+    )
+    group.addoption(
+        "--golden-prune-tests",
+        action="store_true",
+        help="--golden-prune, and also delete unused goldens of test files that still exist "
+        "(a removed test, or a case collected only on other machines, e.g. cuda)",
     )
     group.addoption(
         "--no-golden-deterministic",
@@ -202,7 +208,12 @@ class GoldenPlugin:
         else:
             self.mode = "auto"
         self.rootdir = Path(config.rootpath)
-        self.root = self.rootdir / (opt.golden_dir or config.getini("golden_dir"))
+        _check_space_form(config)
+        self.root = _golden_root(
+            self.rootdir,
+            opt.golden_dir if opt.golden_dir is not None else config.getini("golden_dir"),
+        )
+        self.report_path = _report_path(opt.golden_report)
         self.snapshot: Path | None = None
         rank = torchrun_rank()
         if rank:
@@ -243,9 +254,16 @@ class GoldenPlugin:
             raise pytest.UsageError(f"--golden-plot: {MISSING_MATPLOTLIB}")
         self.unused: list[Path] = []
         self.pruned: list[Path] = []
-        self.prune_note = ""
+        self.prune_notes: list[str] = []
+        self.report_error = ""
+        self.unused_kept = 0  # unused goldens of existing test files, or shared
+        self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
 
     # ------------------------------------------------------------------ per test
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:  # subtests report their failures here while the test itself passes
+            self.failed_ids.add(report.nodeid)
 
     def marker_options(self, item: pytest.Item) -> dict[str, Any]:
         options: dict[str, Any] = {}
@@ -304,8 +322,16 @@ class GoldenPlugin:
             )
             exact = bool(options.get("exact"))
             replay_only = _reference_recipe(options)
+        directory = self.directory_of(item)
+        link = link_out_of_root(self.root, directory)
+        if link is not None:
+            raise GoldenError(
+                f"{directory}: {link} is a symbolic link to {os.path.realpath(link)}, outside "
+                f"the golden root {self.root}; goldens are read and written only inside it. "
+                "Replace the link by a directory, or point it inside the golden root."
+            )
         return Golden(
-            self.directory_of(item),
+            directory,
             mode=Mode(self.mode),
             resolver=Resolver(layers, exact=exact),
             test_id=item.nodeid,
@@ -408,40 +434,171 @@ class GoldenPlugin:
         self.state.used_tolerances |= self.used_tolerances()
         if self.calibrate:
             self.write_calibration()
-        if self.state.expected_dirs or self.config.option.golden_prune:
-            self.unused = self.state.unused_dirs(self.root, self.rootdir)
-        if self.config.option.golden_prune and self.unused:
-            reason = self._not_full_run(session)
-            if reason:
-                self.prune_note = f"--golden-prune skipped: {reason}"
-            else:
-                for directory in self.unused:
-                    shutil.rmtree(directory)
-                    self.pruned.append(directory)
-                    parent = directory.parent  # the test file's folder, if now empty
-                    while parent != self.root and self.root in parent.parents:
-                        if any(parent.iterdir()):
-                            break
-                        parent.rmdir()
-                        parent = parent.parent
-        path = self.config.option.golden_report
-        if path:
+        opt = self.config.option
+        prune = opt.golden_prune or opt.golden_prune_tests
+        goldens: list[tuple[Path, Path | None]] = []
+        if self.state.expected_dirs or prune:
+            goldens = self.state.unused_goldens(self.root, self.rootdir)
+            self.unused = [d for d, _ in goldens]
+            self.unused_kept = sum(1 for d, owner in goldens if not self._gone(d, owner))
+        if prune:
+            self._prune(session, goldens, tests=opt.golden_prune_tests)
+        if self.report_path is not None and not opt.collectonly:
             document = self.state.report(mode=self.mode, unused=self.unused, pruned=self.pruned)
-            target = Path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+            try:
+                _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
+            except GoldenError as exc:
+                self.report_error = str(exc)
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.registry.remove()
         if self.snapshot is not None:
             shutil.rmtree(self.snapshot, ignore_errors=True)
 
+    def _prune(
+        self, session: pytest.Session, goldens: list[tuple[Path, Path | None]], *, tests: bool
+    ) -> None:
+        """Delete unused goldens; only on a whole run, and those of existing files if ``tests``."""
+        from . import store
+
+        reason = self._not_full_run(session)
+        if reason:
+            self.prune_notes.append(f"--golden-prune skipped: {reason}; nothing was deleted")
+            return
+        kept = 0
+        for directory, owner in goldens:
+            if not tests and not self._gone(directory, owner):
+                kept += 1
+                continue
+            try:
+                left = store.remove_golden(directory, self.root)
+            except GoldenError as exc:
+                self.prune_notes.append(f"--golden-prune kept {exc}")
+                continue
+            if left:
+                self.prune_notes.append(
+                    f"--golden-prune kept {directory}: it holds files its golden does not "
+                    f"list ({', '.join(left[:5])})"
+                )
+                continue
+            self.pruned.append(directory)
+            parent = directory.parent  # the test file's folder, if now empty
+            while parent != self.root and self.root in parent.parents:
+                if any(parent.iterdir()):
+                    break
+                parent.rmdir()
+                parent = parent.parent
+        if kept:
+            self.prune_notes.append(
+                f"--golden-prune kept {kept} unused golden(s) of test files that still exist "
+                "(a removed test, or a case collected only on other machines, e.g. cuda); "
+                "--golden-prune-tests deletes them on a whole run"
+            )
+
+    def _gone(self, directory: Path, owner: Path | None) -> bool:
+        """Whether no test can use this golden any more: its (unshared) test file is gone."""
+        return owner is None and directory.relative_to(self.root).parts[0] != SHARED
+
     def _not_full_run(self, session: pytest.Session) -> str:
-        if self.state.partial_files:
-            return "some tests were deselected or named individually"
+        partial = self.state.partial_collection()
+        if partial:
+            where = os.path.relpath(partial[0], self.rootdir)
+            more = f" and {len(partial) - 1} more" if len(partial) > 1 else ""
+            return (
+                "some tests were deselected, filtered out (--lf, a conftest) or named "
+                f"individually ({where}{more})"
+            )
         if session.shouldstop or session.shouldfail:
             return "the session stopped early"
         if session.testsfailed:
             return "tests failed"
         return ""
+
+
+def _golden_root(rootdir: Path, value: str) -> Path:
+    """The golden root; refused where pruning could reach files that are not goldens."""
+    if not str(value).strip():
+        raise pytest.UsageError(
+            "golden_dir is empty: goldens need a directory of their own, e.g. golden_dir = golden"
+        )
+    root = rootdir / value
+    real, real_rootdir = Path(os.path.realpath(root)), Path(os.path.realpath(rootdir))
+    if real == real_rootdir or real in real_rootdir.parents:
+        raise pytest.UsageError(
+            f"golden_dir {value!r} is the project directory or contains it; goldens need a "
+            "directory of their own (e.g. golden_dir = golden), so that --golden-prune can "
+            "never reach other files"
+        )
+    return root
+
+
+def _report_path(value: str | None) -> Path | None:
+    """``--golden-report PATH``, checked before any test runs."""
+    if not value:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise pytest.UsageError(f"--golden-report {value}: is a directory; name a file")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise pytest.UsageError(f"--golden-report {value}: {parent} is not a directory")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
+    if not writable:
+        raise pytest.UsageError(f"--golden-report {value}: not writable")
+    return path
+
+
+def _write_report(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    except OSError as exc:
+        raise GoldenError(
+            f"--golden-report {path}: NOT written ({exc.strerror or exc}); "
+            "free disk space on that filesystem or name another file"
+        ) from None
+
+
+_PATH_OPTIONS = ("--golden-report", "--golden-dir", "--golden-plot")
+
+
+def _check_space_form(config: pytest.Config) -> None:
+    """Refuse ``--golden-report PATH`` (a space, no ``=``) when pytest took PATH for a test path.
+
+    pytest picks the rootdir and ini file before plugin options are known, so it reads an
+    existing PATH after a plugin option as a test path; no plugin can undo that choice.
+    """
+    args = [str(a) for a in config.invocation_params.args]
+    for i, arg in enumerate(args[:-1]):
+        if arg in _PATH_OPTIONS and Path(config.invocation_params.dir, args[i + 1]).exists():
+            rootdir, inipath = _intended_setup(config, args)
+            if rootdir is not None and (rootdir, inipath) != (config.rootpath, config.inipath):
+                raise pytest.UsageError(
+                    f"`{arg} {args[i + 1]}`: pytest took {args[i + 1]} for a test path before "
+                    f"this plugin could claim it, and chose rootdir {config.rootpath} "
+                    f"(ini file {config.inipath}) instead of {rootdir} ({inipath}); "
+                    f"write `{arg}={args[i + 1]}`"
+                )
+
+
+def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
+    """The (rootdir, ini file) pytest would pick knowing this plugin's options."""
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        ns = config._parser.parse_known_args(args)
+        rootdir, inipath, *_ = determine_setup(
+            inifile=config.option.inifilename,
+            override_ini=config.option.override_ini,
+            args=ns.file_or_dir,
+            rootdir_cmd_arg=config.option.rootdir or None,
+            invocation_dir=config.invocation_params.dir,
+        )
+    except Exception:  # pytest's private API changed: no check rather than a wrong one
+        return None, None
+    return rootdir, inipath
 
 
 def _replays_reference(options: dict[str, Any]) -> bool:
@@ -493,6 +650,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_DOC)
     plugin = GoldenPlugin(config)
     config.stash[_PLUGIN] = plugin
+    config.pluginmanager.register(plugin, "rollout-golden-session")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(plugin), "rollout-golden-xdist")
     if "hypothesis" in sys.modules or config.getoption("hypothesis_profile", None) in ("ci", "dev"):
@@ -557,6 +715,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             plugin.state.expected_dirs.add(str(plugin.directory_of(item)))
 
 
+@pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    report = yield
+    if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
+        produced = collector.config.stash[_PLUGIN].state.produced
+        ids = produced.setdefault(str(Path(collector.path)), set())
+        ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
+    return report
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[_PLUGIN].state.selected.update(i.nodeid for i in session.items)
+
+
 def pytest_deselected(items: list[pytest.Item]) -> None:
     for item in items:
         item.config.stash[_PLUGIN].state.partial_files.add(str(Path(item.path)))
@@ -565,6 +737,7 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     plugin = item.config.stash[_PLUGIN]
+    plugin.failed_ids.discard(item.nodeid)
     stack = contextlib.ExitStack()
     if plugin.wants_determinism(item):
         from .determinism import deterministic
@@ -589,7 +762,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         unusable = isinstance(exc, (GoldenMissingError, GoldenFormatError))
         plugin.finish(item, error=True, golden_error=unusable)
         raise
-    plugin.finish(item, error=False)
+    plugin.finish(item, error=item.nodeid in plugin.failed_ids)  # e.g. a failed subtest
     return result
 
 
@@ -648,11 +821,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         unused=plugin.unused,
         pruned=plugin.pruned,
         unused_tolerances=plugin.unused_tolerances(),
-        report_path=terminalreporter.config.option.golden_report,
+        report_path=None
+        if plugin.report_error or terminalreporter.config.option.collectonly
+        else terminalreporter.config.option.golden_report,
         relative_to=plugin.rootdir,
     )
-    if plugin.prune_note:
-        lines.append(plugin.prune_note)
+    opt = terminalreporter.config.option
+    if plugin.unused_kept and not (opt.golden_prune or opt.golden_prune_tests):
+        lines.append(
+            f"{plugin.unused_kept} of them belong to test files that still exist (or are "
+            "shared): a removed test, or a case collected only on other machines (e.g. cuda); "
+            "--golden-prune keeps those, --golden-prune-tests deletes them on a whole run"
+        )
+    lines.extend(plugin.prune_notes)
+    if plugin.report_error:
+        lines.append(plugin.report_error)
     if lines:
         terminalreporter.write_sep("=", "rollout golden")
         for line in lines:

@@ -52,6 +52,9 @@ class SessionState:
     expected_dirs: set[str] = field(default_factory=set)
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
+    # test file -> node ids its collectors produced, before any plugin or conftest filtered them
+    produced: dict[str, set[str]] = field(default_factory=dict)
+    selected: set[str] = field(default_factory=set)  # node ids left to run after collection
     used_tolerances: set[str] = field(default_factory=set)
     plots: list[str] = field(default_factory=list)
     # --golden-calibrate: golden directory -> test id -> each run's metrics, and tests left out
@@ -71,6 +74,8 @@ class SessionState:
                 "expected_dirs": sorted(self.expected_dirs),
                 "collected_files": sorted(self.collected_files),
                 "partial_files": sorted(self.partial_files),
+                "produced": {f: sorted(ids) for f, ids in self.produced.items()},
+                "selected": sorted(self.selected),
                 "used_tolerances": sorted(self.used_tolerances),
                 "plots": self.plots,
                 "calibration": self.calibration,
@@ -85,6 +90,9 @@ class SessionState:
         self.expected_dirs.update(data["expected_dirs"])
         self.collected_files.update(data["collected_files"])
         self.partial_files.update(data["partial_files"])
+        for file, ids in data.get("produced", {}).items():
+            self.produced.setdefault(file, set()).update(ids)
+        self.selected.update(data.get("selected", ()))
         self.used_tolerances.update(data["used_tolerances"])
         self.plots.extend(data.get("plots", []))
         for directory, tests in data.get("calibration", {}).items():
@@ -105,17 +113,45 @@ class SessionState:
                 counts[status] = counts.get(status, 0) + 1
         return counts
 
+    def partial_collection(self) -> list[str]:
+        """Test files some of whose collected tests did not run, whoever filtered them out.
+
+        Compares what each file's collectors produced with what was left to run, so it
+        sees ``--lf``, ``-k``, node ids and a conftest trimming ``items[:]`` alike.
+        """
+        partial = set(self.partial_files)
+        partial |= {f for f, ids in self.produced.items() if not ids <= self.selected}
+        return sorted(partial)
+
+    def whole_files(self) -> set[str]:
+        """Test files every collected test of which was left to run."""
+        partial = set(self.partial_collection())
+        return {f for f, ids in self.produced.items() if ids and f not in partial}
+
     def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:
-        """Golden directories no collected test uses, of fully collected or deleted test files."""
+        """Our golden directories no collected test uses, of deleted or wholly run test files."""
+        return [d for d, _ in self.unused_goldens(root, rootdir)]
+
+    def unused_goldens(self, root: Path, rootdir: Path) -> list[tuple[Path, Path | None]]:
+        """``(directory, its test file or None if that file is gone)`` of every unused golden.
+
+        A golden is unused if no test collected this session uses it and either its test
+        file is gone or that file was collected and run whole. Only directories whose
+        ``manifest.json`` is a pytest-rollout-golden manifest count.
+        """
+        from . import store
+
         found = []
         is_file = functools.lru_cache(maxsize=None)(Path.is_file)  # goldens share test files
+        whole = self.whole_files()
         for directory in location.find_goldens(root):
-            if str(directory) in self.expected_dirs:
+            if str(directory) in self.expected_dirs or directory == root:
+                continue
+            if store.listed_files(directory) is None:  # not a golden of ours: never touched
                 continue
             owner = location.owning_test_file(root, rootdir, directory, is_file=is_file)
-            whole_file = str(owner) in self.collected_files and str(owner) not in self.partial_files
-            if owner is None or whole_file:
-                found.append(directory)
+            if owner is None or str(owner) in whole:
+                found.append((directory, owner))
         return found
 
     def report(self, *, mode: str, unused: list[Path], pruned: list[Path]) -> dict[str, Any]:

@@ -78,8 +78,14 @@ def atomic_write(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise GoldenError(
+                f"{path}: no space left on device while writing it; nothing was committed "
+                "and the previous golden is intact. Free disk space on that filesystem (or "
+                "point golden_dir elsewhere) and run again."
+            ) from exc
         raise
 
 
@@ -632,10 +638,12 @@ class Transaction:
     """
 
     def __init__(self, directory: Path):
-        self.directory = directory
+        # A golden directory that is a link (inside the golden root, see
+        # location.link_out_of_root) is replaced where it points; the link stays.
+        self.directory = Path(os.path.realpath(directory))
         self.staging = directory.parent / f".{directory.name}.new-{os.getpid()}"
         shutil.rmtree(self.staging, ignore_errors=True)
-        missing = [p for p in directory.parents if not p.exists()]
+        missing = [p for p in self.directory.parents if not p.exists()]
         self._created = missing[-1] if missing else None  # removed again by abort() if empty
         self.staging.mkdir(parents=True)
         self.files: dict[str, dict[str, Any]] = {}
@@ -659,16 +667,26 @@ class Transaction:
         self.files[filename] = dict(info)
 
     def commit(self, manifest: dict[str, Any]) -> None:
+        """Swap the staged version in; what the old version does not list stays in place.
+
+        Entries of the old directory that its manifest does not list (a golden nested
+        inside this one, a file a user put there) are moved into the new version, so the
+        swap replaces only this golden's own files.
+        """
         manifest = {"format": FORMAT, "schema": SCHEMA, **manifest, "files": self.files}
         atomic_write(self.staging / MANIFEST, [encode_json(manifest)])
         _fsync_dir(self.staging)
         backup = self.directory.parent / f".{self.directory.name}.old-{os.getpid()}"
         had_old = self.directory.exists()
         if had_old:
+            for entry in _unlisted(self.directory, extra=set(self.files)):
+                os.rename(entry, self.staging / entry.name)
             os.rename(self.directory, backup)
         os.rename(self.staging, self.directory)
         _fsync_dir(self.directory.parent)
         if had_old:
+            for entry in _unlisted(backup, extra=set(self.files)):  # arrived during the swap
+                os.rename(entry, self.directory / entry.name)
             shutil.rmtree(backup, ignore_errors=True)
 
     def abort(self) -> None:
@@ -681,6 +699,71 @@ class Transaction:
                     break
                 if folder == self._created:
                     break
+
+
+def listed_files(directory: Path) -> set[str] | None:
+    """Names of the files the golden in ``directory`` owns (its manifest's table and the
+    manifest itself); ``None`` if its manifest is missing or is not one of ours."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not (
+        isinstance(manifest, dict)
+        and manifest.get("format") == FORMAT
+        and type(manifest.get("schema")) is int
+        and isinstance(manifest.get("files"), dict)
+    ):
+        return None
+    names = {n for n in manifest["files"] if isinstance(n, str) and _plain_name(n)}
+    return names | {MANIFEST}
+
+
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _unlisted(directory: Path, *, extra: set[str]) -> list[Path]:
+    """Entries of ``directory`` that neither its golden nor the new version (``extra``) lists."""
+    owned = listed_files(directory)
+    if owned is None:  # no readable manifest of ours: only what the new version replaces
+        owned = {MANIFEST}
+    owned |= extra
+    return [e for e in directory.iterdir() if e.name not in owned]
+
+
+def remove_golden(directory: Path, root: Path) -> list[str]:
+    """Delete the golden in ``directory``: the files its manifest lists, then the manifest,
+    then the directory if nothing else is in it. Returns the names of what was left.
+
+    Refuses (raises GoldenError) a directory that is not a golden of ours, is reached
+    through a symbolic link, or lies outside the golden ``root``.
+    """
+    real_root = Path(os.path.realpath(root))
+    try:
+        rel = directory.relative_to(root)
+    except ValueError:
+        raise GoldenError(f"{directory}: not inside the golden root {root}; not deleted") from None
+    if not rel.parts or any(
+        (root / Path(*rel.parts[:i])).is_symlink() for i in range(1, len(rel.parts) + 1)
+    ):
+        raise GoldenError(f"{directory}: reached through a symbolic link; not deleted")
+    real = Path(os.path.realpath(directory))
+    if real == real_root or real_root not in real.parents:
+        raise GoldenError(f"{directory}: outside the golden root {root}; not deleted")
+    owned = listed_files(directory)
+    if owned is None:
+        raise GoldenError(
+            f"{directory}: {MANIFEST} is not a pytest-rollout-golden manifest; not deleted"
+        )
+    for name in [*sorted(owned - {MANIFEST}), MANIFEST]:
+        path = directory / name
+        if path.is_file() or path.is_symlink():  # a link itself, never what it points to
+            path.unlink(missing_ok=True)
+    left = sorted(e.name for e in directory.iterdir())
+    if not left:
+        directory.rmdir()
+    return left
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -146,8 +146,24 @@ def test_unused_goldens_are_listed_but_kept(stale):
     assert (stale.golden / "test_a" / "test_two" / "manifest.json").exists()
 
 
-def test_prune_on_a_full_run_deletes_only_unused_goldens(stale):
+def test_prune_deletes_goldens_of_gone_files_and_keeps_those_of_existing_files(stale):
     result = stale.run("--golden-prune")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "pruned unused golden directories:",
+            "    golden/test_b/test_three",
+            "--golden-prune kept 1 unused golden(s) of test files that still exist*"
+            "--golden-prune-tests deletes them on a whole run",
+        ]
+    )
+    assert not (stale.golden / "test_b").exists(), "no empty folder is left behind"
+    # test_a.py still exists: test_two may be a case collected only on other machines.
+    assert (stale.golden / "test_a" / "test_two" / "manifest.json").exists()
+
+
+def test_prune_tests_on_a_full_run_deletes_only_unused_goldens(stale):
+    result = stale.run("--golden-prune-tests")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
@@ -160,7 +176,7 @@ def test_prune_on_a_full_run_deletes_only_unused_goldens(stale):
     assert not (stale.golden / "test_b").exists(), "no empty folder is left behind"
     for kept in ("test_a/test_one", "test_c/test_three"):
         assert (stale.golden / kept / "manifest.json").exists()
-    again = stale.run("--golden-prune")
+    again = stale.run("--golden-prune-tests")
     assert UNUSED not in again.outlines
     assert "pruned unused golden directories:" not in again.outlines
 
@@ -170,7 +186,7 @@ def test_prune_on_a_full_run_deletes_only_unused_goldens(stale):
 )
 def test_prune_is_skipped_on_a_partial_run(stale, selection, passed):
     before = stale.golden_files()
-    result = stale.run("--golden-prune", *selection)
+    result = stale.run("--golden-prune-tests", *selection)
     result.assert_outcomes(passed=passed)
     assert stale.golden_files() == before
     result.stdout.fnmatch_lines(["--golden-prune skipped: some tests were deselected*"])
@@ -178,7 +194,7 @@ def test_prune_is_skipped_on_a_partial_run(stale, selection, passed):
 
 
 def test_goldens_of_test_files_not_collected_are_never_unused(stale):
-    result = stale.run("--golden-prune", "test_a.py")
+    result = stale.run("--golden-prune-tests", "test_a.py")
     result.assert_outcomes(passed=1)
     # test_a.py ran whole and test_b.py is gone: those goldens are provably unused.
     assert not (stale.golden / "test_a" / "test_two").exists()
@@ -189,9 +205,9 @@ def test_goldens_of_test_files_not_collected_are_never_unused(stale):
 def test_prune_is_skipped_when_tests_fail(stale):
     stale.write(ONE.replace("golden.check", "assert False\n    golden.check"), "test_a")
     before = stale.golden_files()
-    result = stale.run("--golden-prune")
+    result = stale.run("--golden-prune-tests")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["--golden-prune skipped: tests failed"])
+    result.stdout.fnmatch_lines(["--golden-prune skipped: tests failed; nothing was deleted"])
     assert stale.golden_files() == before
 
 

@@ -119,7 +119,10 @@ def test_shared_golden_across_files_and_prune(project):
     assert shared.is_dir()
     Path(project.path / "test_b.py").unlink()
     Path(project.path / "test_a.py").write_text("def test_reference():\n    pass\n")
-    result = project.run("--golden-prune")  # the recorder's file, fully collected, no user
+    result = project.run("--golden-prune")  # shared: kept unless asked for explicitly
+    result.assert_outcomes(passed=2)
+    assert shared.is_dir()
+    result = project.run("--golden-prune-tests")  # the recorder's file, fully collected, no user
     result.assert_outcomes(passed=2)
     assert not shared.exists()
     assert not (project.golden / "@shared").exists() or not any(
