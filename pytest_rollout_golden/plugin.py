@@ -152,6 +152,17 @@ def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _seed(value: Any, source: str) -> int:
+    """``value`` as a seed of random, numpy and torch (an int in [0, 2**32)), else a usage error."""
+    try:
+        seed = None if isinstance(value, (bool, float)) else int(value)
+    except (TypeError, ValueError):
+        seed = None
+    if seed is None or not 0 <= seed < 2**32:
+        raise pytest.UsageError(f"{source} must be an integer in [0, 2**32), got {value!r}")
+    return seed
+
+
 def _layer(source: str, specs: list[str], order: int) -> Layer:
     entries = {}
     for spec in specs:
@@ -222,10 +233,7 @@ class GoldenPlugin:
             "ini golden_ignore", config.getini("golden_ignore"), self.ini_layer
         )
         self.builtin = builtin_layer()
-        try:
-            self.seed = int(config.getini("golden_seed"))
-        except ValueError:
-            raise pytest.UsageError("ini golden_seed must be an integer") from None
+        self.seed = _seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
             opt.golden_deterministic
             if opt.golden_deterministic is not None
@@ -320,7 +328,9 @@ class GoldenPlugin:
         return bool(self.marker_options(item).get("deterministic", self.deterministic))
 
     def seed_of(self, item: pytest.Item) -> int:
-        return int(self.marker_options(item).get("seed", self.seed))
+        if "seed" not in self.marker_options(item):
+            return self.seed
+        return _seed(self.marker_options(item)["seed"], f"{item.nodeid}: golden marker seed=")
 
     def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
         """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
@@ -551,6 +561,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         plugin.state.collected_files.add(str(Path(item.path)))
         if "golden" in getattr(item, "fixturenames", ()):
             plugin.state.expected_dirs.add(str(plugin.directory_of(item)))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if item.get_closest_marker("golden") is not None:
+        item.config.stash[_PLUGIN].seed_of(item)  # a bad seed= stops the run before any test
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
