@@ -564,8 +564,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    if item.get_closest_marker("golden") is not None:
-        item.config.stash[_PLUGIN].seed_of(item)  # a bad seed= stops the run before any test
+    plugin = item.config.stash[_PLUGIN]
+    # A bad seed= stops the run before any test; xdist hides a worker's usage error at
+    # collection, so there each such test fails its setup with it instead.
+    if item.get_closest_marker("golden") is not None and not plugin.is_worker:
+        plugin.seed_of(item)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -577,18 +580,27 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     plugin = item.config.stash[_PLUGIN]
     stack = contextlib.ExitStack()
+    bad_seed = None
     if plugin.wants_determinism(item):
         from .determinism import deterministic
 
-        stack.enter_context(deterministic(plugin.seed_of(item)))
-        item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+        try:
+            seed = plugin.seed_of(item)
+        except pytest.UsageError as exc:  # raised after the yield: other plugins' teardown
+            bad_seed = exc  # expects their setup to have run
+        else:
+            stack.enter_context(deterministic(seed))
+            item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
     if _CALIBRATION_RUN in item.stash:
         from .calibrate import perturbed
 
         how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], plugin.perturb))
         item.user_properties.append(("golden_calibration_run", how))
         item.stash[_SETTINGS] = stack
-    return (yield)
+    result = yield
+    if bad_seed is not None:
+        raise bad_seed
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

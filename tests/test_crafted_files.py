@@ -526,6 +526,30 @@ def test_b(deterministic):
     assert not project.golden.exists()
 
 
+def test_bad_marker_seed_under_xdist_errors_each_test_without_teardown_noise(project):
+    """xdist hides a worker's usage error at collection: each such test errors with it instead."""
+    project.write(
+        """
+import pytest
+
+
+@pytest.mark.golden(seed="abc")
+def test_a(golden):
+    golden.check({"x": 1.0})
+
+
+def test_b():
+    pass
+"""
+    )
+    result = project.run_subprocess("-n", "2")
+    result.assert_outcomes(passed=1, errors=1)
+    out = result.stdout.str()
+    assert "test_it.py::test_a: golden marker seed= must be an integer in [0, 2**32)" in out
+    assert "KeyError" not in out
+    assert not project.golden.exists()
+
+
 # --------------------------------------------------------------------------- through pytest
 
 TRAIN = """
