@@ -306,6 +306,7 @@ def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tu
     return entries
 
 
+_CONTAINERS = (dict, list)
 _LAYOUT_KEYS = {"torch": "k", "numpy": "k", "ndarray": "dtype", "npscalar": "dtype"}
 
 
@@ -318,15 +319,13 @@ def _check_layout(path: Path, layout: Any, arrays: Mapping[str, Any], size: int)
     """
     numpy_keys: set[str] = set()
     budget = (1 << 20) + _ALLOC_FACTOR * size
-    stack = [layout]
+    stack = [layout] if type(layout) in _CONTAINERS else []
     while stack:
         n = stack.pop()
-        if isinstance(n, list):
-            stack.extend(n)
+        children = n.values() if type(n) is dict else n
+        stack.extend([c for c in children if type(c) in _CONTAINERS])  # json.loads: exact types
+        if type(n) is list:
             continue
-        if not isinstance(n, dict):
-            continue
-        stack.extend(n.values())
         tag = n.get("t")
         field = _LAYOUT_KEYS.get(tag) if isinstance(tag, str) else None
         if field is None:
@@ -474,13 +473,17 @@ def _no_constant(name: str) -> Any:
 
 def _too_deep(value: Any) -> bool:
     """Whether ``value`` nests lists/dicts more than :data:`MAX_JSON_DEPTH` levels deep."""
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
+    level, depth = [value], 1
+    while level:
         if depth > MAX_JSON_DEPTH:
             return True
-        children = v.values() if isinstance(v, dict) else v
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        level = [
+            c
+            for v in level
+            for c in (v.values() if type(v) is dict else v)
+            if type(c) in _CONTAINERS
+        ]
+        depth += 1
     return False
 
 
