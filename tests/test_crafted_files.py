@@ -594,8 +594,11 @@ def test_crafted_golden_fails_with_the_remedy_and_update_repairs_it(project, dam
     assert "run `pytest --update-golden` locally" in out
     assert "RecursionError" not in out and "KeyError" not in out
     assert project.calls() == [], "a damaged golden must not be silently re-recorded"
+    assert project.counts(result)["failed"] == 1
 
-    project.run("--update-golden").assert_outcomes(passed=1)
+    updated = project.run("--update-golden")
+    updated.assert_outcomes(passed=1)
     assert project.calls() == ["rollout"]
+    assert project.counts(updated)["failed"] == 0
     project.run("--golden-strict").assert_outcomes(passed=1)
     assert project.calls() == []
