@@ -328,9 +328,10 @@ class GoldenPlugin:
         return bool(self.marker_options(item).get("deterministic", self.deterministic))
 
     def seed_of(self, item: pytest.Item) -> int:
-        if "seed" not in self.marker_options(item):
+        options = self.marker_options(item)
+        if "seed" not in options:
             return self.seed
-        return _seed(self.marker_options(item)["seed"], f"{item.nodeid}: golden marker seed=")
+        return _seed(options["seed"], f"{item.nodeid}: golden marker seed=")
 
     def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
         """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
