@@ -602,3 +602,17 @@ def test_crafted_golden_fails_with_the_remedy_and_update_repairs_it(project, dam
     assert project.counts(updated)["failed"] == 0
     project.run("--golden-strict").assert_outcomes(passed=1)
     assert project.calls() == []
+
+
+@pytest.mark.parametrize("verb", ["show", "diff"])
+def test_cli_reports_a_crafted_metrics_json_by_file_step_and_metric(tmp_path, capsys, verb):
+    from pytest_rollout_golden.cli import main
+
+    directory = tmp_path / "a" / "g"
+    record(directory)
+    rewrite_signed(directory, "metrics.json", METRICS_CASES["value is the string NaN"])
+    args = [str(directory)] if verb == "show" else [str(tmp_path / "a"), str(tmp_path / "a")]
+    assert main([verb, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{directory / 'metrics.json'}: step 0" in err
+    assert "metric 'pg_loss'" in err and REMEDY in err
