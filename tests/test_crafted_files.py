@@ -335,16 +335,42 @@ def test_update_golden_repairs_a_crafted_manifest(tmp_path, case):
 
 # --------------------------------------------------------------------------- random edits
 
+WORDS = [
+    "",
+    "nan",
+    "inf",
+    "NaN",
+    "x",
+    "0",
+    "-1",
+    "F32",
+    "I64",
+    "float32",
+    "<U9",
+    "<i1",
+    "O",
+    "numpy",
+    "torch",
+    "ndarray",
+    "npscalar",
+    "bytes",
+    "tuple",
+    "dict",
+    "float",
+    "dataproto",
+    "tensordict",
+    "cuda:0",
+    "cuda:x",
+    "ids",
+    "arr",
+    "value",
+]
 JSON_LEAF = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from(
-        ["", "nan", "inf", "NaN", "x", "0", "-1", "F32", "I64", "float32", "<U9", "<i1", "O"]
-        + ["numpy", "torch", "ndarray", "npscalar", "bytes", "tuple", "dict", "float"]
-        + ["dataproto", "tensordict", "cuda:0", "cuda:x", "ids", "arr", "value"]
-    ),
+    st.sampled_from(WORDS),
 )
 JSON_VALUE = st.recursive(
     JSON_LEAF,
