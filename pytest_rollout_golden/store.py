@@ -549,9 +549,8 @@ def _manifest_entry_problem(filename: str, info: Any) -> str | None:
         return "not a plain file name inside the golden directory"
     if not isinstance(info, dict):
         return "not an object"
-    digest = info.get("digest")
-    if not isinstance(digest, str) or len(digest) != 32 or set(digest) - set("0123456789abcdef"):
-        return "no valid digest"
+    if not isinstance(info.get("digest"), str) or not info["digest"]:
+        return "no digest"
     for field in ("kind", "name"):
         if not isinstance(info.get(field, ""), str):
             return f"{field} is not a string"
