@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import sys
@@ -307,6 +308,7 @@ def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tu
 
 
 _CONTAINERS = (dict, list)
+_DEVICE = re.compile(r"[a-z_]+(:[0-9]+)?")  # "cpu", "cuda:0"; "cuda:-1" would fail in .to()
 _LAYOUT_KEYS = {"torch": "k", "numpy": "k", "ndarray": "dtype", "npscalar": "dtype"}
 
 
@@ -340,7 +342,8 @@ def _check_layout(path: Path, layout: Any, arrays: Mapping[str, Any], size: int)
                 raise format_error(path, f"has a layout naming a missing tensor {value!r}")
             if tag == "numpy":
                 numpy_keys.add(value)
-            if not isinstance(n.get("device", "cpu"), str):
+            device = n.get("device", "cpu")
+            if not isinstance(device, str) or not _DEVICE.fullmatch(device):
                 raise format_error(path, f"has a corrupted layout (device of {value!r})")
             continue
         import numpy as np

@@ -131,6 +131,10 @@ SAFETENSORS_CASES: dict[str, tuple[Any, bytes, bool]] = {
         *with_layout({"t": "torch", "k": "x", "device": 0}, {"x": [1.0]}),
         True,
     ),
+    "layout device cuda:-1": (
+        *with_layout({"t": "torch", "k": "x", "device": "cuda:-1"}, {"x": [1.0]}),
+        True,
+    ),
     "layout class is a number": (
         *with_layout(
             {
