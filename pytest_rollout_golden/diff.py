@@ -19,6 +19,7 @@ from . import store
 from .compare import compare_named, dtype_name, json_number
 from .errors import GoldenError
 from .location import find_goldens
+from .metrics import document_problem
 from .tolerance import Layer, Resolver
 
 METRICS = "metrics.json"
@@ -115,6 +116,9 @@ def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             raise GoldenError(f"{path}: listed in {store.MANIFEST} but missing")
         if filename.endswith(".json"):
             out[filename] = store.read_json(path, expect_digest=info["digest"])
+            problem = filename == "metrics.json" and document_problem(out[filename])
+            if problem:
+                raise store.format_error(path, problem)
         else:
             out[filename] = store.load_batch(path, expect_digest=info["digest"])
     return manifest, out

@@ -18,6 +18,7 @@ and a list could as well be meant as an array to gate value by value.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from typing import Any
 
@@ -81,11 +82,16 @@ def encode(value: Any, *, where: str) -> Any:
             raise UnsupportedValueError(
                 f"{where}: a {t.dtype} tensor on {t.device} is not a metric"
             )
+        if t.layout != torch.strided or t.is_quantized or t.is_nested:
+            raise UnsupportedValueError(
+                f"{where}: a sparse, quantized or nested tensor is not a metric; "
+                "pass `.to_dense()` / `.dequantize()` of it"
+            )
         dtype, shape = str(t.dtype).removeprefix("torch."), list(t.shape)
         flat = t.to("cpu").reshape(-1)
         values = (flat.double() if flat.is_floating_point() else flat).tolist()
     elif np is not None and isinstance(value, (np.ndarray, np.generic)):
-        if value.dtype.kind not in "biuf":
+        if value.dtype.kind not in "biuf" or value.dtype.itemsize > 8:  # e.g. np.longdouble
             raise UnsupportedValueError(f"{where}: numpy dtype {value.dtype} is not a metric")
         dtype, shape = value.dtype.name, list(np.shape(value))
         values = np.asarray(value).reshape(-1).tolist()
@@ -127,3 +133,61 @@ def scalar(node: Any) -> Any:
     if isinstance(node, dict):
         return _unnumber(node["value"]) if "value" in node else None
     return _unnumber(node)
+
+
+_STEP_KEY = re.compile(r"0|[1-9][0-9]*")
+_DTYPES = re.compile(r"bool|u?int(8|16|32|64)|float(16|32|64)|bfloat16|float8_e\w+")
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _plain(x: Any) -> bool:
+    if isinstance(x, bool) or (isinstance(x, int) and -(2**63) <= x < 2**64):
+        return True
+    return (isinstance(x, float) and math.isfinite(x)) or (isinstance(x, str) and x in _SPECIAL)
+
+
+def problem(node: Any) -> str | None:
+    """Why ``node`` is not a metric value :func:`encode` writes, or ``None`` if it is one."""
+    if _plain(node):
+        return "an integer beyond int64 needs a dtype" if _int(node) and node >= 2**63 else None
+    if not isinstance(node, dict):
+        return f"{str(node)[:40]!r} is not a number, 'nan', 'inf', '-inf' or a typed value"
+    dtype = node.get("dtype")
+    if not isinstance(dtype, str) or not _DTYPES.fullmatch(dtype):
+        return f"unknown dtype {str(dtype)[:40]!r}"
+    if node.keys() == {"dtype", "value"}:
+        values = [node["value"]]
+    elif node.keys() == {"dtype", "shape", "values"}:
+        shape, values = node["shape"], node["values"]
+        if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
+            return "its shape is not a list of sizes"
+        if not isinstance(values, list) or len(values) != math.prod(shape):
+            return f"it does not hold the {math.prod(shape)} values its shape {shape} needs"
+    else:
+        return f"unexpected fields {sorted(node)}"
+    if not all(_plain(v) for v in values):
+        return "a value is not a number, 'nan', 'inf' or '-inf'"
+    try:
+        decode(node, where="")
+    except ValueError as exc:
+        return str(exc).removeprefix(": ")
+    return None
+
+
+def document_problem(document: Any) -> str | None:
+    """Why ``document`` is not a ``metrics.json`` we write (naming step and metric), or ``None``."""
+    if not isinstance(document, dict) or not isinstance(document.get("steps"), dict):
+        return "is not a metrics file of ours (no step table)"
+    for step, names in document["steps"].items():
+        if not _STEP_KEY.fullmatch(step):
+            return f"has a step key {step[:40]!r} that is not an integer >= 0"
+        if not isinstance(names, dict):
+            return f"step {step}: not a table of metrics"
+        for name, node in names.items():
+            why = problem(node)
+            if why is not None:
+                return f"step {step}, metric {name[:80]!r}: {why}"
+    return None

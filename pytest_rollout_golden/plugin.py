@@ -158,6 +158,17 @@ def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _seed(value: Any, source: str) -> int:
+    """``value`` as a seed of random, numpy and torch (an int in [0, 2**32)), else a usage error."""
+    try:
+        seed = None if isinstance(value, (bool, float)) else int(value)
+    except (TypeError, ValueError):
+        seed = None
+    if seed is None or not 0 <= seed < 2**32:
+        raise pytest.UsageError(f"{source} must be an integer in [0, 2**32), got {value!r}")
+    return seed
+
+
 def _layer(source: str, specs: list[str], order: int) -> Layer:
     entries = {}
     for spec in specs:
@@ -233,10 +244,7 @@ class GoldenPlugin:
             "ini golden_ignore", config.getini("golden_ignore"), self.ini_layer
         )
         self.builtin = builtin_layer()
-        try:
-            self.seed = int(config.getini("golden_seed"))
-        except ValueError:
-            raise pytest.UsageError("ini golden_seed must be an integer") from None
+        self.seed = _seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
             opt.golden_deterministic
             if opt.golden_deterministic is not None
@@ -346,7 +354,10 @@ class GoldenPlugin:
         return bool(self.marker_options(item).get("deterministic", self.deterministic))
 
     def seed_of(self, item: pytest.Item) -> int:
-        return int(self.marker_options(item).get("seed", self.seed))
+        options = self.marker_options(item)
+        if "seed" not in options:
+            return self.seed
+        return _seed(options["seed"], f"{item.nodeid}: golden marker seed=")
 
     def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
         """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
@@ -729,6 +740,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[_PLUGIN].state.selected.update(i.nodeid for i in session.items)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    plugin = item.config.stash[_PLUGIN]
+    # A bad seed= stops the run before any test; xdist hides a worker's usage error at
+    # collection, so there each such test fails its setup with it instead.
+    if item.get_closest_marker("golden") is not None and not plugin.is_worker:
+        plugin.seed_of(item)
+
+
 def pytest_deselected(items: list[pytest.Item]) -> None:
     for item in items:
         item.config.stash[_PLUGIN].state.partial_files.add(str(Path(item.path)))
@@ -739,18 +758,27 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     plugin = item.config.stash[_PLUGIN]
     plugin.failed_ids.discard(item.nodeid)
     stack = contextlib.ExitStack()
+    bad_seed = None
     if plugin.wants_determinism(item):
         from .determinism import deterministic
 
-        stack.enter_context(deterministic(plugin.seed_of(item)))
-        item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+        try:
+            seed = plugin.seed_of(item)
+        except pytest.UsageError as exc:  # raised after the yield: other plugins' teardown
+            bad_seed = exc  # expects their setup to have run
+        else:
+            stack.enter_context(deterministic(seed))
+            item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
     if _CALIBRATION_RUN in item.stash:
         from .calibrate import perturbed
 
         how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], plugin.perturb))
         item.user_properties.append(("golden_calibration_run", how))
         item.stash[_SETTINGS] = stack
-    return (yield)
+    result = yield
+    if bad_seed is not None:
+        raise bad_seed
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

@@ -41,6 +41,7 @@ from .errors import (
     GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
+    UnsupportedValueError,
 )
 from .location import safe_name
 from .tolerance import Layer, Resolver, Tolerance, builtin_layer
@@ -235,11 +236,10 @@ class Golden:
             self._old_metrics = {}
             if info is not None:
                 data = self._load_for_update(METRICS, info, {"steps": {}})
-                if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
-                    raise store.format_error(
-                        self.directory / METRICS, "is not a metrics file of ours"
-                    )
-                self._old_metrics = data["steps"]
+                problem = metric_codec.document_problem(data)
+                if problem is not None and self.mode is not Mode.UPDATE:
+                    raise store.format_error(self.directory / METRICS, problem)
+                self._old_metrics = data["steps"] if problem is None else {}
         return self._old_metrics
 
     def _load(self, filename: str, info: Mapping[str, Any]) -> Any:
@@ -352,6 +352,8 @@ class Golden:
         results = []
         for name, value in metrics.items():
             where = f"metric {name!r} at step {step}"
+            if not isinstance(name, str):
+                raise UnsupportedValueError(f"{where}: a metric name must be a str")
             if name in seen:
                 raise ValueError(f"{where} was already checked in this test")
             node = metric_codec.encode(value, where=where)

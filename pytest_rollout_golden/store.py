@@ -35,6 +35,9 @@ FORMAT = "pytest-rollout-golden"
 SCHEMA = 1
 MANIFEST = "manifest.json"
 _HEADER_LIMIT = 100_000_000
+MAX_JSON_DEPTH = 128  # deeper nesting in a golden file is refused (recorded batches nest far less)
+_MAX_NDIM = 64  # numpy's limit
+_ALLOC_FACTOR = 64  # a layout may make the loader allocate at most 1 MiB + 64x the file's size
 
 # safetensors dtype code -> (torch dtype name, numpy dtype name or None, itemsize)
 DTYPES: dict[str, tuple[str, str | None, int]] = {
@@ -155,6 +158,10 @@ def encode_safetensors(
 def save_batch(path: str | os.PathLike[str], batch: Any) -> str:
     """Write ``batch`` (mapping, DataProto-like, ...) to a safetensors file; return its digest."""
     arrays, layout = codec.flatten(batch)
+    if _too_deep(layout):
+        raise UnsupportedValueError(
+            f"the batch nests more than {MAX_JSON_DEPTH} levels deep; flatten it before recording"
+        )
     chunks, digest = encode_safetensors(arrays, {"prg.layout": json.dumps(layout)})
     atomic_write(Path(path), chunks)
     return digest
@@ -226,12 +233,14 @@ def _parse_header(
         raise format_error(
             path, f"is truncated or not safetensors (header length {n}, file {size} B)"
         )
-    try:
-        header = json.loads(header_bytes(n))
-        if not isinstance(header, dict):
-            raise ValueError("header is not an object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise format_error(path, f"has a corrupted safetensors header ({exc})") from None
+    header = parse_json(path, header_bytes(n), "has a corrupted safetensors header")
+    if not isinstance(header, dict):
+        raise format_error(path, "has a corrupted safetensors header (not a JSON object)")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise format_error(
+            path, "has a corrupted safetensors header (__metadata__ is not a str -> str map)"
+        )
     return n, header, _check_entries(path, header, size - 8 - n)
 
 
@@ -260,18 +269,33 @@ def _verify(
     return metadata
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tuple]:
     entries = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            code, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
-            itemsize = DTYPES[code][2]
-            count = math.prod(shape)
-            ok = all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= begin <= end
-        except (KeyError, TypeError, ValueError):
-            raise format_error(path, f"has a malformed entry for tensor {name!r}") from None
+        well_formed = (
+            isinstance(info, dict)
+            and isinstance(info.get("dtype"), str)
+            and info["dtype"] in DTYPES
+            and isinstance(info.get("shape"), list)
+            and len(info["shape"]) <= _MAX_NDIM
+            and all(_is_int(d) and d >= 0 for d in info["shape"])
+            and isinstance(info.get("data_offsets"), list)
+            and len(info["data_offsets"]) == 2
+            and all(_is_int(o) for o in info["data_offsets"])
+        )
+        if not well_formed:
+            raise format_error(path, f"has a malformed entry for tensor {name!r}")
+        code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        itemsize = DTYPES[code][2]
+        count = math.prod(shape)
+        extent = math.prod(max(d, 1) for d in shape) * itemsize  # what strides must address
+        ok = 0 <= begin <= end and extent < 2**60
         if not ok or end - begin != count * itemsize:
             raise format_error(path, f"has inconsistent shape/offsets for tensor {name!r}")
         if end > data_len:
@@ -290,24 +314,62 @@ def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tu
     return entries
 
 
-def _numpy_keys(metadata: Mapping[str, str]) -> set[str]:
-    layout = metadata.get("prg.layout")
-    if not layout or '"numpy"' not in layout:
-        return set()
-    keys: set[str] = set()
+_CONTAINERS = (dict, list)
+_DEVICE = re.compile(r"[a-z_]+(:[0-9]+)?")  # "cpu", "cuda:0"; "cuda:-1" would fail in .to()
+_LAYOUT_KEYS = {"torch": "k", "numpy": "k", "ndarray": "dtype", "npscalar": "dtype"}
 
-    def walk(n: Any) -> None:
-        if isinstance(n, list):
-            for x in n:
-                walk(x)
-        elif isinstance(n, dict):
-            if n.get("t") == "numpy":
-                keys.add(n["k"])
-            for v in n.values():
-                walk(v)
 
-    walk(json.loads(layout))
-    return keys
+def _check_layout(path: Path, layout: Any, arrays: Mapping[str, Any], size: int) -> set[str]:
+    """Validate the structure :func:`codec.unflatten` relies on; return the numpy-backed keys.
+
+    Every numpy allocation the layout asks for is bounded by the file's size
+    before anything is allocated. Tags this check does not know pass through to
+    the codec, which refuses unknown ones.
+    """
+    numpy_keys: set[str] = set()
+    budget = (1 << 20) + _ALLOC_FACTOR * size
+    stack = [layout] if type(layout) in _CONTAINERS else []
+    while stack:
+        n = stack.pop()
+        children = n.values() if type(n) is dict else n
+        stack.extend([c for c in children if type(c) in _CONTAINERS])  # json.loads: exact types
+        if type(n) is list:
+            continue
+        tag = n.get("t")
+        field = _LAYOUT_KEYS.get(tag) if isinstance(tag, str) else None
+        if field is None:
+            if tag == "dataproto" and not isinstance(n.get("cls"), str):
+                raise format_error(path, "has a corrupted layout (class name is not a string)")
+            continue
+        value = n.get(field)
+        if not isinstance(value, str):
+            raise format_error(path, f"has a corrupted layout ({tag} node without {field!r})")
+        if field == "k":
+            if value not in arrays:
+                raise format_error(path, f"has a layout naming a missing tensor {value!r}")
+            if tag == "numpy":
+                numpy_keys.add(value)
+            device = n.get("device", "cpu")
+            if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+                raise format_error(path, f"has a corrupted layout (device of {value!r})")
+            continue
+        import numpy as np
+
+        try:
+            itemsize = np.dtype(value).itemsize
+        except (TypeError, ValueError, OverflowError):
+            raise format_error(
+                path, f"has a layout with an unknown numpy dtype {value!r}"
+            ) from None
+        count = len(n["v"]) if tag == "ndarray" and isinstance(n.get("v"), list) else 1
+        budget -= count * itemsize
+        if budget < 0:
+            raise format_error(
+                path,
+                f"has a layout whose numpy dtype {value!r} would need more memory than a "
+                f"{size}-byte file can describe",
+            )
+    return numpy_keys
 
 
 def _view(buf: bytearray, offset: int, nbytes: int, code: str, shape: list[int], as_numpy: bool):
@@ -344,6 +406,14 @@ def read_safetensors(
     page-faulted 4 KiB at a time on every load. A tensor kept alive also does not
     pin the rest of the file.
     """
+    arrays, metadata, _ = _read(path, expect_digest=expect_digest, want=want)
+    return arrays, metadata
+
+
+def _read(
+    path: Path, *, expect_digest: str | None, want: str
+) -> tuple[dict[str, Any], dict[str, str], Any]:
+    """:func:`read_safetensors`, plus the parsed and validated layout (``None`` if absent)."""
     import numpy as np
 
     try:
@@ -362,12 +432,16 @@ def read_safetensors(
     except OSError as exc:
         raise format_error(path, f"cannot be read ({exc})") from exc
     metadata = _verify(path, header, chunks.values(), expect_digest)
-    numpy_keys = _numpy_keys(metadata)
+    layout = metadata.get("prg.layout")
+    numpy_keys: set[str] = set()
+    if layout is not None:
+        layout = parse_json(path, layout, "has a corrupted layout")
+        numpy_keys = _check_layout(path, layout, chunks, size)
     arrays = {}
     for name, code, shape, begin, end in entries:
         as_numpy = want == "numpy" or name in numpy_keys
         arrays[name] = _view(chunks[name], 0, end - begin, code, shape, as_numpy)
-    return arrays, metadata
+    return arrays, metadata, layout
 
 
 def load_batch(
@@ -384,14 +458,15 @@ def load_batch(
     used if the process already imported it, else :class:`~.codec.RolloutBatch`.
     """
     path = Path(path)
-    arrays, metadata = read_safetensors(path, expect_digest=expect_digest)
-    layout = metadata.get("prg.layout")
+    arrays, _, layout = _read(path, expect_digest=expect_digest, want="torch")
     if layout is None:
         return dict(arrays)
     try:
-        return codec.unflatten(arrays, json.loads(layout), rebuild=rebuild)
+        return codec.unflatten(arrays, layout, rebuild=rebuild)
     except GoldenFormatError as exc:
         raise format_error(path, str(exc)) from None
+    except (OverflowError, IndexError) as exc:  # a value that does not fit its recorded dtype
+        raise format_error(path, f"layout does not match the stored arrays ({exc!r})") from None
 
 
 # --------------------------------------------------------------------------- JSON
@@ -402,6 +477,40 @@ def encode_json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode()
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests lists/dicts more than :data:`MAX_JSON_DEPTH` levels deep."""
+    level, depth = [value], 1
+    while level:
+        if depth > MAX_JSON_DEPTH:
+            return True
+        level = [
+            c
+            for v in level
+            for c in (v.values() if type(v) is dict else v)
+            if type(c) in _CONTAINERS
+        ]
+        depth += 1
+    return False
+
+
+def parse_json(path: Path, data: bytes | str, what: str = "is not valid JSON") -> Any:
+    """Strict JSON (no NaN/Infinity) read from ``path``, at most :data:`MAX_JSON_DEPTH` deep."""
+    try:
+        value = json.loads(data, parse_constant=_no_constant)
+        too_deep = isinstance(value, (dict, list)) and _too_deep(value)
+    except RecursionError:
+        too_deep = True
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise format_error(path, f"{what} ({exc})") from None
+    if too_deep:
+        raise format_error(path, f"{what} (nested more than {MAX_JSON_DEPTH} levels deep)")
+    return value
+
+
 def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
     buf = read_bytes(path)
     _sniff_foreign(path, buf)
@@ -409,10 +518,7 @@ def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
         raise format_error(
             path, "is corrupted or was edited by hand: its checksum differs from manifest.json"
         )
-    try:
-        return json.loads(bytes(buf))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise format_error(path, f"is not valid JSON ({exc})") from None
+    return parse_json(path, bytes(buf))
 
 
 def json_digest(data: bytes | bytearray) -> str:
@@ -446,6 +552,12 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         )
     if not isinstance(manifest.get("files"), dict):
         raise format_error(path, "has no file table")
+    if not isinstance(manifest.get("fingerprint", {}), (dict, type(None))):
+        raise format_error(path, "has a malformed fingerprint (not an object)")
+    for filename, info in manifest["files"].items():
+        problem = _manifest_entry_problem(filename, info)
+        if problem:
+            raise format_error(path, f"has a malformed entry for {filename!r}: {problem}")
     return manifest
 
 
@@ -457,6 +569,28 @@ def lock_path(directory: Path) -> Path:
     """The lock file of a golden: ``.NAME.lock`` beside it, at its real (resolved) path."""
     real = directory.resolve()
     return real.parent / f".{real.name}.lock"
+
+
+def _manifest_entry_problem(filename: str, info: Any) -> str | None:
+    """What is wrong with one entry of a manifest's file table, or ``None``."""
+    if filename in ("", ".", "..", MANIFEST) or any(c in filename for c in "/\\\0"):
+        return "not a plain file name inside the golden directory"
+    if not isinstance(info, dict):
+        return "not an object"
+    if not isinstance(info.get("digest"), str) or not info["digest"]:
+        return "no digest"
+    for field in ("kind", "name"):
+        if not isinstance(info.get(field, ""), str):
+            return f"{field} is not a string"
+    if info.get("kind") in ("rollout", "tensors") and not isinstance(info.get("name"), str):
+        return "no name"
+    for field in ("step", "rank", "micro"):
+        value = info.get(field)
+        if value is None and (field != "step" or info.get("kind") not in ("rollout", "tensors")):
+            continue
+        if not _is_int(value) or (field == "step" and value < 0):
+            return f"{field} is not an integer" + (" >= 0" if field == "step" else "")
+    return None
 
 
 @contextmanager
