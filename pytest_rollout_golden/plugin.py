@@ -723,7 +723,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         plugin.state.collected_files.add(str(Path(item.path)))
         if "golden" in getattr(item, "fixturenames", ()):
-            plugin.state.expected_dirs.add(str(plugin.directory_of(item)))
+            try:
+                plugin.state.expected_dirs.add(str(plugin.directory_of(item)))
+            except pytest.UsageError:
+                # xdist reports a worker's usage error at collection as "no tests ran", with
+                # no message: there the test's golden fixture raises it again, as its error.
+                if not plugin.is_worker:
+                    raise
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
@@ -759,16 +765,16 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     plugin.failed_ids.discard(item.nodeid)
     stack = contextlib.ExitStack()
     bad_seed = None
-    if plugin.wants_determinism(item):
+    try:
+        wanted = plugin.wants_determinism(item)
+        seed = plugin.seed_of(item) if wanted else None
+    except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
+        wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
+    if wanted:
         from .determinism import deterministic
 
-        try:
-            seed = plugin.seed_of(item)
-        except pytest.UsageError as exc:  # raised after the yield: other plugins' teardown
-            bad_seed = exc  # expects their setup to have run
-        else:
-            stack.enter_context(deterministic(seed))
-            item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+        stack.enter_context(deterministic(seed))
+        item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
     if _CALIBRATION_RUN in item.stash:
         from .calibrate import perturbed
 
@@ -813,6 +819,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     if excinfo.errisinstance(GoldenMismatch):
         report.longrepr = str(excinfo.value)  # the table says it all; no traceback
+    elif excinfo.errisinstance(pytest.UsageError) and str(excinfo.traceback[-1].path).startswith(
+        str(Path(__file__).parent)
+    ):  # a marker or option mistake found by this plugin: the message names the fix
+        report.longrepr = f"UsageError: {excinfo.value}"
     elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
         hidden = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy, _pytest_internal))
         hidden += (str(Path(__file__).parent),)

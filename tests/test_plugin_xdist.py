@@ -64,3 +64,30 @@ def test_workers_record_replay_update_and_the_summary_merges_their_counts(projec
     assert project.counts(updated) == {"replayed": 1, "recorded": 0, "updated": 7, "failed": 0}
     assert project.calls().count("shared") == 1
     project.run("--golden-strict").assert_outcomes(passed=8)  # every golden still loads
+
+
+def test_a_marker_mistake_is_reported_under_xdist_too(project):
+    # xdist turns a usage error raised while a worker collects into "no tests ran" and exit 5,
+    # without the message; the test itself must fail with it.
+    project.write(
+        """
+import pytest
+
+@pytest.mark.golden(tolerance={"pg_loss": {"rtol": 1e-3}})  # typo: tolerances=
+def test_typo(golden):
+    golden.check({"pg_loss": 0.5})
+
+def test_other():
+    pass
+"""
+    )
+    result = project.run_subprocess("-n", "2")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.re_match_lines(
+        [r"UsageError: .*unknown @pytest.mark.golden option\(s\) \['tolerance'\]"]
+    )
+    assert "def marker_options" not in result.stdout.str()  # the message, not our traceback
+    assert not project.golden.exists()
+    single = project.run_subprocess()  # without xdist the whole run stops on it, as before
+    assert single.ret == pytest.ExitCode.USAGE_ERROR
+    single.stderr.re_match_lines([r".*unknown @pytest.mark.golden option\(s\) \['tolerance'\]"])
