@@ -412,16 +412,16 @@ class Golden:
     ) -> list[Comparison]:
         """Record or compare forward data (log_probs, entropy, ...) of one rank and micro-batch.
 
-        ``mask`` (e.g. ``response_mask``; bool or 0/1, broadcastable to every tensor) limits
-        the comparison to the positions it selects: values on padding are stored but never
-        compared. The mask itself is not stored: this run's mask decides.
+        ``mask`` (e.g. ``response_mask``; bool or 0/1) limits the comparison to the positions
+        it selects; its dimensions line up with each tensor's leading ones (``[batch, tokens]``
+        covers ``[batch, tokens, vocab]``). Values on padding are stored but never compared.
+        The mask itself is not stored: this run's mask decides.
         """
         key = _step_key(step)
         self._open()
         if not isinstance(tensors, Mapping) or not tensors:
             raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
-        if mask is not None:
-            mask = _as_mask(name, mask, tensors)
+        masks = {} if mask is None else _as_mask(name, mask, tensors)
         filename = tensors_filename(name, int(key), rank, micro)
         if filename in self._tensor_files:
             raise ValueError(
@@ -453,7 +453,12 @@ class Golden:
                 merged[tensor_name] = value
                 continue
             diff, tol, source = compare_named(
-                label, old[tensor_name], value, self._resolver, check_dtype=True, mask=mask
+                label,
+                old[tensor_name],
+                value,
+                self._resolver,
+                check_dtype=True,
+                mask=masks.get(tensor_name),
             )
             verdict = _verdict(self.mode, diff.ok, tol)
             results.append(
@@ -764,8 +769,8 @@ class Golden:
         return out
 
 
-def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> Any:
-    """``mask`` as a bool tensor, checked against the shape of every tensor it applies to."""
+def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``mask`` as a bool tensor per tensor name, lined up with each tensor's leading dims."""
     import torch
 
     where = f"check_tensors({name!r}, mask=)"
@@ -774,19 +779,22 @@ def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> Any:
         if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
             raise ValueError(f"{where}: the mask must be bool or hold only 0 and 1, got {m.dtype}")
         m = m != 0
+    masks = {}
     for tensor_name, value in tensors.items():
         shape = tuple(getattr(value, "shape", ()))
+        lined_up = m.reshape(*m.shape, *(1,) * (len(shape) - m.dim()))
         try:
-            fits = torch.broadcast_shapes(tuple(m.shape), shape) == shape
+            fits = m.dim() <= len(shape) and torch.broadcast_shapes(lined_up.shape, shape) == shape
         except RuntimeError:
             fits = False
         if not fits:
             raise ValueError(
-                f"{where}: the mask's shape {tuple(m.shape)} does not broadcast to "
-                f"{tensor_name!r} of shape {shape}; give it trailing singleton dimensions "
-                "(e.g. `response_mask[..., None]` for a [batch, tokens, vocab] tensor)"
+                f"{where}: the mask's shape {tuple(m.shape)} does not fit {tensor_name!r} of "
+                f"shape {shape}: its dimensions must match the tensor's leading ones (or be 1), "
+                "e.g. a [batch, tokens] response_mask for [batch, tokens, ...] tensors"
             )
-    return m
+        masks[tensor_name] = lined_up
+    return masks
 
 
 def _is_nan(value: Any) -> bool:
