@@ -85,3 +85,26 @@ def test_forward(golden, values):
         ["*ValueError: check_tensors('actor', mask=): the mask must be bool or hold only 0 and 1*"]
     )
     assert not project.golden.exists()
+
+
+def test_compare_values_with_a_mask_ignores_nan_and_inf_on_padding_in_both_lanes():
+    import torch
+
+    from pytest_rollout_golden.compare import compare_values
+    from pytest_rollout_golden.tolerance import Tolerance
+
+    mask = torch.tensor([True, True, False])
+    recorded = torch.tensor([1.0, 2.0, float("nan")])
+    for padding in (float("-inf"), float("nan"), 3.0):
+        replayed = torch.tensor([1.0, 2.0, padding])
+        for tol in (Tolerance(1e-5, 1e-8), Tolerance(exact=True)):
+            assert compare_values(recorded, replayed, tol, check_dtype=True, mask=mask).ok
+            if not (tol.exact and padding != padding):  # the exact lane matches NaN with NaN
+                assert not compare_values(recorded, replayed, tol, check_dtype=True).ok
+    drifted = torch.tensor([1.0, 2.5, 0.0])
+    diff = compare_values(recorded, drifted, Tolerance(exact=True), check_dtype=True, mask=mask)
+    assert not diff.ok
+    assert diff.detail.splitlines()[:2] == [
+        "mask applied: 2 of 3 positions compared, padding ignored",
+        "Mismatched elements: 1 / 2 (50.0%)",
+    ]
