@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .codec import RolloutBatch
     from .compare import Comparison
     from .determinism import deterministic, fingerprint
-    from .replay import Golden, GoldenToleranceWarning, Mode
+    from .replay import Golden, GoldenNaNWarning, GoldenToleranceWarning, Mode
     from .store import load_batch, save_batch
 
 __version__ = "0.1.0"
@@ -35,6 +35,7 @@ _LAZY = {
     "Golden": "replay",
     "Mode": "replay",
     "GoldenToleranceWarning": "replay",
+    "GoldenNaNWarning": "replay",
     "Comparison": "compare",
     "RolloutBatch": "codec",
 }
@@ -47,6 +48,7 @@ __all__ = [
     "GoldenFormatError",
     "GoldenMismatch",
     "GoldenMissingError",
+    "GoldenNaNWarning",
     "GoldenToleranceWarning",
     "Mode",
     "RolloutBatch",

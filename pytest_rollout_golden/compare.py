@@ -126,8 +126,14 @@ def _bits(t: Any) -> Any:
     return t.view(torch.uint8) if t.element_size() else t
 
 
-def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: bool) -> Difference:
-    """Compare ``actual`` with ``expected`` (tensors, arrays or numbers) under ``tol``."""
+def compare_values(
+    expected: Any, actual: Any, tol: Tolerance, *, check_dtype: bool, mask: Any = None
+) -> Difference:
+    """Compare ``actual`` with ``expected`` (tensors, arrays or numbers) under ``tol``.
+
+    ``mask`` (a bool tensor broadcastable to both) selects the positions compared;
+    the others (padding) count as equal whatever they hold.
+    """
     import torch
 
     if tol.ignore:
@@ -158,6 +164,12 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
             abs_mean=math.nan,
             rel_mean=math.nan,
         )
+    masked = ""
+    if mask is not None:
+        keep = torch.broadcast_to(mask.to(e.device), e.shape)
+        e, a = e.masked_fill(~keep, 0), a.masked_fill(~keep, 0)
+        n = int(keep.count_nonzero())
+        masked = f"mask applied: {n} of {e.numel()} positions compared, padding ignored"
     if tol.exact and e.dtype == a.dtype and torch.equal(_bits(e), _bits(a)):
         return Difference(True, 0.0, 0.0, numel=n)
     if not tol.exact and e.dtype == a.dtype and torch.equal(e, a):
@@ -187,14 +199,17 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
         return Difference(True, stats.abs_max, stats.rel_max, **means)
     if e.dim() == 0:
         return Difference(False, stats.abs_max, stats.rel_max, "", **means)
-    lines = [f"Mismatched elements: {stats.bad} / {n} ({100.0 * stats.bad / n:.1f}%)"]
+    lines = [masked] if masked else []
+    lines.append(f"Mismatched elements: {stats.bad} / {n} ({100.0 * stats.bad / n:.1f}%)")
     if stats.nan_vs_value:
         lines.append(
             f"NaN against a number at {stats.nan_vs_value} element(s), "
             f"first at index {_index(stats.first_nan, e.shape)}"
         )
     if stats.nan_vs_nan:
-        lines.append(f"NaN against NaN at {stats.nan_vs_nan} element(s) (equal_nan is off)")
+        lines.append(
+            f"NaN against NaN at {stats.nan_vs_nan} element(s) (equal_nan is off): {ALLOW_NAN}"
+        )
     allowed_abs = "0 (bit-exact)" if tol.exact else f"{tol.atol:.3g}"
     allowed_rel = "0 (bit-exact)" if tol.exact else f"{tol.rtol:.3g}"
     lines.append(
@@ -207,6 +222,11 @@ def compare_values(expected: Any, actual: Any, tol: Tolerance, *, check_dtype: b
     )
     return Difference(False, stats.abs_max, stats.rel_max, "\n".join(lines), **means)
 
+
+ALLOW_NAN = (
+    "NaN equals NaN only where the tolerance sets equal_nan "
+    "(e.g. --golden-tolerance NAME:equal_nan=true); fix the NaN, or allow it"
+)
 
 # Elements analysed at a time: the temporaries of one chunk stay in cache, and a
 # drift confined to a few elements costs only the chunks that hold it.
@@ -324,11 +344,18 @@ def dtype_name(value: Any) -> str:
 
 
 def compare_named(
-    name: str, expected: Any, actual: Any, resolver: Resolver, *, check_dtype: bool
+    name: str,
+    expected: Any,
+    actual: Any,
+    resolver: Resolver,
+    *,
+    check_dtype: bool,
+    mask: Any = None,
 ) -> tuple[Difference, Tolerance, str]:
     """Resolve the tolerance of ``name`` for these values, then :func:`compare_values`."""
     tol, source = resolver.resolve(name, (dtype_name(expected), dtype_name(actual)))
-    return compare_values(expected, actual, tol, check_dtype=check_dtype), tol, source
+    diff = compare_values(expected, actual, tol, check_dtype=check_dtype, mask=mask)
+    return diff, tol, source
 
 
 def _greatest(values: Any) -> tuple[float, int]:

@@ -872,12 +872,36 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             "--golden-prune keeps those, --golden-prune-tests deletes them on a whole run"
         )
     lines.extend(plugin.prune_notes)
+    lines.extend(_recording_notes(plugin))
     if plugin.report_error:
         lines.append(plugin.report_error)
     if lines:
         terminalreporter.write_sep("=", "rollout golden")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def _recording_notes(plugin: GoldenPlugin) -> list[str]:
+    """Warnings about where and when this session recorded goldens."""
+    if not any(o["status"] in ("recorded", "updated") for o in plugin.state.outcomes):
+        return []
+    notes = []
+    if plugin.config.option.update_golden and _truthy_env("CI"):
+        notes.append(
+            "goldens were re-recorded under CI (the CI environment variable is set): "
+            "--update-golden overrides CI's never-record rule; commit golden/ only if you meant it"
+        )
+    if plugin.config.inipath is None and plugin.snapshot is None:
+        rel = os.path.relpath(plugin.root, plugin.rootdir)
+        other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
+        if other is not None:
+            notes.append(
+                f"recorded under {plugin.root}, but {other} exists too: with no pytest config "
+                f"file, rootdir is {plugin.rootdir} (where pytest was started); put one "
+                "(pytest.ini, or [tool.pytest.ini_options] in pyproject.toml) at the project "
+                "root so that every run finds the same golden/"
+            )
+    return notes
 
 
 # ---------------------------------------------------------------------- fixtures

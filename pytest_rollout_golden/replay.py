@@ -13,6 +13,7 @@ new recordings as one atomic swap of the directory and raises
 
 from __future__ import annotations
 
+import difflib
 import enum
 import math
 import os
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 from . import metrics as metric_codec
 from . import store
 from .compare import (
+    ALLOW_NAN,
     FAIL,
     IGNORED,
     MISSING,
@@ -81,6 +83,10 @@ class ReplayOnly:
 
 class GoldenToleranceWarning(UserWarning):
     """A tolerance was given for a metric name that never appeared."""
+
+
+class GoldenNaNWarning(UserWarning):
+    """A NaN metric was recorded: replay fails on it unless its tolerance sets equal_nan."""
 
 
 @dataclass
@@ -309,9 +315,16 @@ class Golden:
         Replay never calls ``generate``; it returns the same structure, dtypes,
         shapes and bit-identical values that were recorded.
         """
+        _require_generator(generate, name)
         key = _step_key(step)
         self._open()
         filename = rollout_filename(name, int(key))
+        if filename in self._touched:
+            raise ValueError(
+                f"golden.rollout(name={name!r}, step={step}) was already called in this test: "
+                "in a loop, pass the loop's step (`golden.rollout(generate, step=step)`), or give "
+                "each batch of one step its own `name=`"
+            )
         self._touched.add(filename)
         if self._tx is not None and filename in self._tx.files:
             return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
@@ -341,6 +354,11 @@ class Golden:
         Mismatches do not raise here: every one of them is reported together
         when the test ends.
         """
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"golden.check() needs a mapping of metric name -> value, got "
+                f'{type(metrics).__name__}; write `golden.check({{"pg_loss": loss}}, step=step)`'
+            )
         key = _step_key(step)
         self._open()
         resolver, layer = self._resolver, None
@@ -358,6 +376,8 @@ class Golden:
                 raise ValueError(f"{where} was already checked in this test")
             node = metric_codec.encode(value, where=where)
             seen[name] = node
+            if self.mode is not Mode.STRICT and (self.mode is Mode.UPDATE or name not in recorded):
+                _warn_nan(self.test_id, name, step, node)
             old = recorded.get(name)
             if old is None:
                 if self.mode is Mode.STRICT:
@@ -376,7 +396,7 @@ class Golden:
                 continue
             results.append(self._compare_metric(name, step, old, node, resolver))
         if layer is not None:
-            self._warn_unused(layer)
+            self._warn_unused(layer, always=True)
         self._outcome.comparisons.extend(results)
         return results
 
@@ -388,12 +408,20 @@ class Golden:
         step: int = 0,
         rank: int | None = None,
         micro: int | None = None,
+        mask: Any = None,
     ) -> list[Comparison]:
-        """Record or compare forward data (log_probs, entropy, ...) of one rank and micro-batch."""
+        """Record or compare forward data (log_probs, entropy, ...) of one rank and micro-batch.
+
+        ``mask`` (e.g. ``response_mask``; bool or 0/1) limits the comparison to the positions
+        it selects; its dimensions line up with each tensor's leading ones (``[batch, tokens]``
+        covers ``[batch, tokens, vocab]``). Values on padding are stored but never compared.
+        The mask itself is not stored: this run's mask decides.
+        """
         key = _step_key(step)
         self._open()
         if not isinstance(tensors, Mapping) or not tensors:
             raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
+        masks = {} if mask is None else _as_mask(name, mask, tensors)
         filename = tensors_filename(name, int(key), rank, micro)
         if filename in self._tensor_files:
             raise ValueError(
@@ -425,7 +453,12 @@ class Golden:
                 merged[tensor_name] = value
                 continue
             diff, tol, source = compare_named(
-                label, old[tensor_name], value, self._resolver, check_dtype=True
+                label,
+                old[tensor_name],
+                value,
+                self._resolver,
+                check_dtype=True,
+                mask=masks.get(tensor_name),
             )
             verdict = _verdict(self.mode, diff.ok, tol)
             results.append(
@@ -489,9 +522,15 @@ class Golden:
     def _ignored(self, name: str) -> bool:
         return self._resolver.resolve(name)[0].ignore
 
-    def _warn_unused(self, layer: Layer, at: tuple[str, int] | None = None) -> None:
-        """Warn about ``layer``'s unmatched entries, at the caller of check() or at ``at``."""
-        if not self._replaying:  # nothing was compared, so nothing could match
+    def _warn_unused(
+        self, layer: Layer, at: tuple[str, int] | None = None, *, always: bool = False
+    ) -> None:
+        """Warn about ``layer``'s unmatched entries, at the caller of check() or at ``at``.
+
+        ``always``: the layer's metrics were all seen (check(tolerances=)), so it may warn
+        on a recording run too.
+        """
+        if not self._replaying and not always:  # nothing was compared, so nothing could match
             return
         for name in layer.unused():
             warning = GoldenToleranceWarning(
@@ -558,6 +597,7 @@ class Golden:
         seen = {(step, name) for step, names in self._metrics.items() for name in names}
         out = []
         for step, names in self._recorded_metrics().items():
+            unrecorded = [n for n in self._metrics.get(step, {}) if n not in names]
             for name in names:
                 if (step, name) not in seen and not self._ignored(name):
                     out.append(
@@ -566,7 +606,8 @@ class Golden:
                             int(step),
                             MISSING,
                             expected=metric_codec.scalar(names[name]),
-                            detail=f"recorded but not checked in this run; {_DROPPED}",
+                            detail=f"recorded but not checked in this run; "
+                            f"{_typo_hint(name, unrecorded)}{_DROPPED}",
                         )
                     )
         for filename, info in self._old_files().items():
@@ -672,6 +713,12 @@ class Golden:
             for row in table:
                 cells = (v.ljust(w) for v, w in zip(row, widths, strict=True))
                 lines.append(("  " + "  ".join(cells)).rstrip())
+            for c in rows:
+                if _is_nan(c.expected) and _is_nan(c.actual):
+                    lines.append(
+                        f"{c.kind} {c.name!r} ({c.where}): recorded NaN, got NaN "
+                        f"(equal_nan is off): {ALLOW_NAN}"
+                    )
         for c in failures:
             if c.verdict == FAIL and c.detail:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}), allowed {_allowed(c)}:")
@@ -720,6 +767,78 @@ class Golden:
                     dtype = node["dtype"] if isinstance(node, dict) else "float64"
                     out.setdefault(step, {})[name] = (value, dtype)
         return out
+
+
+def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``mask`` as a bool tensor per tensor name, lined up with each tensor's leading dims."""
+    import torch
+
+    where = f"check_tensors({name!r}, mask=)"
+    m = torch.as_tensor(mask).detach()
+    if m.dtype != torch.bool:
+        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
+            raise ValueError(f"{where}: the mask must be bool or hold only 0 and 1, got {m.dtype}")
+        m = m != 0
+    masks = {}
+    for tensor_name, value in tensors.items():
+        shape = tuple(getattr(value, "shape", ()))
+        lined_up = m.reshape(*m.shape, *(1,) * (len(shape) - m.dim()))
+        try:
+            fits = m.dim() <= len(shape) and torch.broadcast_shapes(lined_up.shape, shape) == shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"{where}: the mask's shape {tuple(m.shape)} does not fit {tensor_name!r} of "
+                f"shape {shape}: its dimensions must match the tensor's leading ones (or be 1), "
+                "e.g. a [batch, tokens] response_mask for [batch, tokens, ...] tensors"
+            )
+        masks[tensor_name] = lined_up
+    return masks
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _require_generator(generate: Any, name: str) -> None:
+    if not callable(generate):
+        raise TypeError(
+            f"golden.rollout() needs the function that generates rollout {name!r}, got a "
+            f"{type(generate).__name__}; pass the generator itself, e.g. "
+            "`golden.rollout(lambda: engine.generate(prompts))`: replay never calls it"
+        )
+
+
+def _warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
+    """Warn when recording a metric that is or holds NaN (replay would fail on it)."""
+    value = metric_codec.scalar(node)
+    if value is None:
+        from .metrics import decode
+
+        has_nan = bool(decode(node, where=name).isnan().any())
+    else:
+        has_nan = isinstance(value, float) and math.isnan(value)
+    if has_nan:
+        warnings.warn(
+            GoldenNaNWarning(
+                f"{test_id}: metric {name!r} at step {step} is NaN and is recorded as NaN; "
+                "replay fails on NaN unless its tolerance sets equal_nan (e.g. "
+                f"`tolerances={{{name!r}: {{'equal_nan': True}}}}`): fix the NaN, or allow it"
+            ),
+            stacklevel=3,
+        )
+
+
+def _typo_hint(name: str, unrecorded: list[str]) -> str:
+    """``"this run checked 'pg_los' ... "`` when a never-recorded name looks like ``name``."""
+    close = difflib.get_close_matches(name, unrecorded, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return (
+        f"this run checked {close[0]!r} at this step, which was never recorded: "
+        f"a misspelt or renamed metric (did you mean {name!r}?); "
+    )
 
 
 def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> str:
@@ -798,4 +917,12 @@ def _allowed(c: Comparison) -> str:
     return f"{c.tolerance.describe()} ({c.tolerance_source})"
 
 
-__all__ = ["Golden", "GoldenError", "GoldenToleranceWarning", "Mode", "Outcome", "ReplayOnly"]
+__all__ = [
+    "Golden",
+    "GoldenError",
+    "GoldenNaNWarning",
+    "GoldenToleranceWarning",
+    "Mode",
+    "Outcome",
+    "ReplayOnly",
+]

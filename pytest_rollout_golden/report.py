@@ -30,6 +30,8 @@ def _moved(c: dict[str, Any]) -> str:
     if c["verdict"] == "new":
         return f"{label}: new"
     abs_diff, rel_diff = c.get("abs_diff"), c.get("rel_diff")
+    if c.get("actual") == "nan":  # to_json's NaN; the difference of NaN to NaN reads 0
+        return f"{label}: {_num(c['expected'])} -> nan (NaN: replay fails unless equal_nan)"
     if abs_diff == 0:
         return f"{label}: unchanged"
     change = f"abs {_num(abs_diff)}, rel {_num(rel_diff)}"
