@@ -42,9 +42,12 @@ PERTURBED = ("cpu_threads", "deterministic_algorithms", "cudnn_deterministic", "
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
-    "seed=None, rebuild=None, variant=None, reference=None, layout_tolerances=None): configure "
+    "seed=None, rebuild=None, regenerate=False, missing_step=None, variant=None, reference=None, "
+    "layout_tolerances=None): configure "
     "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
-    "metrics/tensors not compared; variant/reference: a layout variant that replays the "
+    "metrics/tensors not compared; regenerate= re-runs generate under --update-golden; "
+    "missing_step= record|error|repeat|generate for a rollout step never recorded; "
+    "variant/reference: a layout variant that replays the "
     "reference's golden (see parallel.variants())"
 )
 _OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
