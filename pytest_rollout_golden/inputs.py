@@ -43,18 +43,18 @@ def generate_forked(generate: Callable[[], Any]) -> Any:
     """``generate()`` with the random streams restored afterwards.
 
     Python's ``random``, numpy's global generator (if numpy is imported), torch's
-    CPU generator and every CUDA device's generator (if torch is imported and
-    CUDA is available): replay never calls ``generate``, so recording must not
-    advance them either.
+    CPU generator and every CUDA device's generator (if torch is imported):
+    replay never calls ``generate``, so recording must not advance them either.
     """
     py_state = random.getstate()
     np = sys.modules.get("numpy")
     np_state = np.random.get_state() if np is not None else None
     torch = sys.modules.get("torch")
     cpu_state = cuda_states = None
+    seed = 0
     if torch is not None:
-        cpu_state = torch.get_rng_state()
-        if torch.cuda.is_available():
+        cpu_state, seed = torch.get_rng_state(), torch.initial_seed()
+        if torch.cuda.is_initialized():  # never initialize CUDA just to save its state
             cuda_states = torch.cuda.get_rng_state_all()
     try:
         return generate()
@@ -66,6 +66,10 @@ def generate_forked(generate: Callable[[], Any]) -> Any:
             torch.set_rng_state(cpu_state)
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
+        elif torch is not None and torch.cuda.is_initialized():
+            # generate() initialized CUDA; on replay the first CUDA use seeds every device
+            # lazily with the seed of the last torch.manual_seed, which initial_seed() gives.
+            torch.cuda.manual_seed_all(seed)
 
 
 def batch_changes(old: Path, new: Path) -> str:
