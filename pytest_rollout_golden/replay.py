@@ -327,7 +327,10 @@ class Golden:
         """Rollout batch ``name`` at ``step``: replayed if recorded, else generated and recorded.
 
         Replay never calls ``generate``; it returns the same structure, dtypes,
-        shapes and bit-identical values that were recorded.
+        shapes and bit-identical values that were recorded, and so does the recording
+        run (the batch as decoded from the file written). ``generate`` runs under a
+        forked random state. Under ``--update-golden`` a recorded rollout is kept
+        unless ``regenerate``; a step never recorded follows the missing-step policy.
         """
         key = _step_key(step)
         self._open()

@@ -270,6 +270,38 @@ def test_error_policy_fails_with_the_steps_and_the_remedy(project, how):
         assert project.calls() == ["rollout3", "rollout4"]
 
 
+def test_update_with_repeat_keeps_the_stand_in_and_records_the_new_metrics(project):
+    five_steps(project, None)
+    project.run().assert_outcomes(passed=1)
+    project.calls()
+    rollouts = rollout_files(project)
+    project.set_values(steps=5)
+    result = project.run("--update-golden", "--golden-missing-step=repeat")
+    result.assert_outcomes(passed=1)
+    assert project.calls() == []
+    assert rollout_files(project) == rollouts, "no rollout written, none dropped"
+    result.stdout.fnmatch_lines(
+        [
+            "*rollout 'rollout': kept steps 0-2 (*",
+            "*rollout 'rollout' step 3: step 2 stood in for it*",
+        ]
+    )
+    assert [project.metrics("test_train")[str(s)]["pg_loss"] for s in range(5)] == [
+        0.0,
+        3.0,
+        6.0,
+        6.0,
+        6.0,
+    ]
+
+
+def test_regenerate_and_strict_exclude_each_other(project):
+    five_steps(project, None)
+    result = project.run("--golden-regenerate", "--golden-strict")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*(--golden-regenerate implies --update-golden)*"])
+
+
 def test_unknown_policy_is_a_usage_error(project):
     five_steps(project, "again")
     result = project.run()
