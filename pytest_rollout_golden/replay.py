@@ -176,6 +176,7 @@ class Golden:
             inputs.check_policy(missing_step, missing_step_source)
         self._missing_step_source = missing_step_source
         self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
+        self._damaged: set[str] = set()  # rollout files regenerated because unreadable
         self._inputs_not_recorded: dict[str, str] = {}  # step -> why its metrics are not compared
 
     # ------------------------------------------------------------------ opening
@@ -382,15 +383,14 @@ class Golden:
             self._outcome.rollouts.append(
                 f"rollout {name!r} step {step}: recorded file damaged ({first}); regenerated"
             )
+            self._damaged.add(filename)
             return _DAMAGED
         self._kept.setdefault(name, set()).add(step)
         return batch
 
     def _note_regenerated(self, filename: str, name: str, step: int) -> None:
-        if any(
-            line.startswith(f"rollout {name!r} step {step}:") for line in self._outcome.rollouts
-        ):
-            return  # damaged: already said
+        if filename in self._damaged:
+            return  # already said, and there is nothing to diff against
         assert self._tx is not None
         changes = inputs.batch_changes(self.directory / filename, self._tx.staging / filename)
         self._outcome.rollouts.append(f"rollout {name!r} step {step}: regenerated, {changes}")
