@@ -678,6 +678,7 @@ class Golden:
 
     def _unchecked(self) -> list[Comparison]:
         seen = {(step, name) for step, names in self._metrics.items() for name in names}
+        seen |= {(str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == IGNORED}
         out = []
         for step, names in self._recorded_metrics().items():
             for name in names:

@@ -232,6 +232,36 @@ def test_generate_policy_calls_generate_records_nothing_and_compares_nothing(pro
     assert project.golden_files() == recorded
 
 
+def test_generate_policy_leaves_metrics_recorded_at_that_step_alone(project):
+    """A critic rollout recorded at step 0 only, the metrics at steps 0-1."""
+    project.write(
+        """
+import pytest
+import torch
+
+
+@pytest.mark.golden(missing_step="generate")
+def test_train(golden, generated, values):
+    for step in range(2):
+        batch = golden.rollout(lambda: generated(f"a{step}", {"x": torch.ones(2)}), step=step)
+        if step in values.get("critic", [0]):
+            batch = golden.rollout(
+                lambda: generated(f"critic{step}", {"x": torch.ones(2)}), step=step, name="critic"
+            )
+        golden.check({"pg_loss": float(batch["x"].sum())}, step=step)
+"""
+    )
+    project.run().assert_outcomes(passed=1)
+    assert project.calls() == ["a0", "critic0", "a1"]
+    project.set_values(critic=[0, 1])
+    result = project.run("--golden-strict")
+    result.assert_outcomes(passed=1)  # step 1's recorded pg_loss is not compared, not "unchecked"
+    assert project.calls() == ["critic1"]
+    result.stdout.fnmatch_lines(
+        ["*pg_loss (step 1; missing_step='generate': rollout not recorded)"]
+    )
+
+
 @pytest.mark.parametrize(
     "how",
     [("marker",), ("--golden-missing-step=error",), ("ini",), ("--golden-strict",)],
