@@ -42,12 +42,17 @@ PERTURBED = ("cpu_threads", "deterministic_algorithms", "cudnn_deterministic", "
 _WORKER_OUTPUT = "rollout_golden"
 _MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
-    "seed=None, rebuild=None, variant=None, reference=None, layout_tolerances=None): configure "
+    "seed=None, rebuild=None, regenerate=False, missing_step=None, variant=None, reference=None, "
+    "layout_tolerances=None): configure "
     "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
-    "metrics/tensors not compared; variant/reference: a layout variant that replays the "
+    "metrics/tensors not compared; regenerate= re-runs generate under --update-golden; "
+    "missing_step= record|error|repeat|generate for a rollout step never recorded; "
+    "variant/reference: a layout variant that replays the "
     "reference's golden (see parallel.variants())"
 )
 _OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
+_INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
+_MISSING_STEP = ("record", "error", "repeat", "generate")  # = inputs.MISSING_STEP_POLICIES
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
 
 
@@ -57,6 +62,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-golden",
         action="store_true",
         help="re-record every golden the selected tests touch (they pass)",
+    )
+    group.addoption(
+        "--golden-regenerate",
+        action="store_true",
+        help="with --update-golden (implied): also re-run generate() for recorded rollouts "
+        "instead of keeping them",
+    )
+    group.addoption(
+        "--golden-missing-step",
+        choices=_MISSING_STEP,
+        help="a rollout step never recorded: record (default), error (default and forced in "
+        "strict mode), repeat (nearest recorded step stands in), generate (not recorded)",
     )
     group.addoption(
         "--golden-strict",
@@ -147,6 +164,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("golden_seed", "seed of the deterministic settings", default="0")
     parser.addini(
+        "golden_missing_step",
+        "policy for a rollout step never recorded: record, error, repeat or generate",
+        default="",
+    )
+    parser.addini(
         "golden_deterministic",
         "apply deterministic settings around golden tests",
         type="bool",
@@ -201,8 +223,13 @@ class GoldenPlugin:
     def __init__(self, config: pytest.Config):
         self.config = config
         opt = config.option
+        if opt.golden_regenerate:
+            opt.update_golden = True  # regenerating a rollout re-records what depends on it
         if opt.update_golden and opt.golden_strict:
-            raise pytest.UsageError("--update-golden and --golden-strict exclude each other")
+            raise pytest.UsageError(
+                "--update-golden and --golden-strict exclude each other "
+                "(--golden-regenerate implies --update-golden)"
+            )
         self.calibrate = opt.golden_calibrate or 0
         self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
         if opt.golden_calibrate is not None and self.calibrate < 2:
@@ -279,7 +306,7 @@ class GoldenPlugin:
             if marker.args:
                 raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.golden takes keywords only")
             options.update(marker.kwargs)
-        unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS
+        unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS - _INPUT_OPTIONS
         if unknown:
             raise pytest.UsageError(
                 f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
@@ -346,7 +373,27 @@ class GoldenPlugin:
             rebuild=options.get("rebuild"),
             registry=self.registry,
             replay_only=replay_only,
+            **self._input_options(item, options),
         )
+
+    def _input_options(self, item: pytest.Item, options: dict[str, Any]) -> dict[str, Any]:
+        """``regenerate`` and the missing-step policy: marker, then flag, then ini."""
+        opt = self.config.option
+        policy, source = options.get("missing_step"), "marker missing_step="
+        if policy is None and opt.golden_missing_step:
+            policy, source = opt.golden_missing_step, "--golden-missing-step="
+        if policy is None and self.config.getini("golden_missing_step"):
+            policy = self.config.getini("golden_missing_step").strip()
+            source = "ini golden_missing_step="
+        if policy is not None and policy not in _MISSING_STEP:
+            raise pytest.UsageError(
+                f"{item.nodeid}: {source} must be one of {', '.join(_MISSING_STEP)}, got {policy!r}"
+            )
+        return {
+            "regenerate": bool(options.get("regenerate")) or opt.golden_regenerate,
+            "missing_step": policy,
+            "missing_step_source": source,
+        }
 
     def wants_determinism(self, item: pytest.Item) -> bool:
         if "golden" not in getattr(item, "fixturenames", ()):

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import inputs, store
 from . import metrics as metric_codec
-from . import store
 from .compare import (
     ALLOW_NAN,
     FAIL,
@@ -51,6 +51,8 @@ from .tolerance import Layer, Resolver, Tolerance, builtin_layer
 METRICS = "metrics.json"
 TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
+_RECORD = object()  # sentinel: generate and record the rollout, as without a policy
+_DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 
 
 class Mode(enum.Enum):
@@ -100,6 +102,7 @@ class Outcome:
     recorded: list[str] = field(default_factory=list)
     environment_changes: list[str] = field(default_factory=list)
     discarded: bool = False
+    rollouts: list[str] = field(default_factory=list)  # kept / regenerated / stood-in inputs
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +113,7 @@ class Outcome:
             "recorded": self.recorded,
             "environment_changes": self.environment_changes,
             "discarded": self.discarded,
+            "rollouts": self.rollouts,
         }
 
 
@@ -145,7 +149,14 @@ class Golden:
         rebuild: Callable[..., Any] | None = None,
         registry: UpdateRegistry | None = None,
         replay_only: ReplayOnly | None = None,
+        regenerate: bool = False,
+        missing_step: str | None = None,
+        missing_step_source: str = "missing_step=",
     ):
+        """``regenerate``: under ``--update-golden``, call ``generate`` again instead of
+        keeping the recorded rollouts. ``missing_step``: the policy for a rollout step
+        never recorded (:data:`~.inputs.MISSING_STEP_POLICIES`; default ``record``,
+        ``error`` in strict mode)."""
         self.directory = Path(directory)
         self.mode = Mode.STRICT if replay_only is not None else mode
         self._replay_only = replay_only
@@ -165,6 +176,14 @@ class Golden:
         self._touched: set[str] = set()
         self._finished = False
         self._drop_tolerances = False
+        self._regenerate = regenerate
+        self._missing_step = missing_step
+        if missing_step is not None:
+            inputs.check_policy(missing_step, missing_step_source)
+        self._missing_step_source = missing_step_source
+        self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
+        self._damaged: set[str] = set()  # rollout files regenerated because unreadable
+        self._inputs_not_recorded: dict[str, str] = {}  # step -> why its metrics are not compared
 
     # ------------------------------------------------------------------ opening
 
@@ -296,10 +315,12 @@ class Golden:
         listing = f"recorded steps: {steps}" if steps else f"no {name!r} tensors were recorded"
         return f"step {step} was never recorded ({listing}); {self._remedy}"
 
-    def _missing(self, what: str, step: int, recorded: Iterable[int]) -> GoldenMissingError:
+    def _missing(
+        self, what: str, step: int, recorded: Iterable[int], why: str = ""
+    ) -> GoldenMissingError:
         steps = sorted(set(recorded))
         listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
-        why = "Recording is off (--golden-strict or CI)"
+        why = why or "Recording is off (--golden-strict or CI)"
         if self._replay_only is not None:
             why = f"This test only replays the golden of {self._replay_only.recorder}"
         return GoldenMissingError(
@@ -313,7 +334,10 @@ class Golden:
         """Rollout batch ``name`` at ``step``: replayed if recorded, else generated and recorded.
 
         Replay never calls ``generate``; it returns the same structure, dtypes,
-        shapes and bit-identical values that were recorded.
+        shapes and bit-identical values that were recorded, and so does the recording
+        run (the batch as decoded from the file written). ``generate`` runs under a
+        forked random state. Under ``--update-golden`` a recorded rollout is kept
+        unless ``regenerate``; a step never recorded follows the missing-step policy.
         """
         _require_generator(generate, name)
         key = _step_key(step)
@@ -331,6 +355,14 @@ class Golden:
         info = self._old_files().get(filename)
         if info is not None and self._replaying:
             return self._load(filename, info)
+        if info is not None and self.mode is Mode.UPDATE and not self._regenerate:
+            kept = self._keep_rollout(filename, info, name, int(key))
+            if kept is not _DAMAGED:
+                return kept
+        if info is None:
+            stand_in = self._missing_rollout_step(generate, name, int(key))
+            if stand_in is not _RECORD:
+                return stand_in
         if self.mode is Mode.STRICT:
             recorded = [
                 i["step"]
@@ -338,9 +370,78 @@ class Golden:
                 if i.get("kind") == "rollout" and i.get("name") == name
             ]
             raise self._missing(f"rollout {name!r}", step, recorded)
-        batch = generate()
-        self._transaction().write_batch(filename, batch, kind="rollout", name=name, step=step)
+        batch = inputs.generate_forked(generate)
+        tx = self._transaction()
+        tx.write_batch(filename, batch, kind="rollout", name=name, step=step)
+        if info is not None and info.get("kind") == "rollout":
+            self._note_regenerated(filename, name, int(key))
+        # What replay will return, not the object generate() built (requires_grad, views, ...)
+        return store.load_batch(tx.staging / filename, rebuild=self._rebuild)
+
+    # ------------------------------------------------------------------ rollouts as inputs
+
+    def _recorded_rollout_steps(self, name: str) -> list[int]:
+        return sorted(
+            i["step"]
+            for i in self._old_files().values()
+            if i.get("kind") == "rollout" and i.get("name") == name
+        )
+
+    def _keep_rollout(self, filename: str, info: Mapping[str, Any], name: str, step: int) -> Any:
+        """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
+        try:
+            batch = self._load(filename, info)
+        except GoldenFormatError as exc:
+            first = str(exc).splitlines()[0]
+            self._outcome.rollouts.append(
+                f"rollout {name!r} step {step}: recorded file damaged ({first}); regenerated"
+            )
+            self._damaged.add(filename)
+            return _DAMAGED
+        self._kept.setdefault(name, set()).add(step)
         return batch
+
+    def _note_regenerated(self, filename: str, name: str, step: int) -> None:
+        if filename in self._damaged:
+            return  # already said, and there is nothing to diff against
+        assert self._tx is not None
+        changes = inputs.batch_changes(self.directory / filename, self._tx.staging / filename)
+        self._outcome.rollouts.append(f"rollout {name!r} step {step}: regenerated, {changes}")
+
+    def _missing_rollout_step(self, generate: Callable[[], Any], name: str, step: int) -> Any:
+        """A rollout step never recorded: the policy decides (``_RECORD``: record it as before)."""
+        recorded = self._recorded_rollout_steps(name)
+        policy = self._missing_step or (inputs.ERROR if self.mode is Mode.STRICT else inputs.RECORD)
+        if self.mode is Mode.STRICT and policy == inputs.RECORD:
+            policy = inputs.ERROR  # strict mode never records
+        if not recorded or (self.mode is Mode.UPDATE and policy == inputs.ERROR):
+            return _RECORD  # nothing to stand in for it; --update-golden is the remedy of error
+        if policy == inputs.ERROR and self.mode is not Mode.STRICT:
+            raise self._missing(
+                f"rollout {name!r}",
+                step,
+                recorded,
+                why=f"A step beyond the recording is an error here ({self._missing_step_source}"
+                f"{policy!r}; 'repeat' or 'generate' would replay past it)",
+            )
+        if policy == inputs.REPEAT:
+            substitute = inputs.substitute_step(recorded, step)
+            assert substitute is not None
+            sub_file = rollout_filename(name, substitute)
+            self._touched.add(sub_file)
+            self._outcome.rollouts.append(
+                f"rollout {name!r} step {step}: step {substitute} stood in for it "
+                f"(missing_step='repeat'; recorded steps {_ranges(recorded)})"
+            )
+            return self._load(sub_file, self._old_files()[sub_file])
+        if policy == inputs.GENERATE:
+            self._outcome.rollouts.append(
+                f"rollout {name!r} step {step}: generated, not recorded "
+                "(missing_step='generate'); its metrics and tensors are not compared"
+            )
+            self._inputs_not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
+            return inputs.generate_forked(generate)
+        return _RECORD  # record; strict mode with error raises in rollout()
 
     def check(
         self,
@@ -361,6 +462,8 @@ class Golden:
             )
         key = _step_key(step)
         self._open()
+        if key in self._inputs_not_recorded:
+            return self._not_compared(list(metrics), step, kind="metric")
         resolver, layer = self._resolver, None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
@@ -422,6 +525,8 @@ class Golden:
         if not isinstance(tensors, Mapping) or not tensors:
             raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
         masks = {} if mask is None else _as_mask(name, mask, tensors)
+        if key in self._inputs_not_recorded:
+            return self._not_compared([f"{name}/{t}" for t in tensors], step, kind="tensor")
         filename = tensors_filename(name, int(key), rank, micro)
         if filename in self._tensor_files:
             raise ValueError(
@@ -497,6 +602,22 @@ class Golden:
         self._outcome.comparisons.extend(results)
         return results
 
+    def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
+        """Checks at a step whose rollout was generated and not recorded: nothing to compare."""
+        why = self._inputs_not_recorded[str(step)]
+        results = [
+            Comparison(name, step, IGNORED, kind=kind, tolerance_source=why) for name in names
+        ]
+        self._outcome.comparisons.extend(results)
+        return results
+
+    def _kept_lines(self) -> list[str]:
+        return [
+            f"rollout {name!r}: kept step{'s' if len(s) > 1 else ''} {_ranges(sorted(s))} "
+            "(recorded inputs replayed; --golden-regenerate re-runs generate)"
+            for name, s in self._kept.items()
+        ]
+
     # ------------------------------------------------------------------ comparing
 
     def _compare_metric(
@@ -561,6 +682,7 @@ class Golden:
         try:
             if not self._opened:
                 return self._outcome
+            self._outcome.rollouts[:0] = self._kept_lines()
             if error:
                 self._discard()
                 return self._outcome
@@ -595,6 +717,7 @@ class Golden:
 
     def _unchecked(self) -> list[Comparison]:
         seen = {(step, name) for step, names in self._metrics.items() for name in names}
+        seen |= {(str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == IGNORED}
         out = []
         for step, names in self._recorded_metrics().items():
             unrecorded = [n for n in self._metrics.get(step, {}) if n not in names]

@@ -140,6 +140,7 @@ def summary_lines(
             )
         if outcome.get("discarded"):
             lines.append(f"not recorded (the test failed): new values of {outcome['test']}")
+        lines += _section(f"rollout inputs of {outcome['test']}:", outcome.get("rollouts") or [])
     envs = [
         f"{o['test']}: {'; '.join(o['environment_changes'])}"
         for o in state.outcomes

@@ -164,7 +164,7 @@ def _start_update(project) -> subprocess.Popen:
     """``pytest --update-golden`` in a fresh process, returned once it generates a rollout."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *NO_HYPOTHESIS, "-s", "-q"]
     proc = subprocess.Popen(
-        [*cmd, "--update-golden"],
+        [*cmd, "--update-golden", "--golden-regenerate"],
         cwd=project.path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
