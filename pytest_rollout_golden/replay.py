@@ -173,7 +173,8 @@ class Golden:
         self._tx: store.Transaction | None = None
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
-        self._touched: set[str] = set()
+        self._touched: set[str] = set()  # golden files this run used
+        self._requested: set[tuple[str, str]] = set()  # (rollout name, step) asked for
         self._finished = False
         self._drop_tolerances = False
         self._regenerate = regenerate
@@ -343,12 +344,13 @@ class Golden:
         key = _step_key(step)
         self._open()
         filename = rollout_filename(name, int(key))
-        if filename in self._touched:
+        if (name, key) in self._requested:  # not _touched: a stand-in step touches another file
             raise ValueError(
                 f"golden.rollout(name={name!r}, step={step}) was already called in this test: "
                 "in a loop, pass the loop's step (`golden.rollout(generate, step=step)`), or give "
                 "each batch of one step its own `name=`"
             )
+        self._requested.add((name, key))
         self._touched.add(filename)
         if self._tx is not None and filename in self._tx.files:
             return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
