@@ -738,8 +738,31 @@ def recover(directory: Path) -> None:
     backups.sort(key=lambda p: p.stat().st_mtime)
     if backups and not directory.exists():
         os.rename(backups.pop(), directory)
-    for leftover in [*backups, *staged]:
-        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in backups:
+        if _return_unlisted(leftover, directory, listed_files(leftover) or {MANIFEST}):
+            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in staged:
+        owned = listed_files(leftover)  # None: its manifest was never written, nothing moved in
+        if owned is None or _return_unlisted(leftover, directory, owned):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _return_unlisted(source: Path, home: Path, owned: set[str]) -> bool:
+    """Move what ``source`` holds beyond ``owned`` back into ``home`` before ``source`` goes.
+
+    A commit moves entries its golden does not own (a golden nested in this one, a user's
+    file) into the staged version; a crash or a failed swap must not delete them with it.
+    Returns False (keep ``source``) if something could not be put back.
+    """
+    returned = True
+    for entry in source.iterdir():
+        if entry.name in owned:
+            continue
+        if not home.is_dir() or (home / entry.name).exists():
+            returned = False
+            continue
+        os.rename(entry, home / entry.name)
+    return returned
 
 
 def leftover_kind(name: str, sibling: str) -> str | None:
@@ -824,6 +847,10 @@ class Transaction:
             shutil.rmtree(backup, ignore_errors=True)
 
     def abort(self) -> None:
+        if self.staging.is_dir() and not _return_unlisted(
+            self.staging, self.directory, {*self.files, MANIFEST}
+        ):
+            return  # something not ours could not be put back: leave it for recover()
         shutil.rmtree(self.staging, ignore_errors=True)
         if self._created is not None:
             for folder in [self.staging.parent, *self.staging.parent.parents]:

@@ -388,3 +388,58 @@ def test_prune_never_follows_a_link(project, tmp_path):
     with pytest.raises(GoldenError, match="not inside the golden root"):
         store.remove_golden(outside / "test_one", project.golden)
     assert (outside / "test_one" / "manifest.json").is_file()
+
+
+def _golden_with_an_inner_one(tmp_path):
+    """Golden ``outer`` (one file) holding a nested golden ``inner`` and a user's note."""
+    outer = tmp_path / "golden" / "outer"
+    tx = store.Transaction(outer)
+    tx.write_json("metrics.json", {"v": 1})
+    tx.commit({})
+    tx = store.Transaction(outer / "inner")
+    tx.write_json("metrics.json", {"v": "inner"})
+    tx.commit({})
+    (outer / "NOTES.txt").write_text("mine")
+    return outer
+
+
+def test_a_failed_swap_puts_what_it_moved_back(tmp_path, monkeypatch):
+    outer = _golden_with_an_inner_one(tmp_path)
+    tx = store.Transaction(outer)
+    tx.write_json("metrics.json", {"v": 2})
+    real_rename = os.rename
+
+    def failing(src, dst):  # the swap fails after the inner golden was moved into staging
+        if str(dst).endswith(f".outer.old-{os.getpid()}"):
+            raise OSError("simulated failure of the swap")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(OSError, match="simulated"):
+        tx.commit({})
+    monkeypatch.setattr(os, "rename", real_rename)
+    tx.abort()
+    assert (outer / "NOTES.txt").read_text() == "mine"
+    assert store.read_json(outer / "inner" / "metrics.json") == {"v": "inner"}
+    assert not tx.staging.exists()
+
+
+def test_recovery_after_a_crash_mid_commit_puts_what_was_moved_back(tmp_path):
+    outer = _golden_with_an_inner_one(tmp_path)
+    # The state a SIGKILL leaves between moving unlisted entries into the staged version and
+    # the swap: the staged version (manifest written) holds the inner golden and the note.
+    staged = outer.parent / ".outer.new-999999"
+    tx = store.Transaction(outer)
+    tx.write_json("metrics.json", {"v": 2})
+    tx.commit({})  # a complete version to copy the staged layout from
+    staged.mkdir()
+    for name in ("metrics.json", "manifest.json"):
+        (staged / name).write_bytes((outer / name).read_bytes())
+    os.rename(outer / "inner", staged / "inner")
+    os.rename(outer / "NOTES.txt", staged / "NOTES.txt")
+    with store.locked(outer):
+        store.recover(outer)
+    assert not staged.exists()
+    assert (outer / "NOTES.txt").read_text() == "mine"
+    assert store.read_json(outer / "inner" / "metrics.json") == {"v": "inner"}
+    assert store.read_json(outer / "metrics.json") == {"v": 2}  # the committed version stays
