@@ -209,3 +209,24 @@ def test_gate(golden, values, layout):
     text = result.stdout.str()
     assert "step 1 was never recorded (recorded steps: [0])" in text
     assert f'record it by running the reference: `pytest --update-golden -k "{REF}"`' in text
+
+
+def test_a_torchrun_rank_above_0_replays_a_private_copy_and_removes_only_it(
+    project, monkeypatch, tmp_path
+):
+    # Every rank of `torchrun -m pytest` runs the same tests; only rank 0 may write golden/.
+    project.write(A_FILE, "test_a")
+    project.run().assert_outcomes(passed=1)
+    before = project.golden_files()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    (scratch / "someone-elses-file").write_text("keep")
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(name, value)
+    project.write(A_FILE.replace("0.5", "0.75"), "test_a")
+    result = project.run("--update-golden")  # even the update flag cannot write from rank 1
+    result.assert_outcomes(failed=1)
+    assert project.golden_files() == before
+    assert sorted(p.name for p in scratch.iterdir()) == ["someone-elses-file"]
