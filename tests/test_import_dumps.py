@@ -280,3 +280,34 @@ def test_verl_tq_batch_with_the_real_tensordict(tmp_path, capsys):
     for key in ("input_ids", "old_log_probs"):
         assert torch.equal(replayed["tensordict"][key], td[key])
     assert replayed["tags"] == payload["tags"] and replayed["global_steps"] == 6
+
+
+class _Payload:
+    """A pickle that creates a file when it is loaded: what a malicious dump would do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("layout", ["roll-pickle", "areal-torch-save"])
+def test_a_code_running_dump_never_runs_without_trust_pickle(tmp_path, capsys, layout):
+    marker = tmp_path / "code-ran"
+    if layout == "roll-pickle":
+        dump = tmp_path / "dump" / "train"
+        dump.mkdir(parents=True)
+        with open(dump / "step_000000.pkl", "wb") as f:
+            pickle.dump({"x": torch.zeros(2), "evil": _Payload(marker)}, f)
+    else:
+        dump = tmp_path / "dump"
+        dump.mkdir()
+        torch.save([{"x": torch.zeros(2), "evil": _Payload(marker)}], dump / "step_000000.pt")
+    assert not marker.exists()  # writing the dump ran nothing
+    assert import_(tmp_path / "dump", tmp_path / "golden") == 2
+    assert "--trust-pickle" in capsys.readouterr().err
+    assert not marker.exists(), "loading the dump ran its code without --trust-pickle"
+    assert not (tmp_path / "golden").exists()
+    import_(tmp_path / "dump", tmp_path / "golden", "--trust-pickle")  # the control: it is real
+    assert marker.exists()
