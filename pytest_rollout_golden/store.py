@@ -740,7 +740,7 @@ def recover(directory: Path) -> None:
         os.rename(backups.pop(), directory)
     for leftover in backups:
         if _return_unlisted(leftover, directory, listed_files(leftover) or {MANIFEST}):
-            shutil.rmtree(leftover, ignore_errors=True)
+            _discard(leftover)
     for leftover in staged:
         owned = listed_files(leftover)  # None: its manifest was never written, nothing moved in
         if owned is None or _return_unlisted(leftover, directory, owned):
@@ -844,7 +844,7 @@ class Transaction:
         if had_old:
             for entry in _unlisted(backup, extra=set(self.files)):  # arrived during the swap
                 os.rename(entry, self.directory / entry.name)
-            shutil.rmtree(backup, ignore_errors=True)
+            _discard(backup)
 
     def abort(self) -> None:
         if self.staging.is_dir() and not _return_unlisted(
@@ -860,6 +860,25 @@ class Transaction:
                     break
                 if folder == self._created:
                     break
+
+
+def _discard(version: Path) -> None:
+    """Delete a replaced version of a golden, its manifest last.
+
+    A crash part-way then leaves a version whose manifest still names what is left, so
+    :func:`recover` deletes the rest instead of taking it for a user's files to put back.
+    """
+    owned = listed_files(version) or set()
+    try:
+        entries = sorted(version.iterdir(), key=lambda e: (e.name in owned, e.name == MANIFEST))
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        version.rmdir()
+    except OSError:
+        pass  # what is left is finished by the next recover()
 
 
 def listed_files(directory: Path) -> set[str] | None:

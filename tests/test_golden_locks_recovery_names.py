@@ -441,3 +441,42 @@ def test_a_read_only_checkout_replays_without_a_lock(tmp_path, monkeypatch):
     with pytest.raises(GoldenMismatch):
         run(0.6)
     assert not store.lock_path(directory).exists()
+
+
+def _commit(directory: Path, files: dict[str, int]) -> None:
+    txn = store.Transaction(directory)
+    for name, value in files.items():
+        txn.write_json(name, {"value": value})
+    txn.commit({"test": "t"})
+
+
+@pytest.mark.parametrize("removed_before_the_kill", range(7))
+def test_a_kill_while_the_old_version_is_deleted_is_recovered_cleanly(
+    tmp_path, monkeypatch, removed_before_the_kill
+):
+    """SIGKILL after the swap, part-way through deleting the backup: the next recovery
+    deletes the rest of the backup and moves none of its stale files into the golden."""
+    golden = tmp_path / "test_x" / "test_a"
+    old = {f"old_{i}.json": i for i in range(4)} | {"metrics.json": 0}
+    _commit(golden, old)
+    calls = 0
+    real_unlink = os.unlink
+
+    def killed_part_way(*args, **kwargs):
+        nonlocal calls
+        if calls == removed_before_the_kill:
+            raise KeyboardInterrupt("killed")
+        calls += 1
+        return real_unlink(*args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", killed_part_way)
+    try:
+        _commit(golden, {"metrics.json": 1})
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(os, "unlink", real_unlink)
+
+    store.recover(golden)
+    assert sorted(p.name for p in golden.parent.iterdir()) == ["test_a"]
+    assert sorted(p.name for p in golden.iterdir()) == ["manifest.json", "metrics.json"]
+    assert store.read_json(golden / "metrics.json") == {"value": 1}
