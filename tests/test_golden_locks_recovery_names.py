@@ -5,6 +5,7 @@ Each test reproduces a way a golden was lost or wrongly written (issue 9, items 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -470,10 +471,8 @@ def test_a_kill_while_the_old_version_is_deleted_is_recovered_cleanly(
         return real_unlink(*args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", killed_part_way)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         _commit(golden, {"metrics.json": 1})
-    except KeyboardInterrupt:
-        pass
     monkeypatch.setattr(os, "unlink", real_unlink)
 
     store.recover(golden)
