@@ -14,15 +14,17 @@ from .errors import (
     GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
+    GoldenNaNWarning,
+    GoldenToleranceWarning,
     UnsupportedValueError,
 )
+from .results import Comparison, Mode, Outcome, Verdict
 from .tolerance import Tolerance
 
 if TYPE_CHECKING:
     from .codec import RolloutBatch
-    from .compare import Comparison
     from .determinism import deterministic, fingerprint
-    from .replay import Golden, GoldenNaNWarning, GoldenToleranceWarning, Mode
+    from .replay import Golden
     from .store import load_batch, save_batch
 
 __version__ = "0.1.0"
@@ -33,10 +35,6 @@ _LAZY = {
     "deterministic": "determinism",
     "fingerprint": "determinism",
     "Golden": "replay",
-    "Mode": "replay",
-    "GoldenToleranceWarning": "replay",
-    "GoldenNaNWarning": "replay",
-    "Comparison": "compare",
     "RolloutBatch": "codec",
 }
 _SUBMODULES = {"strategies", "invariants", "parallel", "reference"}
@@ -51,9 +49,11 @@ __all__ = [
     "GoldenNaNWarning",
     "GoldenToleranceWarning",
     "Mode",
+    "Outcome",
     "RolloutBatch",
     "Tolerance",
     "UnsupportedValueError",
+    "Verdict",
     "deterministic",
     "fingerprint",
     "load_batch",

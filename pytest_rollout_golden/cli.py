@@ -197,7 +197,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
 
 
 def _json_scalar(value: Any, node: Any) -> Any:
-    from .compare import json_number
+    from .results import json_number
 
     return json_number(value) if value is not None else node
 

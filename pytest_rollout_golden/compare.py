@@ -14,55 +14,6 @@ from typing import Any
 
 from .tolerance import Resolver, Tolerance
 
-PASS, FAIL, MISSING, NEW, UPDATED = "pass", "fail", "missing", "new", "updated"
-IGNORED = "not compared"  # excluded on purpose by a tolerance entry (Tolerance.ignore)
-
-
-@dataclasses.dataclass
-class Comparison:
-    """The verdict on one metric or tensor at one step, with everything a report needs."""
-
-    name: str
-    step: int
-    verdict: str
-    kind: str = "metric"
-    rank: int | None = None
-    micro: int | None = None
-    expected: Any = None
-    actual: Any = None
-    abs_diff: float | None = None
-    rel_diff: float | None = None
-    tolerance: Tolerance | None = None
-    tolerance_source: str = ""
-    detail: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict in (FAIL, MISSING)
-
-    @property
-    def where(self) -> str:
-        parts = [f"step {self.step}"]
-        if self.rank is not None:
-            parts.append(f"rank {self.rank}")
-        if self.micro is not None:
-            parts.append(f"micro {self.micro}")
-        return ", ".join(parts)
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"metric" if k == "name" else k: v for k, v in dataclasses.asdict(self).items()}
-        out["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance else None
-        for key in ("expected", "actual", "abs_diff", "rel_diff"):
-            out[key] = json_number(out[key])
-        return out
-
-
-def json_number(value: Any) -> Any:
-    """Strict-JSON form of a float: non-finite values become "nan", "inf", "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    return value
-
 
 @dataclasses.dataclass
 class Difference:

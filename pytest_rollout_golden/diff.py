@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from . import store
-from .compare import compare_named, dtype_name, json_number
+from .compare import compare_named, dtype_name
 from .errors import GoldenError
 from .location import find_goldens
 from .metrics import document_problem
+from .results import json_number
 from .tolerance import Layer, Resolver
 
 METRICS = "metrics.json"

@@ -26,3 +26,11 @@ class UnsupportedValueError(GoldenError, TypeError):
 
 class GoldenMismatch(AssertionError):
     """Replayed values drifted beyond their tolerances; the message lists every mismatch."""
+
+
+class GoldenToleranceWarning(UserWarning):
+    """A tolerance was given for a metric name that never appeared."""
+
+
+class GoldenNaNWarning(UserWarning):
+    """A NaN metric was recorded: replay fails on it unless its tolerance sets equal_nan."""

@@ -328,7 +328,8 @@ class GoldenPlugin:
         )
 
     def golden_for(self, item: pytest.Item) -> Golden:
-        from .replay import Golden, Mode
+        from .replay import Golden
+        from .results import Mode
 
         options = self.marker_options(item)
         marker_layer = Layer(
@@ -419,9 +420,9 @@ class GoldenPlugin:
             golden.finish(error=error, tolerance_layers=[layer] if layer else [], warn_at=warn_at)
         finally:
             if golden_error:  # missing (strict) or unreadable golden: a failed golden too
-                golden.outcome.status = "failed"
-            if golden.outcome.status == "failed" and _expected_to_fail(item):
-                golden.outcome.status = "xfailed"
+                golden.outcome.fail()
+            if _expected_to_fail(item):
+                golden.outcome.expected_failure()
             outcome = golden.outcome.to_json()
             if _CALIBRATION_RUN in item.stash:
                 self._calibration_sample(item, golden, test_error=error)

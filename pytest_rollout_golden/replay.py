@@ -14,38 +14,29 @@ new recordings as one atomic swap of the directory and raises
 from __future__ import annotations
 
 import difflib
-import enum
 import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from . import inputs, store
 from . import metrics as metric_codec
-from .compare import (
-    ALLOW_NAN,
-    FAIL,
-    IGNORED,
-    MISSING,
-    NEW,
-    PASS,
-    UPDATED,
-    Comparison,
-    compare_named,
-    dtype_name,
-)
+from .compare import ALLOW_NAN, compare_named, dtype_name
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,
     GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
+    GoldenNaNWarning,
+    GoldenToleranceWarning,
     UnsupportedValueError,
 )
 from .location import safe_name
+from .results import Comparison, Mode, Outcome, Status, Verdict
 from .tolerance import Layer, Resolver, Tolerance, builtin_layer
 
 METRICS = "metrics.json"
@@ -53,14 +44,6 @@ TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (se
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 _RECORD = object()  # sentinel: generate and record the rollout, as without a policy
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
-
-
-class Mode(enum.Enum):
-    """AUTO records what is missing; UPDATE re-records; STRICT never records."""
-
-    AUTO = "auto"
-    UPDATE = "update"
-    STRICT = "strict"
 
 
 class UpdateRegistry(Protocol):
@@ -81,40 +64,6 @@ class ReplayOnly:
 
     recorder: str
     remedy: str
-
-
-class GoldenToleranceWarning(UserWarning):
-    """A tolerance was given for a metric name that never appeared."""
-
-
-class GoldenNaNWarning(UserWarning):
-    """A NaN metric was recorded: replay fails on it unless its tolerance sets equal_nan."""
-
-
-@dataclass
-class Outcome:
-    """What happened to one golden during one test; the session summary is built from these."""
-
-    test: str
-    directory: str
-    status: str | None = None  # "replayed" | "recorded" | "updated" | "failed" | None (untouched)
-    comparisons: list[Comparison] = field(default_factory=list)
-    recorded: list[str] = field(default_factory=list)
-    environment_changes: list[str] = field(default_factory=list)
-    discarded: bool = False
-    rollouts: list[str] = field(default_factory=list)  # kept / regenerated / stood-in inputs
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "test": self.test,
-            "directory": self.directory,
-            "status": self.status,
-            "comparisons": [c.to_json() for c in self.comparisons],
-            "recorded": self.recorded,
-            "environment_changes": self.environment_changes,
-            "discarded": self.discarded,
-            "rollouts": self.rollouts,
-        }
 
 
 def rollout_filename(name: str, step: int) -> str:
@@ -490,13 +439,15 @@ class Golden:
                         Comparison(
                             name,
                             step,
-                            MISSING,
+                            Verdict.MISSING,
                             actual=metric_codec.scalar(node),
                             detail=self._never_recorded(key),
                         )
                     )
                 else:
-                    results.append(Comparison(name, step, NEW, actual=metric_codec.scalar(node)))
+                    results.append(
+                        Comparison(name, step, Verdict.NEW, actual=metric_codec.scalar(node))
+                    )
                 resolver.resolve(name)  # notes which tolerances name it, for unused warnings
                 continue
             results.append(self._compare_metric(name, step, old, node, resolver))
@@ -547,10 +498,12 @@ class Golden:
         for tensor_name, value in tensors.items():
             label = f"{name}/{tensor_name}"
             if tensor_name not in old:
-                verdict = MISSING if self.mode is Mode.STRICT else NEW
+                verdict = Verdict.MISSING if self.mode is Mode.STRICT else Verdict.NEW
                 self._resolver.resolve(label)  # notes which tolerances name it
                 detail = (
-                    self._tensor_never_recorded(name, step, old_info) if verdict == MISSING else ""
+                    self._tensor_never_recorded(name, step, old_info)
+                    if verdict == Verdict.MISSING
+                    else ""
                 )
                 results.append(
                     Comparison(
@@ -592,14 +545,14 @@ class Golden:
                     Comparison(
                         f"{name}/{tensor_name}",
                         step,
-                        MISSING,
+                        Verdict.MISSING,
                         kind="tensor",
                         rank=rank,
                         micro=micro,
                         detail=f"recorded but not passed to check_tensors in this run; {_DROPPED}",
                     )
                 )
-        if self.mode is Mode.UPDATE or any(c.verdict == NEW for c in results):
+        if self.mode is Mode.UPDATE or any(c.verdict == Verdict.NEW for c in results):
             self._transaction().write_batch(filename, merged, **info)
         self._outcome.comparisons.extend(results)
         return results
@@ -608,7 +561,8 @@ class Golden:
         """Checks at a step whose rollout was generated and not recorded: nothing to compare."""
         why = self._inputs_not_recorded[str(step)]
         results = [
-            Comparison(name, step, IGNORED, kind=kind, tolerance_source=why) for name in names
+            Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why)
+            for name in names
         ]
         self._outcome.comparisons.extend(results)
         return results
@@ -694,18 +648,18 @@ class Golden:
                 self._warn_unused(layer, warn_at)
             failures = [c for c in self._outcome.comparisons if c.failed]
             if failures:
-                self._outcome.status = "failed"
+                self._outcome.fail()
                 self._discard()
                 raise GoldenMismatch(self.failure_message(failures))
             if self._needs_write():
                 self._commit()
                 self._outcome.status = (
-                    "updated"
+                    Status.UPDATED
                     if self.mode is Mode.UPDATE and (self._manifest is not None)
-                    else "recorded"
+                    else Status.RECORDED
                 )
             elif self._outcome.comparisons or self._touched:
-                self._outcome.status = "replayed"
+                self._outcome.status = Status.REPLAYED
             return self._outcome
         finally:
             self._release()
@@ -715,11 +669,13 @@ class Golden:
             return True
         if self.mode is Mode.UPDATE:
             return bool(self._metrics)
-        return any(c.verdict == NEW for c in self._outcome.comparisons)
+        return any(c.verdict == Verdict.NEW for c in self._outcome.comparisons)
 
     def _unchecked(self) -> list[Comparison]:
         seen = {(step, name) for step, names in self._metrics.items() for name in names}
-        seen |= {(str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == IGNORED}
+        seen |= {
+            (str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == Verdict.IGNORED
+        }
         out = []
         for step, names in self._recorded_metrics().items():
             unrecorded = [n for n in self._metrics.get(step, {}) if n not in names]
@@ -729,7 +685,7 @@ class Golden:
                         Comparison(
                             name,
                             int(step),
-                            MISSING,
+                            Verdict.MISSING,
                             expected=metric_codec.scalar(names[name]),
                             detail=f"recorded but not checked in this run; "
                             f"{_typo_hint(name, unrecorded)}{_DROPPED}",
@@ -745,7 +701,7 @@ class Golden:
                     Comparison(
                         info["name"],
                         info["step"],
-                        MISSING,
+                        Verdict.MISSING,
                         kind="tensor",
                         rank=info.get("rank"),
                         micro=info.get("micro"),
@@ -799,7 +755,7 @@ class Golden:
             self._outcome.discarded = bool(self._tx.files) or self._outcome.discarded
             self._tx.abort()
             self._tx = None
-        if any(c.verdict == NEW for c in self._outcome.comparisons):
+        if any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
             self._outcome.discarded = True
 
     def _release(self) -> None:
@@ -819,7 +775,7 @@ class Golden:
         ]
         if self._replay_only is not None:
             lines.append(f"{self.test_id} against the golden of {self._replay_only.recorder}")
-        rows = [c for c in failures if c.verdict == FAIL and not c.detail]
+        rows = [c for c in failures if c.verdict == Verdict.FAIL and not c.detail]
         if rows:
             table = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
             for c in rows:
@@ -845,13 +801,15 @@ class Golden:
                         f"(equal_nan is off): {ALLOW_NAN}"
                     )
         for c in failures:
-            if c.verdict == FAIL and c.detail:
+            if c.verdict == Verdict.FAIL and c.detail:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}), allowed {_allowed(c)}:")
                 lines += ["    " + d for d in c.detail.splitlines()]
         for c in failures:
-            if c.verdict == MISSING:
+            if c.verdict == Verdict.MISSING:
                 lines.append(f"{c.kind} {c.name!r} ({c.where}): {c.detail}")
-        ignored = sorted({c.name for c in self._outcome.comparisons if c.verdict == IGNORED})
+        ignored = sorted(
+            {c.name for c in self._outcome.comparisons if c.verdict == Verdict.IGNORED}
+        )
         if ignored:
             lines.append(f"not compared (excluded on purpose): {', '.join(ignored)}")
         if self._outcome.environment_changes:
@@ -966,15 +924,15 @@ def _typo_hint(name: str, unrecorded: list[str]) -> str:
     )
 
 
-def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> str:
+def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> Verdict:
     if tol.ignore:
-        return IGNORED
-    return UPDATED if mode is Mode.UPDATE else (PASS if ok else FAIL)
+        return Verdict.IGNORED
+    return Verdict.UPDATED if mode is Mode.UPDATE else (Verdict.PASS if ok else Verdict.FAIL)
 
 
 def _first_divergence(failures: list[Comparison]) -> str:
     """``"first divergence at step 2: pg_loss, kl; "`` (empty when nothing drifted)."""
-    drifted = [c for c in failures if c.verdict == FAIL]
+    drifted = [c for c in failures if c.verdict == Verdict.FAIL]
     if not drifted:
         return ""
     step = min(c.step for c in drifted)
@@ -990,7 +948,9 @@ def _recorded_summary(
     for filename, info in files.items():
         if info.get("kind") in ("rollout", "tensors") and (fresh or filename not in old):
             steps.setdefault(f"{info['kind']} {info['name']!r}", set()).add(info["step"])
-    new = [c for c in comparisons if c.verdict in (NEW, UPDATED) and c.kind == "metric"]
+    new = [
+        c for c in comparisons if c.verdict in (Verdict.NEW, Verdict.UPDATED) and c.kind == "metric"
+    ]
     if new:
         steps[f"{len({c.name for c in new})} metrics"] = {c.step for c in new}
     return [
@@ -1045,9 +1005,5 @@ def _allowed(c: Comparison) -> str:
 __all__ = [
     "Golden",
     "GoldenError",
-    "GoldenNaNWarning",
-    "GoldenToleranceWarning",
-    "Mode",
-    "Outcome",
     "ReplayOnly",
 ]

@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import location
-from .compare import json_number
-
-STATUSES = ("replayed", "recorded", "updated", "failed")
+from .results import STATUSES, json_number
 
 
 class UpdateRegistry:
@@ -106,7 +104,7 @@ class SessionState:
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""
-        counts = dict.fromkeys(STATUSES, 0)
+        counts = dict.fromkeys((s.value for s in STATUSES), 0)
         for outcome in self.outcomes:
             status = outcome["status"]
             if status in counts or status == "xfailed":

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_rollout_golden.compare import Comparison, compare_values
+from pytest_rollout_golden.compare import compare_values
+from pytest_rollout_golden.results import Comparison
 from pytest_rollout_golden.tolerance import EXACT, Tolerance
 
 TOL = Tolerance(rtol=1e-3, atol=1e-6)

@@ -29,7 +29,8 @@ from pytest_rollout_golden.errors import (
     GoldenMismatch,
     UnsupportedValueError,
 )
-from pytest_rollout_golden.replay import Golden, Mode
+from pytest_rollout_golden.replay import Golden
+from pytest_rollout_golden.results import Mode
 
 REMEDY = "--update-golden"
 DEEP = 200_000

@@ -1,0 +1,171 @@
+"""What a golden run decides, as data: modes, verdicts, comparisons and outcomes.
+
+Torch-free, so the plugin and the CLI can hold results without importing the
+replay machinery. Texts built from these live in :mod:`.presentation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any
+
+from .tolerance import Tolerance
+
+
+class Mode(enum.Enum):
+    """AUTO records what is missing; UPDATE re-records; STRICT never records."""
+
+    AUTO = "auto"
+    UPDATE = "update"
+    STRICT = "strict"
+
+
+class Verdict(str, enum.Enum):
+    """The verdict on one metric or tensor at one step; its value is what reports print."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    MISSING = "missing"
+    NEW = "new"
+    UPDATED = "updated"
+    IGNORED = "not compared"  # excluded on purpose by a tolerance entry (Tolerance.ignore)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Status(str, enum.Enum):
+    """What happened to one golden during one test."""
+
+    REPLAYED = "replayed"
+    RECORDED = "recorded"
+    UPDATED = "updated"
+    FAILED = "failed"
+    XFAILED = "xfailed"  # failed inside an expected failure
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+STATUSES = (Status.REPLAYED, Status.RECORDED, Status.UPDATED, Status.FAILED)
+
+
+def json_number(value: Any) -> Any:
+    """Strict-JSON form of a float: non-finite values become "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def from_json_number(value: Any) -> Any:
+    """Inverse of :func:`json_number`."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return value
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The verdict on one metric or tensor at one step, with everything a report needs."""
+
+    name: str
+    step: int
+    verdict: Verdict
+    kind: str = "metric"
+    rank: int | None = None
+    micro: int | None = None
+    expected: Any = None
+    actual: Any = None
+    abs_diff: float | None = None
+    rel_diff: float | None = None
+    tolerance: Tolerance | None = None
+    tolerance_source: str = ""
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in (Verdict.FAIL, Verdict.MISSING)
+
+    @property
+    def where(self) -> str:
+        parts = [f"step {self.step}"]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.micro is not None:
+            parts.append(f"micro {self.micro}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"metric" if k == "name" else k: v for k, v in dataclasses.asdict(self).items()}
+        out["verdict"] = str(self.verdict)
+        out["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance else None
+        for key in ("expected", "actual", "abs_diff", "rel_diff"):
+            out[key] = json_number(out[key])
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Comparison:
+        fields = {"name" if k == "metric" else k: v for k, v in data.items()}
+        fields["verdict"] = Verdict(fields["verdict"])
+        if fields.get("tolerance") is not None:
+            fields["tolerance"] = Tolerance(**fields["tolerance"])
+        for key in ("expected", "actual", "abs_diff", "rel_diff"):
+            fields[key] = from_json_number(fields.get(key))
+        return cls(**fields)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What happened to one golden during one test; the session summary is built from these."""
+
+    test: str
+    directory: str
+    status: Status | None = None  # None: the golden was never touched
+    comparisons: list[Comparison] = dataclasses.field(default_factory=list)
+    recorded: list[str] = dataclasses.field(default_factory=list)
+    environment_changes: list[str] = dataclasses.field(default_factory=list)
+    discarded: bool = False
+    rollouts: list[str] = dataclasses.field(default_factory=list)  # kept / regenerated inputs
+
+    def fail(self) -> None:
+        """The golden failed: a mismatch, or it was missing or unreadable."""
+        self.status = Status.FAILED
+
+    def expected_failure(self) -> None:
+        """The test is marked xfail: a failed golden counts as expected, not as a failure."""
+        if self.status is Status.FAILED:
+            self.status = Status.XFAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "test": self.test,
+            "directory": self.directory,
+            "status": None if self.status is None else self.status.value,
+            "comparisons": [c.to_json() for c in self.comparisons],
+            "recorded": self.recorded,
+            "environment_changes": self.environment_changes,
+            "discarded": self.discarded,
+            "rollouts": self.rollouts,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        status = data.get("status")
+        return cls(
+            test=data["test"],
+            directory=data["directory"],
+            status=None if status is None else Status(status),
+            comparisons=[Comparison.from_json(c) for c in data.get("comparisons", [])],
+            recorded=list(data.get("recorded", [])),
+            environment_changes=list(data.get("environment_changes", [])),
+            discarded=bool(data.get("discarded", False)),
+            rollouts=list(data.get("rollouts", [])),
+        )
