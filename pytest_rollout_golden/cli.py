@@ -32,7 +32,7 @@ from .tolerance import CLI, IGNORE, INI, Layer, Resolver, builtin_layer, parse_s
 
 def _load_dir(directory: Path) -> dict[str, Any]:
     """Every file of a golden, verified: ``{filename: loaded content}``."""
-    from .diff import load_golden
+    from .golden_files import load_golden
 
     return load_golden(directory)[1]
 
@@ -124,7 +124,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
         files = {path.name: {"info": {}, "tensors": document["tensors"], "layout": layout}}
         manifest, steps = None, {}
     else:
-        from .diff import load_golden
+        from .golden_files import load_golden
 
         if not (path / store.MANIFEST).is_file():
             raise GoldenError(f"{path}: no {store.MANIFEST}; not a golden directory")
@@ -403,7 +403,8 @@ def diff(a: Path, b: Path, resolver: Resolver, *, as_json: bool = False, config:
 
 def plot(a: Path, b: Path | None, out: Path, resolver: Resolver) -> int:
     """Draw the metric curves of golden ``a`` (against ``b``) into ``out``."""
-    from .diff import METRICS, diff_goldens, load_golden
+    from .diff import METRICS, diff_goldens
+    from .golden_files import load_golden
     from .plot import plot_metrics, series
 
     curves = []

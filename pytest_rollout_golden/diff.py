@@ -18,8 +18,8 @@ from typing import Any
 from . import store
 from .compare import compare_named, dtype_name
 from .errors import GoldenError
+from .golden_files import load_golden
 from .location import find_goldens
-from .metrics import document_problem
 from .results import json_number
 from .tolerance import Layer, Resolver
 
@@ -103,26 +103,6 @@ class GoldenDiff:
             "metrics": [r.to_json() for r in self.rows if r.kind == "metric"],
             "tensors": [r.to_json() for r in self.rows if r.kind == "tensor"],
         }
-
-
-def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(manifest, {filename: content})`` of a golden, every checksum verified."""
-    manifest = store.read_manifest(directory)
-    if manifest is None:
-        raise GoldenError(f"{directory}: no {store.MANIFEST}; not a golden directory")
-    out = {}
-    for filename, info in manifest["files"].items():
-        path = directory / filename
-        if not path.is_file():
-            raise GoldenError(f"{path}: listed in {store.MANIFEST} but missing")
-        if filename.endswith(".json"):
-            out[filename] = store.read_json(path, expect_digest=info["digest"])
-            problem = filename == "metrics.json" and document_problem(out[filename])
-            if problem:
-                raise store.format_error(path, problem)
-        else:
-            out[filename] = store.load_batch(path, expect_digest=info["digest"])
-    return manifest, out
 
 
 def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:

@@ -20,6 +20,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+MANIFEST = "manifest.json"
+METRICS = "metrics.json"
+TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
+
 _DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.=\[\]-]")
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _MAX = 100

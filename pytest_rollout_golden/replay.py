@@ -18,11 +18,10 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import inputs, store
+from . import inputs
 from . import metrics as metric_codec
 from .compare import ALLOW_NAN, compare_named, dtype_name
 from .errors import (
@@ -35,14 +34,14 @@ from .errors import (
     GoldenToleranceWarning,
     UnsupportedValueError,
 )
-from .location import safe_name
-from .results import Comparison, Mode, Outcome, Status, Verdict
+from .golden_files import GoldenFiles, merge_metrics
+from .inputs import ERROR, GENERATE, RECORD, REPEAT
+from .location import TOLERANCES, safe_name
+from .modes import KEEP, REFUSE, REPLAY, ModePolicy, ReplayOnly
+from .results import Comparison, Mode, Outcome, Verdict
 from .tolerance import Layer, Resolver, Tolerance, builtin_layer
 
-METRICS = "metrics.json"
-TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
-_RECORD = object()  # sentinel: generate and record the rollout, as without a policy
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 
 
@@ -52,18 +51,6 @@ class UpdateRegistry(Protocol):
     def contains(self, directory: Path) -> bool: ...
 
     def add(self, directory: Path) -> None: ...
-
-
-@dataclass(frozen=True)
-class ReplayOnly:
-    """This golden is recorded by another test (``recorder``); this one only replays it.
-
-    Such a golden never records, whatever the mode: a missing golden, step or metric fails
-    with ``remedy`` (how to record it) instead of the usual ``--update-golden`` advice.
-    """
-
-    recorder: str
-    remedy: str
 
 
 def rollout_filename(name: str, step: int) -> str:
@@ -86,7 +73,11 @@ def _step_key(step: int) -> str:
 
 
 class Golden:
-    """Record/replay/compare for one golden directory."""
+    """Record/replay/compare for one golden directory.
+
+    What the mode allows is decided by :attr:`policy` (:mod:`.modes`); the files are read
+    and written through :class:`~.golden_files.GoldenFiles`.
+    """
 
     def __init__(
         self,
@@ -107,64 +98,62 @@ class Golden:
         never recorded (:data:`~.inputs.MISSING_STEP_POLICIES`; default ``record``,
         ``error`` in strict mode)."""
         self.directory = Path(directory)
-        self.mode = Mode.STRICT if replay_only is not None else mode
+        self.policy = ModePolicy.of(
+            mode,
+            replay_only=replay_only is not None,
+            regenerate=regenerate,
+            missing_step=missing_step,
+            missing_step_source=missing_step_source,
+        )
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
         self._resolver = resolver or Resolver([builtin_layer()])
-        self._rebuild = rebuild
         self._registry = registry
+        self._files = GoldenFiles(self.directory, rebuild=rebuild)
         self._outcome = Outcome(self.test_id, str(self.directory))
-        self._lock: Any = None
-        self._manifest: dict[str, Any] | None = None
         self._old_metrics: dict[str, dict[str, Any]] | None = None
         self._opened = False
-        self._tx: store.Transaction | None = None
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
         self._touched: set[str] = set()  # golden files this run used
         self._requested: set[tuple[str, str]] = set()  # (rollout name, step) asked for
         self._finished = False
         self._drop_tolerances = False
-        self._regenerate = regenerate
-        self._missing_step = missing_step
-        if missing_step is not None:
-            inputs.check_policy(missing_step, missing_step_source)
         self._missing_step_source = missing_step_source
         self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
         self._damaged: set[str] = set()  # rollout files regenerated because unreadable
         self._inputs_not_recorded: dict[str, str] = {}  # step -> why its metrics are not compared
+
+    @property
+    def mode(self) -> Mode:
+        return self.policy.mode
 
     # ------------------------------------------------------------------ opening
 
     def _open(self) -> None:
         if self._opened:
             return
-        self._lock = store.locked(self.directory)
-        self._lock.__enter__()
-        self._opened = True
-        store.recover(self.directory)
         try:
-            self._manifest = store.read_manifest(self.directory)
-        except GoldenFormatError:
-            if self.mode is not Mode.UPDATE:
-                raise
-            self._manifest = None  # --update-golden is the remedy: re-record it from scratch
-        if self._manifest is None and self._replay_only is not None:
+            self._files.open(damaged_is_missing=self.policy.replaces_damaged)
+        finally:
+            self._opened = self._files.is_open
+        if self.policy.refuses_missing_golden(self._files.exists):
             only = self._replay_only
+            assert only is not None
             raise GoldenMissingError(
                 f"{self.test_id} only replays the golden of {only.recorder}, but "
                 f"{_display(self.directory)} does not exist; {only.remedy}."
             )
         updated = self._registry is not None and self._registry.contains(self.directory)
-        if self._manifest is not None and self.mode is Mode.UPDATE and updated:
-            self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
+        self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
         for calibrated in self.calibrated_layers():
             self._resolver = self._resolver.with_layer(calibrated)
-        if self._manifest is not None and self.mode is not Mode.UPDATE:
+        if self._replaying:
             from .determinism import fingerprint, fingerprint_changes
 
-            changes = fingerprint_changes(self._manifest.get("fingerprint"), fingerprint())
+            recorded = self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
+            changes = fingerprint_changes(recorded, fingerprint())
             self._outcome.environment_changes = changes
             if changes and self._resolver.exact:
                 self._resolver = Resolver(self._resolver.layers, exact=False)
@@ -177,7 +166,7 @@ class Golden:
         info = self._old_files().get(TOLERANCES)
         if info is None:
             return []
-        document = self._load_for_update(TOLERANCES, info, None)
+        document = self._load_for_update(TOLERANCES, None)
         if document is None:  # damaged, and --update-golden is the remedy: drop it
             self._drop_tolerances = True
             return []
@@ -188,65 +177,46 @@ class Golden:
                 document, self.directory / TOLERANCES, layout_variant=self._replay_only is not None
             )
         except GoldenFormatError:
-            if self.mode is not Mode.UPDATE:
+            if not self.policy.replaces_damaged:
                 raise
             self._drop_tolerances = True
             return []
 
     @property
     def _replaying(self) -> bool:
-        return self._manifest is not None and self.mode is not Mode.UPDATE
+        return self.policy.replays(self._files.exists)
 
     def _old_files(self) -> dict[str, Any]:
-        return self._manifest["files"] if self._manifest is not None else {}
-
-    def _transaction(self) -> store.Transaction:
-        if self._tx is None:
-            self._tx = store.Transaction(self.directory)
-        return self._tx
+        return self._files.recorded
 
     def _recorded_metrics(self) -> dict[str, dict[str, Any]]:
         if self._old_metrics is None:
-            info = self._old_files().get(METRICS)
-            self._old_metrics = {}
-            if info is not None:
-                data = self._load_for_update(METRICS, info, {"steps": {}})
-                problem = metric_codec.document_problem(data)
-                if problem is not None and self.mode is not Mode.UPDATE:
-                    raise store.format_error(self.directory / METRICS, problem)
-                self._old_metrics = data["steps"] if problem is None else {}
+            try:
+                self._old_metrics = self._files.metrics()
+            except GoldenFormatError:
+                if not self.policy.replaces_damaged:
+                    raise
+                self._old_metrics = {}
         return self._old_metrics
 
-    def _load(self, filename: str, info: Mapping[str, Any]) -> Any:
-        path, digest = self.directory / filename, info["digest"]
-        try:
-            if filename.endswith(".json"):
-                return store.read_json(path, expect_digest=digest)
-            return store.load_batch(path, rebuild=self._rebuild, expect_digest=digest)
-        except FileNotFoundError:
-            raise GoldenFormatError(
-                f"{path}: listed in manifest.json but missing; restore it from version control "
-                f"or {REMEDY_UPDATE}."
-            ) from None
-
-    def _load_for_update(self, filename: str, info: Mapping[str, Any], damaged: Any) -> Any:
-        """:meth:`_load`, except that ``--update-golden`` replaces an unreadable file.
+    def _load_for_update(self, filename: str, damaged: Any) -> Any:
+        """A recorded file, except that ``--update-golden`` replaces an unreadable one.
 
         Every error about a damaged golden names ``--update-golden`` as the remedy,
         so an update must not need the old values: it only loses their diff.
         """
         try:
-            return self._load(filename, info)
+            return self._files.load(filename)
         except GoldenFormatError:
-            if self.mode is not Mode.UPDATE:
+            if not self.policy.replaces_damaged:
                 raise
             return damaged
 
     def _never_recorded(self, step_key: str) -> str:
-        steps = sorted(int(k) for k in self._recorded_metrics()) if self._manifest else []
-        if self._manifest is None:
+        if not self._files.exists:
             where = "no golden exists yet"
         elif step_key not in self._recorded_metrics():
+            steps = sorted(int(k) for k in self._recorded_metrics())
             where = f"step {step_key} was never recorded (recorded steps: {steps})"
         else:
             where = f"never recorded at step {step_key}"
@@ -255,13 +225,7 @@ class Golden:
     def _tensor_never_recorded(self, name: str, step: int, old_info: Any) -> str:
         if old_info is not None:
             return f"never recorded in this file; {self._remedy}"
-        steps = sorted(
-            {
-                i["step"]
-                for i in self._old_files().values()
-                if i.get("kind") == "tensors" and i.get("name") == name
-            }
-        )
+        steps = self._files.steps("tensors", name)
         listing = f"recorded steps: {steps}" if steps else f"no {name!r} tensors were recorded"
         return f"step {step} was never recorded ({listing}); {self._remedy}"
 
@@ -301,47 +265,37 @@ class Golden:
             )
         self._requested.add((name, key))
         self._touched.add(filename)
-        if self._tx is not None and filename in self._tx.files:
-            return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
+        if self._files.staged(filename):
+            return self._files.load_staged(filename)
         info = self._old_files().get(filename)
-        if info is not None and self._replaying:
-            return self._load(filename, info)
-        if info is not None and self.mode is Mode.UPDATE and not self._regenerate:
-            kept = self._keep_rollout(filename, info, name, int(key))
-            if kept is not _DAMAGED:
-                return kept
-        if info is None:
-            stand_in = self._missing_rollout_step(generate, name, int(key))
-            if stand_in is not _RECORD:
-                return stand_in
-        if self.mode is Mode.STRICT:
-            recorded = [
-                i["step"]
-                for i in self._old_files().values()
-                if i.get("kind") == "rollout" and i.get("name") == name
-            ]
-            raise self._missing(f"rollout {name!r}", step, recorded)
+        if info is not None:
+            action = self.policy.recorded_rollout()
+            if action == REPLAY:
+                return self._files.load(filename)
+            if action == KEEP:
+                kept = self._keep_rollout(filename, name, int(key))
+                if kept is not _DAMAGED:
+                    return kept
+        else:
+            recorded = self._files.steps("rollout", name)
+            action = self.policy.missing_rollout_step(steps_recorded=bool(recorded))
+            if action == REFUSE:
+                raise self._missing(f"rollout {name!r}", step, recorded)
+            if action != RECORD:
+                return self._missing_rollout_step(action, generate, name, int(key))
         batch = inputs.generate_forked(generate)
-        tx = self._transaction()
-        tx.write_batch(filename, batch, kind="rollout", name=name, step=step)
+        self._files.stage_batch(filename, batch, kind="rollout", name=name, step=step)
         if info is not None and info.get("kind") == "rollout":
             self._note_regenerated(filename, name, int(key))
         # What replay will return, not the object generate() built (requires_grad, views, ...)
-        return store.load_batch(tx.staging / filename, rebuild=self._rebuild)
+        return self._files.load_staged(filename)
 
     # ------------------------------------------------------------------ rollouts as inputs
 
-    def _recorded_rollout_steps(self, name: str) -> list[int]:
-        return sorted(
-            i["step"]
-            for i in self._old_files().values()
-            if i.get("kind") == "rollout" and i.get("name") == name
-        )
-
-    def _keep_rollout(self, filename: str, info: Mapping[str, Any], name: str, step: int) -> Any:
+    def _keep_rollout(self, filename: str, name: str, step: int) -> Any:
         """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
         try:
-            batch = self._load(filename, info)
+            batch = self._files.load(filename)
         except GoldenFormatError as exc:
             first = str(exc).splitlines()[0]
             self._outcome.rollouts.append(
@@ -355,27 +309,23 @@ class Golden:
     def _note_regenerated(self, filename: str, name: str, step: int) -> None:
         if filename in self._damaged:
             return  # already said, and there is nothing to diff against
-        assert self._tx is not None
-        changes = inputs.batch_changes(self.directory / filename, self._tx.staging / filename)
+        changes = inputs.batch_changes(self.directory / filename, self._files.staged_path(filename))
         self._outcome.rollouts.append(f"rollout {name!r} step {step}: regenerated, {changes}")
 
-    def _missing_rollout_step(self, generate: Callable[[], Any], name: str, step: int) -> Any:
-        """A rollout step never recorded: the policy decides (``_RECORD``: record it as before)."""
-        recorded = self._recorded_rollout_steps(name)
-        policy = self._missing_step or (inputs.ERROR if self.mode is Mode.STRICT else inputs.RECORD)
-        if self.mode is Mode.STRICT and policy == inputs.RECORD:
-            policy = inputs.ERROR  # strict mode never records
-        if not recorded or (self.mode is Mode.UPDATE and policy == inputs.ERROR):
-            return _RECORD  # nothing to stand in for it; --update-golden is the remedy of error
-        if policy == inputs.ERROR and self.mode is not Mode.STRICT:
+    def _missing_rollout_step(
+        self, action: str, generate: Callable[[], Any], name: str, step: int
+    ) -> Any:
+        """A rollout step never recorded, under the missing-step policy's ``action``."""
+        recorded = self._files.steps("rollout", name)
+        if action == ERROR:
             raise self._missing(
                 f"rollout {name!r}",
                 step,
                 recorded,
                 why=f"A step beyond the recording is an error here ({self._missing_step_source}"
-                f"{policy!r}; 'repeat' or 'generate' would replay past it)",
+                f"{action!r}; 'repeat' or 'generate' would replay past it)",
             )
-        if policy == inputs.REPEAT:
+        if action == REPEAT:
             substitute = inputs.substitute_step(recorded, step)
             assert substitute is not None
             sub_file = rollout_filename(name, substitute)
@@ -384,15 +334,14 @@ class Golden:
                 f"rollout {name!r} step {step}: step {substitute} stood in for it "
                 f"(missing_step='repeat'; recorded steps {_ranges(recorded)})"
             )
-            return self._load(sub_file, self._old_files()[sub_file])
-        if policy == inputs.GENERATE:
-            self._outcome.rollouts.append(
-                f"rollout {name!r} step {step}: generated, not recorded "
-                "(missing_step='generate'); its metrics and tensors are not compared"
-            )
-            self._inputs_not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
-            return inputs.generate_forked(generate)
-        return _RECORD  # record; strict mode with error raises in rollout()
+            return self._files.load(sub_file)
+        assert action == GENERATE
+        self._outcome.rollouts.append(
+            f"rollout {name!r} step {step}: generated, not recorded "
+            "(missing_step='generate'); its metrics and tensors are not compared"
+        )
+        self._inputs_not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
+        return inputs.generate_forked(generate)
 
     def check(
         self,
@@ -420,7 +369,7 @@ class Golden:
             layer = Layer("golden.check(tolerances=)", tolerances)
             resolver = resolver.with_layer(layer)
         seen = self._metrics.setdefault(key, {})
-        recorded = self._recorded_metrics().get(key, {}) if self._manifest is not None else {}
+        recorded = self._recorded_metrics().get(key, {})
         results = []
         for name, value in metrics.items():
             where = f"metric {name!r} at step {step}"
@@ -430,24 +379,15 @@ class Golden:
                 raise ValueError(f"{where} was already checked in this test")
             node = metric_codec.encode(value, where=where)
             seen[name] = node
-            if self.mode is not Mode.STRICT and (self.mode is Mode.UPDATE or name not in recorded):
+            if self.policy.warns_nan(recorded=name in recorded):
                 _warn_nan(self.test_id, name, step, node)
             old = recorded.get(name)
             if old is None:
-                if self.mode is Mode.STRICT:
-                    results.append(
-                        Comparison(
-                            name,
-                            step,
-                            Verdict.MISSING,
-                            actual=metric_codec.scalar(node),
-                            detail=self._never_recorded(key),
-                        )
-                    )
-                else:
-                    results.append(
-                        Comparison(name, step, Verdict.NEW, actual=metric_codec.scalar(node))
-                    )
+                verdict = self.policy.unrecorded
+                detail = self._never_recorded(key) if verdict == Verdict.MISSING else ""
+                results.append(
+                    Comparison(name, step, verdict, actual=metric_codec.scalar(node), detail=detail)
+                )
                 resolver.resolve(name)  # notes which tolerances name it, for unused warnings
                 continue
             results.append(self._compare_metric(name, step, old, node, resolver))
@@ -490,15 +430,13 @@ class Golden:
         self._tensor_files[filename] = info
         self._touched.add(filename)
         old_info = self._old_files().get(filename)
-        old = {}
-        if old_info is not None and (self._replaying or self.mode is Mode.UPDATE):
-            old = self._load_for_update(filename, old_info, {})
+        old = {} if old_info is None else self._load_for_update(filename, {})
         merged: dict[str, Any] = {}
         results = []
         for tensor_name, value in tensors.items():
             label = f"{name}/{tensor_name}"
             if tensor_name not in old:
-                verdict = Verdict.MISSING if self.mode is Mode.STRICT else Verdict.NEW
+                verdict = self.policy.unrecorded
                 self._resolver.resolve(label)  # notes which tolerances name it
                 detail = (
                     self._tensor_never_recorded(name, step, old_info)
@@ -520,7 +458,7 @@ class Golden:
                 check_dtype=True,
                 mask=masks.get(tensor_name),
             )
-            verdict = _verdict(self.mode, diff.ok, tol)
+            verdict = self.policy.verdict(ok=diff.ok, ignore=tol.ignore)
             results.append(
                 Comparison(
                     label,
@@ -538,9 +476,9 @@ class Golden:
                     detail=diff.detail,
                 )
             )
-            merged[tensor_name] = value if self.mode is Mode.UPDATE else old[tensor_name]
+            merged[tensor_name] = value if self.policy.rerecords else old[tensor_name]
         for tensor_name in old.keys() - tensors.keys():
-            if self.mode is not Mode.UPDATE:
+            if self.policy.reports_unchecked:
                 results.append(
                     Comparison(
                         f"{name}/{tensor_name}",
@@ -552,8 +490,8 @@ class Golden:
                         detail=f"recorded but not passed to check_tensors in this run; {_DROPPED}",
                     )
                 )
-        if self.mode is Mode.UPDATE or any(c.verdict == Verdict.NEW for c in results):
-            self._transaction().write_batch(filename, merged, **info)
+        if self.policy.rerecords or any(c.verdict == Verdict.NEW for c in results):
+            self._files.stage_batch(filename, merged, **info)
         self._outcome.comparisons.extend(results)
         return results
 
@@ -582,7 +520,7 @@ class Golden:
         where = f"metric {name!r} at step {step}"
         expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
         diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
-        verdict = _verdict(self.mode, diff.ok, tol)
+        verdict = self.policy.verdict(ok=diff.ok, ignore=tol.ignore)
         return Comparison(
             name,
             step,
@@ -651,25 +589,20 @@ class Golden:
                 self._outcome.fail()
                 self._discard()
                 raise GoldenMismatch(self.failure_message(failures))
-            if self._needs_write():
+            wrote = self.policy.needs_write(
+                staged=self._files.staging,
+                checked_metrics=bool(self._metrics),
+                new_values=any(c.verdict == Verdict.NEW for c in self._outcome.comparisons),
+            )
+            if wrote:
                 self._commit()
-                self._outcome.status = (
-                    Status.UPDATED
-                    if self.mode is Mode.UPDATE and (self._manifest is not None)
-                    else Status.RECORDED
-                )
-            elif self._outcome.comparisons or self._touched:
-                self._outcome.status = Status.REPLAYED
+            touched = bool(self._outcome.comparisons or self._touched)
+            status = self.policy.status(exists=self._files.exists, wrote=wrote, touched=touched)
+            if status is not None:
+                self._outcome.status = status
             return self._outcome
         finally:
-            self._release()
-
-    def _needs_write(self) -> bool:
-        if self._tx is not None:
-            return True
-        if self.mode is Mode.UPDATE:
-            return bool(self._metrics)
-        return any(c.verdict == Verdict.NEW for c in self._outcome.comparisons)
+            self._files.close()
 
     def _unchecked(self) -> list[Comparison]:
         seen = {(step, name) for step, names in self._metrics.items() for name in names}
@@ -713,58 +646,32 @@ class Golden:
     def _commit(self) -> None:
         from .determinism import fingerprint
 
-        tx = self._transaction()
-        steps: dict[str, dict[str, Any]] = {}
-        if self.mode is not Mode.UPDATE:
-            for step, names in self._recorded_metrics().items():
-                steps[step] = dict(names)
-        for step, names in self._metrics.items():
-            target = steps.setdefault(step, {})
-            for name, node in names.items():
-                if self.mode is Mode.UPDATE or name not in target:
-                    target[name] = node
-        for filename, info in self._old_files().items():
-            if filename in tx.files or filename == METRICS:
-                continue
-            if filename == TOLERANCES and self._drop_tolerances:
-                continue
-            kept_on_update = filename in self._touched or (
-                filename == TOLERANCES and not self._drop_tolerances
-            )
-            if self.mode is Mode.UPDATE and not kept_on_update:
-                continue  # calibrated tolerances describe the setup's noise: kept on update
-            tx.keep(filename, info)
-        if steps:
-            ordered = {k: steps[k] for k in sorted(steps, key=int)}
-            tx.write_json(METRICS, {"steps": ordered}, kind="metrics")
-        new_env = self.mode is Mode.UPDATE or self._manifest is None
-        env = fingerprint() if new_env else self._manifest.get("fingerprint")
-        tx.commit({"test": self.test_id, "fingerprint": env})
-        self._tx = None
-        if self.mode is Mode.UPDATE and self._registry is not None:
+        fresh = self.policy.fresh(self._files.exists)
+        steps = merge_metrics(
+            self._recorded_metrics(), self._metrics, replace=self.policy.rerecords
+        )
+
+        def keep(filename: str) -> bool:
+            calibrated = filename == TOLERANCES
+            if calibrated and self._drop_tolerances:
+                return False
+            return self.policy.keeps_file(used=filename in self._touched, calibrated=calibrated)
+
+        env = fingerprint() if fresh else self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
+        files = self._files.commit(
+            {"test": self.test_id, "fingerprint": env}, metrics=steps, keep=keep
+        )
+        if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
         self._outcome.recorded = _recorded_summary(
-            tx.files,
-            self._manifest is None or self.mode is Mode.UPDATE,
-            self._old_files(),
-            self._outcome.comparisons,
+            files, fresh, self._old_files(), self._outcome.comparisons
         )
 
     def _discard(self) -> None:
-        if self._tx is not None:
-            self._outcome.discarded = bool(self._tx.files) or self._outcome.discarded
-            self._tx.abort()
-            self._tx = None
+        if self._files.abort():
+            self._outcome.discarded = True
         if any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
             self._outcome.discarded = True
-
-    def _release(self) -> None:
-        if self._tx is not None:
-            self._tx.abort()
-            self._tx = None
-        if self._lock is not None:
-            self._lock.__exit__(None, None, None)
-            self._lock = None
 
     def failure_message(self, failures: list[Comparison]) -> str:
         """The text of a GoldenMismatch: one table of scalar rows, then tensor details."""
@@ -922,12 +829,6 @@ def _typo_hint(name: str, unrecorded: list[str]) -> str:
         f"this run checked {close[0]!r} at this step, which was never recorded: "
         f"a misspelt or renamed metric (did you mean {name!r}?); "
     )
-
-
-def _verdict(mode: Mode, ok: bool, tol: Tolerance) -> Verdict:
-    if tol.ignore:
-        return Verdict.IGNORED
-    return Verdict.UPDATED if mode is Mode.UPDATE else (Verdict.PASS if ok else Verdict.FAIL)
 
 
 def _first_divergence(failures: list[Comparison]) -> str:

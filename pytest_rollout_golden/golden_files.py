@@ -1,0 +1,212 @@
+"""The files of one golden directory: locked, recovered, verified on load, committed whole.
+
+:class:`GoldenFiles` is what :class:`~.replay.Golden` and the ``rollout-golden`` CLI
+read and write a golden through::
+
+    files = GoldenFiles(directory)
+    files.open()                      # lock, finish an interrupted update, read the manifest
+    batch = files.load(filename)      # every checksum verified
+    files.stage_batch(new, batch, kind="rollout", name="rollout", step=1)
+    files.commit({"test": ..., "fingerprint": ...}, metrics=steps, keep=lambda f: True)
+    files.close()
+
+Every error about a file names it and the remedy. What a damaged or missing file
+*means* (an error, or something to re-record) is decided by :mod:`.modes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import metrics as metric_codec
+from . import store
+from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
+from .location import MANIFEST, METRICS
+
+
+class GoldenFiles:
+    """The recorded version of a golden directory and the new version this run stages."""
+
+    def __init__(self, directory: Path, *, rebuild: Callable[..., Any] | None = None):
+        """``rebuild``: how to turn a loaded batch back into the user's type (see codec)."""
+        self.directory = Path(directory)
+        self._rebuild = rebuild
+        self.manifest: dict[str, Any] | None = None
+        self._lock: Any = None
+        self._tx: store.Transaction | None = None
+        self._metrics: dict[str, dict[str, Any]] | None = None
+
+    # ------------------------------------------------------------------ the recorded version
+
+    def open(self, *, damaged_is_missing: bool = False) -> None:
+        """Lock the golden, finish or roll back an interrupted update, read the manifest.
+
+        Raises :class:`~.errors.GoldenFormatError` for an unreadable manifest, unless
+        ``damaged_is_missing`` (it is being re-recorded): then the golden counts as absent.
+        Once locked, the golden stays locked until :meth:`close`, whatever is raised.
+        """
+        lock = store.locked(self.directory)
+        lock.__enter__()
+        self._lock = lock
+        store.recover(self.directory)
+        try:
+            self.manifest = store.read_manifest(self.directory)
+        except GoldenFormatError:
+            if not damaged_is_missing:
+                raise
+            self.manifest = None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether this object holds the golden's lock."""
+        return self._lock is not None
+
+    @property
+    def exists(self) -> bool:
+        return self.manifest is not None
+
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """The manifest's file table: ``{filename: info}`` (empty without a golden)."""
+        return self.manifest["files"] if self.manifest is not None else {}
+
+    def load(self, filename: str) -> Any:
+        """A recorded file's content, its checksum verified against the manifest."""
+        path, digest = self.directory / filename, self.recorded[filename]["digest"]
+        try:
+            if filename.endswith(".json"):
+                return store.read_json(path, expect_digest=digest)
+            return store.load_batch(path, rebuild=self._rebuild, expect_digest=digest)
+        except FileNotFoundError:
+            raise GoldenFormatError(
+                f"{path}: listed in {MANIFEST} but missing; restore it from version control "
+                f"or {REMEDY_UPDATE}."
+            ) from None
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """The recorded metrics, ``{step: {name: node}}``; ``{}`` if none were recorded."""
+        if self._metrics is None:
+            data = self.load(METRICS) if METRICS in self.recorded else {"steps": {}}
+            self._metrics = self._steps(data)
+        return self._metrics
+
+    def _steps(self, document: Any) -> dict[str, dict[str, Any]]:
+        problem = metric_codec.document_problem(document)
+        if problem is not None:
+            raise store.format_error(self.directory / METRICS, problem)
+        return document["steps"]
+
+    def steps(self, kind: str, name: str) -> list[int]:
+        """The recorded steps of rollout or tensors ``name`` (``kind``: ``"rollout"``,
+        ``"tensors"``), sorted, each once."""
+        return sorted(
+            {
+                info["step"]
+                for info in self.recorded.values()
+                if info.get("kind") == kind and info.get("name") == name
+            }
+        )
+
+    def load_all(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(manifest, {filename: content})``, every file verified; read-only (no lock,
+        no recovery), for the CLI. Raises :class:`~.errors.GoldenError` if the directory is
+        not a golden."""
+        self.manifest = store.read_manifest(self.directory)
+        if self.manifest is None:
+            raise GoldenError(f"{self.directory}: no {MANIFEST}; not a golden directory")
+        out = {}
+        for filename in self.recorded:
+            out[filename] = self.load(filename)
+            if filename == METRICS:
+                self._metrics = self._steps(out[filename])
+        return self.manifest, out
+
+    # ------------------------------------------------------------------ the new version
+
+    def _transaction(self) -> store.Transaction:
+        if self._tx is None:
+            self._tx = store.Transaction(self.directory)
+        return self._tx
+
+    @property
+    def staging(self) -> bool:
+        """Whether this run has staged files for a new version."""
+        return self._tx is not None
+
+    def staged(self, filename: str) -> bool:
+        return self._tx is not None and filename in self._tx.files
+
+    def load_staged(self, filename: str) -> Any:
+        """A staged batch as replay will return it (decoded from the file written)."""
+        assert self._tx is not None
+        return store.load_batch(self._tx.staging / filename, rebuild=self._rebuild)
+
+    def stage_batch(self, filename: str, batch: Any, **info: Any) -> None:
+        self._transaction().write_batch(filename, batch, **info)
+
+    def staged_path(self, filename: str) -> Path:
+        assert self._tx is not None
+        return self._tx.staging / filename
+
+    def commit(
+        self,
+        manifest: dict[str, Any],
+        *,
+        metrics: Mapping[str, Mapping[str, Any]],
+        keep: Callable[[str], bool],
+    ) -> dict[str, dict[str, Any]]:
+        """Swap the new version in: the staged files, ``metrics`` (``{step: {name: node}}``)
+        and the recorded files ``keep`` accepts; return the new file table."""
+        tx = self._transaction()
+        for filename, info in self.recorded.items():
+            if filename not in tx.files and filename != METRICS and keep(filename):
+                tx.keep(filename, info)
+        if metrics:
+            ordered = {k: metrics[k] for k in sorted(metrics, key=int)}
+            tx.write_json(METRICS, {"steps": ordered}, kind="metrics")
+        tx.commit(manifest)
+        self._tx = None
+        return tx.files
+
+    def abort(self) -> bool:
+        """Drop the staged version; whether anything had been staged."""
+        if self._tx is None:
+            return False
+        staged = bool(self._tx.files)
+        self._tx.abort()
+        self._tx = None
+        return staged
+
+    def close(self) -> None:
+        """Drop anything staged and release the lock."""
+        self.abort()
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+
+
+def merge_metrics(
+    recorded: Mapping[str, Mapping[str, Any]],
+    checked: Mapping[str, Mapping[str, Any]],
+    *,
+    replace: bool,
+) -> dict[str, dict[str, Any]]:
+    """The metrics a commit writes: ``checked`` added to ``recorded``, or (``replace``,
+    an update) ``checked`` alone, ``{step: {name: node}}``."""
+    steps: dict[str, dict[str, Any]] = {}
+    if not replace:
+        for step, names in recorded.items():
+            steps[step] = dict(names)
+    for step, names in checked.items():
+        target = steps.setdefault(step, {})
+        for name, node in names.items():
+            if replace or name not in target:
+                target[name] = node
+    return steps
+
+
+def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(manifest, {filename: content})`` of a golden, every checksum verified."""
+    return GoldenFiles(directory).load_all()
