@@ -84,6 +84,15 @@ def thread_counts(base: int) -> list[int]:
     return list(dict.fromkeys(n for n in wanted if n >= 1))
 
 
+# The fingerprint fields perturbed() changes on purpose.
+PERTURBED = ("cpu_threads", "deterministic_algorithms", "cudnn_deterministic", "tf32_matmul")
+
+
+def unperturbed(changes: Sequence[str]) -> list[str]:
+    """The environment changes (``"field: ..."``) other than those a perturbation makes."""
+    return [c for c in changes if c.split(":")[0] not in PERTURBED]
+
+
 @contextmanager
 def perturbed(run: int, kinds: Sequence[str]) -> Iterator[str]:
     """Run number ``run`` of a calibration: reduction order changed, math unchanged.

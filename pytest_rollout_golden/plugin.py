@@ -21,15 +21,28 @@ import _pytest as _pytest_internal
 import pluggy
 import pytest
 
+from . import markers
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
-from .location import SHARED, golden_dir, link_out_of_root, shared_golden_dir
+from .inputs import MISSING_STEP_POLICIES
+from .location import golden_dir, link_out_of_root, shared_golden_dir
+from .options import (
+    OptionError,
+    golden_root,
+    missing_step_policy,
+    parse_seed,
+    report_path,
+    session_mode,
+)
+from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
+from .prune import gone, not_full_run, prune
 from .report import summary_lines
+from .results import Mode
 from .session import SessionState, UpdateRegistry
 from .tolerance import CLI, IGNORE, INI, LAYOUT, MARKER, Layer, Resolver, builtin_layer, parse_spec
 
 if TYPE_CHECKING:
-    from .replay import Golden, ReplayOnly
+    from .replay import Golden
 
 _PLUGIN = pytest.StashKey["GoldenPlugin"]()
 _GOLDEN = pytest.StashKey["Golden"]()
@@ -37,23 +50,7 @@ _MARKER_LAYER = pytest.StashKey[Layer]()
 _DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 _CALIBRATION_RUN = pytest.StashKey[int]()
 _SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
-# Fingerprint fields that --golden-calibrate's perturbations change (see calibrate.perturbed).
-PERTURBED = ("cpu_threads", "deterministic_algorithms", "cudnn_deterministic", "tf32_matmul")
 _WORKER_OUTPUT = "rollout_golden"
-_MARKER_DOC = (
-    "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
-    "seed=None, rebuild=None, regenerate=False, missing_step=None, variant=None, reference=None, "
-    "layout_tolerances=None): configure "
-    "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
-    "metrics/tensors not compared; regenerate= re-runs generate under --update-golden; "
-    "missing_step= record|error|repeat|generate for a rollout step never recorded; "
-    "variant/reference: a layout variant that replays the "
-    "reference's golden (see parallel.variants())"
-)
-_OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
-_INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
-_MISSING_STEP = ("record", "error", "repeat", "generate")  # = inputs.MISSING_STEP_POLICIES
-_LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,7 +68,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--golden-missing-step",
-        choices=_MISSING_STEP,
+        choices=MISSING_STEP_POLICIES,
         help="a rollout step never recorded: record (default), error (default and forced in "
         "strict mode), repeat (nearest recorded step stands in), generate (not recorded)",
     )
@@ -176,19 +173,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _truthy_env(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _seed(value: Any, source: str) -> int:
-    """``value`` as a seed of random, numpy and torch (an int in [0, 2**32)), else a usage error."""
+@contextlib.contextmanager
+def _usage() -> Iterator[None]:
+    """A mistake in a flag, ini value or marker option, as pytest's usage error."""
     try:
-        seed = None if isinstance(value, (bool, float)) else int(value)
-    except (TypeError, ValueError):
-        seed = None
-    if seed is None or not 0 <= seed < 2**32:
-        raise pytest.UsageError(f"{source} must be an integer in [0, 2**32), got {value!r}")
-    return seed
+        yield
+    except OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _layer(source: str, specs: list[str], order: int) -> Layer:
@@ -225,33 +216,21 @@ class GoldenPlugin:
         opt = config.option
         if opt.golden_regenerate:
             opt.update_golden = True  # regenerating a rollout re-records what depends on it
-        if opt.update_golden and opt.golden_strict:
-            raise pytest.UsageError(
-                "--update-golden and --golden-strict exclude each other "
-                "(--golden-regenerate implies --update-golden)"
-            )
+        self.mode = session_mode(
+            update=opt.update_golden,
+            strict=opt.golden_strict,
+            calibrate=opt.golden_calibrate,
+            ci=_truthy_env("CI"),
+        )
         self.calibrate = opt.golden_calibrate or 0
         self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
-        if opt.golden_calibrate is not None and self.calibrate < 2:
-            raise pytest.UsageError("--golden-calibrate N needs N >= 2 runs to measure a spread")
-        if self.calibrate and opt.update_golden:
-            raise pytest.UsageError(
-                "--golden-calibrate measures the noise around existing goldens; "
-                "record them first, without --update-golden"
-            )
-        if opt.update_golden:
-            self.mode = "update"
-        elif opt.golden_strict or _truthy_env("CI") or self.calibrate:
-            self.mode = "strict"
-        else:
-            self.mode = "auto"
         self.rootdir = Path(config.rootpath)
         _check_space_form(config)
-        self.root = _golden_root(
+        self.root = golden_root(
             self.rootdir,
             opt.golden_dir if opt.golden_dir is not None else config.getini("golden_dir"),
         )
-        self.report_path = _report_path(opt.golden_report)
+        self.report_path = report_path(opt.golden_report)
         self.snapshot: Path | None = None
         rank = torchrun_rank()
         if rank:
@@ -261,7 +240,7 @@ class GoldenPlugin:
             self.snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{rank}-"))
             if self.root.is_dir():
                 shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
-            self.root, self.mode = self.snapshot, "strict"
+            self.root, self.mode = self.snapshot, Mode.STRICT
         self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance, order=CLI)
         self.ini_layer = _layer(
             "ini golden_tolerances", config.getini("golden_tolerances"), order=INI
@@ -271,7 +250,7 @@ class GoldenPlugin:
             "ini golden_ignore", config.getini("golden_ignore"), self.ini_layer
         )
         self.builtin = builtin_layer()
-        self.seed = _seed(config.getini("golden_seed"), "ini golden_seed")
+        self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
             opt.golden_deterministic
             if opt.golden_deterministic is not None
@@ -301,19 +280,9 @@ class GoldenPlugin:
             self.failed_ids.add(report.nodeid)
 
     def marker_options(self, item: pytest.Item) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        for marker in reversed(list(item.iter_markers("golden"))):
-            if marker.args:
-                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.golden takes keywords only")
-            options.update(marker.kwargs)
-        unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS - _INPUT_OPTIONS
-        if unknown:
-            raise pytest.UsageError(
-                f"{item.nodeid}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
-            )
-        if options.get("key") is not None and options.get("shared") is not None:
-            raise pytest.UsageError(f"{item.nodeid}: golden key= and shared= exclude each other")
-        return options
+        found = ((m.args, m.kwargs) for m in item.iter_markers("golden"))
+        with _usage():
+            return markers.marker_options(found, item.nodeid)
 
     def directory_of(self, item: pytest.Item) -> Path:
         options = self.marker_options(item)
@@ -321,15 +290,15 @@ class GoldenPlugin:
             return shared_golden_dir(self.root, str(options["shared"]))
         name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
         key = options.get("key")
-        if key is None and _replays_reference(options):
-            name = _reference_name(item, name, options)
+        if key is None and markers.replays_reference(options):
+            with _usage():
+                name = markers.reference_name(item.nodeid, name, options)
         return golden_dir(
             self.root, self.rootdir, Path(item.path), name, key=None if key is None else str(key)
         )
 
     def golden_for(self, item: pytest.Item) -> Golden:
         from .replay import Golden
-        from .results import Mode
 
         options = self.marker_options(item)
         marker_layer = Layer(
@@ -350,14 +319,14 @@ class GoldenPlugin:
             self.builtin,
         ]
         replay_only = None
-        if _replays_reference(options):
+        if markers.replays_reference(options):
             # Another layout recorded these values: the layout lane replaces the same-layout
             # defaults (the user's own marker tolerances still come first), never bit-exact.
             layers.append(
                 Layer("layout lane", options.get("layout_tolerances") or {}, order=LAYOUT)
             )
             exact = bool(options.get("exact"))
-            replay_only = _reference_recipe(options)
+            replay_only = markers.reference_recipe(options)
         directory = self.directory_of(item)
         link = link_out_of_root(self.root, directory)
         if link is not None:
@@ -368,7 +337,7 @@ class GoldenPlugin:
             )
         return Golden(
             directory,
-            mode=Mode(self.mode),
+            mode=self.mode,
             resolver=Resolver(layers, exact=exact),
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
@@ -380,15 +349,12 @@ class GoldenPlugin:
     def _input_options(self, item: pytest.Item, options: dict[str, Any]) -> dict[str, Any]:
         """``regenerate`` and the missing-step policy: marker, then flag, then ini."""
         opt = self.config.option
-        policy, source = options.get("missing_step"), "marker missing_step="
-        if policy is None and opt.golden_missing_step:
-            policy, source = opt.golden_missing_step, "--golden-missing-step="
-        if policy is None and self.config.getini("golden_missing_step"):
-            policy = self.config.getini("golden_missing_step").strip()
-            source = "ini golden_missing_step="
-        if policy is not None and policy not in _MISSING_STEP:
-            raise pytest.UsageError(
-                f"{item.nodeid}: {source} must be one of {', '.join(_MISSING_STEP)}, got {policy!r}"
+        with _usage():
+            policy, source = missing_step_policy(
+                options.get("missing_step"),
+                opt.golden_missing_step,
+                self.config.getini("golden_missing_step"),
+                where=item.nodeid,
             )
         return {
             "regenerate": bool(options.get("regenerate")) or opt.golden_regenerate,
@@ -405,7 +371,8 @@ class GoldenPlugin:
         options = self.marker_options(item)
         if "seed" not in options:
             return self.seed
-        return _seed(options["seed"], f"{item.nodeid}: golden marker seed=")
+        with _usage():
+            return parse_seed(options["seed"], f"{item.nodeid}: golden marker seed=")
 
     def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
         """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
@@ -425,27 +392,27 @@ class GoldenPlugin:
                 golden.outcome.expected_failure()
             outcome = golden.outcome.to_json()
             if _CALIBRATION_RUN in item.stash:
+                from .calibrate import unperturbed
+
                 self._calibration_sample(item, golden, test_error=error)
-                outcome["environment_changes"] = [  # not those calibration makes on purpose
-                    c for c in outcome["environment_changes"] if c.split(":")[0] not in PERTURBED
-                ]
+                outcome["environment_changes"] = unperturbed(outcome["environment_changes"])
             self.state.add_outcome(outcome)
             if self.plot_dir is not None and outcome["status"] == "failed":
                 self._plot(item, outcome)
 
     def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
         """Keep this run's metrics, unless the test is expected to fail or raised itself."""
-        directory = str(golden.directory)
-        runs = self.state.calibration.setdefault(directory, {}).setdefault(item.nodeid, [])
         layout = self.marker_options(item).get("variant")
-        if layout is not None:  # a parallel.variants() test: also measured across layouts
-            self.state.calibration_layouts.setdefault(directory, {})[item.nodeid] = str(layout)
-        if test_error or _expected_to_fail(item):
-            self.state.calibration_skipped.setdefault(directory, {})[item.nodeid] = (
-                "expected to fail (xfail)" if _expected_to_fail(item) else "the test raised"
-            )
-            return
-        runs.append(golden.checked_metrics())
+        skipped = "the test raised" if test_error else ""
+        if _expected_to_fail(item):
+            skipped = "expected to fail (xfail)"
+        self.state.add_calibration_run(
+            str(golden.directory),
+            item.nodeid,
+            golden.checked_metrics(),
+            layout=None if layout is None else str(layout),
+            skipped=skipped,
+        )
 
     def write_calibration(self) -> None:
         """Derive and write ``tolerances.json`` for every golden calibrated this session."""
@@ -494,16 +461,24 @@ class GoldenPlugin:
         if self.calibrate:
             self.write_calibration()
         opt = self.config.option
-        prune = opt.golden_prune or opt.golden_prune_tests
+        deleting = opt.golden_prune or opt.golden_prune_tests
         goldens: list[tuple[Path, Path | None]] = []
-        if self.state.expected_dirs or prune:
+        if self.state.expected_dirs or deleting:
             goldens = self.state.unused_goldens(self.root, self.rootdir)
             self.unused = [d for d, _ in goldens]
-            self.unused_kept = sum(1 for d, owner in goldens if not self._gone(d, owner))
-        if prune:
-            self._prune(session, goldens, tests=opt.golden_prune_tests)
+            self.unused_kept = sum(1 for d, owner in goldens if not gone(self.root, d, owner))
+        if deleting:
+            refused = not_full_run(
+                self.state,
+                self.rootdir,
+                stopped=bool(session.shouldstop or session.shouldfail),
+                failed=bool(session.testsfailed),
+            )
+            pruned = prune(self.root, goldens, tests=opt.golden_prune_tests, refused=refused)
+            self.pruned, self.prune_notes = pruned.deleted, pruned.notes
         if self.report_path is not None and not opt.collectonly:
-            document = self.state.report(mode=self.mode, unused=self.unused, pruned=self.pruned)
+            mode = self.mode.value
+            document = self.state.report(mode=mode, unused=self.unused, pruned=self.pruned)
             try:
                 _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
             except GoldenError as exc:
@@ -513,100 +488,6 @@ class GoldenPlugin:
         self.registry.remove()
         if self.snapshot is not None:
             shutil.rmtree(self.snapshot, ignore_errors=True)
-
-    def _prune(
-        self, session: pytest.Session, goldens: list[tuple[Path, Path | None]], *, tests: bool
-    ) -> None:
-        """Delete unused goldens; only on a whole run, and those of existing files if ``tests``."""
-        from . import store
-
-        reason = self._not_full_run(session)
-        if reason:
-            self.prune_notes.append(f"--golden-prune skipped: {reason}; nothing was deleted")
-            return
-        kept = 0
-        for directory, owner in goldens:
-            if not tests and not self._gone(directory, owner):
-                kept += 1
-                continue
-            try:
-                left = store.remove_golden(directory, self.root)
-            except GoldenError as exc:
-                self.prune_notes.append(f"--golden-prune kept {exc}")
-                continue
-            if left:
-                self.prune_notes.append(
-                    f"--golden-prune kept {directory}: it holds files its golden does not "
-                    f"list ({', '.join(left[:5])})"
-                )
-                continue
-            self.pruned.append(directory)
-            parent = directory.parent  # the test file's folder, if now empty
-            while parent != self.root and self.root in parent.parents:
-                if any(parent.iterdir()):
-                    break
-                parent.rmdir()
-                parent = parent.parent
-        if kept:
-            self.prune_notes.append(
-                f"--golden-prune kept {kept} unused golden(s) of test files that still exist "
-                "(a removed test, or a case collected only on other machines, e.g. cuda); "
-                "--golden-prune-tests deletes them on a whole run"
-            )
-
-    def _gone(self, directory: Path, owner: Path | None) -> bool:
-        """Whether no test can use this golden any more: its (unshared) test file is gone."""
-        return owner is None and directory.relative_to(self.root).parts[0] != SHARED
-
-    def _not_full_run(self, session: pytest.Session) -> str:
-        partial = self.state.partial_collection()
-        if partial:
-            where = os.path.relpath(partial[0], self.rootdir)
-            more = f" and {len(partial) - 1} more" if len(partial) > 1 else ""
-            return (
-                "some tests were deselected, filtered out (--lf, a conftest) or named "
-                f"individually ({where}{more})"
-            )
-        if session.shouldstop or session.shouldfail:
-            return "the session stopped early"
-        if session.testsfailed:
-            return "tests failed"
-        return ""
-
-
-def _golden_root(rootdir: Path, value: str) -> Path:
-    """The golden root; refused where pruning could reach files that are not goldens."""
-    if not str(value).strip():
-        raise pytest.UsageError(
-            "golden_dir is empty: goldens need a directory of their own, e.g. golden_dir = golden"
-        )
-    root = rootdir / value
-    real, real_rootdir = Path(os.path.realpath(root)), Path(os.path.realpath(rootdir))
-    if real == real_rootdir or real in real_rootdir.parents:
-        raise pytest.UsageError(
-            f"golden_dir {value!r} is the project directory or contains it; goldens need a "
-            "directory of their own (e.g. golden_dir = golden), so that --golden-prune can "
-            "never reach other files"
-        )
-    return root
-
-
-def _report_path(value: str | None) -> Path | None:
-    """``--golden-report PATH``, checked before any test runs."""
-    if not value:
-        return None
-    path = Path(value)
-    if path.is_dir():
-        raise pytest.UsageError(f"--golden-report {value}: is a directory; name a file")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise pytest.UsageError(f"--golden-report {value}: {parent} is not a directory")
-    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
-    if not writable:
-        raise pytest.UsageError(f"--golden-report {value}: not writable")
-    return path
 
 
 def _write_report(path: Path, text: str) -> None:
@@ -660,36 +541,6 @@ def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
     return rootdir, inipath
 
 
-def _replays_reference(options: dict[str, Any]) -> bool:
-    """A layout variant other than its reference: it replays the reference's golden."""
-    variant, reference = options.get("variant"), options.get("reference")
-    return variant is not None and reference is not None and variant != reference
-
-
-def _reference_name(item: pytest.Item, name: str, options: dict[str, Any]) -> str:
-    """The test name of the reference param (``test_x[tp2-...]`` -> ``test_x[tp1-...]``)."""
-    base, bracket, params = name.partition("[")
-    variant, reference = str(options["variant"]), str(options["reference"])
-    if variant not in params:
-        raise pytest.UsageError(
-            f"{item.nodeid}: the id of layout variant {variant!r} is not in the test id; "
-            "keep the ids variants() gives"
-        )
-    return base + bracket + params.replace(variant, reference, 1)
-
-
-def _reference_recipe(options: dict[str, Any]) -> ReplayOnly:
-    from .replay import ReplayOnly
-
-    reference = str(options["reference"])
-    where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
-    return ReplayOnly(
-        recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
-        remedy=f'record it by running the reference: `pytest --update-golden -k "{reference}"` '
-        "(then commit golden/)",
-    )
-
-
 def _expected_to_fail(item: pytest.Item) -> bool:
     """Whether an ``xfail`` marker applies (pytest itself reports the xfail/xpass verdict)."""
     if item.config.option.runxfail:
@@ -706,8 +557,9 @@ def _expected_to_fail(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' own plugin loads a profile
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", _MARKER_DOC)
-    plugin = GoldenPlugin(config)
+    config.addinivalue_line("markers", markers.MARKER_DOC)
+    with _usage():
+        plugin = GoldenPlugin(config)
     config.stash[_PLUGIN] = plugin
     config.pluginmanager.register(plugin, "rollout-golden-session")
     if config.pluginmanager.hasplugin("xdist"):

@@ -65,6 +65,28 @@ class SessionState:
         if outcome.get("status") or outcome.get("comparisons"):
             self.outcomes.append(outcome)
 
+    def add_calibration_run(
+        self,
+        directory: str,
+        test: str,
+        metrics: Any,
+        *,
+        layout: str | None = None,
+        skipped: str = "",
+    ) -> None:
+        """One ``--golden-calibrate`` run of ``test``: its ``metrics``, unless ``skipped`` (why).
+
+        ``layout``: the layout id of a ``parallel.variants()`` test, also measured across
+        layouts.
+        """
+        runs = self.calibration.setdefault(directory, {}).setdefault(test, [])
+        if layout is not None:
+            self.calibration_layouts.setdefault(directory, {})[test] = layout
+        if skipped:
+            self.calibration_skipped.setdefault(directory, {})[test] = skipped
+            return
+        runs.append(metrics)
+
     def to_json(self) -> str:
         return json.dumps(
             {

@@ -1,0 +1,75 @@
+"""The options of ``@pytest.mark.golden``: which exist, how several markers combine, and
+what a layout variant's ``variant=``/``reference=`` mean.
+
+Works on plain keyword dictionaries, without pytest; a mistake raises
+:class:`~.options.OptionError` naming the test and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .modes import ReplayOnly
+from .options import OptionError
+
+MARKER_DOC = (
+    "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
+    "seed=None, rebuild=None, regenerate=False, missing_step=None, variant=None, reference=None, "
+    "layout_tolerances=None): configure "
+    "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
+    "metrics/tensors not compared; regenerate= re-runs generate under --update-golden; "
+    "missing_step= record|error|repeat|generate for a rollout step never recorded; "
+    "variant/reference: a layout variant that replays the "
+    "reference's golden (see parallel.variants())"
+)
+_OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
+_INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
+_LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
+
+
+def marker_options(
+    markers: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], test_id: str
+) -> dict[str, Any]:
+    """The options of a test's ``golden`` markers, ``(args, kwargs)`` closest first: the
+    closest marker (the function's own) wins over its class's and module's."""
+    options: dict[str, Any] = {}
+    for args, kwargs in reversed(list(markers)):
+        if args:
+            raise OptionError(f"{test_id}: @pytest.mark.golden takes keywords only")
+        options.update(kwargs)
+    unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS - _INPUT_OPTIONS
+    if unknown:
+        raise OptionError(f"{test_id}: unknown @pytest.mark.golden option(s) {sorted(unknown)}")
+    if options.get("key") is not None and options.get("shared") is not None:
+        raise OptionError(f"{test_id}: golden key= and shared= exclude each other")
+    return options
+
+
+def replays_reference(options: Mapping[str, Any]) -> bool:
+    """A layout variant other than its reference: it replays the reference's golden."""
+    variant, reference = options.get("variant"), options.get("reference")
+    return variant is not None and reference is not None and variant != reference
+
+
+def reference_name(test_id: str, name: str, options: Mapping[str, Any]) -> str:
+    """The test name of the reference param (``test_x[tp2-...]`` -> ``test_x[tp1-...]``)."""
+    base, bracket, params = name.partition("[")
+    variant, reference = str(options["variant"]), str(options["reference"])
+    if variant not in params:
+        raise OptionError(
+            f"{test_id}: the id of layout variant {variant!r} is not in the test id; "
+            "keep the ids variants() gives"
+        )
+    return base + bracket + params.replace(variant, reference, 1)
+
+
+def reference_recipe(options: Mapping[str, Any]) -> ReplayOnly:
+    """How a layout variant's golden is recorded: by running its reference layout."""
+    reference = str(options["reference"])
+    where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
+    return ReplayOnly(
+        recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
+        remedy=f'record it by running the reference: `pytest --update-golden -k "{reference}"` '
+        "(then commit golden/)",
+    )

@@ -1,0 +1,116 @@
+"""The session's settings from flags, ini values and the environment, checked before any test.
+
+Works without pytest: a value this package cannot use raises :class:`OptionError`,
+whose message names the flag or ini option and the fix; the plugin turns it into
+pytest's usage error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .inputs import MISSING_STEP_POLICIES
+from .results import Mode
+
+
+class OptionError(ValueError):
+    """A flag, ini value or marker option that cannot be used; the message names the fix."""
+
+
+def truthy_env(name: str) -> bool:
+    """Whether environment variable ``name`` is set to something other than 0/false/no/off."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def session_mode(*, update: bool, strict: bool, calibrate: int | None, ci: bool) -> Mode:
+    """The mode of a session: ``--update-golden`` re-records; ``--golden-strict``, CI or
+    ``--golden-calibrate`` never record; else goldens are recorded where missing.
+
+    ``update`` includes ``--golden-regenerate``; ``calibrate`` is the number of runs asked
+    for (``None``: not calibrating).
+    """
+    if update and strict:
+        raise OptionError(
+            "--update-golden and --golden-strict exclude each other "
+            "(--golden-regenerate implies --update-golden)"
+        )
+    if calibrate is not None and calibrate < 2:
+        raise OptionError("--golden-calibrate N needs N >= 2 runs to measure a spread")
+    if calibrate and update:
+        raise OptionError(
+            "--golden-calibrate measures the noise around existing goldens; "
+            "record them first, without --update-golden"
+        )
+    if update:
+        return Mode.UPDATE
+    if strict or ci or calibrate:
+        return Mode.STRICT
+    return Mode.AUTO
+
+
+def parse_seed(value: Any, source: str) -> int:
+    """``value`` as a seed of random, numpy and torch (an int in [0, 2**32)), else OptionError."""
+    try:
+        seed = None if isinstance(value, (bool, float)) else int(value)
+    except (TypeError, ValueError):
+        seed = None
+    if seed is None or not 0 <= seed < 2**32:
+        raise OptionError(f"{source} must be an integer in [0, 2**32), got {value!r}")
+    return seed
+
+
+def missing_step_policy(
+    marker: Any, flag: str | None, ini: str, *, where: str
+) -> tuple[str | None, str]:
+    """``(policy, where it was set)`` for a rollout step never recorded: the marker's
+    ``missing_step=``, else ``--golden-missing-step``, else ini ``golden_missing_step``.
+
+    ``where`` (the test id) prefixes the error for a policy that does not exist.
+    """
+    policy, source = marker, "marker missing_step="
+    if policy is None and flag:
+        policy, source = flag, "--golden-missing-step="
+    if policy is None and ini:
+        policy, source = ini.strip(), "ini golden_missing_step="
+    if policy is not None and policy not in MISSING_STEP_POLICIES:
+        raise OptionError(
+            f"{where}: {source} must be one of {', '.join(MISSING_STEP_POLICIES)}, got {policy!r}"
+        )
+    return policy, source
+
+
+def golden_root(rootdir: Path, value: str) -> Path:
+    """The golden root; refused where pruning could reach files that are not goldens."""
+    if not str(value).strip():
+        raise OptionError(
+            "golden_dir is empty: goldens need a directory of their own, e.g. golden_dir = golden"
+        )
+    root = rootdir / value
+    real, real_rootdir = Path(os.path.realpath(root)), Path(os.path.realpath(rootdir))
+    if real == real_rootdir or real in real_rootdir.parents:
+        raise OptionError(
+            f"golden_dir {value!r} is the project directory or contains it; goldens need a "
+            "directory of their own (e.g. golden_dir = golden), so that --golden-prune can "
+            "never reach other files"
+        )
+    return root
+
+
+def report_path(value: str | None) -> Path | None:
+    """``--golden-report PATH``, checked before any test runs."""
+    if not value:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise OptionError(f"--golden-report {value}: is a directory; name a file")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OptionError(f"--golden-report {value}: {parent} is not a directory")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
+    if not writable:
+        raise OptionError(f"--golden-report {value}: not writable")
+    return path
