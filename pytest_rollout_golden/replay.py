@@ -390,7 +390,7 @@ class Golden:
                 )
                 resolver.resolve(name)  # notes which tolerances name it, for unused warnings
                 continue
-            results.append(self._compare_metric(name, step, old, node, resolver))
+            results.append(_metric_comparison(name, step, old, node, resolver, self.policy))
         if layer is not None:
             self._warn_unused(layer, always=True)
         self._outcome.comparisons.extend(results)
@@ -450,30 +450,17 @@ class Golden:
                 )
                 merged[tensor_name] = value
                 continue
-            diff, tol, source = compare_named(
-                label,
-                old[tensor_name],
-                value,
-                self._resolver,
-                check_dtype=True,
-                mask=masks.get(tensor_name),
-            )
-            verdict = self.policy.verdict(ok=diff.ok, ignore=tol.ignore)
             results.append(
-                Comparison(
+                _tensor_comparison(
                     label,
-                    step,
-                    verdict,
-                    kind="tensor",
+                    old[tensor_name],
+                    value,
+                    self._resolver,
+                    self.policy,
+                    mask=masks.get(tensor_name),
+                    step=step,
                     rank=rank,
                     micro=micro,
-                    expected=_summary(old[tensor_name]),
-                    actual=_summary(value),
-                    abs_diff=diff.abs_diff,
-                    rel_diff=diff.rel_diff,
-                    tolerance=tol,
-                    tolerance_source=source,
-                    detail=diff.detail,
                 )
             )
             merged[tensor_name] = value if self.policy.rerecords else old[tensor_name]
@@ -513,26 +500,6 @@ class Golden:
         ]
 
     # ------------------------------------------------------------------ comparing
-
-    def _compare_metric(
-        self, name: str, step: int, old: Any, node: Any, resolver: Resolver
-    ) -> Comparison:
-        where = f"metric {name!r} at step {step}"
-        expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
-        diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
-        verdict = self.policy.verdict(ok=diff.ok, ignore=tol.ignore)
-        return Comparison(
-            name,
-            step,
-            verdict,
-            expected=metric_codec.scalar(old) if expected.dim() == 0 else _summary(expected),
-            actual=metric_codec.scalar(node) if actual.dim() == 0 else _summary(actual),
-            abs_diff=diff.abs_diff,
-            rel_diff=diff.rel_diff,
-            tolerance=tol,
-            tolerance_source=source,
-            detail=diff.detail if diff.ok is False else "",
-        )
 
     def _ignored(self, name: str) -> bool:
         return self._resolver.resolve(name)[0].ignore
@@ -605,43 +572,12 @@ class Golden:
             self._files.close()
 
     def _unchecked(self) -> list[Comparison]:
-        seen = {(step, name) for step, names in self._metrics.items() for name in names}
-        seen |= {
+        ignored = {
             (str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == Verdict.IGNORED
         }
-        out = []
-        for step, names in self._recorded_metrics().items():
-            unrecorded = [n for n in self._metrics.get(step, {}) if n not in names]
-            for name in names:
-                if (step, name) not in seen and not self._ignored(name):
-                    out.append(
-                        Comparison(
-                            name,
-                            int(step),
-                            Verdict.MISSING,
-                            expected=metric_codec.scalar(names[name]),
-                            detail=f"recorded but not checked in this run; "
-                            f"{_typo_hint(name, unrecorded)}{_DROPPED}",
-                        )
-                    )
-        for filename, info in self._old_files().items():
-            if (
-                info.get("kind") == "tensors"
-                and filename not in self._touched
-                and not self._ignored(info["name"])
-            ):
-                out.append(
-                    Comparison(
-                        info["name"],
-                        info["step"],
-                        Verdict.MISSING,
-                        kind="tensor",
-                        rank=info.get("rank"),
-                        micro=info.get("micro"),
-                        detail=f"recorded but check_tensors was not called; {_DROPPED}",
-                    )
-                )
-        return out
+        return _unchecked_metrics(
+            self._recorded_metrics(), self._metrics, ignored, self._ignored
+        ) + _unchecked_tensors(self._old_files(), self._touched, self._ignored)
 
     def _commit(self) -> None:
         from .determinism import fingerprint
@@ -757,6 +693,108 @@ class Golden:
                     dtype = node["dtype"] if isinstance(node, dict) else "float64"
                     out.setdefault(step, {})[name] = (value, dtype)
         return out
+
+
+# ---------------------------------------------------------------------- comparison records
+
+
+def _metric_comparison(
+    name: str, step: int, old: Any, node: Any, resolver: Resolver, policy: ModePolicy
+) -> Comparison:
+    """The comparison of a recorded metric node with this run's."""
+    where = f"metric {name!r} at step {step}"
+    expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
+    diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
+    return Comparison(
+        name,
+        step,
+        policy.verdict(ok=diff.ok, ignore=tol.ignore),
+        expected=metric_codec.scalar(old) if expected.dim() == 0 else _summary(expected),
+        actual=metric_codec.scalar(node) if actual.dim() == 0 else _summary(actual),
+        abs_diff=diff.abs_diff,
+        rel_diff=diff.rel_diff,
+        tolerance=tol,
+        tolerance_source=source,
+        detail=diff.detail if diff.ok is False else "",
+    )
+
+
+def _tensor_comparison(
+    label: str,
+    old: Any,
+    value: Any,
+    resolver: Resolver,
+    policy: ModePolicy,
+    *,
+    mask: Any,
+    step: int,
+    rank: int | None,
+    micro: int | None,
+) -> Comparison:
+    """The comparison of a recorded tensor with this run's (``mask``: positions compared)."""
+    diff, tol, source = compare_named(label, old, value, resolver, check_dtype=True, mask=mask)
+    return Comparison(
+        label,
+        step,
+        policy.verdict(ok=diff.ok, ignore=tol.ignore),
+        kind="tensor",
+        rank=rank,
+        micro=micro,
+        expected=_summary(old),
+        actual=_summary(value),
+        abs_diff=diff.abs_diff,
+        rel_diff=diff.rel_diff,
+        tolerance=tol,
+        tolerance_source=source,
+        detail=diff.detail,
+    )
+
+
+def _unchecked_metrics(
+    recorded: Mapping[str, Mapping[str, Any]],
+    checked: Mapping[str, Mapping[str, Any]],
+    ignored: set[tuple[str, str]],
+    is_ignored: Callable[[str], bool],
+) -> list[Comparison]:
+    """A missing comparison per recorded metric this run did not check (or ignore)."""
+    seen = {(step, name) for step, names in checked.items() for name in names} | ignored
+    out = []
+    for step, names in recorded.items():
+        unrecorded = [n for n in checked.get(step, {}) if n not in names]
+        for name in names:
+            if (step, name) not in seen and not is_ignored(name):
+                out.append(
+                    Comparison(
+                        name,
+                        int(step),
+                        Verdict.MISSING,
+                        expected=metric_codec.scalar(names[name]),
+                        detail=f"recorded but not checked in this run; "
+                        f"{_typo_hint(name, unrecorded)}{_DROPPED}",
+                    )
+                )
+    return out
+
+
+def _unchecked_tensors(
+    recorded: Mapping[str, Mapping[str, Any]], touched: set[str], is_ignored: Callable[[str], bool]
+) -> list[Comparison]:
+    """A missing comparison per recorded tensors file this run did not check."""
+    return [
+        Comparison(
+            info["name"],
+            info["step"],
+            Verdict.MISSING,
+            kind="tensor",
+            rank=info.get("rank"),
+            micro=info.get("micro"),
+            detail=f"recorded but check_tensors was not called; {_DROPPED}",
+        )
+        for filename, info in recorded.items()
+        if info.get("kind") == "tensors"
+        and filename not in touched
+        and not is_ignored(info["name"])
+    ]
 
 
 def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
