@@ -191,22 +191,21 @@ class Golden:
 
     def _recorded_metrics(self) -> dict[str, dict[str, Any]]:
         if self._old_metrics is None:
-            try:
-                self._old_metrics = self._files.metrics()
-            except GoldenFormatError:
-                if not self.policy.replaces_damaged:
-                    raise
-                self._old_metrics = {}
+            self._old_metrics = self._unless_damaged(self._files.metrics, {})
         return self._old_metrics
 
     def _load_for_update(self, filename: str, damaged: Any) -> Any:
-        """A recorded file, except that ``--update-golden`` replaces an unreadable one.
+        """A recorded file, or ``damaged`` for an unreadable one that is being re-recorded."""
+        return self._unless_damaged(lambda: self._files.load(filename), damaged)
+
+    def _unless_damaged(self, read: Callable[[], Any], damaged: Any) -> Any:
+        """``read()``, except that ``--update-golden`` replaces an unreadable file.
 
         Every error about a damaged golden names ``--update-golden`` as the remedy,
         so an update must not need the old values: it only loses their diff.
         """
         try:
-            return self._files.load(filename)
+            return read()
         except GoldenFormatError:
             if not self.policy.replaces_damaged:
                 raise
