@@ -13,10 +13,12 @@ import os
 import pytest
 import torch
 
-from pytest_rollout_golden.errors import GoldenError, GoldenFormatError
+from pytest_rollout_golden import store
+from pytest_rollout_golden.errors import GoldenError, GoldenFormatError, GoldenMismatch
 from pytest_rollout_golden.golden_files import GoldenFiles, load_golden, merge_metrics
 from pytest_rollout_golden.inputs import ERROR, GENERATE, RECORD, REPEAT
 from pytest_rollout_golden.modes import KEEP, REFUSE, REGENERATE, REPLAY, ModePolicy
+from pytest_rollout_golden.replay import Golden
 from pytest_rollout_golden.results import Mode, Status, Verdict
 
 AUTO, UPDATE, STRICT = Mode.AUTO, Mode.UPDATE, Mode.STRICT
@@ -285,11 +287,9 @@ def test_a_listed_file_that_is_gone_names_the_file_and_two_remedies(tmp_path):
 
 def test_a_metrics_file_of_another_shape_is_refused_though_its_checksum_holds(tmp_path):
     directory = tmp_path / "g"
-    files = GoldenFiles(directory)
-    files.open()
-    files._transaction().write_json("metrics.json", {"steps": {"x": {}}}, kind="metrics")
-    files.commit({"test": "t", "fingerprint": {}}, metrics={}, keep=lambda f: True)
-    files.close()
+    tx = store.Transaction(directory)
+    tx.write_json("metrics.json", {"steps": {"x": {}}}, kind="metrics")
+    tx.commit({"test": "t", "fingerprint": {}})
     with pytest.raises(GoldenFormatError, match="step key 'x' that is not an integer"):
         load_golden(directory)
 
@@ -366,3 +366,33 @@ def test_merge_metrics_adds_new_values_and_an_update_replaces_them():
     }
     assert merge_metrics(recorded, checked, replace=True) == checked
     assert recorded["0"] == {"kl": _node(0.5), "pg_loss": _node(1.0)}  # inputs untouched
+
+
+# ---------------------------------------------------------------------- Golden over both
+
+
+class _Registry:
+    def __init__(self):
+        self.updated = set()
+
+    def contains(self, directory):
+        return directory in self.updated
+
+    def add(self, directory):
+        self.updated.add(directory)
+
+
+def test_a_golden_updated_earlier_this_session_is_replayed_not_rerecorded(tmp_path):
+    registry, directory = _Registry(), tmp_path / "g"
+    with Golden(directory) as golden:
+        golden.check({"kl": 0.5})
+    first = Golden(directory, mode=UPDATE, registry=registry)
+    first.check({"kl": 0.25})
+    assert first.finish().status == Status.UPDATED
+    assert registry.updated == {directory}
+    second = Golden(directory, mode=UPDATE, registry=registry)  # e.g. a second test, same key
+    second.check({"kl": 0.125})
+    assert second.mode is AUTO
+    with pytest.raises(GoldenMismatch, match="kl"):
+        second.finish()
+    assert load_golden(directory)[1]["metrics.json"]["steps"]["0"]["kl"] == 0.25
