@@ -329,7 +329,8 @@ class Resolver:
 def _source(taken: Mapping[str, tuple[Any, str]]) -> str:
     """One layer's name, or which field came from which layer when they differ."""
     fields: dict[str, list[str]] = {}
-    for field, (value, source) in taken.items():
+    for field in _FIELDS:
+        value, source = taken.get(field, (False, ""))
         if field != "equal_nan" or value:  # a false equal_nan is not shown, so not attributed
             fields.setdefault(source, []).append(field)
     if len(fields) == 1:
