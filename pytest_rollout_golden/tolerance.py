@@ -15,7 +15,7 @@ is the one place that puts them in order (top wins)::
 
 Within a layer a metric name matches an exact entry first, then a glob pattern
 (``rollout_corr/*``), then its last path component (``pg_loss`` matches
-``actor/pg_loss``).
+``actor/pg_loss``); a layer answers with that one entry.
 
 How the fields of matching entries combine:
 
