@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GoldenFormatError
-from .tolerance import CALIBRATED, CALIBRATED_LAYOUT, Layer, Resolver, Tolerance
+from .tolerance import Layer, Resolver, Tolerance
 
 FILENAME = "tolerances.json"
 FORMAT = "pytest-rollout-golden-tolerances"
@@ -52,10 +52,12 @@ def calibrated_layer(document: Any, path: Path) -> Layer:
     return calibrated_layers(document, path)[0]
 
 
-def calibrated_layers(document: Any, path: Path, *, layout_variant: bool = False) -> list[Layer]:
-    """The resolution layers of a ``tolerances.json`` document.
+def calibrated_layers(
+    document: Any, path: Path, *, layout_variant: bool = False
+) -> tuple[Layer, Layer | None]:
+    """The layers of a ``tolerances.json`` document: calibrated, and calibrated layout lane.
 
-    A ``layout_variant`` (a layout replaying another layout's golden) also gets the
+    Only a ``layout_variant`` (a layout replaying another layout's golden) gets the
     layout lane measured across layouts, when the document has one.
     """
     if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -64,13 +66,13 @@ def calibrated_layers(document: Any, path: Path, *, layout_variant: bool = False
             "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
         )
     try:
-        layers = [Layer(SOURCE, document.get("tolerances", {}), order=CALIBRATED)]
+        same_layout = Layer(SOURCE, document.get("tolerances", {}))
+        lane = None
         if layout_variant and document.get("layout_tolerances"):
-            lane = document["layout_tolerances"]
-            layers.append(Layer(LAYOUT_SOURCE, lane, order=CALIBRATED_LAYOUT))
+            lane = Layer(LAYOUT_SOURCE, document["layout_tolerances"])
     except (TypeError, ValueError, AttributeError) as exc:
         raise GoldenFormatError(f"{path}: {exc}") from None
-    return layers
+    return same_layout, lane
 
 
 # --------------------------------------------------------------------------- perturbations

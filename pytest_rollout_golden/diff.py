@@ -21,7 +21,7 @@ from .errors import GoldenError
 from .location import find_goldens
 from .metrics import document_problem
 from .results import json_number
-from .tolerance import Layer, Resolver
+from .tolerance import Layer, Resolver, Stack
 
 METRICS = "metrics.json"
 TOLERANCES = "tolerances.json"
@@ -125,7 +125,7 @@ def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return manifest, out
 
 
-def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
+def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
     """Compare B against A: two golden directories, two golden roots or two batch files.
 
     Roots are paired by the goldens' paths relative to them; a golden found on
@@ -138,11 +138,11 @@ def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
     if a.is_file() != b.is_file():
         raise GoldenError(f"{a} and {b}: compare two batch files or two directories, not one each")
     if a.is_file():
-        return [_diff_batches(a, b, resolver)]
+        return [_diff_batches(a, b, tolerances.resolver())]
     a_golden, b_golden = (a / store.MANIFEST).is_file(), (b / store.MANIFEST).is_file()
     if a_golden and b_golden:
         label = a.name if a.name == b.name else f"{a.name} vs {b.name}"
-        return [diff_goldens(a, b, resolver, label=label)]
+        return [diff_goldens(a, b, tolerances, label=label)]
     if a_golden != b_golden:
         golden, root = (a, b) if a_golden else (b, a)
         raise GoldenError(
@@ -156,7 +156,7 @@ def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
     out = []
     for rel in sorted(left.keys() | right.keys()):
         if rel in left and rel in right:
-            out.append(diff_goldens(left[rel], right[rel], resolver, label=rel))
+            out.append(diff_goldens(left[rel], right[rel], tolerances, label=rel))
         else:
             side = "A" if rel in left else "B"
             out.append(
@@ -170,13 +170,12 @@ def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
     return out
 
 
-def diff_goldens(a: Path, b: Path, resolver: Resolver, *, label: str) -> GoldenDiff:
+def diff_goldens(a: Path, b: Path, tolerances: Stack, *, label: str) -> GoldenDiff:
     """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply)."""
     manifest_a, left = load_golden(a)
     _, right = load_golden(b)
     calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES)
-    if calibrated is not None:
-        resolver = resolver.with_layer(calibrated)
+    resolver = tolerances.replace(calibrated=calibrated).resolver()
     result = GoldenDiff(label, str(a), str(b))
     for filename in sorted((left.keys() | right.keys()) - {TOLERANCES}):
         if filename not in left or filename not in right:

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .location import safe_name
 from .results import Comparison, Mode, Outcome, Status, Verdict
-from .tolerance import Layer, Resolver, Tolerance, builtin_layer
+from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
 
 METRICS = "metrics.json"
 TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
@@ -93,7 +93,8 @@ class Golden:
         directory: Path,
         *,
         mode: Mode = Mode.AUTO,
-        resolver: Resolver | None = None,
+        tolerances: Stack | None = None,
+        usage: ToleranceUsage | None = None,
         test_id: str = "",
         rebuild: Callable[..., Any] | None = None,
         registry: UpdateRegistry | None = None,
@@ -105,13 +106,16 @@ class Golden:
         """``regenerate``: under ``--update-golden``, call ``generate`` again instead of
         keeping the recorded rollouts. ``missing_step``: the policy for a rollout step
         never recorded (:data:`~.inputs.MISSING_STEP_POLICIES`; default ``record``,
-        ``error`` in strict mode)."""
+        ``error`` in strict mode). ``tolerances``: the test's tolerance layers (built-in
+        defaults only if ``None``); ``usage`` notes which entries named a checked value."""
         self.directory = Path(directory)
         self.mode = Mode.STRICT if replay_only is not None else mode
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
-        self._resolver = resolver or Resolver([builtin_layer()])
+        self._stack = tolerances or Stack()
+        self._resolver = self._stack.resolver()
+        self._usage = usage or ToleranceUsage()
         self._rebuild = rebuild
         self._registry = registry
         self._outcome = Outcome(self.test_id, str(self.directory))
@@ -159,28 +163,29 @@ class Golden:
         updated = self._registry is not None and self._registry.contains(self.directory)
         if self._manifest is not None and self.mode is Mode.UPDATE and updated:
             self.mode = Mode.AUTO  # a shared golden another test re-recorded this session
-        for calibrated in self.calibrated_layers():
-            self._resolver = self._resolver.with_layer(calibrated)
+        calibrated, lane = self.calibrated_layers()
+        self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
         if self._manifest is not None and self.mode is not Mode.UPDATE:
             from .determinism import fingerprint, fingerprint_changes
 
             changes = fingerprint_changes(self._manifest.get("fingerprint"), fingerprint())
             self._outcome.environment_changes = changes
-            if changes and self._resolver.exact:
-                self._resolver = Resolver(self._resolver.layers, exact=False)
+            if changes and self._stack.exact:
+                self._stack = self._stack.replace(exact=False)
+        self._resolver = self._stack.resolver()
 
-    def calibrated_layers(self) -> list[Layer]:
+    def calibrated_layers(self) -> tuple[Layer | None, Layer | None]:
         """The tolerances ``--golden-calibrate`` wrote into this golden, if any.
 
         A replay-only golden (a layout variant) also takes the lane calibrated across layouts.
         """
         info = self._old_files().get(TOLERANCES)
         if info is None:
-            return []
+            return None, None
         document = self._load_for_update(TOLERANCES, info, None)
         if document is None:  # damaged, and --update-golden is the remedy: drop it
             self._drop_tolerances = True
-            return []
+            return None, None
         from .calibrate import calibrated_layers
 
         try:
@@ -191,7 +196,7 @@ class Golden:
             if self.mode is not Mode.UPDATE:
                 raise
             self._drop_tolerances = True
-            return []
+            return None, None
 
     @property
     def _replaying(self) -> bool:
@@ -418,7 +423,7 @@ class Golden:
         resolver, layer = self._resolver, None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
-            resolver = resolver.with_layer(layer)
+            resolver = self._stack.replace(call=layer).resolver()
         seen = self._metrics.setdefault(key, {})
         recorded = self._recorded_metrics().get(key, {}) if self._manifest is not None else {}
         results = []
@@ -432,6 +437,7 @@ class Golden:
             seen[name] = node
             if self.mode is not Mode.STRICT and (self.mode is Mode.UPDATE or name not in recorded):
                 _warn_nan(self.test_id, name, step, node)
+            self._usage.note(resolver, name)
             old = recorded.get(name)
             if old is None:
                 if self.mode is Mode.STRICT:
@@ -448,7 +454,6 @@ class Golden:
                     results.append(
                         Comparison(name, step, Verdict.NEW, actual=metric_codec.scalar(node))
                     )
-                resolver.resolve(name)  # notes which tolerances name it, for unused warnings
                 continue
             results.append(self._compare_metric(name, step, old, node, resolver))
         if layer is not None:
@@ -497,9 +502,9 @@ class Golden:
         results = []
         for tensor_name, value in tensors.items():
             label = f"{name}/{tensor_name}"
+            self._usage.note(self._resolver, label)
             if tensor_name not in old:
                 verdict = Verdict.MISSING if self.mode is Mode.STRICT else Verdict.NEW
-                self._resolver.resolve(label)  # notes which tolerances name it
                 detail = (
                     self._tensor_never_recorded(name, step, old_info)
                     if verdict == Verdict.MISSING
@@ -597,6 +602,7 @@ class Golden:
         )
 
     def _ignored(self, name: str) -> bool:
+        self._usage.note(self._resolver, name)
         return self._resolver.resolve(name)[0].ignore
 
     def _warn_unused(
@@ -609,7 +615,7 @@ class Golden:
         """
         if not self._replaying and not always:  # nothing was compared, so nothing could match
             return
-        for name in layer.unused():
+        for name in self._usage.unused(layer):
             warning = GoldenToleranceWarning(
                 f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
                 "but no metric or tensor of that name was checked"
