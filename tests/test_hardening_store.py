@@ -28,7 +28,7 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 
-from pytest_rollout_golden import codec, store
+from pytest_rollout_golden import codec, location, store
 from pytest_rollout_golden.errors import GoldenFormatError, UnsupportedValueError
 
 REMEDY = "--update-golden"
@@ -238,7 +238,7 @@ def test_json_edited_by_hand_is_caught(tmp_path):
 
 
 def _write_manifest(directory: Path, content: Any) -> Path:
-    path = directory / store.MANIFEST
+    path = directory / location.MANIFEST
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     return path
 
@@ -603,7 +603,7 @@ WRITER = textwrap.dedent(
 
     import numpy as np
 
-    from pytest_rollout_golden import store
+    from pytest_rollout_golden import location, store
 
     directory, pause = Path(sys.argv[1]), sys.argv[4]
     version, numel = int(sys.argv[2]), int(sys.argv[3])
@@ -621,7 +621,7 @@ WRITER = textwrap.dedent(
     elif pause == "after-second-rename":  # the new golden in place, the old one not deleted
         pausing(os.rename, "rename", lambda src, dst: dst == directory)
     elif pause == "after-staged-manifest":  # everything staged, nothing renamed yet
-        pausing(os.replace, "replace", lambda src, dst: dst.name == store.MANIFEST)
+        pausing(os.replace, "replace", lambda src, dst: dst.name == location.MANIFEST)
 
     print("start", flush=True)
     with store.locked(directory):
