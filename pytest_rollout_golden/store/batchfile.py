@@ -83,6 +83,7 @@ def _raw_bytes(array: Any) -> tuple[str, list[int], memoryview]:
 
 
 def canonical_header(header: Mapping[str, Any]) -> bytes:
+    """The bytes of a safetensors header that the file's digest covers."""
     return json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -20,6 +20,7 @@ import xxhash
 from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from ..location import temp_file
 
+# What a manifest and a batch file's metadata say they are.
 FORMAT = "pytest-rollout-golden"
 SCHEMA = 1
 
