@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GoldenFormatError
+from .location import TOLERANCES
 from .tolerance import Layer, Resolver, Tolerance
 
-FILENAME = "tolerances.json"
 FORMAT = "pytest-rollout-golden-tolerances"
 # The largest spread seen in N runs underestimates the spread of the next run
 # (with N = 3 by a lot): 2x leaves room without reaching a bug's 1e-3.
@@ -277,14 +277,14 @@ def write(directory: Path, content: Mapping[str, Any]) -> None:
         tx = store.Transaction(directory)
         try:
             for filename, info in manifest["files"].items():
-                if filename != FILENAME:
+                if filename != TOLERANCES:
                     tx.keep(filename, info)
             # The environment whose noise this is: the golden's (runs differ only as perturbed).
             content = {
                 **content,
                 "how": {**content["how"], "fingerprint": manifest.get("fingerprint")},
             }
-            tx.write_json(FILENAME, content, kind="tolerances")
+            tx.write_json(TOLERANCES, content, kind="tolerances")
             tx.commit({k: v for k, v in manifest.items() if k not in ("format", "schema", "files")})
         except BaseException:
             tx.abort()

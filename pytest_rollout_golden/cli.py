@@ -26,7 +26,7 @@ from .errors import GoldenError
 
 if TYPE_CHECKING:
     from .diff import GoldenDiff
-from .location import find_goldens
+from .location import MANIFEST, METRICS, TOLERANCES, find_goldens, leftover_kind, leftover_name
 from .tolerance import IGNORE, Layer, Stack, parse_spec
 
 
@@ -55,7 +55,7 @@ def verify(paths: Sequence[Path]) -> int:
         orphans = _orphaned_backups(path)
         if not directories and not orphans:
             print(
-                f"error: {path}: no golden (no {store.MANIFEST}) at or below it; "
+                f"error: {path}: no golden (no {MANIFEST}) at or below it; "
                 "give the golden root (ini golden_dir, default golden/) or a golden directory",
                 file=sys.stderr,
             )
@@ -79,9 +79,7 @@ def verify(paths: Sequence[Path]) -> int:
 def _verify_one(directory: Path) -> tuple[str, str]:
     """``(status, what follows the directory in the report)`` of one golden."""
     backups = sorted(
-        p.name
-        for p in directory.parent.iterdir()
-        if store.leftover_kind(directory.name, p.name) == "old"
+        p.name for p in directory.parent.iterdir() if leftover_kind(directory.name, p.name) == "old"
     )
     try:
         files = _load_dir(directory)
@@ -104,7 +102,7 @@ def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
     out = []
     for folder, dirs, _ in os.walk(path, followlinks=True):
         for d in dirs:
-            match = store.leftover_name(d)
+            match = leftover_name(d)
             if match is not None and match[1] == "old" and match[0] not in dirs:
                 out.append((Path(folder) / d, match[0]))
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -126,10 +124,10 @@ def show(path: Path, *, as_json: bool = False) -> int:
     else:
         from .diff import load_golden
 
-        if not (path / store.MANIFEST).is_file():
-            raise GoldenError(f"{path}: no {store.MANIFEST}; not a golden directory")
+        if not (path / MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {MANIFEST}; not a golden directory")
         manifest, content = load_golden(path)
-        steps = content.get("metrics.json", {}).get("steps", {})
+        steps = content.get(METRICS, {}).get("steps", {})
         files = {}
         for filename, value in content.items():
             if filename.endswith(".json"):
@@ -151,7 +149,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
                 for step, names in steps.items()
             },
             "files": {k: {"info": v["info"], "tensors": v["tensors"]} for k, v in files.items()},
-            "tolerances": content.get("tolerances.json"),
+            "tolerances": content.get(TOLERANCES),
         }
     if as_json:
         print(json.dumps(document, indent=2, allow_nan=False, default=str))
@@ -190,7 +188,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
     if document.get("tolerances"):
-        print("calibrated tolerances (tolerances.json):")
+        print(f"calibrated tolerances ({TOLERANCES}):")
         for name, tol in document["tolerances"].get("tolerances", {}).items():
             print(f"  {name}: {tol}")
     return 0
@@ -403,15 +401,15 @@ def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: 
 
 def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     """Draw the metric curves of golden ``a`` (against ``b``) into ``out``."""
-    from .diff import METRICS, diff_goldens, load_golden
+    from .diff import diff_goldens, load_golden
     from .plot import plot_metrics, series
 
     curves = []
     for path in (a, b):
         if path is None:
             continue
-        if not (path / store.MANIFEST).is_file():
-            raise GoldenError(f"{path}: no {store.MANIFEST}; plot takes golden directories")
+        if not (path / MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {MANIFEST}; plot takes golden directories")
         curves.append(series(load_golden(path)[1].get(METRICS, {}).get("steps", {})))
     first, allowed = None, None
     if b is not None:

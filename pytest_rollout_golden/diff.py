@@ -18,13 +18,10 @@ from typing import Any
 from . import store
 from .compare import compare_named, dtype_name
 from .errors import GoldenError
-from .location import find_goldens
+from .location import MANIFEST, METRICS, TOLERANCES, find_goldens
 from .metrics import document_problem
 from .results import json_number
 from .tolerance import Layer, Resolver, Stack
-
-METRICS = "metrics.json"
-TOLERANCES = "tolerances.json"
 
 
 @dataclasses.dataclass
@@ -109,15 +106,15 @@ def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(manifest, {filename: content})`` of a golden, every checksum verified."""
     manifest = store.read_manifest(directory)
     if manifest is None:
-        raise GoldenError(f"{directory}: no {store.MANIFEST}; not a golden directory")
+        raise GoldenError(f"{directory}: no {MANIFEST}; not a golden directory")
     out = {}
     for filename, info in manifest["files"].items():
         path = directory / filename
         if not path.is_file():
-            raise GoldenError(f"{path}: listed in {store.MANIFEST} but missing")
+            raise GoldenError(f"{path}: listed in {MANIFEST} but missing")
         if filename.endswith(".json"):
             out[filename] = store.read_json(path, expect_digest=info["digest"])
-            problem = filename == "metrics.json" and document_problem(out[filename])
+            problem = filename == METRICS and document_problem(out[filename])
             if problem:
                 raise store.format_error(path, problem)
         else:
@@ -139,20 +136,20 @@ def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
         raise GoldenError(f"{a} and {b}: compare two batch files or two directories, not one each")
     if a.is_file():
         return [_diff_batches(a, b, tolerances.resolver())]
-    a_golden, b_golden = (a / store.MANIFEST).is_file(), (b / store.MANIFEST).is_file()
+    a_golden, b_golden = (a / MANIFEST).is_file(), (b / MANIFEST).is_file()
     if a_golden and b_golden:
         label = a.name if a.name == b.name else f"{a.name} vs {b.name}"
         return [diff_goldens(a, b, tolerances, label=label)]
     if a_golden != b_golden:
         golden, root = (a, b) if a_golden else (b, a)
         raise GoldenError(
-            f"{golden} is a golden directory but {root} is not (it has no {store.MANIFEST}); "
+            f"{golden} is a golden directory but {root} is not (it has no {MANIFEST}); "
             "give two golden directories or two golden roots"
         )
     left = {str(d.relative_to(a)): d for d in find_goldens(a)}
     right = {str(d.relative_to(b)): d for d in find_goldens(b)}
     if not left and not right:
-        raise GoldenError(f"no golden directory (no {store.MANIFEST}) under {a} or {b}")
+        raise GoldenError(f"no golden directory (no {MANIFEST}) under {a} or {b}")
     out = []
     for rel in sorted(left.keys() | right.keys()):
         if rel in left and rel in right:

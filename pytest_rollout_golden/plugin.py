@@ -22,7 +22,7 @@ import pluggy
 import pytest
 
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
-from .location import SHARED, golden_dir, link_out_of_root, shared_golden_dir
+from .location import SHARED, TOLERANCES, golden_dir, link_out_of_root, shared_golden_dir
 from .parallel.environment import torchrun_rank
 from .report import summary_lines
 from .session import SessionState, UpdateRegistry
@@ -121,7 +121,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         metavar="N",
         help="run each selected golden test N times under perturbed reduction orders and write "
-        "calibrated tolerances (spread x margin) into tolerances.json of its golden",
+        f"calibrated tolerances (spread x margin) into {TOLERANCES} of its golden",
     )
     group.addoption(
         "--golden-calibrate-perturb",

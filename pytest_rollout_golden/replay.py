@@ -35,12 +35,10 @@ from .errors import (
     GoldenToleranceWarning,
     UnsupportedValueError,
 )
-from .location import safe_name
+from .location import METRICS, TOLERANCES, rollout_filename, tensors_filename
 from .results import Comparison, Mode, Outcome, Status, Verdict
 from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
 
-METRICS = "metrics.json"
-TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 _RECORD = object()  # sentinel: generate and record the rollout, as without a policy
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
@@ -64,19 +62,6 @@ class ReplayOnly:
 
     recorder: str
     remedy: str
-
-
-def rollout_filename(name: str, step: int) -> str:
-    """The file of rollout batch ``name`` at ``step`` inside a golden directory."""
-    return f"rollout-{safe_name(name, strict=True)}-step{step:06d}.safetensors"
-
-
-def tensors_filename(name: str, step: int, rank: int | None, micro: int | None) -> str:
-    """The file of ``check_tensors(name, ...)`` at ``step`` (rank, micro-batch)."""
-    filename = f"tensors-{safe_name(name, strict=True)}-step{step:06d}"
-    filename += "" if rank is None else f"-rank{int(rank)}"
-    filename += "" if micro is None else f"-micro{int(micro)}"
-    return filename + ".safetensors"
 
 
 def _step_key(step: int) -> str:
