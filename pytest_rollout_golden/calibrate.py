@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GoldenFormatError
-from .tolerance import CALIBRATED, CALIBRATED_LAYOUT, Layer, Resolver, Tolerance
+from .location import TOLERANCES
+from .tolerance import Layer, Resolver, Tolerance
 
-FILENAME = "tolerances.json"
 FORMAT = "pytest-rollout-golden-tolerances"
 # The largest spread seen in N runs underestimates the spread of the next run
 # (with N = 3 by a lot): 2x leaves room without reaching a bug's 1e-3.
@@ -52,10 +52,12 @@ def calibrated_layer(document: Any, path: Path) -> Layer:
     return calibrated_layers(document, path)[0]
 
 
-def calibrated_layers(document: Any, path: Path, *, layout_variant: bool = False) -> list[Layer]:
-    """The resolution layers of a ``tolerances.json`` document.
+def calibrated_layers(
+    document: Any, path: Path, *, layout_variant: bool = False
+) -> tuple[Layer, Layer | None]:
+    """The layers of a ``tolerances.json`` document: calibrated, and calibrated layout lane.
 
-    A ``layout_variant`` (a layout replaying another layout's golden) also gets the
+    Only a ``layout_variant`` (a layout replaying another layout's golden) gets the
     layout lane measured across layouts, when the document has one.
     """
     if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -64,13 +66,13 @@ def calibrated_layers(document: Any, path: Path, *, layout_variant: bool = False
             "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
         )
     try:
-        layers = [Layer(SOURCE, document.get("tolerances", {}), order=CALIBRATED)]
+        same_layout = Layer(SOURCE, document.get("tolerances", {}))
+        lane = None
         if layout_variant and document.get("layout_tolerances"):
-            lane = document["layout_tolerances"]
-            layers.append(Layer(LAYOUT_SOURCE, lane, order=CALIBRATED_LAYOUT))
+            lane = Layer(LAYOUT_SOURCE, document["layout_tolerances"])
     except (TypeError, ValueError, AttributeError) as exc:
         raise GoldenFormatError(f"{path}: {exc}") from None
-    return layers
+    return same_layout, lane
 
 
 # --------------------------------------------------------------------------- perturbations
@@ -284,14 +286,14 @@ def write(directory: Path, content: Mapping[str, Any]) -> None:
         tx = store.Transaction(directory)
         try:
             for filename, info in manifest["files"].items():
-                if filename != FILENAME:
+                if filename != TOLERANCES:
                     tx.keep(filename, info)
             # The environment whose noise this is: the golden's (runs differ only as perturbed).
             content = {
                 **content,
                 "how": {**content["how"], "fingerprint": manifest.get("fingerprint")},
             }
-            tx.write_json(FILENAME, content, kind="tolerances")
+            tx.write_json(TOLERANCES, content, kind="tolerances")
             tx.commit({k: v for k, v in manifest.items() if k not in ("format", "schema", "files")})
         except BaseException:
             tx.abort()

@@ -26,8 +26,8 @@ from .errors import GoldenError
 
 if TYPE_CHECKING:
     from .diff import GoldenDiff
-from .location import find_goldens
-from .tolerance import CLI, IGNORE, INI, Layer, Resolver, builtin_layer, parse_spec
+from .location import MANIFEST, METRICS, TOLERANCES, find_goldens, leftover_kind, leftover_name
+from .tolerance import IGNORE, Layer, Stack, parse_spec
 
 
 def _load_dir(directory: Path) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def verify(paths: Sequence[Path]) -> int:
         orphans = _orphaned_backups(path)
         if not directories and not orphans:
             print(
-                f"error: {path}: no golden (no {store.MANIFEST}) at or below it; "
+                f"error: {path}: no golden (no {MANIFEST}) at or below it; "
                 "give the golden root (ini golden_dir, default golden/) or a golden directory",
                 file=sys.stderr,
             )
@@ -79,9 +79,7 @@ def verify(paths: Sequence[Path]) -> int:
 def _verify_one(directory: Path) -> tuple[str, str]:
     """``(status, what follows the directory in the report)`` of one golden."""
     backups = sorted(
-        p.name
-        for p in directory.parent.iterdir()
-        if store.leftover_kind(directory.name, p.name) == "old"
+        p.name for p in directory.parent.iterdir() if leftover_kind(directory.name, p.name) == "old"
     )
     try:
         files = _load_dir(directory)
@@ -104,7 +102,7 @@ def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
     out = []
     for folder, dirs, _ in os.walk(path, followlinks=True):
         for d in dirs:
-            match = store.leftover_name(d)
+            match = leftover_name(d)
             if match is not None and match[1] == "old" and match[0] not in dirs:
                 out.append((Path(folder) / d, match[0]))
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -126,10 +124,10 @@ def show(path: Path, *, as_json: bool = False) -> int:
     else:
         from .golden_files import load_golden
 
-        if not (path / store.MANIFEST).is_file():
-            raise GoldenError(f"{path}: no {store.MANIFEST}; not a golden directory")
+        if not (path / MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {MANIFEST}; not a golden directory")
         manifest, content = load_golden(path)
-        steps = content.get("metrics.json", {}).get("steps", {})
+        steps = content.get(METRICS, {}).get("steps", {})
         files = {}
         for filename, value in content.items():
             if filename.endswith(".json"):
@@ -151,7 +149,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
                 for step, names in steps.items()
             },
             "files": {k: {"info": v["info"], "tensors": v["tensors"]} for k, v in files.items()},
-            "tolerances": content.get("tolerances.json"),
+            "tolerances": content.get(TOLERANCES),
         }
     if as_json:
         print(json.dumps(document, indent=2, allow_nan=False, default=str))
@@ -190,7 +188,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
     if document.get("tolerances"):
-        print("calibrated tolerances (tolerances.json):")
+        print(f"calibrated tolerances ({TOLERANCES}):")
         for name, tol in document["tolerances"].get("tolerances", {}).items():
             print(f"  {name}: {tol}")
     return 0
@@ -366,11 +364,11 @@ def _allowed(row: Any) -> str:
     return f"{row.allowed} ({row.source})" if row.source else row.allowed
 
 
-def diff(a: Path, b: Path, resolver: Resolver, *, as_json: bool = False, config: str = "") -> int:
+def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: str = "") -> int:
     """Compare B against A; print a table (or JSON); exit status 0 same, 1 differs."""
     from .diff import diff_paths, summary
 
-    diffs = diff_paths(a, b, resolver)
+    diffs = diff_paths(a, b, tolerances)
     counts = summary(diffs)
     differs = counts["differ"] + counts["one_sided"]
     if as_json:
@@ -401,9 +399,9 @@ def diff(a: Path, b: Path, resolver: Resolver, *, as_json: bool = False, config:
     return 1 if differs else 0
 
 
-def plot(a: Path, b: Path | None, out: Path, resolver: Resolver) -> int:
+def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     """Draw the metric curves of golden ``a`` (against ``b``) into ``out``."""
-    from .diff import METRICS, diff_goldens
+    from .diff import diff_goldens
     from .golden_files import load_golden
     from .plot import plot_metrics, series
 
@@ -411,17 +409,17 @@ def plot(a: Path, b: Path | None, out: Path, resolver: Resolver) -> int:
     for path in (a, b):
         if path is None:
             continue
-        if not (path / store.MANIFEST).is_file():
-            raise GoldenError(f"{path}: no {store.MANIFEST}; plot takes golden directories")
+        if not (path / MANIFEST).is_file():
+            raise GoldenError(f"{path}: no {MANIFEST}; plot takes golden directories")
         curves.append(series(load_golden(path)[1].get(METRICS, {}).get("steps", {})))
     first, allowed = None, None
     if b is not None:
-        result = diff_goldens(a, b, resolver, label=a.name)
+        result = diff_goldens(a, b, tolerances, label=a.name)
         first = {n: s for n, s in result.first_divergence().items()}
         allowed = {}
         for row in result.rows:
             if row.kind == "metric" and row.compared and row.allowed:
-                tol = resolver.resolve(row.name)[0]
+                tol = tolerances.resolver().resolve(row.name)[0]
                 allowed[row.name] = (tol.rtol, tol.atol)
     title = f"{a}" if b is None else f"{a} vs {b}"
     labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
@@ -456,12 +454,12 @@ def import_dumps(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolver(args: argparse.Namespace) -> tuple[Resolver, str]:
+def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
     """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
     from .projectini import find_config, linelist
 
-    cli = Layer("--tolerance", dict(parse_spec(x) for x in args.tolerance), order=CLI)
-    layers = [Layer("--ignore", dict.fromkeys(args.ignore, IGNORE), order=CLI), cli]
+    cli = Layer("--tolerance", dict(parse_spec(x) for x in args.tolerance))
+    ini: list[Layer] = []
     config = ""
     if not args.no_config:
         paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
@@ -471,20 +469,18 @@ def _resolver(args: argparse.Namespace) -> tuple[Resolver, str]:
         if path is not None:
             config = str(path)
             specs = linelist(options.get("golden_tolerances"))
-            layers.append(
+            ini.append(
                 Layer(
                     "ini golden_ignore",
                     dict.fromkeys(linelist(options.get("golden_ignore")), IGNORE),
-                    order=INI,
                 )
             )
             try:
-                layers.append(
-                    Layer("ini golden_tolerances", dict(map(parse_spec, specs)), order=INI)
-                )
+                ini.append(Layer("ini golden_tolerances", dict(map(parse_spec, specs))))
             except ValueError as exc:
                 raise GoldenError(f"{path}: golden_tolerances: {exc}") from None
-    return Resolver([*layers, builtin_layer()], exact=args.exact), config
+    cli_ignore = Layer("--ignore", dict.fromkeys(args.ignore, IGNORE))
+    return Stack(cli=(cli_ignore, cli), ini=tuple(ini), exact=args.exact), config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -545,13 +541,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plot":
             args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
             args.no_config = False
-            resolver, _ = _resolver(args)
-            return plot(args.a, args.b, args.output, resolver)
+            tolerances, _ = _tolerances(args)
+            return plot(args.a, args.b, args.output, tolerances)
         try:
-            resolver, config = _resolver(args)
+            tolerances, config = _tolerances(args)
         except ValueError as exc:
             parser.error(str(exc))
-        return diff(args.a, args.b, resolver, as_json=args.json, config=config)
+        return diff(args.a, args.b, tolerances, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -68,7 +68,8 @@ def _non_tensor_kind(value: Any) -> str | None:
     return None
 
 
-def _is_torch_tensor(value: Any) -> bool:
+def is_torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor; never imports torch."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
@@ -105,7 +106,7 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             return v
         if isinstance(v, float):
             return v if math.isfinite(v) else {"t": "float", "v": repr(v)}
-        if _is_torch_tensor(v):
+        if is_torch_tensor(v):
             if v.is_nested:
                 return nested(v, path)
             if v.is_sparse or v.is_quantized:

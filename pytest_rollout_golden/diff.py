@@ -19,12 +19,9 @@ from . import store
 from .compare import compare_named, dtype_name
 from .errors import GoldenError
 from .golden_files import load_golden
-from .location import find_goldens
+from .location import MANIFEST, METRICS, TOLERANCES, find_goldens
 from .results import json_number
-from .tolerance import Layer, Resolver
-
-METRICS = "metrics.json"
-TOLERANCES = "tolerances.json"
+from .tolerance import Layer, Resolver, Stack
 
 
 @dataclasses.dataclass
@@ -105,7 +102,7 @@ class GoldenDiff:
         }
 
 
-def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
+def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
     """Compare B against A: two golden directories, two golden roots or two batch files.
 
     Roots are paired by the goldens' paths relative to them; a golden found on
@@ -118,25 +115,25 @@ def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
     if a.is_file() != b.is_file():
         raise GoldenError(f"{a} and {b}: compare two batch files or two directories, not one each")
     if a.is_file():
-        return [_diff_batches(a, b, resolver)]
-    a_golden, b_golden = (a / store.MANIFEST).is_file(), (b / store.MANIFEST).is_file()
+        return [_diff_batches(a, b, tolerances.resolver())]
+    a_golden, b_golden = (a / MANIFEST).is_file(), (b / MANIFEST).is_file()
     if a_golden and b_golden:
         label = a.name if a.name == b.name else f"{a.name} vs {b.name}"
-        return [diff_goldens(a, b, resolver, label=label)]
+        return [diff_goldens(a, b, tolerances, label=label)]
     if a_golden != b_golden:
         golden, root = (a, b) if a_golden else (b, a)
         raise GoldenError(
-            f"{golden} is a golden directory but {root} is not (it has no {store.MANIFEST}); "
+            f"{golden} is a golden directory but {root} is not (it has no {MANIFEST}); "
             "give two golden directories or two golden roots"
         )
     left = {str(d.relative_to(a)): d for d in find_goldens(a)}
     right = {str(d.relative_to(b)): d for d in find_goldens(b)}
     if not left and not right:
-        raise GoldenError(f"no golden directory (no {store.MANIFEST}) under {a} or {b}")
+        raise GoldenError(f"no golden directory (no {MANIFEST}) under {a} or {b}")
     out = []
     for rel in sorted(left.keys() | right.keys()):
         if rel in left and rel in right:
-            out.append(diff_goldens(left[rel], right[rel], resolver, label=rel))
+            out.append(diff_goldens(left[rel], right[rel], tolerances, label=rel))
         else:
             side = "A" if rel in left else "B"
             out.append(
@@ -150,13 +147,12 @@ def diff_paths(a: Path, b: Path, resolver: Resolver) -> list[GoldenDiff]:
     return out
 
 
-def diff_goldens(a: Path, b: Path, resolver: Resolver, *, label: str) -> GoldenDiff:
+def diff_goldens(a: Path, b: Path, tolerances: Stack, *, label: str) -> GoldenDiff:
     """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply)."""
     manifest_a, left = load_golden(a)
     _, right = load_golden(b)
     calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES)
-    if calibrated is not None:
-        resolver = resolver.with_layer(calibrated)
+    resolver = tolerances.replace(calibrated=calibrated).resolver()
     result = GoldenDiff(label, str(a), str(b))
     for filename in sorted((left.keys() | right.keys()) - {TOLERANCES}):
         if filename not in left or filename not in right:

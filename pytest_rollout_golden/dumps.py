@@ -233,7 +233,7 @@ def convert(
     Refuses to overwrite an existing golden. Nothing is written if any file fails.
     """
     from . import store
-    from .replay import rollout_filename, tensors_filename
+    from .location import MANIFEST, rollout_filename, tensors_filename
 
     if not source.is_dir():
         raise GoldenError(f"{source}: not a folder of dumps")
@@ -241,7 +241,7 @@ def convert(
     found = entries(source, layout, name)
     with store.locked(target):
         store.recover(target)
-        if (target / store.MANIFEST).exists():
+        if (target / MANIFEST).exists():
             raise GoldenError(f"{target}: a golden exists already; remove it or choose another")
         tx = store.Transaction(target)
         done = []

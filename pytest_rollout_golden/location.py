@@ -1,4 +1,7 @@
-"""Where a test's golden lives: ``<golden root>/<test file without .py>/<test name>/``.
+"""Every name a golden has on disk: its directory, the files inside it, and the hidden
+entries beside it.
+
+A test's golden lives in ``<golden root>/<test file without .py>/<test name>/``.
 
 A golden shared across test files (``@pytest.mark.golden(shared="name")``) lives in
 ``<golden root>/@shared/<name>/``: ``@`` never survives :func:`safe_name`, so that folder can
@@ -9,6 +12,13 @@ Names are made filesystem-safe; a name that had to change, or whose case could
 collide with another's on macOS or Windows, gets a hash of the original
 appended, so two names never collapse into one directory and no name can climb
 out of the golden root.
+
+Inside a golden directory: :data:`MANIFEST` (written last, it makes the directory a
+golden), :data:`METRICS`, :data:`TOLERANCES`, and one safetensors file per rollout
+(:func:`rollout_filename`) and per ``check_tensors`` call (:func:`tensors_filename`).
+Beside golden ``NAME``, only while it is being written: ``.NAME.new-PID`` (the staged
+version), ``.NAME.old-PID`` (the replaced one) and ``.NAME.lock``; a file being written
+is ``.FILE.tmp-PID`` until it is renamed into place.
 """
 
 from __future__ import annotations
@@ -105,7 +115,7 @@ def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
     ``follow_symlinks`` also descends into symlinked directories, as replay does
     (each real directory once, so a symlink loop ends).
     """
-    if (root / "manifest.json").is_file():
+    if (root / MANIFEST).is_file():
         return [root]
     if not root.is_dir():
         return []
@@ -118,7 +128,7 @@ def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
                 continue
             seen.add(real)
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if "manifest.json" in files and folder != str(root):
+        if MANIFEST in files and folder != str(root):
             found.append(Path(folder))
     return sorted(found, key=lambda p: p.relative_to(root).parts)
 
@@ -160,8 +170,65 @@ def owning_test_file(
 def _recorder_file(rootdir: Path, directory: Path, is_file: Callable[[Path], bool]) -> Path | None:
     """A shared golden belongs to the file of the test that recorded it (``manifest.json``)."""
     try:
-        test = json.loads((directory / "manifest.json").read_text())["test"]
+        test = json.loads((directory / MANIFEST).read_text())["test"]
         candidate = rootdir / str(test).split("::", 1)[0]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return candidate if is_file(candidate) else None
+
+
+def rollout_filename(name: str, step: int) -> str:
+    """The file of rollout batch ``name`` at ``step`` inside a golden directory."""
+    return f"rollout-{safe_name(name, strict=True)}-step{step:06d}.safetensors"
+
+
+def tensors_filename(name: str, step: int, rank: int | None, micro: int | None) -> str:
+    """The file of ``check_tensors(name, ...)`` at ``step`` (rank, micro-batch)."""
+    filename = f"tensors-{safe_name(name, strict=True)}-step{step:06d}"
+    filename += "" if rank is None else f"-rank{int(rank)}"
+    filename += "" if micro is None else f"-micro{int(micro)}"
+    return filename + ".safetensors"
+
+
+def temp_file(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place: ``.NAME.tmp-PID``."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def staging_dir(directory: Path) -> Path:
+    """Where this process stages a new version of a golden: ``.NAME.new-PID`` beside it."""
+    return _leftover(directory, "new")
+
+
+def backup_dir(directory: Path) -> Path:
+    """Where this process moves the version it replaces: ``.NAME.old-PID`` beside it."""
+    return _leftover(directory, "old")
+
+
+def _leftover(directory: Path, kind: str) -> Path:
+    return directory.parent / f".{directory.name}.{kind}-{os.getpid()}"
+
+
+def leftover_kind(name: str, sibling: str) -> str | None:
+    """``"old"`` or ``"new"`` if ``sibling`` is a backup or staging directory of golden ``name``.
+
+    The match is exact (``.NAME.old-PID``, ``.NAME.new-PID``): ``.layout.old-ref.new-7``
+    is the staging directory of golden ``layout.old-ref``, not a backup of ``layout``.
+    """
+    parsed = leftover_name(sibling)
+    return parsed[1] if parsed is not None and parsed[0] == name else None
+
+
+def leftover_name(entry: str) -> tuple[str, str] | None:
+    """``(golden name, "old" or "new")`` if ``entry`` is a backup or staging directory."""
+    match = _LEFTOVER.fullmatch(entry)
+    return (match.group(1), match.group(2)) if match else None
+
+
+_LEFTOVER = re.compile(r"\.(.+)\.(old|new)-([0-9]+)")
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock file of a golden: ``.NAME.lock`` beside it, at its real (resolved) path."""
+    real = directory.resolve()
+    return real.parent / f".{real.name}.lock"

@@ -24,7 +24,7 @@ import pytest
 from . import markers
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
 from .inputs import MISSING_STEP_POLICIES
-from .location import golden_dir, link_out_of_root, shared_golden_dir
+from .location import TOLERANCES, golden_dir, link_out_of_root, shared_golden_dir
 from .options import (
     OptionError,
     golden_root,
@@ -39,7 +39,7 @@ from .prune import gone, not_full_run, prune
 from .report import summary_lines
 from .results import Mode
 from .session import SessionState, UpdateRegistry
-from .tolerance import CLI, IGNORE, INI, LAYOUT, MARKER, Layer, Resolver, builtin_layer, parse_spec
+from .tolerance import IGNORE, Layer, Stack, parse_spec
 
 if TYPE_CHECKING:
     from .replay import Golden
@@ -118,7 +118,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         metavar="N",
         help="run each selected golden test N times under perturbed reduction orders and write "
-        "calibrated tolerances (spread x margin) into tolerances.json of its golden",
+        f"calibrated tolerances (spread x margin) into {TOLERANCES} of its golden",
     )
     group.addoption(
         "--golden-calibrate-perturb",
@@ -182,7 +182,7 @@ def _usage() -> Iterator[None]:
         raise pytest.UsageError(str(exc)) from None
 
 
-def _layer(source: str, specs: list[str], order: int) -> Layer:
+def _layer(source: str, specs: list[str]) -> Layer:
     entries = {}
     for spec in specs:
         try:
@@ -190,11 +190,11 @@ def _layer(source: str, specs: list[str], order: int) -> Layer:
         except ValueError as exc:
             raise pytest.UsageError(f"{source}: {exc}") from None
         entries[name] = tol
-    return Layer(source, entries, order=order)
+    return Layer(source, entries)
 
 
 def _ignore_layer(source: str, names: Any, tolerances: Layer) -> Layer:
-    """A "not compared" entry per name, at the level of ``tolerances`` (and before it)."""
+    """A "not compared" entry per name, for the level of ``tolerances`` (placed before it)."""
     if isinstance(names, str):
         names = [names]
     for name in names or ():
@@ -205,7 +205,7 @@ def _ignore_layer(source: str, names: Any, tolerances: Layer) -> Layer:
                 f"{name!r} has a tolerance in {tolerances.source} and is ignored by {source}; "
                 "choose one"
             )
-    return Layer(source, dict.fromkeys(names or (), IGNORE), order=tolerances.order)
+    return Layer(source, dict.fromkeys(names or (), IGNORE))
 
 
 class GoldenPlugin:
@@ -241,15 +241,15 @@ class GoldenPlugin:
             if self.root.is_dir():
                 shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
             self.root, self.mode = self.snapshot, Mode.STRICT
-        self.cli_layer = _layer("--golden-tolerance", opt.golden_tolerance, order=CLI)
-        self.ini_layer = _layer(
-            "ini golden_tolerances", config.getini("golden_tolerances"), order=INI
+        cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
+        ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
+        self.session_tolerances = Stack(
+            cli=(_ignore_layer("--golden-ignore", opt.golden_ignore, cli_layer), cli_layer),
+            ini=(
+                _ignore_layer("ini golden_ignore", config.getini("golden_ignore"), ini_layer),
+                ini_layer,
+            ),
         )
-        self.cli_ignore = _ignore_layer("--golden-ignore", opt.golden_ignore, self.cli_layer)
-        self.ini_ignore = _ignore_layer(
-            "ini golden_ignore", config.getini("golden_ignore"), self.ini_layer
-        )
-        self.builtin = builtin_layer()
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
             opt.golden_deterministic
@@ -301,31 +301,23 @@ class GoldenPlugin:
         from .replay import Golden
 
         options = self.marker_options(item)
-        marker_layer = Layer(
-            "@pytest.mark.golden(tolerances=)", options.get("tolerances") or {}, order=MARKER
-        )
+        marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
         marker_ignore = _ignore_layer(
             "@pytest.mark.golden(ignore=)", options.get("ignore"), marker_layer
         )
         item.stash[_MARKER_LAYER] = marker_layer
-        exact = bool(options.get("exact")) or self.config.option.golden_exact
-        layers = [
-            marker_ignore,
-            marker_layer,
-            self.cli_ignore,
-            self.cli_layer,
-            self.ini_ignore,
-            self.ini_layer,
-            self.builtin,
-        ]
+        tolerances = self.session_tolerances.replace(
+            marker=(marker_ignore, marker_layer),
+            exact=bool(options.get("exact")) or self.config.option.golden_exact,
+        )
         replay_only = None
         if markers.replays_reference(options):
             # Another layout recorded these values: the layout lane replaces the same-layout
             # defaults (the user's own marker tolerances still come first), never bit-exact.
-            layers.append(
-                Layer("layout lane", options.get("layout_tolerances") or {}, order=LAYOUT)
+            tolerances = tolerances.replace(
+                layout=Layer("layout lane", options.get("layout_tolerances") or {}),
+                exact=bool(options.get("exact")),
             )
-            exact = bool(options.get("exact"))
             replay_only = markers.reference_recipe(options)
         directory = self.directory_of(item)
         link = link_out_of_root(self.root, directory)
@@ -338,7 +330,8 @@ class GoldenPlugin:
         return Golden(
             directory,
             mode=self.mode,
-            resolver=Resolver(layers, exact=exact),
+            tolerances=tolerances,
+            usage=self.state.tolerance_usage,
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
             registry=self.registry,
@@ -418,14 +411,10 @@ class GoldenPlugin:
         """Derive and write ``tolerances.json`` for every golden calibrated this session."""
         from .calibrate import calibrate_goldens
 
-        below = [  # fresh copies: resolving here must not count as using a tolerance
-            Layer(layer.source, layer.entries, order=layer.order)
-            for layer in (*self._session_layers(), self.builtin)
-        ]
         self.state.calibrated = calibrate_goldens(
             self.state.calibration,
             self.state.calibration_skipped,
-            Resolver(below),
+            self.session_tolerances.resolver(),
             runs=self.calibrate,
             perturbations=self.perturb,
             layouts=self.state.calibration_layouts,
@@ -442,22 +431,12 @@ class GoldenPlugin:
 
     # ------------------------------------------------------------------ session end
 
-    def _session_layers(self) -> tuple[Layer, ...]:
-        return (self.cli_ignore, self.cli_layer, self.ini_ignore, self.ini_layer)
-
-    def used_tolerances(self) -> set[str]:
-        return {
-            f"{layer.source} {name!r}" for layer in self._session_layers() for name in layer.used
-        }
-
     def unused_tolerances(self) -> list[str]:
-        names = [
-            f"{layer.source} {name!r}" for layer in self._session_layers() for name in layer.entries
-        ]
-        return [n for n in names if n not in self.state.used_tolerances]
+        """``--golden-tolerance``/ini entries that named nothing checked in any process."""
+        stack = self.session_tolerances
+        return self.state.tolerance_usage.unused_labels([*stack.cli, *stack.ini])
 
     def close(self, session: pytest.Session) -> None:
-        self.state.used_tolerances |= self.used_tolerances()
         if self.calibrate:
             self.write_calibration()
         opt = self.config.option
@@ -741,7 +720,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_sessionfinish(session: pytest.Session) -> None:
     plugin = session.config.stash[_PLUGIN]
     if plugin.is_worker:
-        plugin.state.used_tolerances |= plugin.used_tolerances()
         session.config.workeroutput[_WORKER_OUTPUT] = plugin.state.to_json()  # type: ignore[attr-defined]
     else:
         plugin.close(session)

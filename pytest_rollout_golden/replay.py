@@ -36,10 +36,10 @@ from .errors import (
 )
 from .golden_files import GoldenFiles, merge_metrics
 from .inputs import ERROR, GENERATE, RECORD, REPEAT
-from .location import TOLERANCES, safe_name
+from .location import TOLERANCES, rollout_filename, tensors_filename
 from .modes import KEEP, REFUSE, REPLAY, ModePolicy, ReplayOnly
 from .results import Comparison, Mode, Outcome, Verdict
-from .tolerance import Layer, Resolver, Tolerance, builtin_layer
+from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
 
 _DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
@@ -51,19 +51,6 @@ class UpdateRegistry(Protocol):
     def contains(self, directory: Path) -> bool: ...
 
     def add(self, directory: Path) -> None: ...
-
-
-def rollout_filename(name: str, step: int) -> str:
-    """The file of rollout batch ``name`` at ``step`` inside a golden directory."""
-    return f"rollout-{safe_name(name, strict=True)}-step{step:06d}.safetensors"
-
-
-def tensors_filename(name: str, step: int, rank: int | None, micro: int | None) -> str:
-    """The file of ``check_tensors(name, ...)`` at ``step`` (rank, micro-batch)."""
-    filename = f"tensors-{safe_name(name, strict=True)}-step{step:06d}"
-    filename += "" if rank is None else f"-rank{int(rank)}"
-    filename += "" if micro is None else f"-micro{int(micro)}"
-    return filename + ".safetensors"
 
 
 def _step_key(step: int) -> str:
@@ -84,7 +71,8 @@ class Golden:
         directory: Path,
         *,
         mode: Mode = Mode.AUTO,
-        resolver: Resolver | None = None,
+        tolerances: Stack | None = None,
+        usage: ToleranceUsage | None = None,
         test_id: str = "",
         rebuild: Callable[..., Any] | None = None,
         registry: UpdateRegistry | None = None,
@@ -96,7 +84,8 @@ class Golden:
         """``regenerate``: under ``--update-golden``, call ``generate`` again instead of
         keeping the recorded rollouts. ``missing_step``: the policy for a rollout step
         never recorded (:data:`~.inputs.MISSING_STEP_POLICIES`; default ``record``,
-        ``error`` in strict mode)."""
+        ``error`` in strict mode). ``tolerances``: the test's tolerance layers (built-in
+        defaults only if ``None``); ``usage`` notes which entries named a checked value."""
         self.directory = Path(directory)
         self.policy = ModePolicy.of(
             mode,
@@ -108,7 +97,9 @@ class Golden:
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
-        self._resolver = resolver or Resolver([builtin_layer()])
+        self._stack = tolerances or Stack()
+        self._resolver = self._stack.resolver()
+        self._usage = usage or ToleranceUsage()
         self._registry = registry
         self._files = GoldenFiles(self.directory, rebuild=rebuild)
         self._outcome = Outcome(self.test_id, str(self.directory))
@@ -147,29 +138,30 @@ class Golden:
             )
         updated = self._registry is not None and self._registry.contains(self.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
-        for calibrated in self.calibrated_layers():
-            self._resolver = self._resolver.with_layer(calibrated)
+        calibrated, lane = self.calibrated_layers()
+        self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
         if self._replaying:
             from .determinism import fingerprint, fingerprint_changes
 
             recorded = self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
             changes = fingerprint_changes(recorded, fingerprint())
             self._outcome.environment_changes = changes
-            if changes and self._resolver.exact:
-                self._resolver = Resolver(self._resolver.layers, exact=False)
+            if changes and self._stack.exact:
+                self._stack = self._stack.replace(exact=False)
+        self._resolver = self._stack.resolver()
 
-    def calibrated_layers(self) -> list[Layer]:
+    def calibrated_layers(self) -> tuple[Layer | None, Layer | None]:
         """The tolerances ``--golden-calibrate`` wrote into this golden, if any.
 
         A replay-only golden (a layout variant) also takes the lane calibrated across layouts.
         """
         info = self._old_files().get(TOLERANCES)
         if info is None:
-            return []
+            return None, None
         document = self._load_for_update(TOLERANCES, None)
         if document is None:  # damaged, and --update-golden is the remedy: drop it
             self._drop_tolerances = True
-            return []
+            return None, None
         from .calibrate import calibrated_layers
 
         try:
@@ -180,7 +172,7 @@ class Golden:
             if not self.policy.replaces_damaged:
                 raise
             self._drop_tolerances = True
-            return []
+            return None, None
 
     @property
     def _replaying(self) -> bool:
@@ -366,7 +358,7 @@ class Golden:
         resolver, layer = self._resolver, None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
-            resolver = resolver.with_layer(layer)
+            resolver = self._stack.replace(call=layer).resolver()
         seen = self._metrics.setdefault(key, {})
         recorded = self._recorded_metrics().get(key, {})
         results = []
@@ -380,6 +372,7 @@ class Golden:
             seen[name] = node
             if self.policy.warns_nan(recorded=name in recorded):
                 _warn_nan(self.test_id, name, step, node)
+            self._usage.note(resolver, name)
             old = recorded.get(name)
             if old is None:
                 verdict = self.policy.unrecorded
@@ -387,7 +380,6 @@ class Golden:
                 results.append(
                     Comparison(name, step, verdict, actual=metric_codec.scalar(node), detail=detail)
                 )
-                resolver.resolve(name)  # notes which tolerances name it, for unused warnings
                 continue
             results.append(_metric_comparison(name, step, old, node, resolver, self.policy))
         if layer is not None:
@@ -434,9 +426,9 @@ class Golden:
         results = []
         for tensor_name, value in tensors.items():
             label = f"{name}/{tensor_name}"
+            self._usage.note(self._resolver, label)
             if tensor_name not in old:
                 verdict = self.policy.unrecorded
-                self._resolver.resolve(label)  # notes which tolerances name it
                 detail = (
                     self._tensor_never_recorded(name, step, old_info)
                     if verdict == Verdict.MISSING
@@ -501,6 +493,7 @@ class Golden:
     # ------------------------------------------------------------------ comparing
 
     def _ignored(self, name: str) -> bool:
+        self._usage.note(self._resolver, name)
         return self._resolver.resolve(name)[0].ignore
 
     def _warn_unused(
@@ -513,7 +506,7 @@ class Golden:
         """
         if not self._replaying and not always:  # nothing was compared, so nothing could match
             return
-        for name in layer.unused():
+        for name in self._usage.unused(layer):
             warning = GoldenToleranceWarning(
                 f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
                 "but no metric or tensor of that name was checked"

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import location
 from .results import STATUSES, json_number
+from .tolerance import ToleranceUsage
 
 
 class UpdateRegistry:
@@ -53,7 +54,7 @@ class SessionState:
     # test file -> node ids its collectors produced, before any plugin or conftest filtered them
     produced: dict[str, set[str]] = field(default_factory=dict)
     selected: set[str] = field(default_factory=set)  # node ids left to run after collection
-    used_tolerances: set[str] = field(default_factory=set)
+    tolerance_usage: ToleranceUsage = field(default_factory=ToleranceUsage)
     plots: list[str] = field(default_factory=list)
     # --golden-calibrate: golden directory -> test id -> each run's metrics, and tests left out
     calibration: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
@@ -96,7 +97,7 @@ class SessionState:
                 "partial_files": sorted(self.partial_files),
                 "produced": {f: sorted(ids) for f, ids in self.produced.items()},
                 "selected": sorted(self.selected),
-                "used_tolerances": sorted(self.used_tolerances),
+                "used_tolerances": self.tolerance_usage.labels(),
                 "plots": self.plots,
                 "calibration": self.calibration,
                 "calibration_skipped": self.calibration_skipped,
@@ -113,7 +114,7 @@ class SessionState:
         for file, ids in data.get("produced", {}).items():
             self.produced.setdefault(file, set()).update(ids)
         self.selected.update(data.get("selected", ()))
-        self.used_tolerances.update(data["used_tolerances"])
+        self.tolerance_usage.merge(data["used_tolerances"])
         self.plots.extend(data.get("plots", []))
         for directory, tests in data.get("calibration", {}).items():
             for test, runs in tests.items():

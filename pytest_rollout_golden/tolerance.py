@@ -1,32 +1,95 @@
-"""Per-metric tolerances and the one resolver that picks them.
+"""Per-metric tolerances: where they come from, and the one resolver that picks them.
 
-Resolution order, first match wins: ``golden.check(tolerances=)`` >
-``@pytest.mark.golden(tolerances=)`` > the layout lane (variants of
-``parallel.variants()`` replaying their reference: calibrated across layouts if
-measured, else the shipped lane) > calibrated (``tolerances.json`` in the golden) >
-``--golden-tolerance`` > ini ``golden_tolerances`` > built-in RL defaults >
-torch.testing's per-dtype defaults. Within a layer a metric name matches an exact
-entry first, then a glob pattern (``rollout_corr/*``), then its last path component
-(``pg_loss`` matches ``actor/pg_loss``). An entry may say "not compared"
-(:data:`IGNORE`) instead of giving a tolerance; such an exclusion wins over the
-tolerances of every layer.
+:class:`Stack` holds every source of tolerances of one test, and :meth:`Stack.resolver`
+is the one place that puts them in order (top wins)::
+
+    golden.check(tolerances=)                     call
+    @pytest.mark.golden(ignore=, tolerances=)     marker
+    calibrated layout lane (tolerances.json)      calibrated_layout   } variants of
+    layout lane of parallel.variants()            layout              } parallel.variants()
+    calibrated (tolerances.json)                  calibrated
+    --golden-ignore, --golden-tolerance           cli
+    ini golden_ignore, golden_tolerances          ini
+    built-in RL defaults                          (always)
+    torch.testing's per-dtype defaults            (always)
+
+Within a layer a metric name matches an exact entry first, then a glob pattern
+(``rollout_corr/*``), then its last path component (``pg_loss`` matches
+``actor/pg_loss``); a layer answers with that one entry.
+
+How the fields of matching entries combine:
+
+- An entry may say "not compared" (``ignore=True``, :data:`IGNORE`) instead of giving
+  a tolerance; such an exclusion, from any layer, wins over everything.
+- Otherwise ``rtol``, ``atol`` and ``equal_nan`` are each taken from the highest
+  matching entry that names them, going down until ``rtol`` and ``atol`` are both
+  known: an entry naming only ``rtol`` takes ``atol`` from the next layer down (as
+  torch.testing refuses a lone ``rtol`` or ``atol``), one naming only ``equal_nan``
+  takes both numbers from below. Below the last layer, torch.testing's dtype defaults
+  fill in; ``equal_nan`` named nowhere on the way is false.
+- ``exact=True`` names every field (``rtol=atol=0``, no NaN equality): as the highest
+  match it means bit equality; below an entry that named some fields it only fills
+  the others with 0.
+- The exact lane (``Stack.exact``) replaces every tolerance by bit equality.
+
+Resolving is pure; :class:`ToleranceUsage` notes which entries named a checked metric
+(the "unused tolerance" warnings).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
+class Stack:
+    """The tolerance layers of one test by role; :meth:`resolver` stacks them in order."""
+
+    call: Layer | None = None
+    marker: Sequence[Layer] = ()
+    calibrated_layout: Layer | None = None
+    layout: Layer | None = None
+    calibrated: Layer | None = None
+    cli: Sequence[Layer] = ()
+    ini: Sequence[Layer] = ()
+    exact: bool = False
+
+    def resolver(self) -> Resolver:
+        """The resolver of these layers, in the order of the module docstring."""
+        layers = [
+            self.call,
+            *self.marker,
+            self.calibrated_layout,
+            self.layout,
+            self.calibrated,
+            *self.cli,
+            *self.ini,
+            _BUILTIN_LAYER,
+        ]
+        return Resolver([layer for layer in layers if layer is not None], exact=self.exact)
+
+    def replace(self, **parts: Any) -> Stack:
+        """A copy with some parts replaced (``calibrated=``, ``call=``, ``exact=``...)."""
+        return dataclasses.replace(self, **parts)
+
+
+_FIELDS = ("rtol", "atol", "equal_nan")  # what layers combine; exact and ignore stand alone
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class Tolerance:
     """``|actual - expected| <= atol + rtol * |expected|``, element-wise.
 
     NaN against a finite value always fails; NaN against NaN passes only with
     ``equal_nan``. ``exact`` demands bit equality and ignores the rest.
     ``ignore`` excludes the value from comparison on purpose ("not compared").
+
+    A field left out (``None``) reads as 0 (``False``) here, but in a layer of a
+    :class:`Stack` it is taken from the next layer down; :attr:`given` lists the fields
+    that were named. Equality compares values only.
     """
 
     rtol: float = 0.0
@@ -35,11 +98,32 @@ class Tolerance:
     exact: bool = False
     ignore: bool = False
 
-    def __post_init__(self) -> None:
-        for field in ("rtol", "atol"):
-            value = getattr(self, field)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+    def __init__(
+        self,
+        rtol: float | None = None,
+        atol: float | None = None,
+        equal_nan: bool | None = None,
+        exact: bool = False,
+        ignore: bool = False,
+    ) -> None:
+        named = {"rtol": rtol, "atol": atol, "equal_nan": equal_nan}
+        for field, value in (("rtol", rtol), ("atol", atol)):
+            if value is not None and (
+                not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0
+            ):
                 raise ValueError(f"tolerance {field} must be a number >= 0, got {value!r}")
+        object.__setattr__(self, "rtol", 0.0 if rtol is None else rtol)
+        object.__setattr__(self, "atol", 0.0 if atol is None else atol)
+        object.__setattr__(self, "equal_nan", bool(equal_nan))
+        object.__setattr__(self, "exact", exact)
+        object.__setattr__(self, "ignore", ignore)
+        given = _FIELDS if exact or ignore else [f for f, v in named.items() if v is not None]
+        object.__setattr__(self, "_given", frozenset(given))
+
+    @property
+    def given(self) -> frozenset[str]:
+        """Which of rtol, atol, equal_nan were named (all of them for ``exact``, ``ignore``)."""
+        return self._given  # type: ignore[attr-defined]
 
     def describe(self) -> str:
         if self.ignore:
@@ -67,13 +151,6 @@ class Tolerance:
 
 EXACT = Tolerance(exact=True)
 IGNORE = Tolerance(ignore=True)
-
-# Where each source of tolerances sits in the resolution order (lower wins).
-# LAYOUT is the cross-layout lane of parallel.variants(): a variant replaying the reference
-# layout's golden differs by reduction order across ranks, more than same-layout noise.
-# CALIBRATED_LAYOUT is that lane measured on the user's own model by --golden-calibrate.
-CHECK, MARKER, CALIBRATED_LAYOUT, LAYOUT, CALIBRATED = 0, 10, 12, 15, 20
-CLI, INI, BUILTIN_ORDER = 30, 40, 50
 
 # Tight defaults for replay on the same platform under deterministic settings,
 # where results are usually bit-identical: rtol 1e-5 leaves ~100 float32 ulps for
@@ -133,7 +210,7 @@ DTYPE_DEFAULTS: dict[str, Tolerance] = {
     "float8_e4m3fn": Tolerance(rtol=1.25e-1, atol=1e-5),
     "float8_e5m2": Tolerance(rtol=2.5e-1, atol=1e-5),
 }
-_EXACT_VALUES = Tolerance()
+_EXACT_VALUES = Tolerance(rtol=0.0, atol=0.0)
 
 
 def dtype_default(dtypes: Iterable[str]) -> tuple[Tolerance, str]:
@@ -185,77 +262,130 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
 
 
 class Layer:
-    """One source of tolerances; remembers which of its entries matched a metric.
+    """One source of tolerances: a name (shown in messages) and its entries by metric name."""
 
-    ``order`` places the layer in the resolution order (:data:`CHECK` ...
-    :data:`BUILTIN_ORDER`); layers of equal order keep the order they were given in.
-    """
-
-    def __init__(
-        self,
-        source: str,
-        entries: Mapping[str, Tolerance | Mapping[str, Any]],
-        *,
-        order: int = CHECK,
-    ):
+    def __init__(self, source: str, entries: Mapping[str, Tolerance | Mapping[str, Any]]):
         self.source = source
-        self.order = order
         self.entries = {k: Tolerance.coerce(v, what=f"{source} {k!r}") for k, v in entries.items()}
-        self.used: set[str] = set()
         self._globs = [k for k in self.entries if any(c in k for c in "*?[")]
 
-    def match(self, name: str) -> Tolerance | None:
-        key = name if name in self.entries else None
-        if key is None:
-            key = next((g for g in self._globs if fnmatch.fnmatchcase(name, g)), None)
-        if key is None:
-            base = name.rsplit("/", 1)[-1]
-            key = base if base != name and base in self.entries else None
-        if key is None:
-            return None
-        self.used.add(key)
-        return self.entries[key]
+    def key(self, name: str) -> str | None:
+        """The entry ``name`` matches, if any: exact, then glob, then last path component."""
+        if name in self.entries:
+            return name
+        glob = next((g for g in self._globs if fnmatch.fnmatchcase(name, g)), None)
+        if glob is not None:
+            return glob
+        base = name.rsplit("/", 1)[-1]
+        return base if base != name and base in self.entries else None
 
-    def unused(self) -> list[str]:
-        return [k for k in self.entries if k not in self.used]
+    def match(self, name: str) -> Tolerance | None:
+        key = self.key(name)
+        return None if key is None else self.entries[key]
 
 
 class Resolver:
-    """Picks the tolerance of a metric from ordered layers, then dtype defaults."""
+    """Picks the tolerance of a metric from layers (first given first), then dtype defaults.
+
+    Built by :meth:`Stack.resolver`, which decides the order. Pure: see
+    :class:`ToleranceUsage` for noting which entries were used.
+    """
 
     def __init__(self, layers: Iterable[Layer], *, exact: bool = False):
-        kept = [layer for layer in layers if layer.entries]
-        self.layers = sorted(kept, key=lambda layer: layer.order)  # stable: ties keep their order
+        self.layers = [layer for layer in layers if layer.entries]
         self.exact = exact
-
-    def with_layer(self, layer: Layer) -> Resolver:
-        """A resolver that also consults ``layer``, at its place in the order.
-
-        A layer of the default order (:data:`CHECK`) comes before every other.
-        """
-        return Resolver([layer, *self.layers], exact=self.exact)
 
     def resolve(self, name: str, dtypes: Iterable[str] = ("float64",)) -> tuple[Tolerance, str]:
         """``(tolerance, where it came from)`` for metric ``name`` of the given dtypes.
 
-        Every layer is consulted, so that an entry shadowed by a higher layer or by
-        the exact lane still counts as matched (it must not be reported as unused).
-        A "not compared" entry from any layer wins over every tolerance and over
-        the exact lane: it is a decision about the metric, not a width.
+        When the fields came from different layers, the source names each:
+        ``"rtol from @pytest.mark.golden(tolerances=); atol from built-in default"``.
         """
-        found = ignored = None
-        for layer in self.layers:
-            tol = layer.match(name)
-            if tol is not None and found is None:
-                found = tol, layer.source
-            if tol is not None and tol.ignore and ignored is None:
-                ignored = tol, layer.source
+        found = [(layer.match(name), layer.source) for layer in self.layers]
+        found = [(tol, source) for tol, source in found if tol is not None]
+        ignored = next(((tol, src) for tol, src in found if tol.ignore), None)
         if ignored is not None:  # an exclusion, wherever it is given, beats every tolerance
             return ignored
         if self.exact:
             return EXACT, "exact lane"
-        return found or dtype_default(dtypes)
+        taken: dict[str, tuple[Any, str]] = {}
+        for tol, source in found:
+            if tol.exact and not taken:
+                return tol, source
+            for field in tol.given:
+                taken.setdefault(field, (getattr(tol, field), source))
+            if "rtol" in taken and "atol" in taken:
+                break
+        else:
+            default, label = dtype_default(dtypes)
+            if not taken:
+                return default, label
+            for field in ("rtol", "atol"):
+                taken.setdefault(field, (getattr(default, field), label))
+        values = {field: value for field, (value, _) in taken.items()}
+        return Tolerance(**values), _source(taken)
+
+
+def _source(taken: Mapping[str, tuple[Any, str]]) -> str:
+    """One layer's name, or which field came from which layer when they differ."""
+    fields: dict[str, list[str]] = {}
+    for field in _FIELDS:
+        value, source = taken.get(field, (False, ""))
+        if field != "equal_nan" or value:  # a false equal_nan is not shown, so not attributed
+            fields.setdefault(source, []).append(field)
+    if len(fields) == 1:
+        return next(iter(fields))
+    return "; ".join(f"{' and '.join(names)} from {source}" for source, names in fields.items())
+
+
+class ToleranceUsage:
+    """Which entries of which layers named a metric or tensor that was checked.
+
+    Resolving is pure: code that checks a name notes it here, with every layer entry
+    it matches (an entry shadowed by a higher layer or by the exact lane still counts).
+    Entries are kept per layer object, and by label (``"--golden-tolerance 'kl'"``),
+    the form in which pytest-xdist workers hand them to the controller.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[Layer, set[str]] = {}
+        self._labels: set[str] = set()
+
+    def note(self, resolver: Resolver, name: str) -> None:
+        for layer in resolver.layers:
+            key = layer.key(name)
+            if key is not None:
+                self._keys.setdefault(layer, set()).add(key)
+                self._labels.add(_label(layer, key))
+
+    def unused(self, layer: Layer) -> list[str]:
+        """Entries of this layer object that named nothing checked."""
+        used = self._keys.get(layer, set())
+        return [k for k in layer.entries if k not in used]
+
+    def unused_labels(self, layers: Iterable[Layer]) -> list[str]:
+        """Labels of the entries of ``layers`` that no process noted (session-wide layers)."""
+        return [
+            _label(layer, k)
+            for layer in layers
+            for k in layer.entries
+            if _label(layer, k) not in self._labels
+        ]
+
+    def labels(self) -> list[str]:
+        return sorted(self._labels)
+
+    def merge(self, labels: Iterable[str]) -> None:
+        """Add the labels another process noted (:meth:`labels`)."""
+        self._labels.update(labels)
+
+
+def _label(layer: Layer, key: str) -> str:
+    return f"{layer.source} {key!r}"
 
 
 def builtin_layer() -> Layer:
-    return Layer("built-in default", BUILTIN, order=BUILTIN_ORDER)
+    return Layer("built-in default", BUILTIN)
+
+
+_BUILTIN_LAYER = builtin_layer()

@@ -22,7 +22,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_rollout_golden import store
+from pytest_rollout_golden import location, store
 from pytest_rollout_golden.errors import (
     GoldenError,
     GoldenFormatError,
@@ -50,7 +50,7 @@ def write_safetensors(path: Path, header: Any, data: bytes = b"", *, sign: bool 
     if sign and isinstance(header, dict) and isinstance(header.get("__metadata__"), dict):
         metadata = {k: v for k, v in header["__metadata__"].items() if k != "prg.digest"}
         header = {**header, "__metadata__": metadata}
-        hasher = xxhash.xxh3_128(store._canonical(header))
+        hasher = xxhash.xxh3_128(store.canonical_header(header))
         hasher.update(data)
         header["__metadata__"] = {**metadata, "prg.digest": hasher.hexdigest()}
     blob = header.encode() if isinstance(header, str) else json.dumps(header).encode()
@@ -244,7 +244,7 @@ MANIFEST_CASES: dict[str, Any] = {
 @pytest.mark.parametrize("case", MANIFEST_CASES)
 def test_crafted_manifest_is_a_format_error(tmp_path, case):
     content = MANIFEST_CASES[case]
-    path = tmp_path / store.MANIFEST
+    path = tmp_path / location.MANIFEST
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(GoldenFormatError) as exc:
         store.read_manifest(tmp_path)
@@ -261,7 +261,7 @@ def record(directory: Path, metrics: dict[str, Any] | None = None) -> None:
 def rewrite_signed(directory: Path, filename: str, text: str) -> None:
     """Replace ``filename`` by ``text`` and re-sign it in the manifest (a careful hand edit)."""
     (directory / filename).write_text(text)
-    manifest_path = directory / store.MANIFEST
+    manifest_path = directory / location.MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest["files"][filename]["digest"] = store.json_digest(text.encode())
     manifest_path.write_text(json.dumps(manifest))
@@ -328,12 +328,12 @@ def test_format_error_names_the_step_and_metric(tmp_path):
 def test_update_golden_repairs_a_crafted_manifest(tmp_path, case):
     directory = tmp_path / "golden"
     record(directory)
-    manifest = json.loads((directory / store.MANIFEST).read_text())
+    manifest = json.loads((directory / location.MANIFEST).read_text())
     manifest["files"]["metrics.json"] = MANIFEST_CASES[case]["files"]["metrics.json"]
-    (directory / store.MANIFEST).write_text(json.dumps(manifest))
+    (directory / location.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(GoldenFormatError) as exc:
         replay(directory)
-    assert_names_file_and_remedy(exc, directory / store.MANIFEST)
+    assert_names_file_and_remedy(exc, directory / location.MANIFEST)
     assert replay(directory, Mode.UPDATE).status == "recorded"
     assert replay(directory, Mode.STRICT).status == "replayed"
 
@@ -475,10 +475,10 @@ def test_random_edits_of_a_safetensors_header_and_layout(tmp_path, data):
 def test_random_edits_of_a_manifest_and_metrics(tmp_path_factory, data):
     directory = tmp_path_factory.mktemp("golden")
     record(directory, {"pg_loss": 0.5, "v": torch.tensor([1.0, 2.0]), "n": np.int8(3)})
-    target = data.draw(st.sampled_from([store.MANIFEST, "metrics.json"]))
+    target = data.draw(st.sampled_from([location.MANIFEST, "metrics.json"]))
     document = json.loads((directory / target).read_text())
     text = json.dumps(data.draw(edited(document)))
-    if target == store.MANIFEST:
+    if target == location.MANIFEST:
         (directory / target).write_text(text)
     else:
         rewrite_signed(directory, target, text)
@@ -607,7 +607,7 @@ def test_crafted_golden_fails_with_the_remedy_and_update_repairs_it(project, dam
         damaged = directory / "metrics.json"
         rewrite_signed(directory, "metrics.json", '{"steps": {"0": {"pg_loss": "NaN", "kl": 1}}}')
     elif damage == "manifest entry without digest":
-        damaged = directory / store.MANIFEST
+        damaged = directory / location.MANIFEST
         manifest = json.loads(damaged.read_text())
         del manifest["files"]["metrics.json"]["digest"]
         damaged.write_text(json.dumps(manifest))
@@ -616,7 +616,7 @@ def test_crafted_golden_fails_with_the_remedy_and_update_repairs_it(project, dam
         header, payload = _read_header(damaged)
         header["__metadata__"]["prg.layout"] = nested(DEEP)
         write_safetensors(damaged, header, payload)
-        manifest_path = directory / store.MANIFEST
+        manifest_path = directory / location.MANIFEST
         manifest = json.loads(manifest_path.read_text())
         digest = _read_header(damaged)[0]["__metadata__"]["prg.digest"]
         manifest["files"][damaged.name]["digest"] = digest  # re-signed in the manifest too

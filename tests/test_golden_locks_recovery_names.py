@@ -86,7 +86,7 @@ def test_processes_with_different_tmpdirs_exclude_each_other(tmp_path, via):
     directory = tmp_path / "golden" / "tests" / "test_x" / "test_y"
     holder = _locker(directory, tmp_path / "tmp-a")
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    lock = store.lock_path(directory)
+    lock = location.lock_path(directory)
     assert lock.parent == directory.parent and lock.name == ".test_y.lock"
     try:
         other = directory
@@ -116,10 +116,10 @@ def test_a_planted_symlink_as_lock_file_is_refused_not_followed(tmp_path):
     directory = tmp_path / "golden" / "test_x" / "test_y"
     directory.mkdir(parents=True)
     victim = tmp_path / "victim"
-    store.lock_path(directory).symlink_to(victim)
+    location.lock_path(directory).symlink_to(victim)
     with pytest.raises(GoldenError) as exc, store.locked(directory, timeout=1):
         pass
-    assert str(store.lock_path(directory)) in str(exc.value)
+    assert str(location.lock_path(directory)) in str(exc.value)
     assert "symbolic link" in str(exc.value)
     assert not victim.exists(), "the planted symlink was followed"
 
@@ -135,7 +135,7 @@ def test_a_lock_file_is_never_a_golden_nor_part_of_one(tmp_path):
         tx.write_batch("batch.safetensors", {"v": np.arange(3)})
         tx.commit({})
         # a crashed holder leaves its lock file behind; nothing may take it for golden content
-        store.lock_path(directory).with_name(".stale.lock").write_text("pid 1 on host\n")
+        location.lock_path(directory).with_name(".stale.lock").write_text("pid 1 on host\n")
         assert location.find_goldens(root) == [directory]
         assert sorted(os.listdir(directory)) == ["batch.safetensors", "manifest.json"]
     assert sorted(store.read_manifest(directory)["files"]) == ["batch.safetensors"]
@@ -241,7 +241,7 @@ def test_thousands_of_long_ids_with_a_common_prefix_get_distinct_64_bit_names():
 
 def test_the_projects_committed_goldens_keep_their_paths():
     """Every committed golden is found where its recording test and names put it today."""
-    from pytest_rollout_golden.replay import rollout_filename, tensors_filename
+    from pytest_rollout_golden.location import rollout_filename, tensors_filename
 
     goldens = location.find_goldens(REPO / "golden")
     assert len(goldens) >= 3
@@ -437,11 +437,11 @@ def test_a_read_only_checkout_replays_without_a_lock(tmp_path, monkeypatch):
             raise OSError(errno.EROFS, "Read-only file system", str(path))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(store.os, "open", read_only_open)
+    monkeypatch.setattr(os, "open", read_only_open)
     run(0.5)
     with pytest.raises(GoldenMismatch):
         run(0.6)
-    assert not store.lock_path(directory).exists()
+    assert not location.lock_path(directory).exists()
 
 
 def _commit(directory: Path, files: dict[str, int]) -> None:

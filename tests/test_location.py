@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,64 @@ def test_shared_goldens_cannot_collide_with_test_file_goldens(tmp_path):
         directory = location.golden_dir(root, tmp_path, tmp_path / name, "test_x")
         assert root / "@shared" not in (directory, *directory.parents)
         assert shared not in directory.parents and directory not in shared.parents
+
+
+def test_names_beside_a_golden_round_trip_through_the_leftover_parser(tmp_path):
+    directory = tmp_path / "test_x" / "layout.old-ref"
+    staging, backup = location.staging_dir(directory), location.backup_dir(directory)
+    lock, tmp = location.lock_path(directory), location.temp_file(directory / location.MANIFEST)
+    assert staging.parent == backup.parent == lock.parent == directory.parent
+    assert location.leftover_name(staging.name) == ("layout.old-ref", "new")
+    assert location.leftover_name(backup.name) == ("layout.old-ref", "old")
+    assert location.leftover_kind("layout.old-ref", staging.name) == "new"
+    assert location.leftover_kind("layout.old-ref", backup.name) == "old"
+    assert location.leftover_kind("layout", staging.name) is None  # no prefix match
+    for other in (lock.name, tmp.name, directory.name, location.MANIFEST):
+        assert location.leftover_name(other) is None, other
+    # hidden, so that a scan of the golden root never takes them for goldens
+    for hidden in (staging, backup):
+        hidden.mkdir(parents=True)
+        (hidden / location.MANIFEST).write_text("{}")
+    assert all(p.name.startswith(".") for p in (staging, backup, lock, tmp))
+    assert location.find_goldens(tmp_path) == []
+    directory.mkdir()
+    (directory / location.MANIFEST).write_text("{}")
+    assert location.find_goldens(tmp_path) == [directory]
+
+
+def _code_strings(path: Path) -> list[str]:
+    """The string constants of a module, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+# a whole constant, or the piece of an f-string that builds a name (``f".{name}.lock"``)
+ON_DISK = re.compile(
+    r"(manifest|metrics|tolerances)\.json|rollout-|tensors-|-step|\.(new|old|tmp)-|\.lock"
+)
+
+
+def test_every_on_disk_name_is_spelled_only_in_location():
+    package = Path(location.__file__).parent
+    modules = [p for p in package.rglob("*.py") if p.name != "location.py"]
+    assert len(modules) > 20
+    spelled = {
+        f"{p.relative_to(package)}: {s!r}"
+        for p in modules
+        for s in _code_strings(p)
+        if ON_DISK.fullmatch(s)  # a text that mentions a file is not a name
+    }
+    assert not spelled, "use the names of location.py"

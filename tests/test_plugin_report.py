@@ -18,7 +18,7 @@ def test_train(golden, values):
     )
 
 
-@pytest.mark.golden(tolerances={"x": {"rtol": 0.0, "equal_nan": True}})
+@pytest.mark.golden(tolerances={"x": {"rtol": 0.0, "atol": 0.0, "equal_nan": True}})
 def test_nan(golden):
     golden.check({"x": float("nan")}, step=3)
 """

@@ -79,6 +79,19 @@ def test_precedence_check_over_marker_over_cli_over_ini_over_builtin(
     assert rtol == deciding_rtol
 
 
+def test_a_marker_giving_only_rtol_keeps_the_builtin_atol_and_says_where_each_came_from(project):
+    """A lone rtol used to mean atol=0: pg_loss 0 -> 5e-9 failed. Now atol is the built-in 1e-8."""
+    marker = {"pg_loss": {"rtol": 1e-3}}
+    record_then_replay(project, 0.0, 5e-9, name="pg_loss", marker=marker).assert_outcomes(passed=1)
+    project.set_values(value=1.01, name="pg_loss", marker=marker)
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert project.mismatch_row(result, "pg_loss")["allowed"] == (
+        "rtol=0.001, atol=1e-08 "
+        "(rtol from @pytest.mark.golden(tolerances=); atol from built-in default)"
+    )
+
+
 # 2**-20 is about 9.5e-7 (8 float32 ulps of 1.0); 2**-7 is one bfloat16 ulp of 1.0.
 @pytest.mark.parametrize(
     ("dtype", "replayed", "passes"),

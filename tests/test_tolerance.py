@@ -1,4 +1,5 @@
-"""Unit tests of tolerance.py: Tolerance, parse_spec, Layer matching, Resolver order, defaults."""
+"""Unit tests of tolerance.py: Tolerance, parse_spec, Layer matching, the Stack's order,
+partial entries and where each field comes from, the usage tracker, defaults."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import pytest
 from pytest_rollout_golden.compare import compare_values
 from pytest_rollout_golden.tolerance import (
     EXACT,
+    IGNORE,
     Layer,
     Resolver,
+    Stack,
     Tolerance,
+    ToleranceUsage,
     builtin_layer,
     dtype_default,
     parse_spec,
@@ -85,14 +89,19 @@ def test_layer_matches_exact_name_then_glob_then_last_component():
     assert layer.match("critic/pg_loss") is base
     assert layer.match("pg_loss") is base
     assert layer.match("critic/kl") is None
-    assert layer.unused() == []
+    assert [layer.key(n) for n in ("actor/pg_loss", "actor/kl", "critic/pg_loss")] == [
+        "actor/pg_loss",
+        "actor/*",
+        "pg_loss",
+    ]
 
 
-def test_layer_records_what_matched():
+def test_usage_records_what_matched():
     layer = Layer("test", {"a": {"rtol": 1}, "b*": {"rtol": 1}, "never": {"rtol": 1}})
-    layer.match("a")
-    layer.match("bee")
-    assert layer.unused() == ["never"]
+    usage = ToleranceUsage()
+    usage.note(Resolver([layer]), "a")
+    usage.note(Resolver([layer]), "bee")
+    assert usage.unused(layer) == ["never"]
 
 
 def test_layer_rejects_bad_entries_naming_the_source():
@@ -101,8 +110,8 @@ def test_layer_rejects_bad_entries_naming_the_source():
 
 
 def test_resolver_first_layer_wins_then_dtype_defaults():
-    high = Layer("high", {"kl": Tolerance(rtol=1)})
-    low = Layer("low", {"kl": Tolerance(rtol=2), "loss": Tolerance(rtol=3)})
+    high = Layer("high", {"kl": Tolerance(rtol=1, atol=0)})
+    low = Layer("low", {"kl": Tolerance(rtol=2, atol=0), "loss": Tolerance(rtol=3, atol=0)})
     resolver = Resolver([high, low])
     assert resolver.resolve("kl") == (Tolerance(rtol=1), "high")
     assert resolver.resolve("loss") == (Tolerance(rtol=3), "low")
@@ -110,20 +119,38 @@ def test_resolver_first_layer_wins_then_dtype_defaults():
         Tolerance(rtol=1.3e-6, atol=1e-5),
         "torch.testing default for float32",
     )
-    assert low.unused() == [], "a shadowed entry still matched a metric"
+    usage = ToleranceUsage()
+    usage.note(resolver, "kl")
+    assert usage.unused(low) == ["loss"], "a shadowed entry still matched a metric"
 
 
-def test_with_layer_puts_the_new_layer_first():
-    base = Resolver([Layer("marker", {"kl": Tolerance(rtol=1)})])
-    top = base.with_layer(Layer("check", {"kl": Tolerance(rtol=9)}))
-    assert top.resolve("kl") == (Tolerance(rtol=9), "check")
-    assert base.resolve("kl") == (Tolerance(rtol=1), "marker")
+def test_resolving_is_pure_usage_is_noted_only_by_note():
+    layer = Layer("marker", {"kl": Tolerance(rtol=1)})
+    resolver = Stack(marker=[layer]).resolver()
+    usage = ToleranceUsage()
+    resolver.resolve("kl")
+    assert usage.unused(layer) == ["kl"]
+    usage.note(resolver, "actor/kl")
+    assert usage.unused(layer) == []
+    assert usage.unused(Layer("marker", {"kl": Tolerance(rtol=1)})) == ["kl"], (
+        "usage is per layer object: another test's marker with the same entry is not used"
+    )
+
+
+def test_the_call_layer_comes_before_every_other():
+    stack = Stack(marker=[Layer("marker", {"kl": Tolerance(rtol=1, atol=0)})])
+    top = stack.replace(call=Layer("check", {"kl": Tolerance(rtol=9, atol=0)}))
+    assert top.resolver().resolve("kl") == (Tolerance(rtol=9), "check")
+    assert stack.resolver().resolve("kl") == (Tolerance(rtol=1), "marker")
 
 
 def test_exact_resolver_ignores_tolerances_but_notes_matches():
     layer = Layer("marker", {"kl": Tolerance(rtol=1)})
-    assert Resolver([layer], exact=True).resolve("kl") == (EXACT, "exact lane")
-    assert layer.unused() == []
+    resolver = Stack(marker=[layer], exact=True).resolver()
+    assert resolver.resolve("kl") == (EXACT, "exact lane")
+    usage = ToleranceUsage()
+    usage.note(resolver, "kl")
+    assert usage.unused(layer) == []
 
 
 @pytest.mark.parametrize(
@@ -157,39 +184,135 @@ def test_builtin_fraction_metrics_are_absolute():
     assert not compare_values(0.25, 0.25 + 1 / 512, tol, check_dtype=False).ok  # one token of 512
 
 
-def test_layers_are_consulted_in_their_order_whatever_order_they_are_given_in():
-    from pytest_rollout_golden.tolerance import CALIBRATED, CLI, MARKER
+def test_the_stack_order_call_marker_calibrated_layout_layout_calibrated_cli_ini_builtin():
+    """Each layer, removed from the top in turn, hands the decision to the one below it."""
+    roles = ["call", "marker", "calibrated_layout", "layout", "calibrated", "cli", "ini"]
 
-    cli = Layer("cli", {"kl": Tolerance(rtol=3e-1)}, order=CLI)
-    calibrated = Layer("calibrated", {"kl": Tolerance(rtol=2e-1)}, order=CALIBRATED)
-    marker = Layer("marker", {"kl": Tolerance(rtol=1e-1)}, order=MARKER)
-    assert Resolver([cli, calibrated, builtin_layer()]).resolve("kl")[1] == "calibrated"
-    resolver = Resolver([cli, builtin_layer()]).with_layer(calibrated)
-    assert resolver.resolve("kl") == (Tolerance(rtol=2e-1), "calibrated")
-    assert Resolver([calibrated, marker]).resolve("kl")[1] == "marker"
-    check = Layer("check", {"kl": Tolerance(rtol=1e-2)})  # the default order: first of all
-    assert resolver.with_layer(check).resolve("kl")[1] == "check"
+    def layer(role):
+        return Layer(role, {"pg_loss": Tolerance(rtol=roles.index(role) + 1.0, atol=0.0)})
 
-
-def test_the_layout_lane_sits_below_the_marker_and_above_calibrated_tolerances():
-    # A variant of parallel.variants() replays its reference layout's golden: the cross-layout
-    # lane must beat the golden's calibrated (same-layout) spread, and the user's marker beats both.
-    from pytest_rollout_golden.tolerance import CALIBRATED, LAYOUT, MARKER
-
-    lane = Layer("layout lane", {"pg_loss": Tolerance(rtol=1e-4)}, order=LAYOUT)
-    calibrated = Layer("calibrated", {"pg_loss": Tolerance(rtol=1e-7)}, order=CALIBRATED)
-    marker = Layer("marker", {"pg_loss": Tolerance(rtol=1e-2)}, order=MARKER)
-    assert Resolver([calibrated, lane, builtin_layer()]).resolve("pg_loss")[1] == "layout lane"
-    assert Resolver([calibrated, lane, marker]).resolve("pg_loss")[1] == "marker"
+    parts = {
+        role: [layer(role)] if role in ("marker", "cli", "ini") else layer(role) for role in roles
+    }
+    for i, role in enumerate(roles):
+        resolver = Stack(**{r: parts[r] for r in roles[i:]}).resolver()
+        assert resolver.resolve("pg_loss") == (Tolerance(rtol=i + 1.0, atol=0.0), role)
+    assert Stack().resolver().resolve("pg_loss") == (
+        Tolerance(rtol=1e-5, atol=1e-8),
+        "built-in default",
+    )
+    assert Stack().resolver().resolve("unknown", ("bfloat16",))[1] == (
+        "torch.testing default for bfloat16"
+    )
 
 
 def test_an_exclusion_in_any_layer_beats_every_tolerance_and_the_exact_lane():
-    from pytest_rollout_golden.tolerance import IGNORE, INI, MARKER
-
-    marker = Layer("marker", {"*": Tolerance(rtol=1e-4)}, order=MARKER)
-    ini = Layer("ini", {"pg_clipfrac": IGNORE}, order=INI)
-    resolver = Resolver([marker, ini, builtin_layer()], exact=True)
+    marker = Layer("marker", {"*": Tolerance(rtol=1e-4)})
+    ini = Layer("ini", {"pg_clipfrac": IGNORE})
+    resolver = Stack(marker=[marker], ini=[ini], exact=True).resolver()
     assert resolver.resolve("pg_clipfrac") == (IGNORE, "ini")
     assert resolver.resolve("pg_loss")[1] == "exact lane"
     assert parse_spec("actor/*:ignore") == ("actor/*", IGNORE)
     assert IGNORE.describe() == "not compared"
+
+
+# ------------------------------------------------ partial entries: which field comes from where
+
+
+@pytest.mark.parametrize(
+    ("entry", "given"),
+    [
+        ({"rtol": 1e-3}, {"rtol"}),
+        ({"atol": 0.0}, {"atol"}),
+        ({"equal_nan": True}, {"equal_nan"}),
+        ({"rtol": 1e-3, "atol": 0, "exact": False}, {"rtol", "atol"}),
+        ({"exact": True}, {"rtol", "atol", "equal_nan"}),
+        ({"ignore": True}, {"rtol", "atol", "equal_nan"}),
+        ({}, set()),
+    ],
+)
+def test_a_tolerance_records_which_fields_were_given(entry, given):
+    assert Tolerance.coerce(entry).given == given
+    assert Tolerance(**entry).given == given
+    spec = ",".join(f"{k}={str(v).lower()}" for k, v in entry.items()) or "rtol=0"
+    assert parse_spec(f"m:{spec}")[1].given == (given or {"rtol"})
+
+
+def test_a_lone_rtol_takes_atol_from_the_next_layer_down():
+    marker = Layer("@pytest.mark.golden(tolerances=)", {"pg_loss": {"rtol": 1e-3}})
+    tol, source = Stack(marker=[marker]).resolver().resolve("actor/pg_loss")
+    assert (tol.rtol, tol.atol) == (1e-3, 1e-8)  # atol of the built-in pg_loss default
+    assert source == "rtol from @pytest.mark.golden(tolerances=); atol from built-in default"
+
+
+def test_each_field_comes_from_the_highest_layer_that_names_it():
+    cli = Layer("--golden-tolerance", {"kl": {"atol": 1e-4}})
+    ini = Layer("ini golden_tolerances", {"kl": {"equal_nan": True}, "*": {"rtol": 2e-2}})
+    tol, source = Stack(cli=[cli], ini=[ini]).resolver().resolve("kl")
+    # A layer answers with its best match only: ini's "kl" (equal_nan), not its "*" glob.
+    assert tol == Tolerance(rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert source == (
+        "rtol from built-in default; atol from --golden-tolerance; "
+        "equal_nan from ini golden_tolerances"
+    )
+
+
+def test_an_entry_naming_only_equal_nan_keeps_the_numbers_of_the_layers_below():
+    marker = Layer("marker", {"kl": {"equal_nan": True}})
+    tol, source = Stack(marker=[marker]).resolver().resolve("kl")
+    assert tol == Tolerance(rtol=1e-5, atol=1e-9, equal_nan=True)  # built-in kl numbers
+    assert source == "rtol and atol from built-in default; equal_nan from marker"
+
+
+def test_fields_no_layer_names_come_from_the_dtype_defaults():
+    marker = Layer("marker", {"my_metric": {"rtol": 0.1}})
+    tol, source = Stack(marker=[marker]).resolver().resolve("my_metric", ("float32",))
+    assert (tol.rtol, tol.atol) == (0.1, 1e-5)
+    assert source == "rtol from marker; atol from torch.testing default for float32"
+
+
+def test_a_complete_entry_decides_alone_as_before():
+    """rtol and atol both given: equal_nan of a lower layer is not consulted (it is false)."""
+    marker = Layer("marker", {"kl": {"rtol": 1e-3, "atol": 0.0}})
+    ini = Layer("ini", {"kl": {"rtol": 1.0, "atol": 1.0, "equal_nan": True}})
+    assert Stack(marker=[marker], ini=[ini]).resolver().resolve("kl") == (
+        Tolerance(rtol=1e-3, atol=0.0, equal_nan=False),
+        "marker",
+    )
+
+
+def test_exact_is_complete_on_top_and_fills_zeros_below_a_partial_entry():
+    exact = Layer("ini", {"kl": {"exact": True}})
+    assert Stack(ini=[exact]).resolver().resolve("kl") == (EXACT, "ini")
+    marker = Layer("marker", {"kl": {"rtol": 1e-3}})
+    tol, source = Stack(marker=[marker], ini=[exact]).resolver().resolve("kl")
+    assert tol == Tolerance(rtol=1e-3, atol=0.0) and not tol.exact
+    assert source == "rtol from marker; atol from ini"
+
+
+def test_an_empty_entry_leaves_every_field_to_the_layers_below_but_counts_as_used():
+    marker = Layer("marker", {"pg_loss": {}})
+    resolver = Stack(marker=[marker]).resolver()
+    assert resolver.resolve("pg_loss") == (Tolerance(rtol=1e-5, atol=1e-8), "built-in default")
+    usage = ToleranceUsage()
+    usage.note(resolver, "pg_loss")
+    assert usage.unused(marker) == []
+
+
+# ------------------------------------------------------------------ the usage tracker
+
+
+def test_session_usage_is_merged_by_label_across_processes():
+    """pytest-xdist: each worker notes into its own tracker; the controller merges labels."""
+    cli = Layer("--golden-tolerance", {"kl": {"rtol": 1}, "gradnorm": {"rtol": 1}})
+    ini = Layer("ini golden_tolerances", {"pg_loss": {"rtol": 1}})
+    worker = ToleranceUsage()
+    worker.note(Stack(cli=[cli], ini=[ini]).resolver(), "actor/kl")
+    assert worker.labels() == ["--golden-tolerance 'kl'", "built-in default 'kl'"]
+    controller = ToleranceUsage()
+    assert len(controller.unused_labels([cli, ini])) == 3
+    controller.merge(worker.labels())
+    assert controller.unused_labels([cli, ini]) == [
+        "--golden-tolerance 'gradnorm'",
+        "ini golden_tolerances 'pg_loss'",
+    ]

@@ -1,4 +1,5 @@
-"""Hardening of the golden store: hostile files, corruption, exotic values, crashes mid-commit.
+"""Unit tests of the store package: hostile files, corruption, round trips of every value a
+batch holds, refused values, DataProto-like batches, crashes mid-commit.
 
 A golden gate must never run code from a file, never load a damaged file
 silently, say which file is wrong and what to do, give back exactly what was
@@ -28,7 +29,7 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 
-from pytest_rollout_golden import codec, store
+from pytest_rollout_golden import codec, location, store
 from pytest_rollout_golden.errors import GoldenFormatError, UnsupportedValueError
 
 REMEDY = "--update-golden"
@@ -238,7 +239,7 @@ def test_json_edited_by_hand_is_caught(tmp_path):
 
 
 def _write_manifest(directory: Path, content: Any) -> Path:
-    path = directory / store.MANIFEST
+    path = directory / location.MANIFEST
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     return path
 
@@ -430,6 +431,41 @@ def test_meta_info_values(tmp_path):
     assert back["nested"] == meta["nested"] and back["big_int"] == 2**80 and back[7] == "int key"
 
 
+def test_nested_batch_round_trips_through_a_file(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    names = np.empty(2, dtype=object)
+    names[0], names[1] = "a", {"nested": [1, None]}
+    batch = {
+        "bf16": torch.randn(3, 4, generator=g).to(torch.bfloat16),
+        "strided": torch.arange(12.0).reshape(3, 4).t(),
+        "empty": torch.zeros(0, 5, dtype=torch.int32),
+        "numpy": np.arange(6, dtype=np.float16).reshape(2, 3),
+        "object": names,
+        "unicode": np.array(["ab", "c"]),
+        "scalar": np.int64(7),
+        "list": [1, 2.5, "x", None, True, float("nan")],
+        "tuple": (torch.ones(1), "y"),
+        "bytes": b"\x00\xff",
+        3: "int key",
+    }
+    path = tmp_path / "b.safetensors"
+    digest = store.save_batch(path, batch)
+    assert len(digest) == 32
+    loaded = store.load_batch(path)
+    assert list(loaded) == list(batch)
+    assert torch.equal(bits(loaded["bf16"]), bits(batch["bf16"]))
+    assert torch.equal(loaded["strided"], batch["strided"])
+    assert loaded["empty"].shape == (0, 5) and loaded["empty"].dtype == torch.int32
+    assert isinstance(loaded["numpy"], np.ndarray) and loaded["numpy"].dtype == np.float16
+    assert np.array_equal(loaded["numpy"], batch["numpy"])
+    assert loaded["object"].dtype == object and loaded["object"].tolist() == names.tolist()
+    assert loaded["unicode"].dtype == batch["unicode"].dtype
+    assert loaded["scalar"] == 7 and loaded["scalar"].dtype == np.int64
+    assert loaded["list"][:5] == batch["list"][:5] and math.isnan(loaded["list"][5])
+    assert type(loaded["tuple"]) is tuple and torch.equal(loaded["tuple"][0], torch.ones(1))
+    assert loaded["bytes"] == b"\x00\xff" and loaded[3] == "int key"
+
+
 UNSUPPORTED = {
     "set": ({"meta_info": {"tags": {"a", "b"}}}, "['meta_info']['tags']"),
     "custom object": ({"meta_info": {"tok": object()}}, "['meta_info']['tok']"),
@@ -437,10 +473,22 @@ UNSUPPORTED = {
     "datetime64 array": ({"when": np.array(["2024-01-01"], dtype="datetime64[D]")}, "when"),
     "timedelta64 array": ({"dt": np.array([1], dtype="timedelta64[s]")}, "dt"),
     "sparse tensor": ({"batch": {"adj": torch.eye(3).to_sparse()}}, "['batch']['adj']"),
-    "complex128 tensor": ({"batch": {"z": torch.zeros(2, dtype=torch.complex128)}}, "batch/z"),
+    "complex128 tensor": (
+        {"batch": {"z": torch.zeros(2, dtype=torch.complex128)}},
+        "cannot record 'batch/z': torch dtype torch.complex128",
+    ),
     "meta tensor": ({"batch": {"lp": torch.empty(2, device="meta")}}, "batch/lp"),
     "tuple key": ({"meta_info": {(1, 2): 3}}, "['meta_info']"),
     "bool key": ({"meta_info": {True: 3}}, "['meta_info']"),
+    "tuple key at the top": ({(1, 2): 0}, "mapping key (1, 2) at <top>"),
+    "set in a list": ({"a": [0, {1, 2}]}, "['a'][1]"),
+    "function in DataProto meta_info": (
+        codec.RolloutBatch({}, {}, {"fn": len}),
+        "['meta_info']['fn']",
+    ),
+    "sparse tensor at the top": ({"sparse": torch.eye(2).to_sparse()}, "['sparse'] is sparse"),
+    "structured array": ({"rec": np.zeros(2, dtype=[("a", "i4"), ("b", "f8")])}, "at ['rec']"),
+    "structured scalar in a list": ({"r": [np.zeros(1, dtype=[("a", "i4")])[0]]}, "at ['r'][0]"),
 }
 
 
@@ -472,6 +520,8 @@ def test_files_open_with_the_official_safetensors_reader(tmp_path):
     with safetensors.safe_open(path, "pt") as f:
         metadata = f.metadata()
     assert metadata["prg.format"] == f"{store.FORMAT}/{store.SCHEMA}" and "prg.digest" in metadata
+    store.save_batch(path, {"a": torch.ones(2, dtype=torch.bfloat16), "b": {"c": torch.arange(3)}})
+    assert set(safetensors.torch.load_file(path)) == {"a", "b/c"}
 
 
 def test_numpy_entries_open_with_the_official_numpy_reader(tmp_path):
@@ -603,7 +653,7 @@ WRITER = textwrap.dedent(
 
     import numpy as np
 
-    from pytest_rollout_golden import store
+    from pytest_rollout_golden import location, store
 
     directory, pause = Path(sys.argv[1]), sys.argv[4]
     version, numel = int(sys.argv[2]), int(sys.argv[3])
@@ -621,7 +671,7 @@ WRITER = textwrap.dedent(
     elif pause == "after-second-rename":  # the new golden in place, the old one not deleted
         pausing(os.rename, "rename", lambda src, dst: dst == directory)
     elif pause == "after-staged-manifest":  # everything staged, nothing renamed yet
-        pausing(os.replace, "replace", lambda src, dst: dst.name == store.MANIFEST)
+        pausing(os.replace, "replace", lambda src, dst: dst.name == location.MANIFEST)
 
     print("start", flush=True)
     with store.locked(directory):

@@ -1,0 +1,102 @@
+"""Bytes on disk: the one writer, whole-file reading, the one checksum, and the error
+that names a bad file.
+
+Every write goes to a temporary file that is fsynced and renamed over the target, so a
+reader sees the old file or the new one, never a mix. Nothing here unpickles or executes
+anything read from disk: a pickle, zip (``torch.save``) or ``.npy`` file found where a
+golden file should be is refused by its first bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
+from ..location import temp_file
+
+# What a manifest and a batch file's metadata say they are.
+FORMAT = "pytest-rollout-golden"
+SCHEMA = 1
+
+_FOREIGN_MAGIC = [
+    (b"PK\x03\x04", "a zip archive (the format of torch.save)"),
+    (b"\x93NUMPY", "a numpy .npy file"),
+]
+
+
+def atomic_write(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
+    """Write ``chunks`` to ``path`` through a fsynced temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_file(path)
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise GoldenError(
+                f"{path}: no space left on device while writing it; nothing was committed "
+                "and the previous golden is intact. Free disk space on that filesystem (or "
+                "point golden_dir elsewhere) and run again."
+            ) from exc
+        raise
+
+
+def checksum(chunks: Iterable[Any]) -> str:
+    """The checksum of a golden file's content given in pieces (buffers): xxh3-128, hex."""
+    hasher = xxhash.xxh3_128()
+    for chunk in chunks:
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def format_error(path: Path, what: str) -> GoldenFormatError:
+    """A GoldenFormatError naming ``path``, what is wrong with it, and the remedy."""
+    return GoldenFormatError(f"{path}: {what}. Nothing was loaded from it; {REMEDY_UPDATE}.")
+
+
+def read_bytes(path: Path) -> bytearray:
+    """The whole file in one writable buffer."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return read_exact(path, f, bytearray(os.fstat(f.fileno()).st_size))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise format_error(path, f"cannot be read ({exc})") from exc
+
+
+def read_exact(path: Path, f: Any, buf: Any) -> Any:
+    """Fill the writable buffer ``buf`` from the unbuffered file ``f``; return ``buf``."""
+    view, got = memoryview(buf).cast("B"), 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise format_error(path, f"shrank while being read ({got} of {len(view)} bytes)")
+        got += n
+    return buf
+
+
+def sniff_foreign(path: Path, buf: bytearray) -> None:
+    """Refuse, by its first bytes, a pickle, zip or ``.npy`` file; it is never deserialized."""
+    if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
+        raise format_error(
+            path,
+            "is a pickle file, not a safetensors golden; it was not unpickled "
+            "(unpickling runs code stored in the file)",
+        )
+    for magic, what in _FOREIGN_MAGIC:
+        if buf.startswith(magic):
+            raise format_error(
+                path, f"is {what}, not a safetensors golden; it was not deserialized"
+            )
