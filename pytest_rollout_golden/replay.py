@@ -108,13 +108,15 @@ class Golden:
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
         self._touched: set[str] = set()  # golden files this run used
-        self._requested: set[tuple[str, str]] = set()  # (rollout name, step) asked for
         self._finished = False
         self._drop_tolerances = False
-        self._missing_step_source = missing_step_source
-        self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
-        self._damaged: set[str] = set()  # rollout files regenerated because unreadable
-        self._inputs_not_recorded: dict[str, str] = {}  # step -> why its metrics are not compared
+        self._rollouts = RolloutInputs(
+            self._files,
+            notes=self._outcome.rollouts,
+            touched=self._touched,
+            missing=self._missing,
+            missing_step_source=missing_step_source,
+        )
 
     @property
     def mode(self) -> Mode:
@@ -247,92 +249,7 @@ class Golden:
         _require_generator(generate, name)
         key = _step_key(step)
         self._open()
-        filename = rollout_filename(name, int(key))
-        if (name, key) in self._requested:  # not _touched: a stand-in step touches another file
-            raise ValueError(
-                f"golden.rollout(name={name!r}, step={step}) was already called in this test: "
-                "in a loop, pass the loop's step (`golden.rollout(generate, step=step)`), or give "
-                "each batch of one step its own `name=`"
-            )
-        self._requested.add((name, key))
-        self._touched.add(filename)
-        if self._files.staged(filename):
-            return self._files.load_staged(filename)
-        info = self._old_files().get(filename)
-        if info is not None:
-            action = self.policy.recorded_rollout()
-            if action == REPLAY:
-                return self._files.load(filename)
-            if action == KEEP:
-                kept = self._keep_rollout(filename, name, int(key))
-                if kept is not _DAMAGED:
-                    return kept
-        else:
-            recorded = self._files.steps("rollout", name)
-            action = self.policy.missing_rollout_step(steps_recorded=bool(recorded))
-            if action == REFUSE:
-                raise self._missing(f"rollout {name!r}", step, recorded)
-            if action != RECORD:
-                return self._missing_rollout_step(action, generate, name, int(key))
-        batch = inputs.generate_forked(generate)
-        self._files.stage_batch(filename, batch, kind="rollout", name=name, step=step)
-        if info is not None and info.get("kind") == "rollout":
-            self._note_regenerated(filename, name, int(key))
-        # What replay will return, not the object generate() built (requires_grad, views, ...)
-        return self._files.load_staged(filename)
-
-    # ------------------------------------------------------------------ rollouts as inputs
-
-    def _keep_rollout(self, filename: str, name: str, step: int) -> Any:
-        """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
-        try:
-            batch = self._files.load(filename)
-        except GoldenFormatError as exc:
-            first = str(exc).splitlines()[0]
-            self._outcome.rollouts.append(
-                f"rollout {name!r} step {step}: recorded file damaged ({first}); regenerated"
-            )
-            self._damaged.add(filename)
-            return _DAMAGED
-        self._kept.setdefault(name, set()).add(step)
-        return batch
-
-    def _note_regenerated(self, filename: str, name: str, step: int) -> None:
-        if filename in self._damaged:
-            return  # already said, and there is nothing to diff against
-        changes = inputs.batch_changes(self.directory / filename, self._files.staged_path(filename))
-        self._outcome.rollouts.append(f"rollout {name!r} step {step}: regenerated, {changes}")
-
-    def _missing_rollout_step(
-        self, action: str, generate: Callable[[], Any], name: str, step: int
-    ) -> Any:
-        """A rollout step never recorded, under the missing-step policy's ``action``."""
-        recorded = self._files.steps("rollout", name)
-        if action == ERROR:
-            raise self._missing(
-                f"rollout {name!r}",
-                step,
-                recorded,
-                why=f"A step beyond the recording is an error here ({self._missing_step_source}"
-                f"{action!r}; 'repeat' or 'generate' would replay past it)",
-            )
-        if action == REPEAT:
-            substitute = inputs.substitute_step(recorded, step)
-            assert substitute is not None
-            sub_file = rollout_filename(name, substitute)
-            self._touched.add(sub_file)
-            self._outcome.rollouts.append(
-                f"rollout {name!r} step {step}: step {substitute} stood in for it "
-                f"(missing_step='repeat'; recorded steps {_ranges(recorded)})"
-            )
-            return self._files.load(sub_file)
-        assert action == GENERATE
-        self._outcome.rollouts.append(
-            f"rollout {name!r} step {step}: generated, not recorded "
-            "(missing_step='generate'); its metrics and tensors are not compared"
-        )
-        self._inputs_not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
-        return inputs.generate_forked(generate)
+        return self._rollouts.get(self.policy, generate, name, int(key))
 
     def check(
         self,
@@ -353,7 +270,7 @@ class Golden:
             )
         key = _step_key(step)
         self._open()
-        if key in self._inputs_not_recorded:
+        if key in self._rollouts.not_recorded:
             return self._not_compared(list(metrics), step, kind="metric")
         resolver, layer = self._resolver, None
         if tolerances:
@@ -409,7 +326,7 @@ class Golden:
         if not isinstance(tensors, Mapping) or not tensors:
             raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
         masks = {} if mask is None else _as_mask(name, mask, tensors)
-        if key in self._inputs_not_recorded:
+        if key in self._rollouts.not_recorded:
             return self._not_compared([f"{name}/{t}" for t in tensors], step, kind="tensor")
         filename = tensors_filename(name, int(key), rank, micro)
         if filename in self._tensor_files:
@@ -475,22 +392,13 @@ class Golden:
 
     def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
         """Checks at a step whose rollout was generated and not recorded: nothing to compare."""
-        why = self._inputs_not_recorded[str(step)]
+        why = self._rollouts.not_recorded[str(step)]
         results = [
             Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why)
             for name in names
         ]
         self._outcome.comparisons.extend(results)
         return results
-
-    def _kept_lines(self) -> list[str]:
-        return [
-            f"rollout {name!r}: kept step{'s' if len(s) > 1 else ''} {_ranges(sorted(s))} "
-            "(recorded inputs replayed; --golden-regenerate re-runs generate)"
-            for name, s in self._kept.items()
-        ]
-
-    # ------------------------------------------------------------------ comparing
 
     def _ignored(self, name: str) -> bool:
         self._usage.note(self._resolver, name)
@@ -535,7 +443,7 @@ class Golden:
         try:
             if not self._opened:
                 return self._outcome
-            self._outcome.rollouts[:0] = self._kept_lines()
+            self._outcome.rollouts[:0] = self._rollouts.kept_lines()
             if error:
                 self._discard()
                 return self._outcome
@@ -685,6 +593,132 @@ class Golden:
                     dtype = node["dtype"] if isinstance(node, dict) else "float64"
                     out.setdefault(step, {})[name] = (value, dtype)
         return out
+
+
+# ---------------------------------------------------------------------- rollouts as inputs
+
+
+class RolloutInputs:
+    """The rollouts of one test, as its inputs: replayed, kept, regenerated or stood in for.
+
+    What happens to each is the mode policy's decision (:mod:`.modes`); what happened is
+    told in ``notes`` (the outcome's rollout lines).
+    """
+
+    def __init__(
+        self,
+        files: GoldenFiles,
+        *,
+        notes: list[str],
+        touched: set[str],
+        missing: Callable[..., GoldenMissingError],
+        missing_step_source: str,
+    ):
+        """``touched``: the golden files this test used (shared with its checks);
+        ``missing``: builds the error for a rollout step not in the golden."""
+        self._files = files
+        self.notes = notes
+        self._touched = touched
+        self._missing = missing
+        self._missing_step_source = missing_step_source
+        self._requested: set[tuple[str, int]] = set()  # (rollout name, step) asked for
+        self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
+        self._damaged: set[str] = set()  # rollout files regenerated because unreadable
+        self.not_recorded: dict[str, str] = {}  # step -> why its checks are not compared
+
+    def get(self, policy: ModePolicy, generate: Callable[[], Any], name: str, step: int) -> Any:
+        """Rollout ``name`` at ``step`` (see :meth:`Golden.rollout`)."""
+        filename = rollout_filename(name, step)
+        if (name, step) in self._requested:  # not _touched: a stand-in step touches another file
+            raise ValueError(
+                f"golden.rollout(name={name!r}, step={step}) was already called in this test: "
+                "in a loop, pass the loop's step (`golden.rollout(generate, step=step)`), or give "
+                "each batch of one step its own `name=`"
+            )
+        self._requested.add((name, step))
+        self._touched.add(filename)
+        if self._files.staged(filename):
+            return self._files.load_staged(filename)
+        info = self._files.recorded.get(filename)
+        if info is not None:
+            action = policy.recorded_rollout()
+            if action == REPLAY:
+                return self._files.load(filename)
+            if action == KEEP:
+                kept = self._keep(filename, name, step)
+                if kept is not _DAMAGED:
+                    return kept
+        else:
+            recorded = self._files.steps("rollout", name)
+            action = policy.missing_rollout_step(steps_recorded=bool(recorded))
+            if action == REFUSE:
+                raise self._missing(f"rollout {name!r}", step, recorded)
+            if action != RECORD:
+                return self._missing_step(action, generate, name, step)
+        batch = inputs.generate_forked(generate)
+        self._files.stage_batch(filename, batch, kind="rollout", name=name, step=step)
+        if info is not None and info.get("kind") == "rollout":
+            self._note_regenerated(filename, name, step)
+        # What replay will return, not the object generate() built (requires_grad, views, ...)
+        return self._files.load_staged(filename)
+
+    def kept_lines(self) -> list[str]:
+        return [
+            f"rollout {name!r}: kept step{'s' if len(s) > 1 else ''} {_ranges(sorted(s))} "
+            "(recorded inputs replayed; --golden-regenerate re-runs generate)"
+            for name, s in self._kept.items()
+        ]
+
+    def _keep(self, filename: str, name: str, step: int) -> Any:
+        """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
+        try:
+            batch = self._files.load(filename)
+        except GoldenFormatError as exc:
+            first = str(exc).splitlines()[0]
+            self.notes.append(
+                f"rollout {name!r} step {step}: recorded file damaged ({first}); regenerated"
+            )
+            self._damaged.add(filename)
+            return _DAMAGED
+        self._kept.setdefault(name, set()).add(step)
+        return batch
+
+    def _note_regenerated(self, filename: str, name: str, step: int) -> None:
+        if filename in self._damaged:
+            return  # already said, and there is nothing to diff against
+        changes = inputs.batch_changes(
+            self._files.directory / filename, self._files.staged_path(filename)
+        )
+        self.notes.append(f"rollout {name!r} step {step}: regenerated, {changes}")
+
+    def _missing_step(self, action: str, generate: Callable[[], Any], name: str, step: int) -> Any:
+        """A rollout step never recorded, under the missing-step policy's ``action``."""
+        recorded = self._files.steps("rollout", name)
+        if action == ERROR:
+            raise self._missing(
+                f"rollout {name!r}",
+                step,
+                recorded,
+                why=f"A step beyond the recording is an error here ({self._missing_step_source}"
+                f"{action!r}; 'repeat' or 'generate' would replay past it)",
+            )
+        if action == REPEAT:
+            substitute = inputs.substitute_step(recorded, step)
+            assert substitute is not None
+            sub_file = rollout_filename(name, substitute)
+            self._touched.add(sub_file)
+            self.notes.append(
+                f"rollout {name!r} step {step}: step {substitute} stood in for it "
+                f"(missing_step='repeat'; recorded steps {_ranges(recorded)})"
+            )
+            return self._files.load(sub_file)
+        assert action == GENERATE
+        self.notes.append(
+            f"rollout {name!r} step {step}: generated, not recorded "
+            "(missing_step='generate'); its metrics and tensors are not compared"
+        )
+        self.not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
+        return inputs.generate_forked(generate)
 
 
 # ---------------------------------------------------------------------- comparison records
