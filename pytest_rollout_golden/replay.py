@@ -14,6 +14,7 @@ new recordings as one atomic swap of the directory and raises
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import warnings
@@ -277,6 +278,7 @@ class Golden:
             layer = Layer("golden.check(tolerances=)", tolerances)
             resolver = self._stack.replace(call=layer).resolver()
         seen = self._metrics.setdefault(key, {})
+        never_recorded = functools.partial(self._never_recorded, key)
         recorded = self._recorded_metrics().get(key, {})
         results = []
         for name, value in metrics.items():
@@ -292,11 +294,8 @@ class Golden:
             self._usage.note(resolver, name)
             old = recorded.get(name)
             if old is None:
-                verdict = self.policy.unrecorded
-                detail = self._never_recorded(key) if verdict == Verdict.MISSING else ""
-                results.append(
-                    Comparison(name, step, verdict, actual=metric_codec.scalar(node), detail=detail)
-                )
+                actual = metric_codec.scalar(node)
+                results.append(self._unrecorded(name, never_recorded, step=step, actual=actual))
                 continue
             results.append(_metric_comparison(name, step, old, node, resolver, self.policy))
         if layer is not None:
@@ -339,56 +338,45 @@ class Golden:
         self._touched.add(filename)
         old_info = self._old_files().get(filename)
         old = {} if old_info is None else self._load_for_update(filename, {})
-        merged: dict[str, Any] = {}
+        where = {"step": step, "rank": rank, "micro": micro}
+        never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
         results = []
         for tensor_name, value in tensors.items():
             label = f"{name}/{tensor_name}"
             self._usage.note(self._resolver, label)
-            if tensor_name not in old:
-                verdict = self.policy.unrecorded
-                detail = (
-                    self._tensor_never_recorded(name, step, old_info)
-                    if verdict == Verdict.MISSING
-                    else ""
-                )
+            if tensor_name in old:
                 results.append(
-                    Comparison(
-                        label, step, verdict, kind="tensor", rank=rank, micro=micro, detail=detail
+                    _tensor_comparison(
+                        label,
+                        old[tensor_name],
+                        value,
+                        self._resolver,
+                        self.policy,
+                        mask=masks.get(tensor_name),
+                        **where,
                     )
                 )
-                merged[tensor_name] = value
-                continue
-            results.append(
-                _tensor_comparison(
-                    label,
-                    old[tensor_name],
-                    value,
-                    self._resolver,
-                    self.policy,
-                    mask=masks.get(tensor_name),
-                    step=step,
-                    rank=rank,
-                    micro=micro,
-                )
-            )
-            merged[tensor_name] = value if self.policy.rerecords else old[tensor_name]
-        for tensor_name in old.keys() - tensors.keys():
-            if self.policy.reports_unchecked:
-                results.append(
-                    Comparison(
-                        f"{name}/{tensor_name}",
-                        step,
-                        Verdict.MISSING,
-                        kind="tensor",
-                        rank=rank,
-                        micro=micro,
-                        detail=f"recorded but not passed to check_tensors in this run; {_DROPPED}",
-                    )
-                )
+            else:
+                results.append(self._unrecorded(label, never_recorded, kind="tensor", **where))
+        if self.policy.reports_unchecked:
+            results += _dropped_tensors(name, old.keys() - tensors.keys(), **where)
+        merged = {
+            t: old[t] if t in old and not self.policy.rerecords else value
+            for t, value in tensors.items()
+        }
         if self.policy.rerecords or any(c.verdict == Verdict.NEW for c in results):
             self._files.stage_batch(filename, merged, **info)
         self._outcome.comparisons.extend(results)
         return results
+
+    def _unrecorded(
+        self, name: str, never_recorded: Callable[[], str], *, step: int, **fields: Any
+    ) -> Comparison:
+        """A value the golden does not hold: new (recorded when the test ends), or missing
+        (``never_recorded()`` says what the golden holds instead, and the remedy)."""
+        verdict = self.policy.unrecorded
+        detail = never_recorded() if verdict == Verdict.MISSING else ""
+        return Comparison(name, step, verdict, detail=detail, **fields)
 
     def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
         """Checks at a step whose rollout was generated and not recorded: nothing to compare."""
@@ -774,6 +762,24 @@ def _tensor_comparison(
         tolerance_source=source,
         detail=diff.detail,
     )
+
+
+def _dropped_tensors(
+    name: str, dropped: Iterable[str], *, step: int, rank: int | None, micro: int | None
+) -> list[Comparison]:
+    """A missing comparison per recorded tensor not passed to ``check_tensors(name)``."""
+    return [
+        Comparison(
+            f"{name}/{tensor_name}",
+            step,
+            Verdict.MISSING,
+            kind="tensor",
+            rank=rank,
+            micro=micro,
+            detail=f"recorded but not passed to check_tensors in this run; {_DROPPED}",
+        )
+        for tensor_name in dropped
+    ]
 
 
 def _unchecked_metrics(
