@@ -21,10 +21,23 @@ import _pytest as _pytest_internal
 import pluggy
 import pytest
 
-from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
+from .errors import (
+    GoldenError,
+    GoldenFormatError,
+    GoldenMismatch,
+    GoldenMissingError,
+    update_command,
+)
 from .location import SHARED, golden_dir, link_out_of_root, shared_golden_dir
 from .parallel.environment import torchrun_rank
-from .presentation import CI_UPDATE, report_document, rootdir_note, summary_lines, unused_kept_note
+from .presentation import (
+    CI_UPDATE,
+    display,
+    report_document,
+    rootdir_note,
+    summary_lines,
+    unused_kept_note,
+)
 from .results import Status
 from .session import SessionState, UpdateMarks
 from .tolerance import CLI, IGNORE, INI, LAYOUT, MARKER, Layer, Resolver, builtin_layer, parse_spec
@@ -564,7 +577,7 @@ class GoldenPlugin:
     def _not_full_run(self, session: pytest.Session) -> str:
         partial = self.state.partial_collection()
         if partial:
-            where = os.path.relpath(partial[0], self.rootdir)
+            where = display(partial[0], self.rootdir)
             more = f" and {len(partial) - 1} more" if len(partial) > 1 else ""
             return (
                 "some tests were deselected, filtered out (--lf, a conftest) or named "
@@ -686,10 +699,10 @@ def _reference_recipe(options: dict[str, Any]) -> ReplayOnly:
 
     reference = str(options["reference"])
     where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
+    selection = f'-k "{reference}"'
     return ReplayOnly(
         recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
-        remedy=f'record it by running the reference: `pytest --update-golden -k "{reference}"` '
-        "(then commit golden/)",
+        remedy=f"record it by running the reference: {update_command(selection)}",
     )
 
 

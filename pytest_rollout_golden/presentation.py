@@ -265,11 +265,11 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
             (
                 *((row.get("lane", "same layout"),) if lanes else ()),
                 row["metric"],
-                f"{row['rel_spread']:.3g}",
-                f"{row['abs_spread']:.3g}",
+                number(row["rel_spread"], 3),
+                number(row["abs_spread"], 3),
                 number(row["at_step"]),
-                "default kept" if kept else f"{row['rtol']:.3g}",
-                "-" if kept else f"{row['atol']:.3g}",
+                "default kept" if kept else number(row["rtol"], 3),
+                "-" if kept else number(row["atol"], 3),
             )
         )
     lines += table(cells, "    ")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rollout_golden import presentation as text
-from pytest_rollout_golden.errors import REMEDY_UPDATE
+from pytest_rollout_golden.errors import REMEDY_UPDATE, update_command
 from pytest_rollout_golden.results import Comparison, Outcome, Status, Verdict
 from pytest_rollout_golden.session import SessionState
 from pytest_rollout_golden.tolerance import Tolerance
@@ -89,6 +89,10 @@ def test_every_remedy_is_built_from_one_wording():
     assert REMEDY_UPDATE in text.DROPPED and REMEDY_UPDATE in text.IF_RIGHT
     assert text.DROPPED.startswith("if it was dropped on purpose, ")
     assert text.IF_RIGHT.startswith("If the new values are right, ")
+    assert update_command('-k "ref"') == (
+        '`pytest --update-golden -k "ref"` locally and commit the golden/ directory'
+    )
+    assert REMEDY_UPDATE == "run `pytest --update-golden` locally and commit the golden/ directory"
 
 
 def outcome(*comparisons: Comparison, **kw) -> Outcome:
