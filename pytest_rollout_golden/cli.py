@@ -24,7 +24,16 @@ from typing import Any
 from . import store
 from .errors import GoldenError
 from .location import find_goldens
-from .presentation import diff_summary, golden_diff_lines, location, metric_cell, number, table
+from .presentation import (
+    diff_summary,
+    golden_diff_lines,
+    location,
+    metric_cell,
+    number,
+    table,
+    verify_row,
+    verify_summary,
+)
 from .tolerance import CLI, IGNORE, INI, Layer, Resolver, builtin_layer, parse_spec
 
 
@@ -69,8 +78,8 @@ def verify(paths: Sequence[Path]) -> int:
             status, message = _verify_one(directory)
             problems += status == "FAIL"
             unchecked += status == "ERROR"
-            print(f"{status:<4} {directory}{message}")
-    print(f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked")
+            print(verify_row(status, directory, message))
+    print(verify_summary(checked, problems, unchecked))
     return 2 if unchecked else 1 if problems else 0
 
 

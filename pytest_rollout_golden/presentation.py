@@ -402,6 +402,16 @@ def report_document(
 # ---------------------------------------------------------------------- the CLI
 
 
+def verify_row(status: str, directory: Path, message: str) -> str:
+    """One golden in ``rollout-golden verify``: ``ok``, ``FAIL`` or ``ERROR``, then what follows."""
+    return f"{status:<4} {directory}{message}"
+
+
+def verify_summary(checked: int, problems: int, unchecked: int) -> str:
+    """The last line of ``rollout-golden verify``."""
+    return f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked"
+
+
 def metric_cell(node: Any) -> str:
     """A recorded metric (a ``metrics.json`` node) in ``show``'s steps x metrics table."""
     value = None if node is None else scalar(node)

@@ -344,3 +344,59 @@ def test_the_report_survives_the_xdist_round_trip():
     assert text.summary_lines(merged, relative_to=Path("."), **summary) == text.summary_lines(
         state, relative_to=Path("."), **summary
     )
+
+
+def test_cli_rows():
+    assert text.verify_row("ok", Path("golden/t"), " (3 files)") == "ok   golden/t (3 files)"
+    assert text.verify_summary(2, 1, 0) == (
+        "2 goldens checked, 1 with problems, 0 could not be checked"
+    )
+    assert text.metric_cell(None) == "-"
+    assert text.metric_cell(0.1 + 0.2) == "0.3"  # a recorded float, to 8 digits
+    assert text.metric_cell("nan") == "nan"
+    assert text.metric_cell({"dtype": "float32", "value": 0.25}) == "0.25"
+    assert text.metric_cell({"dtype": "float32", "shape": [2], "values": [1, 2]}) == "float32[2]"
+    counts = {"goldens": 1, "differ": 1, "within_tolerance": 0, "one_sided": 0}
+    assert text.diff_summary(counts) == (
+        "1 golden compared: 1 differ beyond tolerance, 0 within tolerance, 0 on one side only"
+    )
+
+
+def test_golden_diff_lines_from_hand_built_rows():
+    from pytest_rollout_golden.diff import GoldenDiff, Row
+
+    allowed = {"allowed": "rtol=1e-05, atol=1e-08", "source": "built-in default"}
+    d = GoldenDiff("t", "a/t", "b/t")
+    d.rows = [
+        Row("metric", "pg_loss", 0, True, expected=0.5, actual=0.5, **allowed),
+        Row("metric", "pg_loss", 1, False, expected=0.5, actual=0.5005, abs_max=5e-4,
+            rel_max=1e-3, detail="beyond", **allowed),
+        Row("tensor", "actor/lp", 1, False, rank=0, shape=([2], [2]),
+            dtype=("float32", "float32"), numel=2, mismatched=1, abs_max=0.5, abs_mean=0.25,
+            rel_max=0.25, rel_mean=0.125, detail="line 1\nline 2", **allowed),
+        Row("tensor", "actor/ent", 1, True, **allowed),
+        Row("metric", "clip", 0, True, compared=False, source="--ignore"),
+    ]  # fmt: skip
+    assert text.golden_diff_lines(d) == [
+        "t: DIFFERS (2 beyond tolerance); 3 metric values, 2 tensors compared",
+        "  metric   first divergence  steps beyond  max abs diff  max rel diff  allowed",
+        "  pg_loss  step 1            1/2           0.0005        0.001         "
+        "rtol=1e-05, atol=1e-08 (built-in default)",
+        "  clip     -                 0/1           -             -             "
+        "not compared (--ignore)",
+        "  metric values beyond tolerance:",
+        "    metric   step  A    B       abs diff  rel diff",
+        "    pg_loss  1     0.5  0.5005  0.0005    0.001     beyond",
+        "  tensors beyond tolerance:",
+        "    tensor    step  rank  micro  A           B           mismatched  max abs  mean abs  "
+        "max rel  mean rel  first divergence  allowed",
+        "    actor/lp  1     0     -      float32[2]  float32[2]  1/2         0.5      0.25      "
+        "0.25     0.125     step 1            rtol=1e-05, atol=1e-08 (built-in default)",
+        "    actor/lp (step 1):",
+        "      line 1",
+        "      line 2",
+        "  1 of 2 tensors within tolerance",
+        "  not compared (excluded on purpose): clip",
+    ]
+    one_sided = GoldenDiff("u", "a/u", None, problems=["only in A"])
+    assert text.golden_diff_lines(one_sided) == ["u: DIFFERS: only in A"]
