@@ -21,11 +21,25 @@ import _pytest as _pytest_internal
 import pluggy
 import pytest
 
-from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
+from .errors import (
+    GoldenError,
+    GoldenFormatError,
+    GoldenMismatch,
+    GoldenMissingError,
+    update_command,
+)
 from .location import SHARED, TOLERANCES, golden_dir, link_out_of_root, shared_golden_dir
 from .parallel.environment import torchrun_rank
-from .report import summary_lines
-from .session import SessionState, UpdateRegistry
+from .presentation import (
+    CI_UPDATE,
+    display,
+    report_document,
+    rootdir_note,
+    summary_lines,
+    unused_kept_note,
+)
+from .results import Status
+from .session import SessionState, UpdateMarks
 from .tolerance import IGNORE, Layer, Stack, parse_spec
 
 if TYPE_CHECKING:
@@ -280,7 +294,7 @@ class GoldenPlugin:
         workerinput = getattr(config, "workerinput", None)
         self.is_worker = workerinput is not None
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
-        self.registry = UpdateRegistry(self.token)
+        self.registry = UpdateMarks(self.token)
         self.state = SessionState()
         self.plot_dir = Path(opt.golden_plot) if opt.golden_plot else None
         if self.plot_dir is not None and importlib.util.find_spec("matplotlib") is None:
@@ -416,15 +430,15 @@ class GoldenPlugin:
                 golden.outcome.fail()
             if _expected_to_fail(item):
                 golden.outcome.expected_failure()
-            outcome = golden.outcome.to_json()
+            outcome = golden.outcome
             if _CALIBRATION_RUN in item.stash:
                 self._calibration_sample(item, golden, test_error=error)
-                outcome["environment_changes"] = [  # not those calibration makes on purpose
-                    c for c in outcome["environment_changes"] if c.split(":")[0] not in PERTURBED
+                outcome.environment_changes = [  # not those calibration makes on purpose
+                    c for c in outcome.environment_changes if c.split(":")[0] not in PERTURBED
                 ]
             self.state.add_outcome(outcome)
-            if self.plot_dir is not None and outcome["status"] == "failed":
-                self._plot(item, outcome)
+            if self.plot_dir is not None and outcome.status is Status.FAILED:
+                self._plot(item, outcome.to_json())
 
     def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
         """Keep this run's metrics, unless the test is expected to fail or raised itself."""
@@ -482,7 +496,9 @@ class GoldenPlugin:
         if prune:
             self._prune(session, goldens, tests=opt.golden_prune_tests)
         if self.report_path is not None and not opt.collectonly:
-            document = self.state.report(mode=self.mode, unused=self.unused, pruned=self.pruned)
+            document = report_document(
+                self.state, mode=self.mode, unused=self.unused, pruned=self.pruned
+            )
             try:
                 _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
             except GoldenError as exc:
@@ -540,7 +556,7 @@ class GoldenPlugin:
     def _not_full_run(self, session: pytest.Session) -> str:
         partial = self.state.partial_collection()
         if partial:
-            where = os.path.relpath(partial[0], self.rootdir)
+            where = display(partial[0], self.rootdir)
             more = f" and {len(partial) - 1} more" if len(partial) > 1 else ""
             return (
                 "some tests were deselected, filtered out (--lf, a conftest) or named "
@@ -662,10 +678,10 @@ def _reference_recipe(options: dict[str, Any]) -> ReplayOnly:
 
     reference = str(options["reference"])
     where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
+    selection = f'-k "{reference}"'
     return ReplayOnly(
         recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
-        remedy=f'record it by running the reference: `pytest --update-golden -k "{reference}"` '
-        "(then commit golden/)",
+        remedy=f"record it by running the reference: {update_command(selection)}",
     )
 
 
@@ -892,11 +908,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     )
     opt = terminalreporter.config.option
     if plugin.unused_kept and not (opt.golden_prune or opt.golden_prune_tests):
-        lines.append(
-            f"{plugin.unused_kept} of them belong to test files that still exist (or are "
-            "shared): a removed test, or a case collected only on other machines (e.g. cuda); "
-            "--golden-prune keeps those, --golden-prune-tests deletes them on a whole run"
-        )
+        lines.append(unused_kept_note(plugin.unused_kept))
     lines.extend(plugin.prune_notes)
     lines.extend(_recording_notes(plugin))
     if plugin.report_error:
@@ -909,24 +921,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def _recording_notes(plugin: GoldenPlugin) -> list[str]:
     """Warnings about where and when this session recorded goldens."""
-    if not any(o["status"] in ("recorded", "updated") for o in plugin.state.outcomes):
+    if not any(o.status in (Status.RECORDED, Status.UPDATED) for o in plugin.state.outcomes):
         return []
     notes = []
     if plugin.config.option.update_golden and _truthy_env("CI"):
-        notes.append(
-            "goldens were re-recorded under CI (the CI environment variable is set): "
-            "--update-golden overrides CI's never-record rule; commit golden/ only if you meant it"
-        )
+        notes.append(CI_UPDATE)
     if plugin.config.inipath is None and plugin.snapshot is None:
         rel = os.path.relpath(plugin.root, plugin.rootdir)
         other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
         if other is not None:
-            notes.append(
-                f"recorded under {plugin.root}, but {other} exists too: with no pytest config "
-                f"file, rootdir is {plugin.rootdir} (where pytest was started); put one "
-                "(pytest.ini, or [tool.pytest.ini_options] in pyproject.toml) at the project "
-                "root so that every run finds the same golden/"
-            )
+            notes.append(rootdir_note(plugin.root, other, plugin.rootdir))
     return notes
 
 
