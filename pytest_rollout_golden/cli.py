@@ -17,16 +17,23 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import store
 from .errors import GoldenError
-
-if TYPE_CHECKING:
-    from .diff import GoldenDiff
 from .location import MANIFEST, METRICS, TOLERANCES, find_goldens, leftover_kind, leftover_name
+from .presentation import (
+    diff_summary,
+    golden_diff_lines,
+    location,
+    metric_cell,
+    number,
+    table,
+    verify_row,
+    verify_summary,
+)
 from .tolerance import IGNORE, Layer, Stack, parse_spec
 
 
@@ -71,8 +78,8 @@ def verify(paths: Sequence[Path]) -> int:
             status, message = _verify_one(directory)
             problems += status == "FAIL"
             unchecked += status == "ERROR"
-            print(f"{status:<4} {directory}{message}")
-    print(f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked")
+            print(verify_row(status, directory, message))
+    print(verify_summary(checked, problems, unchecked))
     return 2 if unchecked else 1 if problems else 0
 
 
@@ -113,7 +120,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
     """Print a golden (structure, steps × metrics, per-tensor statistics) or one batch file."""
     from . import codec
     from . import metrics as metric_codec
-    from .stats import fmt, tensor_stats
+    from .stats import tensor_stats
 
     if path.is_file():
         arrays, metadata = store.read_safetensors(path)
@@ -159,32 +166,33 @@ def show(path: Path, *, as_json: bool = False) -> int:
         print("fingerprint:", json.dumps(manifest.get("fingerprint")))
     if steps:
         names = sorted({n for m in steps.values() for n in m})
-        table = [("step", *names)]
+        rows = [("step", *names)]
         for step in sorted(steps, key=int):
-            table.append((step, *(_metric_cell(steps[step].get(n), metric_codec) for n in names)))
+            rows.append((step, *(metric_cell(steps[step].get(n)) for n in names)))
         print(f"metrics ({len(steps)} steps × {len(names)} metrics):")
-        print("\n".join(_table(table)))
+        print("\n".join(table(rows)))
     for filename, entry in files.items():
         info = entry["info"]
-        what = f" ({info.get('kind')} {info.get('name')!r}, {_place(info)})" if info else ""
+        where = location(info.get("step"), info.get("rank"), info.get("micro"))
+        what = f" ({info.get('kind')} {info.get('name')!r}, {where})" if info else ""
         print(f"{filename}{what}")
-        table = [("tensor", "dtype[shape]", "min", "max", "mean", "std", "nan", "inf", "padding")]
+        rows = [("tensor", "dtype[shape]", "min", "max", "mean", "std", "nan", "inf", "padding")]
         for key, st in entry["tensors"].items():
             padding = "-" if st["padding"] is None else f"{st['padding']:.1%}"
-            table.append(
+            rows.append(
                 (
                     key,
                     f"{st['dtype']}{st['shape']}",
-                    fmt(st["min"]),
-                    fmt(st["max"]),
-                    fmt(st["mean"]),
-                    fmt(st["std"]),
+                    number(st["min"], 6),
+                    number(st["max"], 6),
+                    number(st["mean"], 6),
+                    number(st["std"], 6),
                     st["nan"],
                     st["inf"],
                     padding,
                 )
             )
-        print("\n".join(_table(table)))
+        print("\n".join(table(rows)))
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
     if document.get("tolerances"):
@@ -198,170 +206,6 @@ def _json_scalar(value: Any, node: Any) -> Any:
     from .results import json_number
 
     return json_number(value) if value is not None else node
-
-
-def _metric_cell(node: Any, metric_codec: Any) -> str:
-    if node is None:
-        return "-"
-    value = metric_codec.scalar(node)
-    if value is None:  # an array metric
-        return f"{node.get('dtype')}{node.get('shape')}"
-    return f"{value:.8g}" if isinstance(value, float) else str(value)
-
-
-def _place(info: Mapping[str, Any]) -> str:
-    parts = [f"step {info.get('step')}"]
-    parts += [f"{k} {info[k]}" for k in ("rank", "micro") if info.get(k) is not None]
-    return ", ".join(parts)
-
-
-def _table(rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return [
-        (indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
-        for row in rows
-    ]
-
-
-def _g(value: Any) -> str:
-    """A difference, compactly: 3 significant digits; ``-`` for nothing."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "0" if value == 0 else f"{value:.3g}"
-    return str(value)
-
-
-def _value(value: Any) -> str:
-    """A recorded value in full (a rounded pair could look equal)."""
-    return "-" if value is None else repr(value) if isinstance(value, float) else str(value)
-
-
-def _where(row: Any) -> list[str]:
-    return [_g(row.step), _g(row.rank), _g(row.micro)]
-
-
-def _shape(row: Any, side: int) -> str:
-    shape, dtype = row.shape[side], row.dtype[side]
-    return "missing" if shape is None else f"{dtype}{shape}"
-
-
-_ROWS_SHOWN = 30  # rows beyond tolerance printed per golden and table; --json has them all
-
-
-def _print_golden(d: GoldenDiff) -> None:
-    """The human report of one golden's differences."""
-    metrics = [r for r in d.rows if r.kind == "metric"]
-    tensors = [r for r in d.rows if r.kind == "tensor"]
-    if d.one_sided:
-        print(f"{d.label}: DIFFERS: {d.problems[0]}")
-        return
-    verdict = f"DIFFERS ({d.differences} beyond tolerance)" if d.differences else "ok"
-    print(f"{d.label}: {verdict}; {len(metrics)} metric values, {len(tensors)} tensors compared")
-    first = d.first_divergence()
-    if metrics:
-        table = [
-            (
-                "metric",
-                "first divergence",
-                "steps beyond",
-                "max abs diff",
-                "max rel diff",
-                "allowed",
-            )
-        ]
-        for name in dict.fromkeys(r.name for r in metrics):
-            rows = [r for r in metrics if r.name == name]
-            bad = sum(not r.ok for r in rows)
-            compared = [r for r in rows if r.compared and r.detail[:4] != "only"]
-            table.append(
-                (
-                    name,
-                    "-" if first[name] is None else f"step {first[name]}",
-                    f"{bad}/{len(rows)}",
-                    _g(max((r.abs_max for r in compared), default=None)),
-                    _g(max((r.rel_max for r in compared), default=None)),
-                    _allowed(rows[0]),
-                )
-            )
-        print("\n".join(_table(table)))
-        failing = [r for r in metrics if not r.ok]
-        if failing:
-            table = [("metric", "step", "A", "B", "abs diff", "rel diff", "")]
-            for r in failing[:_ROWS_SHOWN]:
-                table.append(
-                    (
-                        r.name,
-                        r.step,
-                        _value(r.expected),
-                        _value(r.actual),
-                        _g(r.abs_max),
-                        _g(r.rel_max),
-                        r.detail.replace("\n", "; "),
-                    )
-                )
-            print("  metric values beyond tolerance:")
-            print("\n".join(_table(table, "    ")))
-            if len(failing) > _ROWS_SHOWN:
-                print(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
-    failing = [r for r in tensors if not r.ok]
-    if failing:
-        table = [
-            (
-                "tensor",
-                "step",
-                "rank",
-                "micro",
-                "A",
-                "B",
-                "mismatched",
-                "max abs",
-                "mean abs",
-                "max rel",
-                "mean rel",
-                "first divergence",
-                "allowed",
-            )
-        ]
-        for r in failing[:_ROWS_SHOWN]:
-            table.append(
-                (
-                    r.name,
-                    *_where(r),
-                    _shape(r, 0),
-                    _shape(r, 1),
-                    f"{r.mismatched}/{r.numel}" if r.numel else "-",
-                    _g(r.abs_max),
-                    _g(r.abs_mean),
-                    _g(r.rel_max),
-                    _g(r.rel_mean),
-                    "-" if first[r.name] is None else f"step {first[r.name]}",
-                    _allowed(r),
-                )
-            )
-        print("  tensors beyond tolerance:")
-        print("\n".join(_table(table, "    ")))
-        if len(failing) > _ROWS_SHOWN:
-            print(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
-        for r in failing[:_ROWS_SHOWN]:
-            if r.detail and "\n" in r.detail:
-                print(f"    {r.name} (step {_g(r.step)}):")
-                print("\n".join("      " + line for line in r.detail.splitlines()))
-    if tensors and len(failing) < len(tensors):
-        print(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
-    ignored = sorted({r.name for r in d.rows if not r.compared})
-    if ignored:
-        print(f"  not compared (excluded on purpose): {', '.join(ignored)}")
-    for problem in d.problems:
-        print(f"  {problem}")
-
-
-def _allowed(row: Any) -> str:
-    if not row.compared:
-        return f"not compared ({row.source})"
-    if not row.allowed:
-        return "-"
-    return f"{row.allowed} ({row.source})" if row.source else row.allowed
 
 
 def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: str = "") -> int:
@@ -389,13 +233,9 @@ def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: 
         print(f"tolerances also from {config}")
     for d in diffs:
         print()
-        _print_golden(d)
+        print("\n".join(golden_diff_lines(d)))
     print()
-    print(
-        f"{counts['goldens']} golden{'s' if counts['goldens'] != 1 else ''} compared: "
-        f"{counts['differ']} differ beyond tolerance, {counts['within_tolerance']} within "
-        f"tolerance, {counts['one_sided']} on one side only"
-    )
+    print(diff_summary(counts))
     return 1 if differs else 0
 
 

@@ -5,7 +5,13 @@ Every message names the file, key or step involved and says what to do next.
 
 from __future__ import annotations
 
-REMEDY_UPDATE = "run `pytest --update-golden` locally and commit the golden/ directory"
+_COMMIT = "locally and commit the golden/ directory"
+REMEDY_UPDATE = f"run `pytest --update-golden` {_COMMIT}"  # every remedy of a golden says this
+
+
+def update_command(selection: str) -> str:
+    """The remedy's command for the tests ``selection`` picks (``-k "name"``), then commit."""
+    return f"`pytest --update-golden {selection}` {_COMMIT}"
 
 
 class GoldenError(Exception):

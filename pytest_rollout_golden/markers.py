@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .errors import update_command
 from .modes import ReplayOnly
 from .options import OptionError
 
@@ -68,8 +69,8 @@ def reference_recipe(options: Mapping[str, Any]) -> ReplayOnly:
     """How a layout variant's golden is recorded: by running its reference layout."""
     reference = str(options["reference"])
     where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
+    selection = f'-k "{reference}"'
     return ReplayOnly(
         recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
-        remedy=f'record it by running the reference: `pytest --update-golden -k "{reference}"` '
-        "(then commit golden/)",
+        remedy=f"record it by running the reference: {update_command(selection)}",
     )

@@ -23,18 +23,9 @@ import sys
 from typing import Any
 
 from .errors import UnsupportedValueError
+from .results import from_json_number, json_number
 
-_SPECIAL = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _number(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
-
-
-def _unnumber(x: Any) -> Any:
-    return _SPECIAL[x] if isinstance(x, str) else x
+_SPECIAL = ("nan", "inf", "-inf")  # how JSON holds non-finite floats (results.json_number)
 
 
 def _is_verl_metric(value: Any) -> bool:
@@ -72,7 +63,7 @@ def encode(value: Any, *, where: str) -> Any:
     if isinstance(value, bool) or (isinstance(value, int) and -(2**63) <= value < 2**63):
         return value
     if isinstance(value, float):
-        return _number(value)
+        return json_number(value)
     if isinstance(value, int):
         raise UnsupportedValueError(f"{where}: the integer {value} does not fit in int64")
     torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
@@ -102,9 +93,9 @@ def encode(value: Any, *, where: str) -> Any:
         )
     if not shape:
         if dtype in ("float64", "int64"):  # indistinguishable from a Python float / int
-            return _number(values[0])
-        return {"dtype": dtype, "value": _number(values[0])}
-    return {"dtype": dtype, "shape": shape, "values": [_number(v) for v in values]}
+            return json_number(values[0])
+        return {"dtype": dtype, "value": json_number(values[0])}
+    return {"dtype": dtype, "shape": shape, "values": [json_number(v) for v in values]}
 
 
 def decode(node: Any, *, where: str) -> Any:
@@ -117,12 +108,12 @@ def decode(node: Any, *, where: str) -> Any:
         if isinstance(node, int):
             return torch.tensor(node, dtype=torch.int64)
         if isinstance(node, (float, str)):
-            return torch.tensor(float(_unnumber(node)), dtype=torch.float64)
+            return torch.tensor(float(from_json_number(node)), dtype=torch.float64)
         dtype = getattr(torch, node["dtype"])
         via = torch.float64 if dtype.is_floating_point else dtype
         if "value" in node:
-            return torch.tensor(_unnumber(node["value"]), dtype=via).to(dtype)
-        flat = torch.tensor([_unnumber(v) for v in node["values"]], dtype=via)
+            return torch.tensor(from_json_number(node["value"]), dtype=via).to(dtype)
+        flat = torch.tensor([from_json_number(v) for v in node["values"]], dtype=via)
         return flat.to(dtype).reshape(node["shape"])
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         raise ValueError(f"{where}: unreadable metric value {str(node)[:80]!r} ({exc})") from None
@@ -131,8 +122,8 @@ def decode(node: Any, *, where: str) -> Any:
 def scalar(node: Any) -> Any:
     """A readable scalar for messages and reports, or ``None`` for arrays."""
     if isinstance(node, dict):
-        return _unnumber(node["value"]) if "value" in node else None
-    return _unnumber(node)
+        return from_json_number(node["value"]) if "value" in node else None
+    return from_json_number(node)
 
 
 _STEP_KEY = re.compile(r"0|[1-9][0-9]*")

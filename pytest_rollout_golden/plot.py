@@ -9,12 +9,12 @@ step beyond tolerance is marked. Needs matplotlib (``pip install
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .errors import GoldenError
+from .presentation import display
 
 Series = Mapping[str, Mapping[int, float]]  # metric -> step -> value
 
@@ -196,7 +196,7 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Path:
             if c["kind"] == "tensor" and c["verdict"] == "fail"
         }
     )
-    title = f"{outcome['test']}  (golden {_relative(outcome['directory'])})"
+    title = f"{outcome['test']}  (golden {display(outcome['directory'])})"
     if failed_tensors:
         title += f"\ntensors beyond tolerance (not drawn): {', '.join(failed_tensors)}"
     return plot_metrics(
@@ -208,10 +208,3 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Path:
         first_divergence=first,
         allowed=allowed,
     )
-
-
-def _relative(path: str) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path

@@ -35,10 +35,16 @@ from .options import (
 )
 from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
+from .presentation import (
+    CI_UPDATE,
+    report_document,
+    rootdir_note,
+    summary_lines,
+    unused_kept_note,
+)
 from .prune import gone, not_full_run, prune
-from .report import summary_lines
-from .results import Mode
-from .session import SessionState, UpdateRegistry
+from .results import Mode, Status
+from .session import SessionState, UpdateMarks
 from .tolerance import IGNORE, Layer, Stack, parse_spec
 
 if TYPE_CHECKING:
@@ -259,7 +265,7 @@ class GoldenPlugin:
         workerinput = getattr(config, "workerinput", None)
         self.is_worker = workerinput is not None
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
-        self.registry = UpdateRegistry(self.token)
+        self.registry = UpdateMarks(self.token)
         self.state = SessionState()
         self.plot_dir = Path(opt.golden_plot) if opt.golden_plot else None
         if self.plot_dir is not None and importlib.util.find_spec("matplotlib") is None:
@@ -383,15 +389,15 @@ class GoldenPlugin:
                 golden.outcome.fail()
             if _expected_to_fail(item):
                 golden.outcome.expected_failure()
-            outcome = golden.outcome.to_json()
+            outcome = golden.outcome
             if _CALIBRATION_RUN in item.stash:
                 from .calibrate import unperturbed
 
                 self._calibration_sample(item, golden, test_error=error)
-                outcome["environment_changes"] = unperturbed(outcome["environment_changes"])
+                outcome.environment_changes = unperturbed(outcome.environment_changes)
             self.state.add_outcome(outcome)
-            if self.plot_dir is not None and outcome["status"] == "failed":
-                self._plot(item, outcome)
+            if self.plot_dir is not None and outcome.status is Status.FAILED:
+                self._plot(item, outcome.to_json())
 
     def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
         """Keep this run's metrics, unless the test is expected to fail or raised itself."""
@@ -456,8 +462,9 @@ class GoldenPlugin:
             pruned = prune(self.root, goldens, tests=opt.golden_prune_tests, refused=refused)
             self.pruned, self.prune_notes = pruned.deleted, pruned.notes
         if self.report_path is not None and not opt.collectonly:
-            mode = self.mode.value
-            document = self.state.report(mode=mode, unused=self.unused, pruned=self.pruned)
+            document = report_document(
+                self.state, mode=self.mode.value, unused=self.unused, pruned=self.pruned
+            )
             try:
                 _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
             except GoldenError as exc:
@@ -744,11 +751,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     )
     opt = terminalreporter.config.option
     if plugin.unused_kept and not (opt.golden_prune or opt.golden_prune_tests):
-        lines.append(
-            f"{plugin.unused_kept} of them belong to test files that still exist (or are "
-            "shared): a removed test, or a case collected only on other machines (e.g. cuda); "
-            "--golden-prune keeps those, --golden-prune-tests deletes them on a whole run"
-        )
+        lines.append(unused_kept_note(plugin.unused_kept))
     lines.extend(plugin.prune_notes)
     lines.extend(_recording_notes(plugin))
     if plugin.report_error:
@@ -761,24 +764,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def _recording_notes(plugin: GoldenPlugin) -> list[str]:
     """Warnings about where and when this session recorded goldens."""
-    if not any(o["status"] in ("recorded", "updated") for o in plugin.state.outcomes):
+    if not any(o.status in (Status.RECORDED, Status.UPDATED) for o in plugin.state.outcomes):
         return []
     notes = []
     if plugin.config.option.update_golden and _truthy_env("CI"):
-        notes.append(
-            "goldens were re-recorded under CI (the CI environment variable is set): "
-            "--update-golden overrides CI's never-record rule; commit golden/ only if you meant it"
-        )
+        notes.append(CI_UPDATE)
     if plugin.config.inipath is None and plugin.snapshot is None:
         rel = os.path.relpath(plugin.root, plugin.rootdir)
         other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
         if other is not None:
-            notes.append(
-                f"recorded under {plugin.root}, but {other} exists too: with no pytest config "
-                f"file, rootdir is {plugin.rootdir} (where pytest was started); put one "
-                "(pytest.ini, or [tool.pytest.ini_options] in pyproject.toml) at the project "
-                "root so that every run finds the same golden/"
-            )
+            notes.append(rootdir_note(plugin.root, other, plugin.rootdir))
     return notes
 
 

@@ -8,13 +8,13 @@ test files that are gone; ``--golden-prune-tests`` also those of files that stil
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import GoldenError
 from .location import SHARED
+from .presentation import display
 from .session import SessionState
 
 
@@ -28,7 +28,7 @@ def not_full_run(state: SessionState, rootdir: Path, *, stopped: bool, failed: b
     session ``stopped`` early, or tests ``failed``."""
     partial = state.partial_collection()
     if partial:
-        where = os.path.relpath(partial[0], rootdir)
+        where = display(partial[0], rootdir)
         more = f" and {len(partial) - 1} more" if len(partial) > 1 else ""
         return (
             "some tests were deselected, filtered out (--lf, a conftest) or named "

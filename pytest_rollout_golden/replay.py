@@ -13,10 +13,8 @@ new recordings as one atomic swap of the directory and raises
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any, Protocol
 
 from . import inputs
 from . import metrics as metric_codec
-from .compare import ALLOW_NAN, compare_named, dtype_name
+from .compare import compare_named, dtype_name
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,
@@ -39,10 +37,18 @@ from .golden_files import GoldenFiles, merge_metrics
 from .inputs import ERROR, GENERATE, RECORD, REPEAT
 from .location import TOLERANCES, rollout_filename, tensors_filename
 from .modes import KEEP, REFUSE, REPLAY, ModePolicy, ReplayOnly
+from .presentation import (
+    DROPPED,
+    display,
+    kept_lines,
+    mismatch_message,
+    recorded_lines,
+    step_ranges,
+    typo_hint,
+)
 from .results import Comparison, Mode, Outcome, Verdict
 from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
 
-_DROPPED = "if it was dropped on purpose, run `pytest --update-golden` and commit golden/"
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 
 
@@ -137,7 +143,7 @@ class Golden:
             assert only is not None
             raise GoldenMissingError(
                 f"{self.test_id} only replays the golden of {only.recorder}, but "
-                f"{_display(self.directory)} does not exist; {only.remedy}."
+                f"{display(self.directory)} does not exist; {only.remedy}."
             )
         updated = self._registry is not None and self._registry.contains(self.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
@@ -232,7 +238,7 @@ class Golden:
         if self._replay_only is not None:
             why = f"This test only replays the golden of {self._replay_only.recorder}"
         return GoldenMissingError(
-            f"{what} at step {step} is not in the golden {_display(self.directory)} ({listing}). "
+            f"{what} at step {step} is not in the golden {display(self.directory)} ({listing}). "
             f"{why}; {self._remedy}."
         )
 
@@ -431,7 +437,7 @@ class Golden:
         try:
             if not self._opened:
                 return self._outcome
-            self._outcome.rollouts[:0] = self._rollouts.kept_lines()
+            self._outcome.rollouts[:0] = self._rollouts.kept_notes()
             if error:
                 self._discard()
                 return self._outcome
@@ -487,7 +493,7 @@ class Golden:
         )
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
-        self._outcome.recorded = _recorded_summary(
+        self._outcome.recorded = recorded_lines(
             files, fresh, self._old_files(), self._outcome.comparisons
         )
 
@@ -498,66 +504,11 @@ class Golden:
             self._outcome.discarded = True
 
     def failure_message(self, failures: list[Comparison]) -> str:
-        """The text of a GoldenMismatch: one table of scalar rows, then tensor details."""
-        total = len(self._outcome.comparisons)
-        lines = [
-            f"golden mismatch: {_first_divergence(failures)}{len(failures)} of {total} checks "
-            f"failed (golden {_display(self.directory)})"
-        ]
-        if self._replay_only is not None:
-            lines.append(f"{self.test_id} against the golden of {self._replay_only.recorder}")
-        rows = [c for c in failures if c.verdict == Verdict.FAIL and not c.detail]
-        if rows:
-            table = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
-            for c in rows:
-                table.append(
-                    (
-                        c.name,
-                        c.where.removeprefix("step "),
-                        _fmt(c.expected),
-                        _fmt(c.actual),
-                        _fmt(c.abs_diff, 2),
-                        _fmt(c.rel_diff, 2),
-                        _allowed(c),
-                    )
-                )
-            widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-            for row in table:
-                cells = (v.ljust(w) for v, w in zip(row, widths, strict=True))
-                lines.append(("  " + "  ".join(cells)).rstrip())
-            for c in rows:
-                if _is_nan(c.expected) and _is_nan(c.actual):
-                    lines.append(
-                        f"{c.kind} {c.name!r} ({c.where}): recorded NaN, got NaN "
-                        f"(equal_nan is off): {ALLOW_NAN}"
-                    )
-        for c in failures:
-            if c.verdict == Verdict.FAIL and c.detail:
-                lines.append(f"{c.kind} {c.name!r} ({c.where}), allowed {_allowed(c)}:")
-                lines += ["    " + d for d in c.detail.splitlines()]
-        for c in failures:
-            if c.verdict == Verdict.MISSING:
-                lines.append(f"{c.kind} {c.name!r} ({c.where}): {c.detail}")
-        ignored = sorted(
-            {c.name for c in self._outcome.comparisons if c.verdict == Verdict.IGNORED}
-        )
-        if ignored:
-            lines.append(f"not compared (excluded on purpose): {', '.join(ignored)}")
-        if self._outcome.environment_changes:
-            lines.append(
-                "note: replayed under another environment than recorded: "
-                + "; ".join(self._outcome.environment_changes)
-            )
-        if self._replay_only is not None:
-            lines.append(
-                "This test never records: fix it, or if the reference itself changed on "
-                f"purpose, {self._replay_only.remedy}."
-            )
-        else:
-            lines.append(
-                "If the new values are right, run `pytest --update-golden` and commit golden/."
-            )
-        return "\n".join(lines)
+        """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`)."""
+        only = self._replay_only
+        if only is None:
+            return mismatch_message(self._outcome, failures)
+        return mismatch_message(self._outcome, failures, recorder=only.recorder, remedy=only.remedy)
 
     # ------------------------------------------------------------------ context manager
 
@@ -650,12 +601,9 @@ class RolloutInputs:
         # What replay will return, not the object generate() built (requires_grad, views, ...)
         return self._files.load_staged(filename)
 
-    def kept_lines(self) -> list[str]:
-        return [
-            f"rollout {name!r}: kept step{'s' if len(s) > 1 else ''} {_ranges(sorted(s))} "
-            "(recorded inputs replayed; --golden-regenerate re-runs generate)"
-            for name, s in self._kept.items()
-        ]
+    def kept_notes(self) -> list[str]:
+        """One line per rollout whose recorded steps were kept (``--update-golden``)."""
+        return kept_lines(self._kept)
 
     def _keep(self, filename: str, name: str, step: int) -> Any:
         """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
@@ -697,7 +645,7 @@ class RolloutInputs:
             self._touched.add(sub_file)
             self.notes.append(
                 f"rollout {name!r} step {step}: step {substitute} stood in for it "
-                f"(missing_step='repeat'; recorded steps {_ranges(recorded)})"
+                f"(missing_step='repeat'; recorded steps {step_ranges(recorded)})"
             )
             return self._files.load(sub_file)
         assert action == GENERATE
@@ -776,7 +724,7 @@ def _dropped_tensors(
             kind="tensor",
             rank=rank,
             micro=micro,
-            detail=f"recorded but not passed to check_tensors in this run; {_DROPPED}",
+            detail=f"recorded but not passed to check_tensors in this run; {DROPPED}",
         )
         for tensor_name in dropped
     ]
@@ -802,7 +750,7 @@ def _unchecked_metrics(
                         Verdict.MISSING,
                         expected=metric_codec.scalar(names[name]),
                         detail=f"recorded but not checked in this run; "
-                        f"{_typo_hint(name, unrecorded)}{_DROPPED}",
+                        f"{typo_hint(name, unrecorded)}{DROPPED}",
                     )
                 )
     return out
@@ -820,7 +768,7 @@ def _unchecked_tensors(
             kind="tensor",
             rank=info.get("rank"),
             micro=info.get("micro"),
-            detail=f"recorded but check_tensors was not called; {_DROPPED}",
+            detail=f"recorded but check_tensors was not called; {DROPPED}",
         )
         for filename, info in recorded.items()
         if info.get("kind") == "tensors"
@@ -857,10 +805,6 @@ def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]
     return masks
 
 
-def _is_nan(value: Any) -> bool:
-    return isinstance(value, float) and math.isnan(value)
-
-
 def _require_generator(generate: Any, name: str) -> None:
     if not callable(generate):
         raise TypeError(
@@ -890,87 +834,8 @@ def _warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
         )
 
 
-def _typo_hint(name: str, unrecorded: list[str]) -> str:
-    """``"this run checked 'pg_los' ... "`` when a never-recorded name looks like ``name``."""
-    close = difflib.get_close_matches(name, unrecorded, n=1, cutoff=0.6)
-    if not close:
-        return ""
-    return (
-        f"this run checked {close[0]!r} at this step, which was never recorded: "
-        f"a misspelt or renamed metric (did you mean {name!r}?); "
-    )
-
-
-def _first_divergence(failures: list[Comparison]) -> str:
-    """``"first divergence at step 2: pg_loss, kl; "`` (empty when nothing drifted)."""
-    drifted = [c for c in failures if c.verdict == Verdict.FAIL]
-    if not drifted:
-        return ""
-    step = min(c.step for c in drifted)
-    names = list(dict.fromkeys(c.name for c in drifted if c.step == step))
-    return f"first divergence at step {step}: {', '.join(names)}; "
-
-
-def _recorded_summary(
-    files: Mapping[str, Any], fresh: bool, old: Mapping[str, Any], comparisons: list[Comparison]
-) -> list[str]:
-    """One line per recorded rollout/tensor name and for metrics: what was written, by step."""
-    steps: dict[str, set[int]] = {}
-    for filename, info in files.items():
-        if info.get("kind") in ("rollout", "tensors") and (fresh or filename not in old):
-            steps.setdefault(f"{info['kind']} {info['name']!r}", set()).add(info["step"])
-    new = [
-        c for c in comparisons if c.verdict in (Verdict.NEW, Verdict.UPDATED) and c.kind == "metric"
-    ]
-    if new:
-        steps[f"{len({c.name for c in new})} metrics"] = {c.step for c in new}
-    return [
-        f"{what}: step{'s' if len(s) > 1 else ''} {_ranges(sorted(s))}" for what, s in steps.items()
-    ]
-
-
-def _ranges(values: list[int]) -> str:
-    out, start = [], None
-    for i, v in enumerate(values):
-        start = v if start is None else start
-        if i + 1 == len(values) or values[i + 1] != v + 1:
-            out.append(str(v) if v == start else f"{start}-{v}")
-            start = None
-    return ", ".join(out)
-
-
-def _display(path: Path) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return str(path)
-
-
 def _summary(value: Any) -> dict[str, Any]:
     return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
-
-
-def _fmt(value: Any, digits: int | None = None) -> str:
-    """A cell of the mismatch table; floats in full (``repr``) unless ``digits`` is given.
-
-    Expected and actual values are shown in full: rounded, a drift below the
-    rounding (a 1-ulp change in the exact lane) would show two equal numbers.
-    """
-    if value is None:
-        return "-"
-    if isinstance(value, dict):
-        return f"{value.get('dtype')}{value.get('shape')}"
-    if isinstance(value, float):
-        return repr(value) if digits is None or not math.isfinite(value) else f"{value:.{digits}g}"
-    return str(value)
-
-
-def _allowed(c: Comparison) -> str:
-    if not c.tolerance:
-        return "-"
-    if c.tolerance.exact or not c.tolerance_source:
-        return c.tolerance.describe()
-    return f"{c.tolerance.describe()} ({c.tolerance_source})"
 
 
 __all__ = [

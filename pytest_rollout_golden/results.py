@@ -66,8 +66,10 @@ def json_number(value: Any) -> Any:
 
 
 def from_json_number(value: Any) -> Any:
-    """Inverse of :func:`json_number`."""
-    if value in ("nan", "inf", "-inf"):
+    """Inverse of :func:`json_number`; a string other than "nan", "inf", "-inf" is a ValueError."""
+    if isinstance(value, str):
+        if value not in ("nan", "inf", "-inf"):
+            raise ValueError(f"{value[:40]!r} is not a number, 'nan', 'inf' or '-inf'")
         return float(value)
     return value
 
@@ -93,15 +95,6 @@ class Comparison:
     @property
     def failed(self) -> bool:
         return self.verdict in (Verdict.FAIL, Verdict.MISSING)
-
-    @property
-    def where(self) -> str:
-        parts = [f"step {self.step}"]
-        if self.rank is not None:
-            parts.append(f"rank {self.rank}")
-        if self.micro is not None:
-            parts.append(f"micro {self.micro}")
-        return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         out = {"metric" if k == "name" else k: v for k, v in dataclasses.asdict(self).items()}

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from . import location
-from .results import STATUSES, json_number
+from .results import STATUSES, Outcome, Status
 from .tolerance import ToleranceUsage
 
 
-class UpdateRegistry:
-    """Marks, shared by all workers of a session, of the goldens re-recorded so far."""
+class UpdateMarks:
+    """Marks, shared by all workers of a session, of the goldens re-recorded so far.
+
+    Satisfies :class:`.replay.UpdateRegistry`.
+    """
 
     def __init__(self, token: str):
         self.path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{token}"
@@ -47,7 +50,7 @@ class UpdateRegistry:
 class SessionState:
     """Outcomes of every golden test plus what collection saw, for unused-golden detection."""
 
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
     expected_dirs: set[str] = field(default_factory=set)
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
@@ -62,8 +65,8 @@ class SessionState:
     calibration_layouts: dict[str, dict[str, str]] = field(default_factory=dict)  # layout ids
     calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
 
-    def add_outcome(self, outcome: dict[str, Any]) -> None:
-        if outcome.get("status") or outcome.get("comparisons"):
+    def add_outcome(self, outcome: Outcome) -> None:
+        if outcome.status is not None or outcome.comparisons:
             self.outcomes.append(outcome)
 
     def add_calibration_run(
@@ -91,7 +94,7 @@ class SessionState:
     def to_json(self) -> str:
         return json.dumps(
             {
-                "outcomes": self.outcomes,
+                "outcomes": [o.to_json() for o in self.outcomes],
                 "expected_dirs": sorted(self.expected_dirs),
                 "collected_files": sorted(self.collected_files),
                 "partial_files": sorted(self.partial_files),
@@ -107,7 +110,7 @@ class SessionState:
 
     def merge_json(self, text: str) -> None:
         data = json.loads(text)
-        self.outcomes.extend(data["outcomes"])
+        self.outcomes.extend(Outcome.from_json(o) for o in data["outcomes"])
         self.expected_dirs.update(data["expected_dirs"])
         self.collected_files.update(data["collected_files"])
         self.partial_files.update(data["partial_files"])
@@ -129,9 +132,8 @@ class SessionState:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""
         counts = dict.fromkeys((s.value for s in STATUSES), 0)
         for outcome in self.outcomes:
-            status = outcome["status"]
-            if status in counts or status == "xfailed":
-                counts[status] = counts.get(status, 0) + 1
+            if outcome.status in (*STATUSES, Status.XFAILED):
+                counts[outcome.status.value] = counts.get(outcome.status.value, 0) + 1
         return counts
 
     def partial_collection(self) -> list[str]:
@@ -174,29 +176,3 @@ class SessionState:
             if owner is None or str(owner) in whole:
                 found.append((directory, owner))
         return found
-
-    def report(self, *, mode: str, unused: list[Path], pruned: list[Path]) -> dict[str, Any]:
-        """The ``--golden-report`` document: every comparison with its verdict."""
-        comparisons = []
-        for outcome in self.outcomes:
-            for c in outcome["comparisons"]:
-                comparisons.append({"test": outcome["test"], "golden": outcome["directory"], **c})
-        return {
-            "format": "pytest-rollout-golden-report",
-            "version": 1,
-            "mode": mode,
-            "summary": self.counts(),
-            "tests": [
-                {
-                    k: json_number(v) if not isinstance(v, list) else v
-                    for k, v in o.items()
-                    if k != "comparisons"
-                }
-                for o in self.outcomes
-            ],
-            "comparisons": comparisons,
-            "unused": [str(p) for p in unused],
-            "pruned": [str(p) for p in pruned],
-            "plots": self.plots,
-            "calibrated": self.calibrated,
-        }

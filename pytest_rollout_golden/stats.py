@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,12 +64,3 @@ def tensor_stats(arrays: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             row["padding"] = float((masks[mask_key] == 0).double().mean())
         out[key] = row
     return out
-
-
-def fmt(value: Any) -> str:
-    """A statistic in a table cell."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else repr(value)
-    return str(value)

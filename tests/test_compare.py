@@ -155,9 +155,6 @@ def test_comparison_json_is_strict_json():
     json.dumps(data, allow_nan=False)
     assert c.failed and Comparison("x", 0, "missing").failed
     assert not Comparison("x", 0, "pass").failed and not Comparison("x", 0, "new").failed
-    assert Comparison("t", 1, "pass", kind="tensor", rank=2, micro=0).where == (
-        "step 1, rank 2, micro 0"
-    )
 
 
 def test_means_and_counts_leave_non_finite_differences_out():

@@ -1,0 +1,549 @@
+"""Every text the package prints: mismatch messages, the terminal summary, CLI tables, the report.
+
+Torch-free. The records come from :mod:`.results` (and :mod:`.diff` for the CLI);
+nothing here decides what passed, only how it reads. The building blocks are
+shared by every text: :func:`number`, :func:`location`, :func:`steps`,
+:func:`display` and :func:`table`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .compare import ALLOW_NAN
+from .errors import REMEDY_UPDATE
+from .metrics import scalar
+from .results import Comparison, Outcome, Status, Verdict, json_number
+
+if TYPE_CHECKING:
+    from .diff import GoldenDiff, Row
+    from .session import SessionState
+
+DROPPED = f"if it was dropped on purpose, {REMEDY_UPDATE}"
+IF_RIGHT = f"If the new values are right, {REMEDY_UPDATE}."
+CI_UPDATE = (
+    "goldens were re-recorded under CI (the CI environment variable is set): "
+    "--update-golden overrides CI's never-record rule; commit golden/ only if you meant it"
+)
+_CHANGED = (Verdict.NEW, Verdict.UPDATED)  # what an update lists
+_LIMIT = 20  # lines per summary section before "... and N more"
+_ROWS_SHOWN = 30  # rows beyond tolerance printed per golden and table; --json has them all
+
+# ---------------------------------------------------------------------- building blocks
+
+
+def number(value: Any, digits: int | None = None) -> str:
+    """A value in a table cell: floats in full (``repr``) or to ``digits`` significant digits.
+
+    ``None`` is ``-``; an array's summary ``{"dtype", "shape"}`` reads ``float32[2, 3]``;
+    non-finite floats read ``nan``, ``inf``, ``-inf``. Expected and actual values are
+    shown in full: rounded, a 1-ulp drift would show two equal numbers.
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return f"{value.get('dtype')}{value.get('shape')}"
+    if isinstance(value, float):
+        return repr(value) if digits is None or not math.isfinite(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def location(step: Any, rank: int | None = None, micro: int | None = None) -> str:
+    """``"step 3, rank 0, micro 1"``: where a value was checked (rank and micro if given)."""
+    parts = [f"step {step}"]
+    parts += [f"{k} {v}" for k, v in (("rank", rank), ("micro", micro)) if v is not None]
+    return ", ".join(parts)
+
+
+def where(c: Comparison) -> str:
+    """The :func:`location` of a comparison."""
+    return location(c.step, c.rank, c.micro)
+
+
+def step_ranges(values: Iterable[int]) -> str:
+    """``"0-2, 5"``: sorted steps with runs of consecutive ones joined."""
+    values = sorted(values)
+    out, start = [], None
+    for i, v in enumerate(values):
+        start = v if start is None else start
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(v) if v == start else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
+
+
+def steps(values: Iterable[int]) -> str:
+    """``"step 3"`` or ``"steps 0-2, 5"``."""
+    values = set(values)
+    return f"step{'s' if len(values) > 1 else ''} {step_ranges(values)}"
+
+
+def display(path: str | os.PathLike[str], relative_to: str | os.PathLike[str] | None = None) -> str:
+    """``path`` relative to ``relative_to`` (default: the working directory), as printed."""
+    try:
+        return os.path.relpath(path, relative_to)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+
+
+def table(rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
+    """Rows as left-aligned columns two spaces apart; the first row is the header."""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return [
+        (indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
+        for row in rows
+    ]
+
+
+def _section(title: str, items: list[str]) -> list[str]:
+    if not items:
+        return []
+    shown = items[:_LIMIT]
+    more = [f"    ... and {len(items) - _LIMIT} more"] if len(items) > _LIMIT else []
+    return [title, *("    " + i for i in shown), *more]
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+# ---------------------------------------------------------------------- the mismatch message
+
+
+def allowed(c: Comparison) -> str:
+    """The "allowed" cell of a comparison: its tolerance and where it came from."""
+    if not c.tolerance:
+        return "-"
+    if c.tolerance.exact or not c.tolerance_source:
+        return c.tolerance.describe()
+    return f"{c.tolerance.describe()} ({c.tolerance_source})"
+
+
+def first_divergence(failures: list[Comparison]) -> str:
+    """``"first divergence at step 2: pg_loss, kl; "`` (empty when nothing drifted)."""
+    drifted = [c for c in failures if c.verdict == Verdict.FAIL]
+    if not drifted:
+        return ""
+    step = min(c.step for c in drifted)
+    names = list(dict.fromkeys(c.name for c in drifted if c.step == step))
+    return f"first divergence at step {step}: {', '.join(names)}; "
+
+
+def typo_hint(name: str, unrecorded: list[str]) -> str:
+    """``"this run checked 'pg_los' ... "`` when a never-recorded name looks like ``name``."""
+    close = difflib.get_close_matches(name, unrecorded, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return (
+        f"this run checked {close[0]!r} at this step, which was never recorded: "
+        f"a misspelt or renamed metric (did you mean {name!r}?); "
+    )
+
+
+def mismatch_message(
+    outcome: Outcome,
+    failures: list[Comparison],
+    *,
+    recorder: str | None = None,
+    remedy: str = "",
+) -> str:
+    """The text of a GoldenMismatch: one table of scalar rows, then tensor details.
+
+    ``recorder``: the test that records this golden when this one only replays it;
+    ``remedy`` then says how to record it.
+    """
+    lines = [
+        f"golden mismatch: {first_divergence(failures)}{len(failures)} of "
+        f"{len(outcome.comparisons)} checks failed (golden {display(outcome.directory)})"
+    ]
+    if recorder is not None:
+        lines.append(f"{outcome.test} against the golden of {recorder}")
+    rows = [c for c in failures if c.verdict == Verdict.FAIL and not c.detail]
+    if rows:
+        cells = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
+        for c in rows:
+            cells.append(
+                (
+                    c.name,
+                    where(c).removeprefix("step "),
+                    number(c.expected),
+                    number(c.actual),
+                    number(c.abs_diff, 2),
+                    number(c.rel_diff, 2),
+                    allowed(c),
+                )
+            )
+        lines += table(cells)
+        for c in rows:
+            if _is_nan(c.expected) and _is_nan(c.actual):
+                lines.append(
+                    f"{c.kind} {c.name!r} ({where(c)}): recorded NaN, "
+                    f"got NaN (equal_nan is off): {ALLOW_NAN}"
+                )
+    for c in failures:
+        if c.verdict == Verdict.FAIL and c.detail:
+            lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
+            lines += ["    " + d for d in c.detail.splitlines()]
+    for c in failures:
+        if c.verdict == Verdict.MISSING:
+            lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")
+    ignored = sorted({c.name for c in outcome.comparisons if c.verdict == Verdict.IGNORED})
+    if ignored:
+        lines.append(f"not compared (excluded on purpose): {', '.join(ignored)}")
+    if outcome.environment_changes:
+        lines.append(
+            "note: replayed under another environment than recorded: "
+            + "; ".join(outcome.environment_changes)
+        )
+    if recorder is not None:
+        lines.append(
+            f"This test never records: fix it, or if the reference itself changed on purpose, "
+            f"{remedy}."
+        )
+    else:
+        lines.append(IF_RIGHT)
+    return "\n".join(lines)
+
+
+def recorded_lines(
+    files: Mapping[str, Any], fresh: bool, old: Mapping[str, Any], comparisons: list[Comparison]
+) -> list[str]:
+    """One line per recorded rollout/tensor name and for metrics: what was written, by step."""
+    written: dict[str, set[int]] = {}
+    for filename, info in files.items():
+        if info.get("kind") in ("rollout", "tensors") and (fresh or filename not in old):
+            written.setdefault(f"{info['kind']} {info['name']!r}", set()).add(info["step"])
+    new = [c for c in comparisons if c.verdict in _CHANGED and c.kind == "metric"]
+    if new:
+        written[f"{len({c.name for c in new})} metrics"] = {c.step for c in new}
+    return [f"{what}: {steps(s)}" for what, s in written.items()]
+
+
+def kept_lines(kept: Mapping[str, Iterable[int]]) -> list[str]:
+    """``--update-golden``: one line per rollout name whose recorded steps were kept."""
+    return [
+        f"rollout {name!r}: kept {steps(s)} "
+        "(recorded inputs replayed; --golden-regenerate re-runs generate)"
+        for name, s in kept.items()
+    ]
+
+
+# ---------------------------------------------------------------------- the terminal summary
+
+
+def _moved(c: Comparison) -> str:
+    label = f"{c.name} ({where(c)})"
+    if c.verdict == Verdict.NEW:
+        return f"{label}: new"
+    if _is_nan(c.actual):  # the difference of NaN to NaN reads 0
+        return f"{label}: {number(c.expected, 8)} -> nan (NaN: replay fails unless equal_nan)"
+    if c.abs_diff == 0:
+        return f"{label}: unchanged"
+    change = f"abs {number(c.abs_diff, 8)}, rel {number(c.rel_diff, 8)}"
+    if c.kind == "metric" and not isinstance(c.expected, dict):
+        return f"{label}: {number(c.expected, 8)} -> {number(c.actual, 8)} ({change})"
+    return f"{label}: changed (greatest {change})"
+
+
+def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
+    """The summary's table of one golden's calibrated tolerances (``--golden-calibrate``)."""
+    if not entry["rows"]:
+        return [f"not calibrated: {directory} ({entry['skipped']})"]
+    lines = [f"calibrated tolerances written to {directory}/tolerances.json:"]
+    lanes = {row.get("lane", "same layout") for row in entry["rows"]} != {"same layout"}
+    cells = [("metric", "rel spread", "abs spread", "at step", "rtol", "atol")]
+    if lanes:
+        cells = [("lane", *cells[0])]
+    for row in entry["rows"]:
+        kept = "rtol" not in row
+        cells.append(
+            (
+                *((row.get("lane", "same layout"),) if lanes else ()),
+                row["metric"],
+                number(row["rel_spread"], 3),
+                number(row["abs_spread"], 3),
+                number(row["at_step"]),
+                "default kept" if kept else number(row["rtol"], 3),
+                "-" if kept else number(row["atol"], 3),
+            )
+        )
+    lines += table(cells, "    ")
+    if entry["skipped"]:
+        lines.append(f"    left out: {entry['skipped']}")
+    return lines
+
+
+def not_compared(outcomes: Iterable[Outcome]) -> list[str]:
+    """One line per test: the metrics and tensors it excluded, their steps and who said so."""
+    lines = []
+    for outcome in outcomes:
+        excluded: dict[tuple[str, str], set[int]] = {}
+        for c in outcome.comparisons:
+            if c.verdict == Verdict.IGNORED:
+                excluded.setdefault((c.name, c.tolerance_source), set()).add(c.step)
+        if excluded:
+            items = [f"{name} ({steps(s)}; {source})" for (name, source), s in excluded.items()]
+            lines.append(f"{outcome.test}: {', '.join(items)}")
+    return lines
+
+
+def summary_lines(
+    state: SessionState,
+    *,
+    unused: Iterable[Path],
+    pruned: Iterable[Path],
+    unused_tolerances: Iterable[str],
+    report_path: str | None,
+    relative_to: Path,
+) -> list[str]:
+    """Lines for the ``rollout golden`` section of pytest's terminal summary."""
+
+    def rel(p: Any) -> str:
+        return display(p, relative_to)
+
+    counts = state.counts()
+    unused, pruned = list(unused), list(pruned)
+    discarded = any(o.discarded for o in state.outcomes)
+    quiet = not any(counts.values()) and not state.calibrated
+    if quiet and not unused and not pruned and not discarded:
+        return []
+    lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
+    for o in state.outcomes:
+        if o.status is Status.UPDATED:
+            moved = [
+                _moved(c) for c in o.comparisons if c.verdict in (Verdict.NEW, Verdict.UPDATED)
+            ]
+            lines += _section(f"updated {o.test} -> {rel(o.directory)}:", moved)
+        elif o.status is Status.RECORDED:
+            lines += _section(f"recorded {o.test} -> {rel(o.directory)}:", o.recorded)
+        if o.discarded:
+            lines.append(f"not recorded (the test failed): new values of {o.test}")
+        lines += _section(f"rollout inputs of {o.test}:", o.rollouts)
+    envs = [
+        f"{o.test}: {'; '.join(o.environment_changes)}"
+        for o in state.outcomes
+        if o.environment_changes
+    ]
+    lines += _section(
+        "replayed under another environment than recorded (exact lane not applied):", envs
+    )
+    lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
+    lines += _section(
+        "unused golden directories (delete with --golden-prune on a full run):",
+        [rel(p) for p in unused if p not in pruned],
+    )
+    lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
+    lines += _section("tolerances that matched no metric:", list(unused_tolerances))
+    lines += _section("golden plots written (--golden-plot):", list(state.plots))
+    for entry in state.calibrated:
+        lines += calibrated_table(entry, rel(entry["directory"]))
+    if report_path:
+        lines.append(f"golden report written to {report_path}")
+    return lines
+
+
+def unused_kept_note(count: int) -> str:
+    """Why ``--golden-prune`` keeps ``count`` of the unused goldens."""
+    return (
+        f"{count} of them belong to test files that still exist (or are "
+        "shared): a removed test, or a case collected only on other machines (e.g. cuda); "
+        "--golden-prune keeps those, --golden-prune-tests deletes them on a whole run"
+    )
+
+
+def rootdir_note(root: Path, other: Path, rootdir: Path) -> str:
+    """Goldens were recorded under ``root`` while ``other`` looks like the project's golden/."""
+    return (
+        f"recorded under {root}, but {other} exists too: with no pytest config "
+        f"file, rootdir is {rootdir} (where pytest was started); put one "
+        "(pytest.ini, or [tool.pytest.ini_options] in pyproject.toml) at the project "
+        "root so that every run finds the same golden/"
+    )
+
+
+# ---------------------------------------------------------------------- the JSON report
+
+
+def report_document(
+    state: SessionState, *, mode: str, unused: list[Path], pruned: list[Path]
+) -> dict[str, Any]:
+    """The ``--golden-report`` document: every comparison with its verdict."""
+    outcomes = [o.to_json() for o in state.outcomes]
+    comparisons = []
+    for outcome in outcomes:
+        for c in outcome["comparisons"]:
+            comparisons.append({"test": outcome["test"], "golden": outcome["directory"], **c})
+    return {
+        "format": "pytest-rollout-golden-report",
+        "version": 1,
+        "mode": mode,
+        "summary": state.counts(),
+        "tests": [
+            {
+                k: json_number(v) if not isinstance(v, list) else v
+                for k, v in o.items()
+                if k != "comparisons"
+            }
+            for o in outcomes
+        ],
+        "comparisons": comparisons,
+        "unused": [str(p) for p in unused],
+        "pruned": [str(p) for p in pruned],
+        "plots": state.plots,
+        "calibrated": state.calibrated,
+    }
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+def verify_row(status: str, directory: Path, message: str) -> str:
+    """One golden in ``rollout-golden verify``: ``ok``, ``FAIL`` or ``ERROR``, then what follows."""
+    return f"{status:<4} {directory}{message}"
+
+
+def verify_summary(checked: int, problems: int, unchecked: int) -> str:
+    """The last line of ``rollout-golden verify``."""
+    return f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked"
+
+
+def metric_cell(node: Any) -> str:
+    """A recorded metric (a ``metrics.json`` node) in ``show``'s steps x metrics table."""
+    value = None if node is None else scalar(node)
+    return number(node if value is None else value, 8)
+
+
+def diff_allowed(row: Row) -> str:
+    """The "allowed" cell of a ``diff`` row."""
+    if not row.compared:
+        return f"not compared ({row.source})"
+    if not row.allowed:
+        return "-"
+    return f"{row.allowed} ({row.source})" if row.source else row.allowed
+
+
+def _shape(row: Row, side: int) -> str:
+    shape, dtype = row.shape[side], row.dtype[side]
+    return "missing" if shape is None else f"{dtype}{shape}"
+
+
+def golden_diff_lines(d: GoldenDiff) -> list[str]:
+    """``rollout-golden diff``'s report of one golden's differences."""
+    metrics = [r for r in d.rows if r.kind == "metric"]
+    tensors = [r for r in d.rows if r.kind == "tensor"]
+    if d.one_sided:
+        return [f"{d.label}: DIFFERS: {d.problems[0]}"]
+    verdict = f"DIFFERS ({d.differences} beyond tolerance)" if d.differences else "ok"
+    lines = [f"{d.label}: {verdict}; {len(metrics)} metric values, {len(tensors)} tensors compared"]
+    first = d.first_divergence()
+    if metrics:
+        cells = [
+            (
+                "metric",
+                "first divergence",
+                "steps beyond",
+                "max abs diff",
+                "max rel diff",
+                "allowed",
+            )
+        ]
+        for name in dict.fromkeys(r.name for r in metrics):
+            rows = [r for r in metrics if r.name == name]
+            bad = sum(not r.ok for r in rows)
+            compared = [r for r in rows if r.compared and r.detail[:4] != "only"]
+            cells.append(
+                (
+                    name,
+                    "-" if first[name] is None else f"step {first[name]}",
+                    f"{bad}/{len(rows)}",
+                    number(max((r.abs_max for r in compared), default=None), 3),
+                    number(max((r.rel_max for r in compared), default=None), 3),
+                    diff_allowed(rows[0]),
+                )
+            )
+        lines += table(cells)
+        failing = [r for r in metrics if not r.ok]
+        if failing:
+            cells = [("metric", "step", "A", "B", "abs diff", "rel diff", "")]
+            for r in failing[:_ROWS_SHOWN]:
+                cells.append(
+                    (
+                        r.name,
+                        r.step,
+                        number(r.expected),
+                        number(r.actual),
+                        number(r.abs_max, 3),
+                        number(r.rel_max, 3),
+                        r.detail.replace("\n", "; "),
+                    )
+                )
+            lines.append("  metric values beyond tolerance:")
+            lines += table(cells, "    ")
+            if len(failing) > _ROWS_SHOWN:
+                lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+    failing = [r for r in tensors if not r.ok]
+    if failing:
+        cells = [
+            (
+                "tensor",
+                "step",
+                "rank",
+                "micro",
+                "A",
+                "B",
+                "mismatched",
+                "max abs",
+                "mean abs",
+                "max rel",
+                "mean rel",
+                "first divergence",
+                "allowed",
+            )
+        ]
+        for r in failing[:_ROWS_SHOWN]:
+            cells.append(
+                (
+                    r.name,
+                    number(r.step),
+                    number(r.rank),
+                    number(r.micro),
+                    _shape(r, 0),
+                    _shape(r, 1),
+                    f"{r.mismatched}/{r.numel}" if r.numel else "-",
+                    number(r.abs_max, 3),
+                    number(r.abs_mean, 3),
+                    number(r.rel_max, 3),
+                    number(r.rel_mean, 3),
+                    "-" if first[r.name] is None else f"step {first[r.name]}",
+                    diff_allowed(r),
+                )
+            )
+        lines.append("  tensors beyond tolerance:")
+        lines += table(cells, "    ")
+        if len(failing) > _ROWS_SHOWN:
+            lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+        for r in failing[:_ROWS_SHOWN]:
+            if r.detail and "\n" in r.detail:
+                lines.append(f"    {r.name} (step {number(r.step)}):")
+                lines += ["      " + line for line in r.detail.splitlines()]
+    if tensors and len(failing) < len(tensors):
+        lines.append(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
+    ignored = sorted({r.name for r in d.rows if not r.compared})
+    if ignored:
+        lines.append(f"  not compared (excluded on purpose): {', '.join(ignored)}")
+    lines += [f"  {problem}" for problem in d.problems]
+    return lines
+
+
+def diff_summary(counts: Mapping[str, int]) -> str:
+    """The last line of ``rollout-golden diff``."""
+    return (
+        f"{counts['goldens']} golden{'s' if counts['goldens'] != 1 else ''} compared: "
+        f"{counts['differ']} differ beyond tolerance, {counts['within_tolerance']} within "
+        f"tolerance, {counts['one_sided']} on one side only"
+    )

@@ -1,0 +1,402 @@
+"""Unit tests of the texts in :mod:`pytest_rollout_golden.presentation`, from hand-built results.
+
+The plugin tests check these texts end to end (pytester); here each formatter is
+checked on its own, on the corner cases a full run rarely reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_rollout_golden import presentation as text
+from pytest_rollout_golden.errors import REMEDY_UPDATE, update_command
+from pytest_rollout_golden.results import Comparison, Outcome, Status, Verdict
+from pytest_rollout_golden.session import SessionState
+from pytest_rollout_golden.tolerance import Tolerance
+
+TOL = Tolerance(rtol=1e-5, atol=1e-8)
+NAN, INF = math.nan, math.inf
+BUILT_IN = "rtol=1e-05, atol=1e-08 (built-in default)"
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "shown"),
+    [
+        (None, None, "-"),
+        (None, 3, "-"),
+        (0.1 + 0.2, None, "0.30000000000000004"),  # in full: a 1-ulp drift stays visible
+        (0.1 + 0.2, 8, "0.3"),
+        (1.0, 8, "1"),
+        (0.00123456, 2, "0.0012"),
+        (123456789.0, 3, "1.23e+08"),
+        (0.0, 3, "0"),
+        (NAN, None, "nan"),
+        (NAN, 2, "nan"),
+        (INF, 3, "inf"),
+        (-INF, 8, "-inf"),
+        (7, 3, "7"),  # ints are never rounded
+        (2**62 + 1, None, str(2**62 + 1)),
+        (True, None, "True"),
+        ("nan", 8, "nan"),  # JSON's form of NaN reads as NaN
+        ({"dtype": "float32", "shape": [2, 3]}, None, "float32[2, 3]"),
+    ],
+)
+def test_number(value, digits, shown):
+    assert text.number(value, digits) == shown
+
+
+def test_location_names_rank_and_micro_only_when_given():
+    assert text.location(3) == "step 3"
+    assert text.location(1, rank=2, micro=0) == "step 1, rank 2, micro 0"
+    assert text.location(1, micro=4) == "step 1, micro 4"
+    c = Comparison("t", 1, Verdict.PASS, kind="tensor", rank=2, micro=0)
+    assert text.where(c) == "step 1, rank 2, micro 0"
+
+
+@pytest.mark.parametrize(
+    ("values", "ranges", "words"),
+    [
+        ([5], "5", "step 5"),
+        ([0, 1, 2], "0-2", "steps 0-2"),
+        ([3, 0, 2, 1, 7, 9, 10], "0-3, 7, 9-10", "steps 0-3, 7, 9-10"),
+        ([0, 2, 4], "0, 2, 4", "steps 0, 2, 4"),
+        ({4, 5}, "4-5", "steps 4-5"),
+    ],
+)
+def test_step_ranges(values, ranges, words):
+    assert text.step_ranges(values) == ranges
+    assert text.steps(values) == words
+
+
+def test_display_is_relative_to_the_working_directory_or_the_given_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert text.display(tmp_path / "golden" / "t") == os.path.join("golden", "t")
+    assert text.display(str(tmp_path / "golden")) == "golden"
+    root = tmp_path / "project"
+    assert text.display(root / "golden" / "t", relative_to=root) == os.path.join("golden", "t")
+
+
+def test_table_pads_columns_and_strips_trailing_blanks():
+    assert text.table([("a", "bb", ""), ("ccc", 1, "")], "  ") == ["  a    bb", "  ccc  1"]
+
+
+def test_every_remedy_is_built_from_one_wording():
+    assert REMEDY_UPDATE in text.DROPPED and REMEDY_UPDATE in text.IF_RIGHT
+    assert text.DROPPED.startswith("if it was dropped on purpose, ")
+    assert text.IF_RIGHT.startswith("If the new values are right, ")
+    assert update_command('-k "ref"') == (
+        '`pytest --update-golden -k "ref"` locally and commit the golden/ directory'
+    )
+    assert REMEDY_UPDATE == "run `pytest --update-golden` locally and commit the golden/ directory"
+
+
+def outcome(*comparisons: Comparison, **kw) -> Outcome:
+    return Outcome(
+        "test_it.py::test_train",
+        "/p/golden/test_it/test_train",
+        comparisons=list(comparisons),
+        **kw,
+    )
+
+
+def mismatch_example() -> tuple[Outcome, list[Comparison]]:
+    """Two drifts at step 1 and 2, a NaN at step 2, a tensor, a missing metric, an ignored one."""
+    default = {"tolerance": TOL, "tolerance_source": "built-in default"}
+    drift = Comparison(
+        "pg_loss", 2, Verdict.FAIL, expected=0.5, actual=0.5005, abs_diff=5e-4, rel_diff=1e-3,
+        **default,
+    )  # fmt: skip
+    kl = Comparison(
+        "kl", 1, Verdict.FAIL, expected=0.01, actual=0.02, abs_diff=0.01, rel_diff=1.0,
+        tolerance=Tolerance(exact=True), tolerance_source="--golden-exact",
+    )  # fmt: skip
+    nan = Comparison(
+        "ent", 2, Verdict.FAIL, expected=NAN, actual=NAN, abs_diff=0.0, rel_diff=0.0, **default
+    )
+    tensor = Comparison(
+        "actor/lp", 1, Verdict.FAIL, kind="tensor", rank=0, micro=1,
+        expected={"shape": [2], "dtype": "float32"}, tolerance=TOL, tolerance_source="ini",
+        detail="Mismatched elements: 1 / 2\nGreatest",
+    )  # fmt: skip
+    missing = Comparison("vf_loss", 0, Verdict.MISSING, detail="recorded but not checked")
+    ignored = Comparison("clip", 0, Verdict.IGNORED, tolerance_source="--golden-ignore")
+    passed = Comparison("x", 0, Verdict.PASS, tolerance=TOL)
+    failures = [drift, kl, nan, tensor, missing]
+    return outcome(*failures, ignored, passed, environment_changes=["torch: 2.1 -> 2.2"]), failures
+
+
+def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result, failures = mismatch_example()
+    result.directory = str(tmp_path / "golden" / "test_it" / "test_train")
+    lines = text.mismatch_message(result, failures).splitlines()
+    assert lines == [
+        "golden mismatch: first divergence at step 1: kl, actor/lp; 5 of 7 checks failed "
+        f"(golden {os.path.join('golden', 'test_it', 'test_train')})",
+        "  metric   step  expected  actual  abs diff  rel diff  allowed",
+        "  pg_loss  2     0.5       0.5005  0.0005    0.001     " + BUILT_IN,
+        "  kl       1     0.01      0.02    0.01      1         bit-exact",
+        "  ent      2     nan       nan     0         0         " + BUILT_IN,
+        "metric 'ent' (step 2): recorded NaN, got NaN (equal_nan is off): "
+        + text.ALLOW_NAN,
+        "tensor 'actor/lp' (step 1, rank 0, micro 1), allowed rtol=1e-05, atol=1e-08 (ini):",
+        "    Mismatched elements: 1 / 2",
+        "    Greatest",
+        "metric 'vf_loss' (step 0): recorded but not checked",
+        "not compared (excluded on purpose): clip",
+        "note: replayed under another environment than recorded: torch: 2.1 -> 2.2",
+        text.IF_RIGHT,
+    ]  # fmt: skip
+
+
+def test_mismatch_message_of_a_replay_only_golden_names_its_recorder():
+    result, failures = mismatch_example()
+    message = text.mismatch_message(result, failures[:1], recorder="test_ref", remedy="run ref")
+    lines = message.splitlines()
+    assert lines[0].startswith("golden mismatch: first divergence at step 2: pg_loss; 1 of 7")
+    assert lines[1] == "test_it.py::test_train against the golden of test_ref"
+    assert lines[-1] == (
+        "This test never records: fix it, or if the reference itself changed on purpose, run ref."
+    )
+    assert REMEDY_UPDATE not in message
+
+
+def test_first_divergence_ignores_missing_values():
+    missing = Comparison("a", 0, Verdict.MISSING)
+    assert text.first_divergence([missing]) == ""
+    late = Comparison("b", 3, Verdict.FAIL)
+    assert text.first_divergence([missing, late]) == "first divergence at step 3: b; "
+
+
+def test_typo_hint_only_for_a_close_name():
+    assert "did you mean 'pg_loss'?" in text.typo_hint("pg_loss", ["pg_los", "kl"])
+    assert text.typo_hint("pg_loss", ["entropy"]) == ""
+
+
+def test_recorded_and_kept_lines_group_steps_by_name():
+    files = {
+        "r0": {"kind": "rollout", "name": "rollout", "step": 0},
+        "r1": {"kind": "rollout", "name": "rollout", "step": 1},
+        "t3": {"kind": "tensors", "name": "actor", "step": 3},
+        "metrics.json": {"kind": "metrics"},
+    }
+    comparisons = [
+        Comparison("pg_loss", 0, Verdict.NEW),
+        Comparison("kl", 2, Verdict.NEW),
+        Comparison("kl", 3, Verdict.PASS),
+        Comparison("actor/lp", 3, Verdict.NEW, kind="tensor"),
+    ]
+    assert text.recorded_lines(files, True, {}, comparisons) == [
+        "rollout 'rollout': steps 0-1",
+        "tensors 'actor': step 3",
+        "2 metrics: steps 0, 2",
+    ]
+    # an addition to an existing golden lists only the files it added
+    assert text.recorded_lines(files, False, {"r0": {}, "r1": {}}, []) == [
+        "tensors 'actor': step 3"
+    ]
+    assert text.kept_lines({"rollout": {0, 1, 2}, "critic": {4}}) == [
+        "rollout 'rollout': kept steps 0-2 (recorded inputs replayed; --golden-regenerate "
+        "re-runs generate)",
+        "rollout 'critic': kept step 4 (recorded inputs replayed; --golden-regenerate re-runs "
+        "generate)",
+    ]
+
+
+def session(*outcomes: Outcome) -> SessionState:
+    state = SessionState()
+    for o in outcomes:
+        state.add_outcome(o)
+    return state
+
+
+def update_example() -> SessionState:
+    updated = outcome(
+        Comparison("pg_loss", 0, Verdict.UPDATED, expected=0.5, actual=0.5005, abs_diff=5e-4,
+                   rel_diff=1e-3),
+        Comparison("kl", 0, Verdict.UPDATED, expected=0.01, actual=0.01, abs_diff=0.0,
+                   rel_diff=0.0),
+        Comparison("ent", 0, Verdict.UPDATED, expected=1.0, actual=NAN, abs_diff=NAN,
+                   rel_diff=NAN),
+        Comparison("actor/lp", 0, Verdict.UPDATED, kind="tensor", rank=1,
+                   expected={"shape": [2], "dtype": "float32"},
+                   actual={"shape": [2], "dtype": "float32"}, abs_diff=0.5, rel_diff=0.25),
+        Comparison("vf", 1, Verdict.NEW, actual=2.0),
+        Comparison("clip", 0, Verdict.IGNORED, tolerance_source="--golden-ignore"),
+        Comparison("clip", 1, Verdict.IGNORED, tolerance_source="--golden-ignore"),
+        Comparison("clip", 3, Verdict.IGNORED, tolerance_source="--golden-ignore"),
+        status=Status.UPDATED,
+        rollouts=["rollout 'rollout': kept step 0 (...)"],
+    )  # fmt: skip
+    recorded = Outcome("t.py::test_new", "/p/golden/t/test_new", status=Status.RECORDED,
+                       recorded=["3 metrics: steps 0-2"])  # fmt: skip
+    failed = Outcome("t.py::test_bad", "/p/golden/t/test_bad", status=Status.FAILED, discarded=True,
+                     environment_changes=["torch: 2.1 -> 2.2"])  # fmt: skip
+    xfailed = Outcome("t.py::test_x", "/p/golden/t/test_x", status=Status.XFAILED)
+    untouched = Outcome("t.py::test_none", "/p/golden/t/test_none")  # never opened: not kept
+    return session(updated, recorded, failed, xfailed, untouched)
+
+
+def test_summary_lines_from_hand_built_outcomes():
+    state = update_example()
+    assert len(state.outcomes) == 4
+    lines = text.summary_lines(
+        state,
+        unused=[Path("/p/golden/old")],
+        pruned=[],
+        unused_tolerances=["--golden-tolerance 'x'"],
+        report_path="r.json",
+        relative_to=Path("/p"),
+    )
+    assert lines == [
+        "golden: 0 replayed, 1 recorded, 1 updated, 1 failed, 1 xfailed",
+        "updated test_it.py::test_train -> golden/test_it/test_train:",
+        "    pg_loss (step 0): 0.5 -> 0.5005 (abs 0.0005, rel 0.001)",
+        "    kl (step 0): unchanged",
+        "    ent (step 0): 1 -> nan (NaN: replay fails unless equal_nan)",
+        "    actor/lp (step 0, rank 1): changed (greatest abs 0.5, rel 0.25)",
+        "    vf (step 1): new",
+        "rollout inputs of test_it.py::test_train:",
+        "    rollout 'rollout': kept step 0 (...)",
+        "recorded t.py::test_new -> golden/t/test_new:",
+        "    3 metrics: steps 0-2",
+        "not recorded (the test failed): new values of t.py::test_bad",
+        "replayed under another environment than recorded (exact lane not applied):",
+        "    t.py::test_bad: torch: 2.1 -> 2.2",
+        "not compared (excluded on purpose):",
+        "    test_it.py::test_train: clip (steps 0-1, 3; --golden-ignore)",
+        "unused golden directories (delete with --golden-prune on a full run):",
+        "    golden/old",
+        "tolerances that matched no metric:",
+        "    --golden-tolerance 'x'",
+        "golden report written to r.json",
+    ]
+
+
+def test_summary_is_silent_when_no_golden_was_touched_and_sections_are_capped():
+    kw = {"unused": [], "pruned": [], "unused_tolerances": [], "report_path": None}
+    assert text.summary_lines(SessionState(), relative_to=Path("."), **kw) == []
+    many = Outcome("t", "g", status=Status.RECORDED, recorded=[f"line {i}" for i in range(25)])
+    lines = text.summary_lines(session(many), relative_to=Path("."), **kw)
+    assert lines[-2:] == ["    line 19", "    ... and 5 more"]
+
+
+def test_calibrated_table():
+    entry = {
+        "directory": "/p/golden/t",
+        "rows": [
+            {"metric": "pg_loss", "rel_spread": 1.234e-6, "abs_spread": 5e-7, "at_step": 2,
+             "rtol": 1.2e-5, "atol": 5.5e-6},
+            {"metric": "kl", "rel_spread": 0.0, "abs_spread": 0.0, "at_step": None},
+        ],
+        "skipped": "",
+    }  # fmt: skip
+    assert text.calibrated_table(entry, "golden/t") == [
+        "calibrated tolerances written to golden/t/tolerances.json:",
+        "    metric   rel spread  abs spread  at step  rtol          atol",
+        "    pg_loss  1.23e-06    5e-07       2        1.2e-05       5.5e-06",
+        "    kl       0           0           -        default kept  -",
+    ]
+    empty = {"rows": [], "skipped": "every run raised"}
+    assert text.calibrated_table(empty, "golden/t") == [
+        "not calibrated: golden/t (every run raised)"
+    ]
+
+
+def test_json_report_from_hand_built_outcomes_is_strict_json():
+    state = update_example()
+    doc = text.report_document(state, mode="update", unused=[Path("g/old")], pruned=[])
+    json.dumps(doc, allow_nan=False)
+    assert doc["format"] == "pytest-rollout-golden-report" and doc["mode"] == "update"
+    assert doc["summary"] == {"replayed": 0, "recorded": 1, "updated": 1, "failed": 1, "xfailed": 1}
+    assert [t["status"] for t in doc["tests"]] == ["updated", "recorded", "failed", "xfailed"]
+    assert "comparisons" not in doc["tests"][0] and doc["tests"][2]["discarded"] is True
+    ent = next(c for c in doc["comparisons"] if c["metric"] == "ent")
+    assert (ent["test"], ent["golden"]) == (
+        "test_it.py::test_train",
+        "/p/golden/test_it/test_train",
+    )
+    assert (ent["expected"], ent["actual"], ent["abs_diff"], ent["verdict"]) == (
+        1.0,
+        "nan",
+        "nan",
+        "updated",
+    )
+    assert len(doc["comparisons"]) == 8 and doc["unused"] == ["g/old"]
+
+
+def test_the_report_survives_the_xdist_round_trip():
+    """Workers send their state as JSON: the controller's report is the same text."""
+    state = update_example()
+    merged = SessionState()
+    merged.merge_json(state.to_json())
+    assert all(isinstance(o, Outcome) for o in merged.outcomes)
+    kw = {"mode": "auto", "unused": [], "pruned": []}
+    assert json.dumps(text.report_document(merged, **kw)) == json.dumps(
+        text.report_document(state, **kw)
+    )
+    summary = {"unused": [], "pruned": [], "unused_tolerances": [], "report_path": None}
+    assert text.summary_lines(merged, relative_to=Path("."), **summary) == text.summary_lines(
+        state, relative_to=Path("."), **summary
+    )
+
+
+def test_cli_rows():
+    assert text.verify_row("ok", Path("golden/t"), " (3 files)") == "ok   golden/t (3 files)"
+    assert text.verify_summary(2, 1, 0) == (
+        "2 goldens checked, 1 with problems, 0 could not be checked"
+    )
+    assert text.metric_cell(None) == "-"
+    assert text.metric_cell(0.1 + 0.2) == "0.3"  # a recorded float, to 8 digits
+    assert text.metric_cell("nan") == "nan"
+    assert text.metric_cell({"dtype": "float32", "value": 0.25}) == "0.25"
+    assert text.metric_cell({"dtype": "float32", "shape": [2], "values": [1, 2]}) == "float32[2]"
+    counts = {"goldens": 1, "differ": 1, "within_tolerance": 0, "one_sided": 0}
+    assert text.diff_summary(counts) == (
+        "1 golden compared: 1 differ beyond tolerance, 0 within tolerance, 0 on one side only"
+    )
+
+
+def test_golden_diff_lines_from_hand_built_rows():
+    from pytest_rollout_golden.diff import GoldenDiff, Row
+
+    allowed = {"allowed": "rtol=1e-05, atol=1e-08", "source": "built-in default"}
+    d = GoldenDiff("t", "a/t", "b/t")
+    d.rows = [
+        Row("metric", "pg_loss", 0, True, expected=0.5, actual=0.5, **allowed),
+        Row("metric", "pg_loss", 1, False, expected=0.5, actual=0.5005, abs_max=5e-4,
+            rel_max=1e-3, detail="beyond", **allowed),
+        Row("tensor", "actor/lp", 1, False, rank=0, shape=([2], [2]),
+            dtype=("float32", "float32"), numel=2, mismatched=1, abs_max=0.5, abs_mean=0.25,
+            rel_max=0.25, rel_mean=0.125, detail="line 1\nline 2", **allowed),
+        Row("tensor", "actor/ent", 1, True, **allowed),
+        Row("metric", "clip", 0, True, compared=False, source="--ignore"),
+    ]  # fmt: skip
+    assert text.golden_diff_lines(d) == [
+        "t: DIFFERS (2 beyond tolerance); 3 metric values, 2 tensors compared",
+        "  metric   first divergence  steps beyond  max abs diff  max rel diff  allowed",
+        "  pg_loss  step 1            1/2           0.0005        0.001         "
+        "rtol=1e-05, atol=1e-08 (built-in default)",
+        "  clip     -                 0/1           -             -             "
+        "not compared (--ignore)",
+        "  metric values beyond tolerance:",
+        "    metric   step  A    B       abs diff  rel diff",
+        "    pg_loss  1     0.5  0.5005  0.0005    0.001     beyond",
+        "  tensors beyond tolerance:",
+        "    tensor    step  rank  micro  A           B           mismatched  max abs  mean abs  "
+        "max rel  mean rel  first divergence  allowed",
+        "    actor/lp  1     0     -      float32[2]  float32[2]  1/2         0.5      0.25      "
+        "0.25     0.125     step 1            rtol=1e-05, atol=1e-08 (built-in default)",
+        "    actor/lp (step 1):",
+        "      line 1",
+        "      line 2",
+        "  1 of 2 tensors within tolerance",
+        "  not compared (excluded on purpose): clip",
+    ]
+    one_sided = GoldenDiff("u", "a/u", None, problems=["only in A"])
+    assert text.golden_diff_lines(one_sided) == ["u: DIFFERS: only in A"]
