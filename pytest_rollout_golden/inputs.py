@@ -1,10 +1,11 @@
-"""Recorded rollouts as inputs: missing-step policies, regeneration diffs, forked RNG.
+"""Recorded rollouts as inputs: replayed, kept, regenerated or stood in for.
 
 A golden rollout is the *input* of a training test. This module holds what
-:class:`~.replay.Golden` needs to treat it so: which step stands in for a step
-never recorded (verl's SkipManager ``repeat`` rule), what changed when a
-rollout is regenerated, and running ``generate`` without touching the random
-streams the training code sees afterwards.
+:class:`~.replay.Golden` needs to treat it so: :class:`RolloutInputs` (a test's
+rollouts, as the mode policy decides), which step stands in for a step never
+recorded (verl's SkipManager ``repeat`` rule), what changed when a rollout is
+regenerated, and running ``generate`` without touching the random streams the
+training code sees afterwards.
 """
 
 from __future__ import annotations
@@ -13,20 +14,18 @@ import random
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-RECORD, ERROR, REPEAT, GENERATE = "record", "error", "repeat", "generate"
-MISSING_STEP_POLICIES = (RECORD, ERROR, REPEAT, GENERATE)
+from .errors import GoldenFormatError
+from .location import rollout_filename
+from .modes import ERROR, GENERATE, KEEP, RECORD, REFUSE, REPEAT, REPLAY, ModePolicy
+from .presentation import kept_lines, step_ranges
 
+if TYPE_CHECKING:
+    from .errors import GoldenMissingError
+    from .golden_files import GoldenFiles
 
-def check_policy(value: Any, source: str) -> str:
-    """``value`` if it names a missing-step policy, else ValueError naming ``source``."""
-    if value not in MISSING_STEP_POLICIES:
-        raise ValueError(
-            f"{source}: missing-step policy must be one of {', '.join(MISSING_STEP_POLICIES)}, "
-            f"got {value!r}"
-        )
-    return value
+_DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 
 
 def substitute_step(recorded: Iterable[int], step: int) -> int | None:
@@ -117,3 +116,121 @@ def _element_bytes(x: Any) -> Any:
 
     flat = x.contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().reshape(flat.numel(), -1)
+
+
+class RolloutInputs:
+    """The rollouts of one test, as its inputs: replayed, kept, regenerated or stood in for.
+
+    What happens to each is the mode policy's decision (:mod:`.modes`); what happened is
+    told in ``notes`` (the outcome's rollout lines).
+    """
+
+    def __init__(
+        self,
+        files: GoldenFiles,
+        *,
+        notes: list[str],
+        touched: set[str],
+        missing: Callable[..., GoldenMissingError],
+        missing_step_source: str,
+    ):
+        """``touched``: the golden files this test used (shared with its checks);
+        ``missing``: builds the error for a rollout step not in the golden."""
+        self._files = files
+        self.notes = notes
+        self._touched = touched
+        self._missing = missing
+        self._missing_step_source = missing_step_source
+        self._requested: set[tuple[str, int]] = set()  # (rollout name, step) asked for
+        self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
+        self._damaged: set[str] = set()  # rollout files regenerated because unreadable
+        self.not_recorded: dict[str, str] = {}  # step -> why its checks are not compared
+
+    def get(self, policy: ModePolicy, generate: Callable[[], Any], name: str, step: int) -> Any:
+        """Rollout ``name`` at ``step`` (see :meth:`Golden.rollout`)."""
+        filename = rollout_filename(name, step)
+        if (name, step) in self._requested:  # not _touched: a stand-in step touches another file
+            raise ValueError(
+                f"golden.rollout(name={name!r}, step={step}) was already called in this test: "
+                "in a loop, pass the loop's step (`golden.rollout(generate, step=step)`), or give "
+                "each batch of one step its own `name=`"
+            )
+        self._requested.add((name, step))
+        self._touched.add(filename)
+        if self._files.staged(filename):
+            return self._files.load_staged(filename)
+        info = self._files.recorded.get(filename)
+        if info is not None:
+            action = policy.recorded_rollout()
+            if action == REPLAY:
+                return self._files.load(filename)
+            if action == KEEP:
+                kept = self._keep(filename, name, step)
+                if kept is not _DAMAGED:
+                    return kept
+        else:
+            recorded = self._files.steps("rollout", name)
+            action = policy.missing_rollout_step(steps_recorded=bool(recorded))
+            if action == REFUSE:
+                raise self._missing(f"rollout {name!r}", step, recorded)
+            if action != RECORD:
+                return self._missing_step(action, generate, name, step)
+        batch = generate_forked(generate)
+        self._files.stage_batch(filename, batch, kind="rollout", name=name, step=step)
+        if info is not None and info.get("kind") == "rollout":
+            self._note_regenerated(filename, name, step)
+        # What replay will return, not the object generate() built (requires_grad, views, ...)
+        return self._files.load_staged(filename)
+
+    def kept_notes(self) -> list[str]:
+        """One line per rollout whose recorded steps were kept (``--update-golden``)."""
+        return kept_lines(self._kept)
+
+    def _keep(self, filename: str, name: str, step: int) -> Any:
+        """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
+        try:
+            batch = self._files.load(filename)
+        except GoldenFormatError as exc:
+            first = str(exc).splitlines()[0]
+            self.notes.append(
+                f"rollout {name!r} step {step}: recorded file damaged ({first}); regenerated"
+            )
+            self._damaged.add(filename)
+            return _DAMAGED
+        self._kept.setdefault(name, set()).add(step)
+        return batch
+
+    def _note_regenerated(self, filename: str, name: str, step: int) -> None:
+        if filename in self._damaged:
+            return  # already said, and there is nothing to diff against
+        changes = batch_changes(self._files.directory / filename, self._files.staged_path(filename))
+        self.notes.append(f"rollout {name!r} step {step}: regenerated, {changes}")
+
+    def _missing_step(self, action: str, generate: Callable[[], Any], name: str, step: int) -> Any:
+        """A rollout step never recorded, under the missing-step policy's ``action``."""
+        recorded = self._files.steps("rollout", name)
+        if action == ERROR:
+            raise self._missing(
+                f"rollout {name!r}",
+                step,
+                recorded,
+                why=f"A step beyond the recording is an error here ({self._missing_step_source}"
+                f"{action!r}; 'repeat' or 'generate' would replay past it)",
+            )
+        if action == REPEAT:
+            substitute = substitute_step(recorded, step)
+            assert substitute is not None
+            sub_file = rollout_filename(name, substitute)
+            self._touched.add(sub_file)
+            self.notes.append(
+                f"rollout {name!r} step {step}: step {substitute} stood in for it "
+                f"(missing_step='repeat'; recorded steps {step_ranges(recorded)})"
+            )
+            return self._files.load(sub_file)
+        assert action == GENERATE
+        self.notes.append(
+            f"rollout {name!r} step {step}: generated, not recorded "
+            "(missing_step='generate'); its metrics and tensors are not compared"
+        )
+        self.not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
+        return generate_forked(generate)

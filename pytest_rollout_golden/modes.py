@@ -30,16 +30,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
-from .inputs import ERROR, GENERATE, RECORD, REPEAT, check_policy
 from .results import Mode, Status, Verdict
+
+# The missing-step policies: what a rollout step never recorded means (ModePolicy.of)
+RECORD, ERROR, REPEAT, GENERATE = "record", "error", "repeat", "generate"
+MISSING_STEP_POLICIES = (RECORD, ERROR, REPEAT, GENERATE)
+
+
+def check_policy(value: Any, source: str) -> str:
+    """``value`` if it names a missing-step policy, else ValueError naming ``source``."""
+    if value not in MISSING_STEP_POLICIES:
+        raise ValueError(
+            f"{source}: missing-step policy must be one of {', '.join(MISSING_STEP_POLICIES)}, "
+            f"got {value!r}"
+        )
+    return value
+
 
 # What to do with a rollout the golden lists (ModePolicy.recorded_rollout)
 REPLAY, KEEP, REGENERATE = "replay", "keep", "regenerate"
 # What to do with a rollout step never recorded (ModePolicy.missing_rollout_step), besides
-# the policies RECORD, REPEAT and GENERATE of inputs.py
+# the missing-step policies RECORD, REPEAT, GENERATE and ERROR below
 REFUSE = "refuse"  # recording is off: a missing golden entry, the usual remedy
-# ERROR (inputs.py): the missing-step policy forbids it, although recording is on
+# (ERROR: the missing-step policy forbids it, although recording is on)
 
 
 @dataclass(frozen=True)
@@ -60,7 +75,7 @@ class ModePolicy:
 
     ``regenerate``: under ``UPDATE``, re-run ``generate`` for recorded rollouts instead of
     keeping them. ``missing_step``: the policy for a rollout step never recorded
-    (:data:`~.inputs.MISSING_STEP_POLICIES`; ``None``: ``record``, ``error`` in ``STRICT``).
+    (:data:`MISSING_STEP_POLICIES`; ``None``: ``record``, ``error`` in ``STRICT``).
     """
 
     mode: Mode = Mode.AUTO
@@ -199,8 +214,10 @@ class ModePolicy:
 
 
 __all__ = [
+    "ERROR",
     "GENERATE",
     "KEEP",
+    "MISSING_STEP_POLICIES",
     "RECORD",
     "REFUSE",
     "REGENERATE",
@@ -208,4 +225,5 @@ __all__ = [
     "REPLAY",
     "ModePolicy",
     "ReplayOnly",
+    "check_policy",
 ]

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .inputs import MISSING_STEP_POLICIES
+from .modes import MISSING_STEP_POLICIES
 from .results import Mode
 
 

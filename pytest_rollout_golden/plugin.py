@@ -23,8 +23,8 @@ import pytest
 
 from . import markers
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
-from .inputs import MISSING_STEP_POLICIES
 from .location import TOLERANCES, golden_dir, link_out_of_root, shared_golden_dir
+from .modes import MISSING_STEP_POLICIES
 from .options import (
     OptionError,
     golden_root,

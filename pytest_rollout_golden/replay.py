@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import inputs
 from . import metrics as metric_codec
 from .compare import compare_named, dtype_name
 from .errors import (
@@ -34,22 +33,18 @@ from .errors import (
     UnsupportedValueError,
 )
 from .golden_files import GoldenFiles, merge_metrics
-from .inputs import ERROR, GENERATE, RECORD, REPEAT
-from .location import TOLERANCES, rollout_filename, tensors_filename
-from .modes import KEEP, REFUSE, REPLAY, ModePolicy, ReplayOnly
+from .inputs import RolloutInputs
+from .location import TOLERANCES, tensors_filename
+from .modes import ModePolicy, ReplayOnly
 from .presentation import (
     DROPPED,
     display,
-    kept_lines,
     mismatch_message,
     recorded_lines,
-    step_ranges,
     typo_hint,
 )
 from .results import Comparison, Mode, Outcome, Verdict
 from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
-
-_DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 
 
 class UpdateRegistry(Protocol):
@@ -90,7 +85,7 @@ class Golden:
     ):
         """``regenerate``: under ``--update-golden``, call ``generate`` again instead of
         keeping the recorded rollouts. ``missing_step``: the policy for a rollout step
-        never recorded (:data:`~.inputs.MISSING_STEP_POLICIES`; default ``record``,
+        never recorded (:data:`~.modes.MISSING_STEP_POLICIES`; default ``record``,
         ``error`` in strict mode). ``tolerances``: the test's tolerance layers (built-in
         defaults only if ``None``); ``usage`` notes which entries named a checked value."""
         self.directory = Path(directory)
@@ -532,129 +527,6 @@ class Golden:
                     dtype = node["dtype"] if isinstance(node, dict) else "float64"
                     out.setdefault(step, {})[name] = (value, dtype)
         return out
-
-
-# ---------------------------------------------------------------------- rollouts as inputs
-
-
-class RolloutInputs:
-    """The rollouts of one test, as its inputs: replayed, kept, regenerated or stood in for.
-
-    What happens to each is the mode policy's decision (:mod:`.modes`); what happened is
-    told in ``notes`` (the outcome's rollout lines).
-    """
-
-    def __init__(
-        self,
-        files: GoldenFiles,
-        *,
-        notes: list[str],
-        touched: set[str],
-        missing: Callable[..., GoldenMissingError],
-        missing_step_source: str,
-    ):
-        """``touched``: the golden files this test used (shared with its checks);
-        ``missing``: builds the error for a rollout step not in the golden."""
-        self._files = files
-        self.notes = notes
-        self._touched = touched
-        self._missing = missing
-        self._missing_step_source = missing_step_source
-        self._requested: set[tuple[str, int]] = set()  # (rollout name, step) asked for
-        self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
-        self._damaged: set[str] = set()  # rollout files regenerated because unreadable
-        self.not_recorded: dict[str, str] = {}  # step -> why its checks are not compared
-
-    def get(self, policy: ModePolicy, generate: Callable[[], Any], name: str, step: int) -> Any:
-        """Rollout ``name`` at ``step`` (see :meth:`Golden.rollout`)."""
-        filename = rollout_filename(name, step)
-        if (name, step) in self._requested:  # not _touched: a stand-in step touches another file
-            raise ValueError(
-                f"golden.rollout(name={name!r}, step={step}) was already called in this test: "
-                "in a loop, pass the loop's step (`golden.rollout(generate, step=step)`), or give "
-                "each batch of one step its own `name=`"
-            )
-        self._requested.add((name, step))
-        self._touched.add(filename)
-        if self._files.staged(filename):
-            return self._files.load_staged(filename)
-        info = self._files.recorded.get(filename)
-        if info is not None:
-            action = policy.recorded_rollout()
-            if action == REPLAY:
-                return self._files.load(filename)
-            if action == KEEP:
-                kept = self._keep(filename, name, step)
-                if kept is not _DAMAGED:
-                    return kept
-        else:
-            recorded = self._files.steps("rollout", name)
-            action = policy.missing_rollout_step(steps_recorded=bool(recorded))
-            if action == REFUSE:
-                raise self._missing(f"rollout {name!r}", step, recorded)
-            if action != RECORD:
-                return self._missing_step(action, generate, name, step)
-        batch = inputs.generate_forked(generate)
-        self._files.stage_batch(filename, batch, kind="rollout", name=name, step=step)
-        if info is not None and info.get("kind") == "rollout":
-            self._note_regenerated(filename, name, step)
-        # What replay will return, not the object generate() built (requires_grad, views, ...)
-        return self._files.load_staged(filename)
-
-    def kept_notes(self) -> list[str]:
-        """One line per rollout whose recorded steps were kept (``--update-golden``)."""
-        return kept_lines(self._kept)
-
-    def _keep(self, filename: str, name: str, step: int) -> Any:
-        """``--update-golden``: replay the recorded rollout (the test's input) and keep its file."""
-        try:
-            batch = self._files.load(filename)
-        except GoldenFormatError as exc:
-            first = str(exc).splitlines()[0]
-            self.notes.append(
-                f"rollout {name!r} step {step}: recorded file damaged ({first}); regenerated"
-            )
-            self._damaged.add(filename)
-            return _DAMAGED
-        self._kept.setdefault(name, set()).add(step)
-        return batch
-
-    def _note_regenerated(self, filename: str, name: str, step: int) -> None:
-        if filename in self._damaged:
-            return  # already said, and there is nothing to diff against
-        changes = inputs.batch_changes(
-            self._files.directory / filename, self._files.staged_path(filename)
-        )
-        self.notes.append(f"rollout {name!r} step {step}: regenerated, {changes}")
-
-    def _missing_step(self, action: str, generate: Callable[[], Any], name: str, step: int) -> Any:
-        """A rollout step never recorded, under the missing-step policy's ``action``."""
-        recorded = self._files.steps("rollout", name)
-        if action == ERROR:
-            raise self._missing(
-                f"rollout {name!r}",
-                step,
-                recorded,
-                why=f"A step beyond the recording is an error here ({self._missing_step_source}"
-                f"{action!r}; 'repeat' or 'generate' would replay past it)",
-            )
-        if action == REPEAT:
-            substitute = inputs.substitute_step(recorded, step)
-            assert substitute is not None
-            sub_file = rollout_filename(name, substitute)
-            self._touched.add(sub_file)
-            self.notes.append(
-                f"rollout {name!r} step {step}: step {substitute} stood in for it "
-                f"(missing_step='repeat'; recorded steps {step_ranges(recorded)})"
-            )
-            return self._files.load(sub_file)
-        assert action == GENERATE
-        self.notes.append(
-            f"rollout {name!r} step {step}: generated, not recorded "
-            "(missing_step='generate'); its metrics and tensors are not compared"
-        )
-        self.not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
-        return inputs.generate_forked(generate)
 
 
 # ---------------------------------------------------------------------- comparison records

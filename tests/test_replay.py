@@ -16,8 +16,17 @@ import torch
 from pytest_rollout_golden import store
 from pytest_rollout_golden.errors import GoldenError, GoldenFormatError, GoldenMismatch
 from pytest_rollout_golden.golden_files import GoldenFiles, load_golden, merge_metrics
-from pytest_rollout_golden.inputs import ERROR, GENERATE, RECORD, REPEAT
-from pytest_rollout_golden.modes import KEEP, REFUSE, REGENERATE, REPLAY, ModePolicy
+from pytest_rollout_golden.modes import (
+    ERROR,
+    GENERATE,
+    KEEP,
+    RECORD,
+    REFUSE,
+    REGENERATE,
+    REPEAT,
+    REPLAY,
+    ModePolicy,
+)
 from pytest_rollout_golden.replay import Golden
 from pytest_rollout_golden.results import Mode, Status, Verdict
 
