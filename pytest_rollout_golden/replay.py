@@ -122,6 +122,7 @@ class Golden:
 
     @property
     def mode(self) -> Mode:
+        """The mode this golden runs in, as :attr:`policy` decided it once opened."""
         return self.policy.mode
 
     # ------------------------------------------------------------------ opening
