@@ -34,7 +34,7 @@ from .presentation import (
     verify_row,
     verify_summary,
 )
-from .tolerance import IGNORE, Layer, Stack, parse_spec
+from .tolerance import Layer, Stack, level
 
 
 def _load_dir(directory: Path) -> dict[str, Any]:
@@ -298,8 +298,7 @@ def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
     """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
     from .projectini import find_config, linelist
 
-    cli = Layer("--tolerance", dict(parse_spec(x) for x in args.tolerance))
-    ini: list[Layer] = []
+    ini: tuple[Layer, ...] = ()
     config = ""
     if not args.no_config:
         paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
@@ -308,19 +307,17 @@ def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
             raise GoldenError(f"{args.config}: not a pytest configuration file")
         if path is not None:
             config = str(path)
-            specs = linelist(options.get("golden_tolerances"))
-            ini.append(
-                Layer(
-                    "ini golden_ignore",
-                    dict.fromkeys(linelist(options.get("golden_ignore")), IGNORE),
-                )
-            )
             try:
-                ini.append(Layer("ini golden_tolerances", dict(map(parse_spec, specs))))
+                ini = level(
+                    "ini golden_tolerances",
+                    linelist(options.get("golden_tolerances")),
+                    "ini golden_ignore",
+                    linelist(options.get("golden_ignore")),
+                )
             except ValueError as exc:
-                raise GoldenError(f"{path}: golden_tolerances: {exc}") from None
-    cli_ignore = Layer("--ignore", dict.fromkeys(args.ignore, IGNORE))
-    return Stack(cli=(cli_ignore, cli), ini=tuple(ini), exact=args.exact), config
+                raise GoldenError(f"{path}: {exc}") from None
+    cli = level("--tolerance", args.tolerance, "--ignore", args.ignore)  # ValueError: usage
+    return Stack(cli=cli, ini=ini, exact=args.exact), config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

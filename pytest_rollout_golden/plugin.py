@@ -45,7 +45,7 @@ from .presentation import (
 from .prune import gone, not_full_run, prune
 from .results import Mode, Status
 from .session import SessionState, UpdateMarks
-from .tolerance import IGNORE, Layer, Stack, parse_spec
+from .tolerance import Layer, Stack, level
 
 if TYPE_CHECKING:
     from .replay import Golden
@@ -184,34 +184,8 @@ def _usage() -> Iterator[None]:
     """A mistake in a flag, ini value or marker option, as pytest's usage error."""
     try:
         yield
-    except OptionError as exc:
+    except (OptionError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
-
-
-def _layer(source: str, specs: list[str]) -> Layer:
-    entries = {}
-    for spec in specs:
-        try:
-            name, tol = parse_spec(spec)
-        except ValueError as exc:
-            raise pytest.UsageError(f"{source}: {exc}") from None
-        entries[name] = tol
-    return Layer(source, entries)
-
-
-def _ignore_layer(source: str, names: Any, tolerances: Layer) -> Layer:
-    """A "not compared" entry per name, for the level of ``tolerances`` (placed before it)."""
-    if isinstance(names, str):
-        names = [names]
-    for name in names or ():
-        if not isinstance(name, str) or not name:
-            raise pytest.UsageError(f"{source}: takes metric or tensor names, got {name!r}")
-        if not tolerances.entries.get(name, IGNORE).ignore:
-            raise pytest.UsageError(
-                f"{name!r} has a tolerance in {tolerances.source} and is ignored by {source}; "
-                "choose one"
-            )
-    return Layer(source, dict.fromkeys(names or (), IGNORE))
 
 
 class GoldenPlugin:
@@ -247,15 +221,18 @@ class GoldenPlugin:
             if self.root.is_dir():
                 shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
             self.root, self.mode = self.snapshot, Mode.STRICT
-        cli_layer = _layer("--golden-tolerance", opt.golden_tolerance)
-        ini_layer = _layer("ini golden_tolerances", config.getini("golden_tolerances"))
-        self.session_tolerances = Stack(
-            cli=(_ignore_layer("--golden-ignore", opt.golden_ignore, cli_layer), cli_layer),
-            ini=(
-                _ignore_layer("ini golden_ignore", config.getini("golden_ignore"), ini_layer),
-                ini_layer,
-            ),
-        )
+        with _usage():
+            self.session_tolerances = Stack(
+                cli=level(
+                    "--golden-tolerance", opt.golden_tolerance, "--golden-ignore", opt.golden_ignore
+                ),
+                ini=level(
+                    "ini golden_tolerances",
+                    config.getini("golden_tolerances"),
+                    "ini golden_ignore",
+                    config.getini("golden_ignore"),
+                ),
+            )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
             opt.golden_deterministic
@@ -307,13 +284,16 @@ class GoldenPlugin:
         from .replay import Golden
 
         options = self.marker_options(item)
-        marker_layer = Layer("@pytest.mark.golden(tolerances=)", options.get("tolerances") or {})
-        marker_ignore = _ignore_layer(
-            "@pytest.mark.golden(ignore=)", options.get("ignore"), marker_layer
-        )
-        item.stash[_MARKER_LAYER] = marker_layer
+        with _usage():
+            marker = level(
+                "@pytest.mark.golden(tolerances=)",
+                options.get("tolerances"),
+                "@pytest.mark.golden(ignore=)",
+                options.get("ignore"),
+            )
+        item.stash[_MARKER_LAYER] = marker[1]
         tolerances = self.session_tolerances.replace(
-            marker=(marker_ignore, marker_layer),
+            marker=marker,
             exact=bool(options.get("exact")) or self.config.option.golden_exact,
         )
         replay_only = None

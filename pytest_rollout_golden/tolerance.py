@@ -284,6 +284,42 @@ class Layer:
         return None if key is None else self.entries[key]
 
 
+def level(
+    source: str,
+    tolerances: Iterable[str] | Mapping[str, Any] | None,
+    ignore_source: str,
+    ignored: str | Iterable[str] | None,
+) -> tuple[Layer, Layer]:
+    """One level of a :class:`Stack` from what a user wrote: the names it excludes from
+    comparison (``ignored``, shown as ``ignore_source``), then its tolerances (``source``:
+    ``METRIC:rtol=R,atol=A`` specs, or a mapping of name -> tolerance).
+
+    Raises ValueError naming the source on a bad spec or name, and on a name that is both
+    excluded and given a tolerance at this level.
+    """
+    if tolerances is None or isinstance(tolerances, Mapping):
+        layer = Layer(source, tolerances or {})
+    else:
+        entries = {}
+        for spec in tolerances:
+            try:
+                name, tol = parse_spec(spec)
+            except ValueError as exc:
+                raise ValueError(f"{source}: {exc}") from None
+            entries[name] = tol
+        layer = Layer(source, entries)
+    names = [ignored] if isinstance(ignored, str) else list(ignored or ())
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{ignore_source}: takes metric or tensor names, got {name!r}")
+        if not layer.entries.get(name, IGNORE).ignore:
+            raise ValueError(
+                f"{name!r} has a tolerance in {source} and is ignored by {ignore_source}; "
+                "choose one"
+            )
+    return Layer(ignore_source, dict.fromkeys(names, IGNORE)), layer
+
+
 class Resolver:
     """Picks the tolerance of a metric from layers (first given first), then dtype defaults.
 

@@ -4,6 +4,7 @@ partial entries and where each field comes from, the usage tracker, defaults."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -18,6 +19,7 @@ from pytest_rollout_golden.tolerance import (
     ToleranceUsage,
     builtin_layer,
     dtype_default,
+    level,
     parse_spec,
 )
 
@@ -316,3 +318,29 @@ def test_session_usage_is_merged_by_label_across_processes():
         "--golden-tolerance 'gradnorm'",
         "ini golden_tolerances 'pg_loss'",
     ]
+
+
+def test_a_level_from_user_input_is_its_exclusions_then_its_tolerances():
+    ignore, tolerances = level("--t", ["kl:rtol=1e-3", "pg_loss:atol=1e-6"], "--i", "clipfrac")
+    assert (ignore.source, tolerances.source) == ("--i", "--t")
+    assert ignore.match("clipfrac") == IGNORE and ignore.match("kl") is None
+    assert tolerances.match("kl").given == frozenset({"rtol"})
+    assert level("m", {"kl": {"rtol": 0.1}}, "mi", None)[1].match("kl").rtol == 0.1
+
+
+@pytest.mark.parametrize(
+    ("specs", "ignored", "message"),
+    [
+        (["kl:rtol=x"], (), "--t: bad tolerance 'kl:rtol=x': rtol must be a number"),
+        (["kl:rtol=1e-3"], ["kl"], "'kl' has a tolerance in --t and is ignored by --i"),
+        ([], [""], "--i: takes metric or tensor names, got ''"),
+        ([], [3], "--i: takes metric or tensor names, got 3"),
+    ],
+)
+def test_a_level_names_its_source_when_it_cannot_be_used(specs, ignored, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        level("--t", specs, "--i", ignored)
+
+
+def test_a_name_both_ignored_and_given_ignore_at_one_level_is_fine():
+    assert level("--t", ["kl:ignore"], "--i", ["kl"])[0].match("kl") == IGNORE
