@@ -145,6 +145,48 @@ def typo_hint(name: str, unrecorded: list[str]) -> str:
     )
 
 
+def never_recorded_metric(step_key: str, recorded: Mapping[str, Any] | None, remedy: str) -> str:
+    """Why a checked metric has no recorded value: ``recorded`` holds the golden's metrics
+    by step (``None``: no golden exists yet)."""
+    if recorded is None:
+        where = "no golden exists yet"
+    elif step_key not in recorded:
+        where = f"step {step_key} was never recorded (recorded steps: {sorted(map(int, recorded))})"
+    else:
+        where = f"never recorded at step {step_key}"
+    return f"{where}; {remedy}"
+
+
+def never_recorded_tensors(name: str, step: int, steps: list[int] | None, remedy: str) -> str:
+    """Why a checked tensor has no recorded value: ``steps`` are those recorded for
+    ``check_tensors(name)`` (``None``: its file exists, without this tensor)."""
+    if steps is None:
+        return f"never recorded in this file; {remedy}"
+    listing = f"recorded steps: {steps}" if steps else f"no {name!r} tensors were recorded"
+    return f"step {step} was never recorded ({listing}); {remedy}"
+
+
+def missing_input(
+    what: str,
+    step: int,
+    recorded: Iterable[int],
+    directory: Path,
+    remedy: str,
+    why: str = "",
+    recorder: str | None = None,
+) -> str:
+    """A rollout step the golden does not hold, in a run that may not record it."""
+    steps = sorted(set(recorded))
+    listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
+    why = why or "Recording is off (--golden-strict or CI)"
+    if recorder is not None:
+        why = f"This test only replays the golden of {recorder}"
+    return (
+        f"{what} at step {step} is not in the golden {display(directory)} ({listing}). "
+        f"{why}; {remedy}."
+    )
+
+
 def mismatch_message(
     outcome: Outcome,
     failures: list[Comparison],

@@ -40,6 +40,9 @@ from .presentation import (
     DROPPED,
     display,
     mismatch_message,
+    missing_input,
+    never_recorded_metric,
+    never_recorded_tensors,
     recorded_lines,
     typo_hint,
 )
@@ -209,33 +212,19 @@ class Golden:
             return damaged
 
     def _never_recorded(self, step_key: str) -> str:
-        if not self._files.exists:
-            where = "no golden exists yet"
-        elif step_key not in self._recorded_metrics():
-            steps = sorted(int(k) for k in self._recorded_metrics())
-            where = f"step {step_key} was never recorded (recorded steps: {steps})"
-        else:
-            where = f"never recorded at step {step_key}"
-        return f"{where}; {self._remedy}"
+        recorded = self._recorded_metrics() if self._files.exists else None
+        return never_recorded_metric(step_key, recorded, self._remedy)
 
     def _tensor_never_recorded(self, name: str, step: int, old_info: Any) -> str:
-        if old_info is not None:
-            return f"never recorded in this file; {self._remedy}"
-        steps = self._files.steps("tensors", name)
-        listing = f"recorded steps: {steps}" if steps else f"no {name!r} tensors were recorded"
-        return f"step {step} was never recorded ({listing}); {self._remedy}"
+        steps = None if old_info is not None else self._files.steps("tensors", name)
+        return never_recorded_tensors(name, step, steps, self._remedy)
 
     def _missing(
         self, what: str, step: int, recorded: Iterable[int], why: str = ""
     ) -> GoldenMissingError:
-        steps = sorted(set(recorded))
-        listing = f"recorded steps: {steps}" if steps else "nothing of it was recorded"
-        why = why or "Recording is off (--golden-strict or CI)"
-        if self._replay_only is not None:
-            why = f"This test only replays the golden of {self._replay_only.recorder}"
+        recorder = None if self._replay_only is None else self._replay_only.recorder
         return GoldenMissingError(
-            f"{what} at step {step} is not in the golden {display(self.directory)} ({listing}). "
-            f"{why}; {self._remedy}."
+            missing_input(what, step, recorded, self.directory, self._remedy, why, recorder)
         )
 
     # ------------------------------------------------------------------ public API

@@ -400,3 +400,35 @@ def test_golden_diff_lines_from_hand_built_rows():
     ]
     one_sided = GoldenDiff("u", "a/u", None, problems=["only in A"])
     assert text.golden_diff_lines(one_sided) == ["u: DIFFERS: only in A"]
+
+
+def test_why_a_value_has_no_recording_names_what_the_golden_holds():
+    remedy = "run it"
+    assert text.never_recorded_metric("2", None, remedy) == "no golden exists yet; run it"
+    assert text.never_recorded_metric("2", {"0": {}, "1": {}}, remedy) == (
+        "step 2 was never recorded (recorded steps: [0, 1]); run it"
+    )
+    assert text.never_recorded_metric("1", {"1": {}}, remedy) == (
+        "never recorded at step 1; run it"
+    )
+    assert text.never_recorded_tensors("fwd", 3, None, remedy) == (
+        "never recorded in this file; run it"
+    )
+    assert text.never_recorded_tensors("fwd", 3, [0, 1], remedy) == (
+        "step 3 was never recorded (recorded steps: [0, 1]); run it"
+    )
+    assert text.never_recorded_tensors("fwd", 3, [], remedy) == (
+        "step 3 was never recorded (no 'fwd' tensors were recorded); run it"
+    )
+
+
+def test_a_missing_rollout_step_says_why_it_cannot_be_recorded(tmp_path):
+    message = text.missing_input("rollout 'r'", 4, [2, 0, 2], tmp_path / "g", "do X")
+    assert message.endswith(
+        "(recorded steps: [0, 2]). Recording is off (--golden-strict or CI); do X."
+    )
+    assert message.startswith("rollout 'r' at step 4 is not in the golden ")
+    replay_only = text.missing_input("r", 1, [], tmp_path, "do Y", recorder="t::ref")
+    assert "(nothing of it was recorded). This test only replays the golden of t::ref" in (
+        replay_only
+    )
