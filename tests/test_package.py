@@ -30,9 +30,18 @@ def test_lazy_names_are_listed_and_importing_the_package_loads_no_torch(package,
     assert out.stdout.strip() == f"module {package!r} has no attribute 'no_such_name'"
 
 
-def test_location_and_store_import_no_torch_or_numpy():
+# The core that decides and reports: what the plugin, the CLI and a replayed golden's
+# bookkeeping need before any tensor is read.
+TORCH_FREE = [
+    "location", "store", "results", "presentation", "modes", "golden_files", "options",
+    "markers", "prune", "session", "tolerance", "plugin", "cli",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_the_core_modules_import_no_torch_or_numpy(module):
     code = (
-        "import sys, pytest_rollout_golden.location, pytest_rollout_golden.store\n"
+        f"import sys, pytest_rollout_golden.{module}\n"
         "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
