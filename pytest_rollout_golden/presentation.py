@@ -145,6 +145,14 @@ def typo_hint(name: str, unrecorded: list[str]) -> str:
     )
 
 
+def unused_tolerance(test_id: str, source: str, name: str) -> str:
+    """The warning about a tolerance entry (of layer ``source``) that named nothing checked."""
+    return (
+        f"{test_id}: {source} gives a tolerance for {name!r}, "
+        "but no metric or tensor of that name was checked"
+    )
+
+
 def never_recorded_metric(step_key: str, recorded: Mapping[str, Any] | None, remedy: str) -> str:
     """Why a checked metric has no recorded value: ``recorded`` holds the golden's metrics
     by step (``None``: no golden exists yet)."""
