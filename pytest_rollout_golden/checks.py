@@ -227,6 +227,24 @@ def unchecked_tensors(
     ]
 
 
+def unrecorded(
+    name: str, policy: ModePolicy, never_recorded: Callable[[], str], *, step: int, **fields: Any
+) -> Comparison:
+    """A value the golden does not hold: new (recorded when the test ends), or missing
+    (``never_recorded()`` says what the golden holds instead, and the remedy)."""
+    verdict = policy.unrecorded
+    detail = never_recorded() if verdict == Verdict.MISSING else ""
+    return Comparison(name, step, verdict, detail=detail, **fields)
+
+
+def not_compared(names: Iterable[str], step: int, *, kind: str, why: str) -> list[Comparison]:
+    """Checks at a step whose rollout was generated and not recorded (``why``): nothing
+    to compare."""
+    return [
+        Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why) for name in names
+    ]
+
+
 # ---------------------------------------------------------------------- what a check writes
 
 

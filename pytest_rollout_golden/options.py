@@ -7,6 +7,7 @@ pytest's usage error.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,14 @@ def report_path(value: str | None) -> Path | None:
     if not writable:
         raise OptionError(f"--golden-report {value}: not writable")
     return path
+
+
+def plot_dir(value: str | None) -> Path | None:
+    """``--golden-plot DIR``; refused at once when matplotlib is not installed."""
+    if not value:
+        return None
+    if importlib.util.find_spec("matplotlib") is None:
+        from .plot import MISSING_MATPLOTLIB
+
+        raise OptionError(f"--golden-plot: {MISSING_MATPLOTLIB}")
+    return Path(value)

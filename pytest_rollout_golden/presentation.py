@@ -195,6 +195,14 @@ def missing_input(
     )
 
 
+def missing_recording(test_id: str, recorder: str, directory: Path, remedy: str) -> str:
+    """A replay-only golden (recorded by test ``recorder``) that does not exist."""
+    return (
+        f"{test_id} only replays the golden of {recorder}, but "
+        f"{display(directory)} does not exist; {remedy}."
+    )
+
+
 def mismatch_message(
     outcome: Outcome,
     failures: list[Comparison],
@@ -395,6 +403,15 @@ def summary_lines(
     if report_path:
         lines.append(f"golden report written to {report_path}")
     return lines
+
+
+def link_outside_root(directory: Path, link: Path, root: Path) -> str:
+    """A golden directory reached through ``link``, a symbolic link out of the golden root."""
+    return (
+        f"{directory}: {link} is a symbolic link to {os.path.realpath(link)}, outside "
+        f"the golden root {root}; goldens are read and written only inside it. "
+        "Replace the link by a directory, or point it inside the golden root."
+    )
 
 
 def unused_kept_note(count: int) -> str:

@@ -33,9 +33,9 @@ from .inputs import RolloutInputs
 from .location import TOLERANCES, tensors_filename
 from .modes import ModePolicy, ReplayOnly
 from .presentation import (
-    display,
     mismatch_message,
     missing_input,
+    missing_recording,
     never_recorded_metric,
     never_recorded_tensors,
     recorded_lines,
@@ -126,10 +126,8 @@ class Golden:
         if self.policy.refuses_missing_golden(self._files.exists):
             only = self._replay_only
             assert only is not None
-            raise GoldenMissingError(
-                f"{self.test_id} only replays the golden of {only.recorder}, but "
-                f"{display(self.directory)} does not exist; {only.remedy}."
-            )
+            text = missing_recording(self.test_id, only.recorder, self.directory, only.remedy)
+            raise GoldenMissingError(text)
         updated = self._registry is not None and self._registry.contains(self.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
         self._files.replaces_damaged = self.policy.replaces_damaged
@@ -217,7 +215,8 @@ class Golden:
             old = recorded.get(name)
             if old is None:
                 actual = metric_codec.scalar(node)
-                results.append(self._unrecorded(name, never_recorded, step=step, actual=actual))
+                new = checks.unrecorded(name, self.policy, never_recorded, step=step, actual=actual)
+                results.append(new)
                 continue
             results.append(checks.metric_comparison(name, step, old, node, resolver, self.policy))
         if layer is not None:
@@ -261,12 +260,12 @@ class Golden:
             label = f"{name}/{tensor_name}"
             self._usage.note(self._resolver, label)
             if tensor_name not in old:
-                results.append(self._unrecorded(label, never_recorded, kind="tensor", **where))
+                new = checks.unrecorded(label, self.policy, never_recorded, kind="tensor", **where)
+                results.append(new)
                 continue
-            mask = masks.get(tensor_name)
-            recorded = old[tensor_name]
+            selected = masks.get(tensor_name)
             compared = checks.tensor_comparison(
-                label, recorded, value, self._resolver, self.policy, mask=mask, **where
+                label, old[tensor_name], value, self._resolver, self.policy, mask=selected, **where
             )
             results.append(compared)
         if self.policy.reports_unchecked:
@@ -277,22 +276,9 @@ class Golden:
         self._outcome.comparisons.extend(results)
         return results
 
-    def _unrecorded(
-        self, name: str, never_recorded: Callable[[], str], *, step: int, **fields: Any
-    ) -> Comparison:
-        """A value the golden does not hold: new (recorded when the test ends), or missing
-        (``never_recorded()`` says what the golden holds instead, and the remedy)."""
-        verdict = self.policy.unrecorded
-        detail = never_recorded() if verdict == Verdict.MISSING else ""
-        return Comparison(name, step, verdict, detail=detail, **fields)
-
     def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
-        """Checks at a step whose rollout was generated and not recorded: nothing to compare."""
         why = self._rollouts.not_recorded[str(step)]
-        results = [
-            Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why)
-            for name in names
-        ]
+        results = checks.not_compared(names, step, kind=kind, why=why)
         self._outcome.comparisons.extend(results)
         return results
 
