@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from . import metrics as metric_codec
@@ -19,7 +20,7 @@ from .errors import GoldenNaNWarning, UnsupportedValueError
 from .modes import ModePolicy
 from .presentation import DROPPED, typo_hint
 from .results import Comparison, Verdict
-from .tolerance import Resolver
+from .tolerance import Resolver, ToleranceUsage
 
 # ---------------------------------------------------------------------- arguments
 
@@ -110,6 +111,47 @@ def require_first_call(
 # ---------------------------------------------------------------------- comparison records
 
 
+@dataclass(frozen=True)
+class Checker:
+    """The result of checking one value, under one tolerance resolver and mode policy.
+
+    Each check notes in ``usage`` which tolerance entries named the value; a value the
+    golden does not hold (``old`` is ``None``) is new or missing (:func:`unrecorded`,
+    with ``never_recorded``).
+    """
+
+    resolver: Resolver
+    policy: ModePolicy
+    usage: ToleranceUsage
+    never_recorded: Callable[[], str]
+
+    def metric(self, name: str, step: int, old: Any, node: Any) -> Comparison:
+        """Metric node ``node`` at ``step`` against the recorded node ``old``."""
+        self.usage.note(self.resolver, name)
+        if old is None:
+            actual = metric_codec.scalar(node)
+            return unrecorded(name, self.policy, self.never_recorded, step=step, actual=actual)
+        return metric_comparison(name, step, old, node, self.resolver, self.policy)
+
+    def tensor(
+        self,
+        label: str,
+        old: Any,
+        value: Any,
+        *,
+        mask: Any,
+        step: int,
+        rank: int | None,
+        micro: int | None,
+    ) -> Comparison:
+        """Tensor ``label`` (``name/tensor``) against the recorded tensor ``old``."""
+        self.usage.note(self.resolver, label)
+        where = {"step": step, "rank": rank, "micro": micro}
+        if old is None:
+            return unrecorded(label, self.policy, self.never_recorded, kind="tensor", **where)
+        return tensor_comparison(label, old, value, self.resolver, self.policy, mask=mask, **where)
+
+
 def metric_comparison(
     name: str, step: int, old: Any, node: Any, resolver: Resolver, policy: ModePolicy
 ) -> Comparison:
@@ -183,10 +225,12 @@ def dropped_tensors(
 def unchecked_metrics(
     recorded: Mapping[str, Mapping[str, Any]],
     checked: Mapping[str, Mapping[str, Any]],
-    ignored: set[tuple[str, str]],
+    results: Iterable[Comparison],
     is_ignored: Callable[[str], bool],
 ) -> list[Comparison]:
-    """A missing comparison per recorded metric this run did not check (or ignore)."""
+    """A missing comparison per recorded metric this run did not check (or ignore):
+    ``checked`` by step, or given an ignored verdict among ``results``."""
+    ignored = {(str(c.step), c.name) for c in results if c.verdict == Verdict.IGNORED}
     seen = {(step, name) for step, names in checked.items() for name in names} | ignored
     out = []
     for step, names in recorded.items():

@@ -206,19 +206,13 @@ class Golden:
         seen = self._metrics.setdefault(key, {})
         never_recorded = functools.partial(self._never_recorded, key)
         recorded = self._files.metrics().get(key, {})
+        checker = checks.Checker(resolver, self.policy, self._usage, never_recorded)
         results = []
         for name, value in metrics.items():
             seen[name] = node = checks.encode_metric(name, value, step, seen)
             if self.policy.warns_nan(recorded=name in recorded):
                 checks.warn_nan(self.test_id, name, step, node)
-            self._usage.note(resolver, name)
-            old = recorded.get(name)
-            if old is None:
-                actual = metric_codec.scalar(node)
-                new = checks.unrecorded(name, self.policy, never_recorded, step=step, actual=actual)
-                results.append(new)
-                continue
-            results.append(checks.metric_comparison(name, step, old, node, resolver, self.policy))
+            results.append(checker.metric(name, step, recorded.get(name), node))
         if layer is not None:
             self._warn_unused(layer, always=True)
         self._outcome.comparisons.extend(results)
@@ -255,19 +249,12 @@ class Golden:
         old = {} if old_info is None else self._files.load(filename, damaged={})
         where = {"step": step, "rank": rank, "micro": micro}
         never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
+        checker = checks.Checker(self._resolver, self.policy, self._usage, never_recorded)
         results = []
         for tensor_name, value in tensors.items():
+            recorded, selected = old.get(tensor_name), masks.get(tensor_name)
             label = f"{name}/{tensor_name}"
-            self._usage.note(self._resolver, label)
-            if tensor_name not in old:
-                new = checks.unrecorded(label, self.policy, never_recorded, kind="tensor", **where)
-                results.append(new)
-                continue
-            selected = masks.get(tensor_name)
-            compared = checks.tensor_comparison(
-                label, old[tensor_name], value, self._resolver, self.policy, mask=selected, **where
-            )
-            results.append(compared)
+            results.append(checker.tensor(label, recorded, value, mask=selected, **where))
         if self.policy.reports_unchecked:
             results += checks.dropped_tensors(name, old.keys() - tensors.keys(), **where)
         staged = checks.staged_tensors(old, tensors, results, self.policy)
@@ -351,12 +338,11 @@ class Golden:
             self._files.close()
 
     def _unchecked(self) -> list[Comparison]:
-        ignored = {
-            (str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == Verdict.IGNORED
-        }
-        return checks.unchecked_metrics(
-            self._files.metrics(), self._metrics, ignored, self._ignored
-        ) + checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
+        """A missing comparison per recorded value this run did not check."""
+        recorded, results = self._files.metrics(), self._outcome.comparisons
+        metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
+        tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
+        return metrics + tensors
 
     def _commit(self) -> None:
         from .determinism import fingerprint
@@ -379,9 +365,9 @@ class Golden:
         )
 
     def _discard(self) -> None:
-        if self._files.abort():
-            self._outcome.discarded = True
-        if any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
+        """Drop what this run staged; the outcome says whether new values were lost."""
+        staged = self._files.abort()
+        if staged or any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
             self._outcome.discarded = True
 
     def failure_message(self, failures: list[Comparison]) -> str:
