@@ -182,6 +182,15 @@ class GoldenFiles:
         assert self._tx is not None
         return self._tx.staging / filename
 
+    def new_manifest(self, test_id: str, *, fresh: bool) -> dict[str, Any]:
+        """The manifest fields of a new version: a ``fresh`` recording (see
+        :meth:`.ModePolicy.fresh`) takes this run's environment fingerprint, an addition
+        keeps the recorded one."""
+        from .determinism import fingerprint
+
+        recorded = self.manifest.get("fingerprint") if self.manifest is not None else None
+        return {"test": test_id, "fingerprint": fingerprint() if fresh else recorded}
+
     def commit(
         self,
         manifest: dict[str, Any],

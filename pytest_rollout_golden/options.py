@@ -14,6 +14,7 @@ from typing import Any
 
 from .modes import MISSING_STEP_POLICIES
 from .results import Mode
+from .tolerance import Stack, level
 
 
 class OptionError(ValueError):
@@ -49,6 +50,17 @@ def session_mode(*, update: bool, strict: bool, calibrate: int | None, ci: bool)
     if strict or ci or calibrate:
         return Mode.STRICT
     return Mode.AUTO
+
+
+def session_tolerances(
+    flag_tolerances: Any, flag_ignore: Any, ini_tolerances: Any, ini_ignore: Any
+) -> Stack:
+    """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` over
+    ini ``golden_tolerances``/``golden_ignore`` (ValueError naming the source on a bad entry)."""
+    return Stack(
+        cli=level("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
+        ini=level("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
+    )
 
 
 def parse_seed(value: Any, source: str) -> int:

@@ -30,6 +30,7 @@ from .options import (
     plot_dir,
     report_path,
     session_mode,
+    session_tolerances,
 )
 from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
@@ -37,7 +38,7 @@ from .presentation import CI_UPDATE, link_outside_root, rootdir_note, summary_li
 from .prune import Unused, unused_and_pruned
 from .results import Mode, Status
 from .session import SessionState, UpdateMarks, rank_snapshot, write_report
-from .tolerance import Layer, Stack, level
+from .tolerance import Layer
 
 if TYPE_CHECKING:
     from .replay import Golden
@@ -209,16 +210,11 @@ class GoldenPlugin:
             self.snapshot = rank_snapshot(self.root, rank)
             self.root, self.mode = self.snapshot, Mode.STRICT
         with _usage():
-            self.session_tolerances = Stack(
-                cli=level(
-                    "--golden-tolerance", opt.golden_tolerance, "--golden-ignore", opt.golden_ignore
-                ),
-                ini=level(
-                    "ini golden_tolerances",
-                    config.getini("golden_tolerances"),
-                    "ini golden_ignore",
-                    config.getini("golden_ignore"),
-                ),
+            self.session_tolerances = session_tolerances(
+                opt.golden_tolerance,
+                opt.golden_ignore,
+                config.getini("golden_tolerances"),
+                config.getini("golden_ignore"),
             )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (

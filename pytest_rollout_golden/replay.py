@@ -345,8 +345,6 @@ class Golden:
         return metrics + tensors
 
     def _commit(self) -> None:
-        from .determinism import fingerprint
-
         fresh = self.policy.fresh(self._files.exists)
         steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
 
@@ -354,10 +352,8 @@ class Golden:
             used, calibrated = filename in self._touched, filename == TOLERANCES
             return self.policy.keeps_file(used=used, calibrated=calibrated)
 
-        env = fingerprint() if fresh else self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
-        files = self._files.commit(
-            {"test": self.test_id, "fingerprint": env}, metrics=steps, keep=keep
-        )
+        manifest = self._files.new_manifest(self.test_id, fresh=fresh)
+        files = self._files.commit(manifest, metrics=steps, keep=keep)
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
         self._outcome.recorded = recorded_lines(
