@@ -57,7 +57,8 @@ class Golden:
     """Record/replay/compare for one golden directory.
 
     What the mode allows is decided by :attr:`policy` (:mod:`.modes`); the files are read
-    and written through :class:`~.golden_files.GoldenFiles`.
+    and written through :class:`~.golden_files.GoldenFiles`; what each check adds (its
+    comparison records, what it stages) is built by :mod:`.checks`.
     """
 
     def __init__(
