@@ -267,11 +267,16 @@ def test_commit_then_load_round_trips_every_file(tmp_path):
     assert not files.is_open
 
 
-def test_a_file_changed_after_recording_is_refused_naming_it(tmp_path):
-    directory = tmp_path / "g"
+def _changed_metrics(directory):
+    """A golden whose metrics.json was edited after recording (its checksum no longer holds)."""
     _record(directory, metrics={"0": {"kl": 0.5}})
     path = directory / "metrics.json"
     path.write_text(path.read_text().replace("0.5", "0.25"))
+    return directory
+
+
+def test_a_file_changed_after_recording_is_refused_naming_it(tmp_path):
+    directory = _changed_metrics(tmp_path / "g")
     files = GoldenFiles(directory)
     files.open()
     try:
@@ -430,10 +435,7 @@ _CALIBRATED = {
 
 
 def test_load_with_a_damaged_fallback_returns_it_only_while_re_recording(tmp_path):
-    directory = tmp_path / "g"
-    _record(directory, metrics={"0": {"kl": 0.5}})
-    path = directory / "metrics.json"
-    path.write_text(path.read_text().replace("0.5", "0.25"))
+    directory = _changed_metrics(tmp_path / "g")
     files = GoldenFiles(directory)
     files.open()
     try:
@@ -568,32 +570,19 @@ def test_checker_results_and_usage():
     far = checker(AUTO).metric("pg_loss", 0, old, node)  # built-in default: far too tight
     assert far.verdict is Verdict.FAIL
     assert usage.unused(layer) == ["unused"]
-    mask = torch.tensor([True, False])
-    tensor = checker(AUTO).tensor(
-        "f/x",
-        torch.tensor([1.0, 5.0]),
-        torch.tensor([1.0, 9.0]),
-        mask=mask,
-        step=2,
-        rank=1,
-        micro=0,
+    old_tensor, new_tensor = torch.tensor([1.0, 5.0]), torch.tensor([1.0, 9.0])
+    where = {"step": 2, "rank": 1, "micro": 0}
+    masked = checker(AUTO).tensor(
+        "f/x", old_tensor, new_tensor, mask=torch.tensor([1, 0]) == 1, **where
     )
-    assert (tensor.verdict, tensor.kind, tensor.rank, tensor.micro) == (
+    assert (masked.verdict, masked.kind, masked.rank, masked.micro) == (
         Verdict.PASS,
         "tensor",
         1,
         0,
     )
-    unmasked = checker(AUTO).tensor(
-        "f/x",
-        torch.tensor([1.0, 5.0]),
-        torch.tensor([1.0, 9.0]),
-        mask=None,
-        step=2,
-        rank=1,
-        micro=0,
-    )
-    assert unmasked.verdict is Verdict.FAIL
+    unmasked = checker(AUTO).tensor("f/x", old_tensor, new_tensor, mask=None, **where)
+    assert unmasked.verdict is Verdict.FAIL  # the second element differs, and is compared
 
 
 def test_argument_checks_of_a_check():
