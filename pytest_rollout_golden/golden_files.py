@@ -25,6 +25,8 @@ from . import store
 from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .location import MANIFEST, METRICS
 
+_RAISE = object()  # load() without a fallback: a damaged file raises
+
 
 class GoldenFiles:
     """The recorded version of a golden directory and the new version this run stages."""
@@ -37,6 +39,8 @@ class GoldenFiles:
         self._lock: Any = None
         self._tx: store.Transaction | None = None
         self._metrics: dict[str, dict[str, Any]] | None = None
+        self.replaces_damaged = False  # see open(); a damaged file is then re-recorded
+        self.damaged: set[str] = set()  # recorded files found unreadable and replaced
 
     # ------------------------------------------------------------------ the recorded version
 
@@ -44,9 +48,11 @@ class GoldenFiles:
         """Lock the golden, finish or roll back an interrupted update, read the manifest.
 
         Raises :class:`~.errors.GoldenFormatError` for an unreadable manifest, unless
-        ``damaged_is_missing`` (it is being re-recorded): then the golden counts as absent.
+        ``damaged_is_missing`` (it is being re-recorded): then the golden counts as absent,
+        and :meth:`load` with a ``damaged`` fallback returns the fallback for a damaged file.
         Once locked, the golden stays locked until :meth:`close`, whatever is raised.
         """
+        self.replaces_damaged = damaged_is_missing
         lock = store.locked(self.directory)
         lock.__enter__()
         self._lock = lock
@@ -72,8 +78,14 @@ class GoldenFiles:
         """The manifest's file table: ``{filename: info}`` (empty without a golden)."""
         return self.manifest["files"] if self.manifest is not None else {}
 
-    def load(self, filename: str) -> Any:
-        """A recorded file's content, its checksum verified against the manifest."""
+    def load(self, filename: str, *, damaged: Any = _RAISE) -> Any:
+        """A recorded file's content, its checksum verified against the manifest.
+
+        ``damaged``: what an unreadable file stands for while :attr:`replaces_damaged`
+        (see :meth:`unless_damaged`); without it, an unreadable file always raises.
+        """
+        if damaged is not _RAISE:
+            return self.unless_damaged(filename, lambda: self.load(filename), damaged)
         path, digest = self.directory / filename, self.recorded[filename]["digest"]
         try:
             if filename.endswith(".json"):
@@ -85,12 +97,32 @@ class GoldenFiles:
                 f"or {REMEDY_UPDATE}."
             ) from None
 
+    def unless_damaged(self, filename: str, read: Callable[[], Any], damaged: Any) -> Any:
+        """``read()`` of recorded ``filename``, or ``damaged`` if that raises
+        :class:`~.errors.GoldenFormatError` while :attr:`replaces_damaged`.
+
+        Every error about a damaged golden names ``--update-golden`` as the remedy,
+        so an update must not need the old values: it only loses their diff. A file
+        replaced so is not kept by :meth:`commit`.
+        """
+        try:
+            return read()
+        except GoldenFormatError:
+            if not self.replaces_damaged:
+                raise
+            self.damaged.add(filename)
+            return damaged
+
     def metrics(self) -> dict[str, dict[str, Any]]:
-        """The recorded metrics, ``{step: {name: node}}``; ``{}`` if none were recorded."""
+        """The recorded metrics, ``{step: {name: node}}``; ``{}`` if none were recorded,
+        or if the file is damaged while :attr:`replaces_damaged`."""
         if self._metrics is None:
-            data = self.load(METRICS) if METRICS in self.recorded else {"steps": {}}
-            self._metrics = self._steps(data)
+            self._metrics = self.unless_damaged(METRICS, self._read_metrics, {})
         return self._metrics
+
+    def _read_metrics(self) -> dict[str, dict[str, Any]]:
+        data = self.load(METRICS) if METRICS in self.recorded else {"steps": {}}
+        return self._steps(data)
 
     def _steps(self, document: Any) -> dict[str, dict[str, Any]]:
         problem = metric_codec.document_problem(document)
@@ -150,6 +182,15 @@ class GoldenFiles:
         assert self._tx is not None
         return self._tx.staging / filename
 
+    def new_manifest(self, test_id: str, *, fresh: bool) -> dict[str, Any]:
+        """The manifest fields of a new version: a ``fresh`` recording (see
+        :meth:`.ModePolicy.fresh`) takes this run's environment fingerprint, an addition
+        keeps the recorded one."""
+        from .determinism import fingerprint
+
+        recorded = self.manifest.get("fingerprint") if self.manifest is not None else None
+        return {"test": test_id, "fingerprint": fingerprint() if fresh else recorded}
+
     def commit(
         self,
         manifest: dict[str, Any],
@@ -158,10 +199,13 @@ class GoldenFiles:
         keep: Callable[[str], bool],
     ) -> dict[str, dict[str, Any]]:
         """Swap the new version in: the staged files, ``metrics`` (``{step: {name: node}}``)
-        and the recorded files ``keep`` accepts; return the new file table."""
+        and the recorded files ``keep`` accepts, unless found damaged; return the new
+        file table."""
         tx = self._transaction()
         for filename, info in self.recorded.items():
-            if filename not in tx.files and filename != METRICS and keep(filename):
+            if filename in tx.files or filename in (METRICS, *self.damaged):
+                continue
+            if keep(filename):
                 tx.keep(filename, info)
         if metrics:
             ordered = {k: metrics[k] for k in sorted(metrics, key=int)}

@@ -8,11 +8,14 @@ Works on plain keyword dictionaries, without pytest; a mistake raises
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .errors import update_command
+from .location import golden_dir, shared_golden_dir
 from .modes import ReplayOnly
 from .options import OptionError
+from .tolerance import Layer, Stack, level
 
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
@@ -74,3 +77,46 @@ def reference_recipe(options: Mapping[str, Any]) -> ReplayOnly:
         recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
         remedy=f"record it by running the reference: {update_command(selection)}",
     )
+
+
+def golden_directory(
+    root: Path, rootdir: Path, test_file: Path, test_id: str, name: str, options: Mapping[str, Any]
+) -> Path:
+    """The golden directory of test ``name`` (its id without the file part): ``shared=``
+    names one across files, ``key=`` one within a file; a layout variant without ``key=``
+    uses its reference's; else the test's own."""
+    if options.get("shared") is not None:
+        return shared_golden_dir(root, str(options["shared"]))
+    key = options.get("key")
+    if key is None and replays_reference(options):
+        name = reference_name(test_id, name, options)
+    return golden_dir(root, rootdir, test_file, name, key=None if key is None else str(key))
+
+
+def marker_level(options: Mapping[str, Any]) -> tuple[Layer, Layer]:
+    """The marker's level of a tolerance stack: its ``ignore=``, then its ``tolerances=``
+    (see :func:`.tolerance.level`; ValueError on a bad entry)."""
+    return level(
+        "@pytest.mark.golden(tolerances=)",
+        options.get("tolerances"),
+        "@pytest.mark.golden(ignore=)",
+        options.get("ignore"),
+    )
+
+
+def tolerance_stack(
+    session: Stack, marker: tuple[Layer, Layer], options: Mapping[str, Any], *, exact: bool
+) -> tuple[Stack, ReplayOnly | None]:
+    """A test's tolerance stack: ``session``'s (``--golden-tolerance``, ini) under the
+    ``marker`` level; ``exact``: ``--golden-exact``. For a layout variant, also how its
+    golden is recorded."""
+    stack = session.replace(marker=marker, exact=bool(options.get("exact")) or exact)
+    if not replays_reference(options):
+        return stack, None
+    # Another layout recorded these values: the layout lane replaces the same-layout
+    # defaults (the user's own marker tolerances still come first), never bit-exact.
+    stack = stack.replace(
+        layout=Layer("layout lane", options.get("layout_tolerances") or {}),
+        exact=bool(options.get("exact")),
+    )
+    return stack, reference_recipe(options)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import UnsupportedValueError
@@ -124,6 +125,19 @@ def scalar(node: Any) -> Any:
     if isinstance(node, dict):
         return from_json_number(node["value"]) if "value" in node else None
     return from_json_number(node)
+
+
+def numbers(steps: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, tuple[Any, str]]]:
+    """The scalar numbers among metric nodes ``{step: {name: node}}``, as
+    ``{step: {name: (value, dtype)}}`` (what calibration measures)."""
+    out: dict[str, dict[str, tuple[Any, str]]] = {}
+    for step, names in steps.items():
+        for name, node in names.items():
+            value = scalar(node)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                dtype = node["dtype"] if isinstance(node, dict) else "float64"
+                out.setdefault(step, {})[name] = (value, dtype)
+    return out
 
 
 _STEP_KEY = re.compile(r"0|[1-9][0-9]*")

@@ -7,12 +7,14 @@ pytest's usage error.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 from .modes import MISSING_STEP_POLICIES
 from .results import Mode
+from .tolerance import Stack, level
 
 
 class OptionError(ValueError):
@@ -48,6 +50,17 @@ def session_mode(*, update: bool, strict: bool, calibrate: int | None, ci: bool)
     if strict or ci or calibrate:
         return Mode.STRICT
     return Mode.AUTO
+
+
+def session_tolerances(
+    flag_tolerances: Any, flag_ignore: Any, ini_tolerances: Any, ini_ignore: Any
+) -> Stack:
+    """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` over
+    ini ``golden_tolerances``/``golden_ignore`` (ValueError naming the source on a bad entry)."""
+    return Stack(
+        cli=level("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
+        ini=level("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
+    )
 
 
 def parse_seed(value: Any, source: str) -> int:
@@ -114,3 +127,14 @@ def report_path(value: str | None) -> Path | None:
     if not writable:
         raise OptionError(f"--golden-report {value}: not writable")
     return path
+
+
+def plot_dir(value: str | None) -> Path | None:
+    """``--golden-plot DIR``; refused at once when matplotlib is not installed."""
+    if not value:
+        return None
+    if importlib.util.find_spec("matplotlib") is None:
+        from .plot import MISSING_MATPLOTLIB
+
+        raise OptionError(f"--golden-plot: {MISSING_MATPLOTLIB}")
+    return Path(value)

@@ -170,6 +170,16 @@ def _integer_steps(ax: Any, steps: list[int]) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(10, max(len(steps), 1))))
 
 
+def plot_failure(outcome: Mapping[str, Any], directory: Path, test_id: str) -> Path | None:
+    """The picture of a failed golden test (``--golden-plot DIR``) in ``directory``, named
+    for ``test_id``; ``None`` when it compared no metric."""
+    from .location import safe_name
+
+    if not any(c["kind"] == "metric" for c in outcome["comparisons"]):
+        return None
+    return plot_outcome(outcome, directory / f"{safe_name(test_id)}.png")
+
+
 def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Path:
     """The picture of one golden test's comparisons: recorded (expected) against this run."""
     expected: dict[str, dict[int, float]] = {}

@@ -7,12 +7,9 @@ golden is first read, written or compared.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,29 +20,25 @@ import pytest
 
 from . import markers
 from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
-from .location import TOLERANCES, golden_dir, link_out_of_root, shared_golden_dir
+from .location import TOLERANCES, link_out_of_root
 from .modes import MISSING_STEP_POLICIES
 from .options import (
     OptionError,
     golden_root,
     missing_step_policy,
     parse_seed,
+    plot_dir,
     report_path,
     session_mode,
+    session_tolerances,
 )
 from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
-from .presentation import (
-    CI_UPDATE,
-    report_document,
-    rootdir_note,
-    summary_lines,
-    unused_kept_note,
-)
-from .prune import gone, not_full_run, prune
+from .presentation import CI_UPDATE, link_outside_root, rootdir_note, summary_lines
+from .prune import Unused, unused_and_pruned
 from .results import Mode, Status
-from .session import SessionState, UpdateMarks
-from .tolerance import Layer, Stack, level
+from .session import SessionState, UpdateMarks, rank_snapshot, write_report
+from .tolerance import Layer
 
 if TYPE_CHECKING:
     from .replay import Golden
@@ -213,25 +206,15 @@ class GoldenPlugin:
         self.report_path = report_path(opt.golden_report)
         self.snapshot: Path | None = None
         rank = torchrun_rank()
-        if rank:
-            # Every rank of a torchrun job runs the same tests; rank 0 owns golden/. The
-            # others replay a private copy and never record, so that no rank waits on a
-            # golden's lock while rank 0 waits for it in a collective.
-            self.snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{rank}-"))
-            if self.root.is_dir():
-                shutil.copytree(self.root, self.snapshot, dirs_exist_ok=True)
+        if rank:  # only rank 0 records: the others replay a copy (see rank_snapshot)
+            self.snapshot = rank_snapshot(self.root, rank)
             self.root, self.mode = self.snapshot, Mode.STRICT
         with _usage():
-            self.session_tolerances = Stack(
-                cli=level(
-                    "--golden-tolerance", opt.golden_tolerance, "--golden-ignore", opt.golden_ignore
-                ),
-                ini=level(
-                    "ini golden_tolerances",
-                    config.getini("golden_tolerances"),
-                    "ini golden_ignore",
-                    config.getini("golden_ignore"),
-                ),
+            self.session_tolerances = session_tolerances(
+                opt.golden_tolerance,
+                opt.golden_ignore,
+                config.getini("golden_tolerances"),
+                config.getini("golden_ignore"),
             )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
@@ -244,16 +227,9 @@ class GoldenPlugin:
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
         self.registry = UpdateMarks(self.token)
         self.state = SessionState()
-        self.plot_dir = Path(opt.golden_plot) if opt.golden_plot else None
-        if self.plot_dir is not None and importlib.util.find_spec("matplotlib") is None:
-            from .plot import MISSING_MATPLOTLIB
-
-            raise pytest.UsageError(f"--golden-plot: {MISSING_MATPLOTLIB}")
-        self.unused: list[Path] = []
-        self.pruned: list[Path] = []
-        self.prune_notes: list[str] = []
+        self.plot_dir = plot_dir(opt.golden_plot)
+        self.unused = Unused()
         self.report_error = ""
-        self.unused_kept = 0  # unused goldens of existing test files, or shared
         self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
 
     # ------------------------------------------------------------------ per test
@@ -269,50 +245,26 @@ class GoldenPlugin:
 
     def directory_of(self, item: pytest.Item) -> Path:
         options = self.marker_options(item)
-        if options.get("shared") is not None:
-            return shared_golden_dir(self.root, str(options["shared"]))
         name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
-        key = options.get("key")
-        if key is None and markers.replays_reference(options):
-            with _usage():
-                name = markers.reference_name(item.nodeid, name, options)
-        return golden_dir(
-            self.root, self.rootdir, Path(item.path), name, key=None if key is None else str(key)
-        )
+        with _usage():
+            return markers.golden_directory(
+                self.root, self.rootdir, Path(item.path), item.nodeid, name, options
+            )
 
     def golden_for(self, item: pytest.Item) -> Golden:
         from .replay import Golden
 
         options = self.marker_options(item)
         with _usage():
-            marker = level(
-                "@pytest.mark.golden(tolerances=)",
-                options.get("tolerances"),
-                "@pytest.mark.golden(ignore=)",
-                options.get("ignore"),
-            )
+            marker = markers.marker_level(options)
         item.stash[_MARKER_LAYER] = marker[1]
-        tolerances = self.session_tolerances.replace(
-            marker=marker,
-            exact=bool(options.get("exact")) or self.config.option.golden_exact,
+        tolerances, replay_only = markers.tolerance_stack(
+            self.session_tolerances, marker, options, exact=self.config.option.golden_exact
         )
-        replay_only = None
-        if markers.replays_reference(options):
-            # Another layout recorded these values: the layout lane replaces the same-layout
-            # defaults (the user's own marker tolerances still come first), never bit-exact.
-            tolerances = tolerances.replace(
-                layout=Layer("layout lane", options.get("layout_tolerances") or {}),
-                exact=bool(options.get("exact")),
-            )
-            replay_only = markers.reference_recipe(options)
         directory = self.directory_of(item)
         link = link_out_of_root(self.root, directory)
         if link is not None:
-            raise GoldenError(
-                f"{directory}: {link} is a symbolic link to {os.path.realpath(link)}, outside "
-                f"the golden root {self.root}; goldens are read and written only inside it. "
-                "Replace the link by a directory, or point it inside the golden root."
-            )
+            raise GoldenError(link_outside_root(directory, link, self.root))
         return Golden(
             directory,
             mode=self.mode,
@@ -377,7 +329,11 @@ class GoldenPlugin:
                 outcome.environment_changes = unperturbed(outcome.environment_changes)
             self.state.add_outcome(outcome)
             if self.plot_dir is not None and outcome.status is Status.FAILED:
-                self._plot(item, outcome.to_json())
+                from .plot import plot_failure
+
+                picture = plot_failure(outcome.to_json(), self.plot_dir, item.nodeid)
+                if picture is not None:
+                    self.state.plots.append(str(picture))
 
     def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
         """Keep this run's metrics, unless the test is expected to fail or raised itself."""
@@ -406,15 +362,6 @@ class GoldenPlugin:
             layouts=self.state.calibration_layouts,
         )
 
-    def _plot(self, item: pytest.Item, outcome: dict[str, Any]) -> None:
-        from .location import safe_name
-        from .plot import plot_outcome
-
-        if not any(c["kind"] == "metric" for c in outcome["comparisons"]):
-            return
-        path = self.plot_dir / f"{safe_name(item.nodeid)}.png"
-        self.state.plots.append(str(plot_outcome(outcome, path)))
-
     # ------------------------------------------------------------------ session end
 
     def unused_tolerances(self) -> list[str]:
@@ -426,27 +373,21 @@ class GoldenPlugin:
         if self.calibrate:
             self.write_calibration()
         opt = self.config.option
-        deleting = opt.golden_prune or opt.golden_prune_tests
-        goldens: list[tuple[Path, Path | None]] = []
-        if self.state.expected_dirs or deleting:
-            goldens = self.state.unused_goldens(self.root, self.rootdir)
-            self.unused = [d for d, _ in goldens]
-            self.unused_kept = sum(1 for d, owner in goldens if not gone(self.root, d, owner))
-        if deleting:
-            refused = not_full_run(
-                self.state,
-                self.rootdir,
-                stopped=bool(session.shouldstop or session.shouldfail),
-                failed=bool(session.testsfailed),
-            )
-            pruned = prune(self.root, goldens, tests=opt.golden_prune_tests, refused=refused)
-            self.pruned, self.prune_notes = pruned.deleted, pruned.notes
+        self.unused = unused_and_pruned(
+            self.state,
+            self.root,
+            self.rootdir,
+            prune_gone=opt.golden_prune,
+            prune_tests=opt.golden_prune_tests,
+            stopped=bool(session.shouldstop or session.shouldfail),
+            failed=bool(session.testsfailed),
+        )
         if self.report_path is not None and not opt.collectonly:
-            document = report_document(
-                self.state, mode=self.mode.value, unused=self.unused, pruned=self.pruned
-            )
+            unused, pruned = self.unused.goldens, self.unused.pruned.deleted
             try:
-                _write_report(self.report_path, json.dumps(document, indent=2, allow_nan=False))
+                write_report(
+                    self.report_path, self.state, mode=self.mode.value, unused=unused, pruned=pruned
+                )
             except GoldenError as exc:
                 self.report_error = str(exc)
                 if session.exitstatus == pytest.ExitCode.OK:
@@ -454,17 +395,6 @@ class GoldenPlugin:
         self.registry.remove()
         if self.snapshot is not None:
             shutil.rmtree(self.snapshot, ignore_errors=True)
-
-
-def _write_report(path: Path, text: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    except OSError as exc:
-        raise GoldenError(
-            f"--golden-report {path}: NOT written ({exc.strerror or exc}); "
-            "free disk space on that filesystem or name another file"
-        ) from None
 
 
 _PATH_OPTIONS = ("--golden-report", "--golden-dir", "--golden-plot")
@@ -721,18 +651,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     lines = summary_lines(
         plugin.state,
-        unused=plugin.unused,
-        pruned=plugin.pruned,
+        unused=plugin.unused.goldens,
+        pruned=plugin.unused.pruned.deleted,
         unused_tolerances=plugin.unused_tolerances(),
         report_path=None
         if plugin.report_error or terminalreporter.config.option.collectonly
         else terminalreporter.config.option.golden_report,
         relative_to=plugin.rootdir,
     )
-    opt = terminalreporter.config.option
-    if plugin.unused_kept and not (opt.golden_prune or opt.golden_prune_tests):
-        lines.append(unused_kept_note(plugin.unused_kept))
-    lines.extend(plugin.prune_notes)
+    lines.extend(plugin.unused.notes())
     lines.extend(_recording_notes(plugin))
     if plugin.report_error:
         lines.append(plugin.report_error)

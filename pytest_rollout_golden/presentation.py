@@ -145,6 +145,14 @@ def typo_hint(name: str, unrecorded: list[str]) -> str:
     )
 
 
+def unused_tolerance(test_id: str, source: str, name: str) -> str:
+    """The warning about a tolerance entry (of layer ``source``) that named nothing checked."""
+    return (
+        f"{test_id}: {source} gives a tolerance for {name!r}, "
+        "but no metric or tensor of that name was checked"
+    )
+
+
 def never_recorded_metric(step_key: str, recorded: Mapping[str, Any] | None, remedy: str) -> str:
     """Why a checked metric has no recorded value: ``recorded`` holds the golden's metrics
     by step (``None``: no golden exists yet)."""
@@ -184,6 +192,14 @@ def missing_input(
     return (
         f"{what} at step {step} is not in the golden {display(directory)} ({listing}). "
         f"{why}; {remedy}."
+    )
+
+
+def missing_recording(test_id: str, recorder: str, directory: Path, remedy: str) -> str:
+    """A replay-only golden (recorded by test ``recorder``) that does not exist."""
+    return (
+        f"{test_id} only replays the golden of {recorder}, but "
+        f"{display(directory)} does not exist; {remedy}."
     )
 
 
@@ -387,6 +403,15 @@ def summary_lines(
     if report_path:
         lines.append(f"golden report written to {report_path}")
     return lines
+
+
+def link_outside_root(directory: Path, link: Path, root: Path) -> str:
+    """A golden directory reached through ``link``, a symbolic link out of the golden root."""
+    return (
+        f"{directory}: {link} is a symbolic link to {os.path.realpath(link)}, outside "
+        f"the golden root {root}; goldens are read and written only inside it. "
+        "Replace the link by a directory, or point it inside the golden root."
+    )
 
 
 def unused_kept_note(count: int) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import GoldenError
 from .location import SHARED
-from .presentation import display
+from .presentation import display, unused_kept_note
 from .session import SessionState
 
 
@@ -92,4 +92,44 @@ def prune(
             "(a removed test, or a case collected only on other machines, e.g. cuda); "
             "--golden-prune-tests deletes them on a whole run"
         )
+    return out
+
+
+@dataclass
+class Unused:
+    """The unused goldens a session found, and what ``--golden-prune`` did with them."""
+
+    goldens: list[Path] = field(default_factory=list)
+    kept: int = 0  # unused goldens of test files that still exist, or shared
+    pruned: Pruned = field(default_factory=Pruned)
+    deleting: bool = False  # --golden-prune or --golden-prune-tests was given
+
+    def notes(self) -> list[str]:
+        """The summary's lines: why some were kept, and what pruning did."""
+        kept = [unused_kept_note(self.kept)] if self.kept and not self.deleting else []
+        return kept + self.pruned.notes
+
+
+def unused_and_pruned(
+    state: SessionState,
+    root: Path,
+    rootdir: Path,
+    *,
+    prune_gone: bool,
+    prune_tests: bool,
+    stopped: bool,
+    failed: bool,
+) -> Unused:
+    """Find the unused goldens of a session and prune them if asked (``prune_gone``:
+    ``--golden-prune``, ``prune_tests``: ``--golden-prune-tests``), unless the session
+    ``stopped`` early, ``failed``, or did not run every test (:func:`not_full_run`)."""
+    out = Unused(deleting=prune_gone or prune_tests)
+    goldens: list[tuple[Path, Path | None]] = []
+    if state.expected_dirs or out.deleting:
+        goldens = state.unused_goldens(root, rootdir)
+        out.goldens = [d for d, _ in goldens]
+        out.kept = sum(1 for d, owner in goldens if not gone(root, d, owner))
+    if out.deleting:
+        refused = not_full_run(state, rootdir, stopped=stopped, failed=failed)
+        out.pruned = prune(root, goldens, tests=prune_tests, refused=refused)
     return out

@@ -14,40 +14,35 @@ new recordings as one atomic swap of the directory and raises
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import checks
 from . import metrics as metric_codec
-from .compare import compare_named, dtype_name
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,
-    GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
-    GoldenNaNWarning,
     GoldenToleranceWarning,
-    UnsupportedValueError,
 )
 from .golden_files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs
 from .location import TOLERANCES, tensors_filename
 from .modes import ModePolicy, ReplayOnly
 from .presentation import (
-    DROPPED,
-    display,
     mismatch_message,
     missing_input,
+    missing_recording,
     never_recorded_metric,
     never_recorded_tensors,
     recorded_lines,
-    typo_hint,
+    unused_tolerance,
 )
 from .results import Comparison, Mode, Outcome, Verdict
-from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
+from .tolerance import Layer, Stack, Tolerance, ToleranceUsage
 
 
 class UpdateRegistry(Protocol):
@@ -58,17 +53,12 @@ class UpdateRegistry(Protocol):
     def add(self, directory: Path) -> None: ...
 
 
-def _step_key(step: int) -> str:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an int >= 0, got {step!r}")
-    return str(step)
-
-
 class Golden:
     """Record/replay/compare for one golden directory.
 
     What the mode allows is decided by :attr:`policy` (:mod:`.modes`); the files are read
-    and written through :class:`~.golden_files.GoldenFiles`.
+    and written through :class:`~.golden_files.GoldenFiles`; what each check adds (its
+    comparison records, what it stages) is built by :mod:`.checks`.
     """
 
     def __init__(
@@ -108,13 +98,10 @@ class Golden:
         self._registry = registry
         self._files = GoldenFiles(self.directory, rebuild=rebuild)
         self._outcome = Outcome(self.test_id, str(self.directory))
-        self._old_metrics: dict[str, dict[str, Any]] | None = None
         self._opened = False
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
-        self._tensor_files: dict[str, dict[str, Any]] = {}  # this run's tensor files -> info
         self._touched: set[str] = set()  # golden files this run used
         self._finished = False
-        self._drop_tolerances = False
         self._rollouts = RolloutInputs(
             self._files,
             notes=self._outcome.rollouts,
@@ -140,13 +127,15 @@ class Golden:
         if self.policy.refuses_missing_golden(self._files.exists):
             only = self._replay_only
             assert only is not None
-            raise GoldenMissingError(
-                f"{self.test_id} only replays the golden of {only.recorder}, but "
-                f"{display(self.directory)} does not exist; {only.remedy}."
-            )
+            text = missing_recording(self.test_id, only.recorder, self.directory, only.remedy)
+            raise GoldenMissingError(text)
         updated = self._registry is not None and self._registry.contains(self.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
-        calibrated, lane = self.calibrated_layers()
+        self._files.replaces_damaged = self.policy.replaces_damaged
+        from .calibrate import recorded_layers
+
+        only = self._replay_only is not None
+        calibrated, lane = recorded_layers(self._files, layout_variant=only)
         self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
         if self._replaying:
             from .determinism import fingerprint, fingerprint_changes
@@ -158,61 +147,12 @@ class Golden:
                 self._stack = self._stack.replace(exact=False)
         self._resolver = self._stack.resolver()
 
-    def calibrated_layers(self) -> tuple[Layer | None, Layer | None]:
-        """The tolerances ``--golden-calibrate`` wrote into this golden, if any.
-
-        A replay-only golden (a layout variant) also takes the lane calibrated across layouts.
-        """
-        info = self._old_files().get(TOLERANCES)
-        if info is None:
-            return None, None
-        document = self._load_for_update(TOLERANCES, None)
-        if document is None:  # damaged, and --update-golden is the remedy: drop it
-            self._drop_tolerances = True
-            return None, None
-        from .calibrate import calibrated_layers
-
-        try:
-            return calibrated_layers(
-                document, self.directory / TOLERANCES, layout_variant=self._replay_only is not None
-            )
-        except GoldenFormatError:
-            if not self.policy.replaces_damaged:
-                raise
-            self._drop_tolerances = True
-            return None, None
-
     @property
     def _replaying(self) -> bool:
         return self.policy.replays(self._files.exists)
 
-    def _old_files(self) -> dict[str, Any]:
-        return self._files.recorded
-
-    def _recorded_metrics(self) -> dict[str, dict[str, Any]]:
-        if self._old_metrics is None:
-            self._old_metrics = self._unless_damaged(self._files.metrics, {})
-        return self._old_metrics
-
-    def _load_for_update(self, filename: str, damaged: Any) -> Any:
-        """A recorded file, or ``damaged`` for an unreadable one that is being re-recorded."""
-        return self._unless_damaged(lambda: self._files.load(filename), damaged)
-
-    def _unless_damaged(self, read: Callable[[], Any], damaged: Any) -> Any:
-        """``read()``, except that ``--update-golden`` replaces an unreadable file.
-
-        Every error about a damaged golden names ``--update-golden`` as the remedy,
-        so an update must not need the old values: it only loses their diff.
-        """
-        try:
-            return read()
-        except GoldenFormatError:
-            if not self.policy.replaces_damaged:
-                raise
-            return damaged
-
     def _never_recorded(self, step_key: str) -> str:
-        recorded = self._recorded_metrics() if self._files.exists else None
+        recorded = self._files.metrics() if self._files.exists else None
         return never_recorded_metric(step_key, recorded, self._remedy)
 
     def _tensor_never_recorded(self, name: str, step: int, old_info: Any) -> str:
@@ -238,8 +178,8 @@ class Golden:
         forked random state. Under ``--update-golden`` a recorded rollout is kept
         unless ``regenerate``; a step never recorded follows the missing-step policy.
         """
-        _require_generator(generate, name)
-        key = _step_key(step)
+        checks.require_generator(generate, name)
+        key = checks.step_key(step)
         self._open()
         return self._rollouts.get(self.policy, generate, name, int(key))
 
@@ -255,12 +195,8 @@ class Golden:
         Mismatches do not raise here: every one of them is reported together
         when the test ends.
         """
-        if not isinstance(metrics, Mapping):
-            raise TypeError(
-                f"golden.check() needs a mapping of metric name -> value, got "
-                f'{type(metrics).__name__}; write `golden.check({{"pg_loss": loss}}, step=step)`'
-            )
-        key = _step_key(step)
+        checks.require_metrics(metrics)
+        key = checks.step_key(step)
         self._open()
         if key in self._rollouts.not_recorded:
             return self._not_compared(list(metrics), step, kind="metric")
@@ -270,25 +206,14 @@ class Golden:
             resolver = self._stack.replace(call=layer).resolver()
         seen = self._metrics.setdefault(key, {})
         never_recorded = functools.partial(self._never_recorded, key)
-        recorded = self._recorded_metrics().get(key, {})
+        recorded = self._files.metrics().get(key, {})
+        checker = checks.Checker(resolver, self.policy, self._usage, never_recorded)
         results = []
         for name, value in metrics.items():
-            where = f"metric {name!r} at step {step}"
-            if not isinstance(name, str):
-                raise UnsupportedValueError(f"{where}: a metric name must be a str")
-            if name in seen:
-                raise ValueError(f"{where} was already checked in this test")
-            node = metric_codec.encode(value, where=where)
-            seen[name] = node
+            seen[name] = node = checks.encode_metric(name, value, step, seen)
             if self.policy.warns_nan(recorded=name in recorded):
-                _warn_nan(self.test_id, name, step, node)
-            self._usage.note(resolver, name)
-            old = recorded.get(name)
-            if old is None:
-                actual = metric_codec.scalar(node)
-                results.append(self._unrecorded(name, never_recorded, step=step, actual=actual))
-                continue
-            results.append(_metric_comparison(name, step, old, node, resolver, self.policy))
+                checks.warn_nan(self.test_id, name, step, node)
+            results.append(checker.metric(name, step, recorded.get(name), node))
         if layer is not None:
             self._warn_unused(layer, always=True)
         self._outcome.comparisons.extend(results)
@@ -311,71 +236,37 @@ class Golden:
         covers ``[batch, tokens, vocab]``). Values on padding are stored but never compared.
         The mask itself is not stored: this run's mask decides.
         """
-        key = _step_key(step)
+        key = checks.step_key(step)
         self._open()
-        if not isinstance(tensors, Mapping) or not tensors:
-            raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
-        masks = {} if mask is None else _as_mask(name, mask, tensors)
+        masks = checks.tensor_masks(name, tensors, mask)
         if key in self._rollouts.not_recorded:
             return self._not_compared([f"{name}/{t}" for t in tensors], step, kind="tensor")
         filename = tensors_filename(name, int(key), rank, micro)
-        if filename in self._tensor_files:
-            raise ValueError(
-                f"check_tensors({name!r}) at step {step}, rank {rank}, micro {micro} was already "
-                "called in this test"
-            )
-        info = {"kind": "tensors", "name": name, "step": step, "rank": rank, "micro": micro}
-        self._tensor_files[filename] = info
+        checks.require_first_call(
+            name, filename in self._touched, step=step, rank=rank, micro=micro
+        )
         self._touched.add(filename)
-        old_info = self._old_files().get(filename)
-        old = {} if old_info is None else self._load_for_update(filename, {})
+        old_info = self._files.recorded.get(filename)
+        old = {} if old_info is None else self._files.load(filename, damaged={})
         where = {"step": step, "rank": rank, "micro": micro}
         never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
+        checker = checks.Checker(self._resolver, self.policy, self._usage, never_recorded)
         results = []
         for tensor_name, value in tensors.items():
+            recorded, selected = old.get(tensor_name), masks.get(tensor_name)
             label = f"{name}/{tensor_name}"
-            self._usage.note(self._resolver, label)
-            if tensor_name in old:
-                results.append(
-                    _tensor_comparison(
-                        label,
-                        old[tensor_name],
-                        value,
-                        self._resolver,
-                        self.policy,
-                        mask=masks.get(tensor_name),
-                        **where,
-                    )
-                )
-            else:
-                results.append(self._unrecorded(label, never_recorded, kind="tensor", **where))
+            results.append(checker.tensor(label, recorded, value, mask=selected, **where))
         if self.policy.reports_unchecked:
-            results += _dropped_tensors(name, old.keys() - tensors.keys(), **where)
-        merged = {
-            t: old[t] if t in old and not self.policy.rerecords else value
-            for t, value in tensors.items()
-        }
-        if self.policy.rerecords or any(c.verdict == Verdict.NEW for c in results):
-            self._files.stage_batch(filename, merged, **info)
+            results += checks.dropped_tensors(name, old.keys() - tensors.keys(), **where)
+        staged = checks.staged_tensors(old, tensors, results, self.policy)
+        if staged is not None:
+            self._files.stage_batch(filename, staged, kind="tensors", name=name, **where)
         self._outcome.comparisons.extend(results)
         return results
 
-    def _unrecorded(
-        self, name: str, never_recorded: Callable[[], str], *, step: int, **fields: Any
-    ) -> Comparison:
-        """A value the golden does not hold: new (recorded when the test ends), or missing
-        (``never_recorded()`` says what the golden holds instead, and the remedy)."""
-        verdict = self.policy.unrecorded
-        detail = never_recorded() if verdict == Verdict.MISSING else ""
-        return Comparison(name, step, verdict, detail=detail, **fields)
-
     def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
-        """Checks at a step whose rollout was generated and not recorded: nothing to compare."""
         why = self._rollouts.not_recorded[str(step)]
-        results = [
-            Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why)
-            for name in names
-        ]
+        results = checks.not_compared(names, step, kind=kind, why=why)
         self._outcome.comparisons.extend(results)
         return results
 
@@ -394,10 +285,7 @@ class Golden:
         if not self._replaying and not always:  # nothing was compared, so nothing could match
             return
         for name in self._usage.unused(layer):
-            warning = GoldenToleranceWarning(
-                f"{self.test_id}: {layer.source} gives a tolerance for {name!r}, "
-                "but no metric or tensor of that name was checked"
-            )
+            warning = GoldenToleranceWarning(unused_tolerance(self.test_id, layer.source, name))
             if at is None:
                 warnings.warn(warning, stacklevel=3)
             else:
@@ -451,41 +339,32 @@ class Golden:
             self._files.close()
 
     def _unchecked(self) -> list[Comparison]:
-        ignored = {
-            (str(c.step), c.name) for c in self._outcome.comparisons if c.verdict == Verdict.IGNORED
-        }
-        return _unchecked_metrics(
-            self._recorded_metrics(), self._metrics, ignored, self._ignored
-        ) + _unchecked_tensors(self._old_files(), self._touched, self._ignored)
+        """A missing comparison per recorded value this run did not check."""
+        recorded, results = self._files.metrics(), self._outcome.comparisons
+        metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
+        tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
+        return metrics + tensors
 
     def _commit(self) -> None:
-        from .determinism import fingerprint
-
         fresh = self.policy.fresh(self._files.exists)
-        steps = merge_metrics(
-            self._recorded_metrics(), self._metrics, replace=self.policy.rerecords
-        )
+        steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
 
         def keep(filename: str) -> bool:
-            calibrated = filename == TOLERANCES
-            if calibrated and self._drop_tolerances:
-                return False
-            return self.policy.keeps_file(used=filename in self._touched, calibrated=calibrated)
+            used, calibrated = filename in self._touched, filename == TOLERANCES
+            return self.policy.keeps_file(used=used, calibrated=calibrated)
 
-        env = fingerprint() if fresh else self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
-        files = self._files.commit(
-            {"test": self.test_id, "fingerprint": env}, metrics=steps, keep=keep
-        )
+        manifest = self._files.new_manifest(self.test_id, fresh=fresh)
+        files = self._files.commit(manifest, metrics=steps, keep=keep)
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
         self._outcome.recorded = recorded_lines(
-            files, fresh, self._old_files(), self._outcome.comparisons
+            files, fresh, self._files.recorded, self._outcome.comparisons
         )
 
     def _discard(self) -> None:
-        if self._files.abort():
-            self._outcome.discarded = True
-        if any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
+        """Drop what this run staged; the outcome says whether new values were lost."""
+        staged = self._files.abort()
+        if staged or any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
             self._outcome.discarded = True
 
     def failure_message(self, failures: list[Comparison]) -> str:
@@ -509,195 +388,7 @@ class Golden:
 
     def checked_metrics(self) -> dict[str, dict[str, tuple[Any, str]]]:
         """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
-        out: dict[str, dict[str, tuple[Any, str]]] = {}
-        for step, names in self._metrics.items():
-            for name, node in names.items():
-                value = metric_codec.scalar(node)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    dtype = node["dtype"] if isinstance(node, dict) else "float64"
-                    out.setdefault(step, {})[name] = (value, dtype)
-        return out
-
-
-# ---------------------------------------------------------------------- comparison records
-
-
-def _metric_comparison(
-    name: str, step: int, old: Any, node: Any, resolver: Resolver, policy: ModePolicy
-) -> Comparison:
-    """The comparison of a recorded metric node with this run's."""
-    where = f"metric {name!r} at step {step}"
-    expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
-    diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
-    return Comparison(
-        name,
-        step,
-        policy.verdict(ok=diff.ok, ignore=tol.ignore),
-        expected=metric_codec.scalar(old) if expected.dim() == 0 else _summary(expected),
-        actual=metric_codec.scalar(node) if actual.dim() == 0 else _summary(actual),
-        abs_diff=diff.abs_diff,
-        rel_diff=diff.rel_diff,
-        tolerance=tol,
-        tolerance_source=source,
-        detail=diff.detail if diff.ok is False else "",
-    )
-
-
-def _tensor_comparison(
-    label: str,
-    old: Any,
-    value: Any,
-    resolver: Resolver,
-    policy: ModePolicy,
-    *,
-    mask: Any,
-    step: int,
-    rank: int | None,
-    micro: int | None,
-) -> Comparison:
-    """The comparison of a recorded tensor with this run's (``mask``: positions compared)."""
-    diff, tol, source = compare_named(label, old, value, resolver, check_dtype=True, mask=mask)
-    return Comparison(
-        label,
-        step,
-        policy.verdict(ok=diff.ok, ignore=tol.ignore),
-        kind="tensor",
-        rank=rank,
-        micro=micro,
-        expected=_summary(old),
-        actual=_summary(value),
-        abs_diff=diff.abs_diff,
-        rel_diff=diff.rel_diff,
-        tolerance=tol,
-        tolerance_source=source,
-        detail=diff.detail,
-    )
-
-
-def _dropped_tensors(
-    name: str, dropped: Iterable[str], *, step: int, rank: int | None, micro: int | None
-) -> list[Comparison]:
-    """A missing comparison per recorded tensor not passed to ``check_tensors(name)``."""
-    return [
-        Comparison(
-            f"{name}/{tensor_name}",
-            step,
-            Verdict.MISSING,
-            kind="tensor",
-            rank=rank,
-            micro=micro,
-            detail=f"recorded but not passed to check_tensors in this run; {DROPPED}",
-        )
-        for tensor_name in dropped
-    ]
-
-
-def _unchecked_metrics(
-    recorded: Mapping[str, Mapping[str, Any]],
-    checked: Mapping[str, Mapping[str, Any]],
-    ignored: set[tuple[str, str]],
-    is_ignored: Callable[[str], bool],
-) -> list[Comparison]:
-    """A missing comparison per recorded metric this run did not check (or ignore)."""
-    seen = {(step, name) for step, names in checked.items() for name in names} | ignored
-    out = []
-    for step, names in recorded.items():
-        unrecorded = [n for n in checked.get(step, {}) if n not in names]
-        for name in names:
-            if (step, name) not in seen and not is_ignored(name):
-                out.append(
-                    Comparison(
-                        name,
-                        int(step),
-                        Verdict.MISSING,
-                        expected=metric_codec.scalar(names[name]),
-                        detail=f"recorded but not checked in this run; "
-                        f"{typo_hint(name, unrecorded)}{DROPPED}",
-                    )
-                )
-    return out
-
-
-def _unchecked_tensors(
-    recorded: Mapping[str, Mapping[str, Any]], touched: set[str], is_ignored: Callable[[str], bool]
-) -> list[Comparison]:
-    """A missing comparison per recorded tensors file this run did not check."""
-    return [
-        Comparison(
-            info["name"],
-            info["step"],
-            Verdict.MISSING,
-            kind="tensor",
-            rank=info.get("rank"),
-            micro=info.get("micro"),
-            detail=f"recorded but check_tensors was not called; {DROPPED}",
-        )
-        for filename, info in recorded.items()
-        if info.get("kind") == "tensors"
-        and filename not in touched
-        and not is_ignored(info["name"])
-    ]
-
-
-def _as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
-    """``mask`` as a bool tensor per tensor name, lined up with each tensor's leading dims."""
-    import torch
-
-    where = f"check_tensors({name!r}, mask=)"
-    m = torch.as_tensor(mask).detach()
-    if m.dtype != torch.bool:
-        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
-            raise ValueError(f"{where}: the mask must be bool or hold only 0 and 1, got {m.dtype}")
-        m = m != 0
-    masks = {}
-    for tensor_name, value in tensors.items():
-        shape = tuple(getattr(value, "shape", ()))
-        lined_up = m.reshape(*m.shape, *(1,) * (len(shape) - m.dim()))
-        try:
-            fits = m.dim() <= len(shape) and torch.broadcast_shapes(lined_up.shape, shape) == shape
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(
-                f"{where}: the mask's shape {tuple(m.shape)} does not fit {tensor_name!r} of "
-                f"shape {shape}: its dimensions must match the tensor's leading ones (or be 1), "
-                "e.g. a [batch, tokens] response_mask for [batch, tokens, ...] tensors"
-            )
-        masks[tensor_name] = lined_up
-    return masks
-
-
-def _require_generator(generate: Any, name: str) -> None:
-    if not callable(generate):
-        raise TypeError(
-            f"golden.rollout() needs the function that generates rollout {name!r}, got a "
-            f"{type(generate).__name__}; pass the generator itself, e.g. "
-            "`golden.rollout(lambda: engine.generate(prompts))`: replay never calls it"
-        )
-
-
-def _warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
-    """Warn when recording a metric that is or holds NaN (replay would fail on it)."""
-    value = metric_codec.scalar(node)
-    if value is None:
-        from .metrics import decode
-
-        has_nan = bool(decode(node, where=name).isnan().any())
-    else:
-        has_nan = isinstance(value, float) and math.isnan(value)
-    if has_nan:
-        warnings.warn(
-            GoldenNaNWarning(
-                f"{test_id}: metric {name!r} at step {step} is NaN and is recorded as NaN; "
-                "replay fails on NaN unless its tolerance sets equal_nan (e.g. "
-                f"`tolerances={{{name!r}: {{'equal_nan': True}}}}`): fix the NaN, or allow it"
-            ),
-            stacklevel=3,
-        )
-
-
-def _summary(value: Any) -> dict[str, Any]:
-    return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+        return metric_codec.numbers(self._metrics)
 
 
 __all__ = [

@@ -16,8 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from . import location
+from .errors import GoldenError
+from .presentation import report_document
 from .results import STATUSES, Outcome, Status
 from .tolerance import ToleranceUsage
+
+
+def rank_snapshot(root: Path, rank: int) -> Path:
+    """A private copy of the golden root for torchrun rank ``rank`` (> 0) to replay.
+
+    Every rank of a torchrun job runs the same tests; rank 0 owns golden/. The
+    others replay a private copy and never record, so that no rank waits on a
+    golden's lock while rank 0 waits for it in a collective.
+    """
+    snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{rank}-"))
+    if root.is_dir():
+        shutil.copytree(root, snapshot, dirs_exist_ok=True)
+    return snapshot
 
 
 class UpdateMarks:
@@ -176,3 +191,19 @@ class SessionState:
             if owner is None or str(owner) in whole:
                 found.append((directory, owner))
         return found
+
+
+def write_report(
+    path: Path, state: SessionState, *, mode: str, unused: list[Path], pruned: list[Path]
+) -> None:
+    """Write the ``--golden-report`` JSON file; GoldenError naming the remedy if it fails."""
+    document = report_document(state, mode=mode, unused=unused, pruned=pruned)
+    text = json.dumps(document, indent=2, allow_nan=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    except OSError as exc:
+        raise GoldenError(
+            f"--golden-report {path}: NOT written ({exc.strerror or exc}); "
+            "free disk space on that filesystem or name another file"
+        ) from None

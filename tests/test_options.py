@@ -102,6 +102,29 @@ def test_truthy_env(monkeypatch):
     assert not options.truthy_env("X_TRUTHY")
 
 
+def test_session_tolerances_put_the_flags_over_the_ini():
+    stack = options.session_tolerances(
+        ["kl:rtol=1e-2,atol=0"], ["ent*"], ["kl:rtol=1e-3,atol=0", "pg:rtol=1,atol=0"], []
+    )
+    tol, source = stack.resolver().resolve("kl")
+    assert (tol.rtol, source) == (1e-2, "--golden-tolerance")
+    assert stack.resolver().resolve("pg")[1] == "ini golden_tolerances"
+    assert stack.resolver().resolve("entropy")[0].ignore
+    with pytest.raises(ValueError, match=r"^ini golden_tolerances: bad tolerance"):
+        options.session_tolerances([], [], ["kl:rtol=x"], [])
+
+
+def test_plot_dir_needs_matplotlib(monkeypatch, tmp_path):
+    import importlib.util
+
+    assert options.plot_dir(None) is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert options.plot_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(OptionError, match=r"^--golden-plot: plotting needs matplotlib"):
+        options.plot_dir(str(tmp_path))
+
+
 # ---------------------------------------------------------------------- marker options
 
 
@@ -134,6 +157,51 @@ def test_a_layout_variant_replays_its_reference():
     recipe = markers.reference_recipe({**variant, "shared": "pol"})
     assert recipe.recorder == "the reference layout [tp1] (shared golden 'pol')"
     assert 'pytest --update-golden -k "tp1"' in recipe.remedy
+
+
+def test_golden_directory_of_a_test(tmp_path):
+    from pytest_rollout_golden.location import golden_dir, shared_golden_dir
+
+    root, test_file = tmp_path / "golden", tmp_path / "tests" / "test_a.py"
+
+    def directory(name, **options):
+        return markers.golden_directory(root, tmp_path, test_file, f"t::{name}", name, options)
+
+    assert directory("test_x") == golden_dir(root, tmp_path, test_file, "test_x")
+    assert directory("test_x", key="k") == golden_dir(root, tmp_path, test_file, "", key="k")
+    assert directory("test_x", shared="pol") == shared_golden_dir(root, "pol")
+    variant = {"variant": "tp2", "reference": "tp1"}
+    reference = golden_dir(root, tmp_path, test_file, "test_x[tp1]")
+    assert directory("test_x[tp2]", **variant) == reference  # a variant replays its reference
+    assert directory("test_x[tp2]", key="k", **variant) == directory("test_x", key="k")
+
+
+def test_tolerance_stack_of_a_test():
+    from pytest_rollout_golden.tolerance import Stack
+
+    session = Stack()
+    marker = markers.marker_level(
+        {"tolerances": {"kl": {"rtol": 0.5, "atol": 0.0}}, "ignore": ["ent"]}
+    )
+    assert marker[1].source == "@pytest.mark.golden(tolerances=)"
+    stack, recipe = markers.tolerance_stack(session, marker, {}, exact=False)
+    assert recipe is None and not stack.exact
+    assert stack.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
+    assert stack.resolver().resolve("ent")[0].ignore
+    assert markers.tolerance_stack(session, marker, {}, exact=True)[0].exact  # --golden-exact
+    assert markers.tolerance_stack(session, marker, {"exact": True}, exact=False)[0].exact
+    variant = {
+        "variant": "tp2",
+        "reference": "tp1",
+        "layout_tolerances": {"pg": {"rtol": 0.1, "atol": 0.0}},
+    }
+    stack, recipe = markers.tolerance_stack(session, marker, variant, exact=True)
+    assert recipe == markers.reference_recipe(variant)
+    assert not stack.exact  # a layout variant is never bit-exact, whatever --golden-exact says
+    assert stack.resolver().resolve("pg")[1] == "layout lane"
+    assert stack.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
+    with pytest.raises(ValueError, match=r"is ignored by @pytest\.mark\.golden"):
+        markers.marker_level({"tolerances": {"kl": {"rtol": 0.5, "atol": 0.0}}, "ignore": ["kl"]})
 
 
 # ---------------------------------------------------------------------- pruning
@@ -189,3 +257,93 @@ def test_not_full_run(tmp_path):
     state.partial_files |= {str(tmp_path / "a.py"), str(tmp_path / "b.py")}
     why = prune.not_full_run(state, tmp_path, stopped=True, failed=True)
     assert why.startswith("some tests were deselected") and "(a.py and 1 more)" in why
+
+
+def _unused_state(tmp_path):
+    """Two unused goldens: one of a test file that is gone, one of a file that ran whole."""
+    root = tmp_path / "golden"
+    gone_file = _golden(root / "test_gone" / "test_a")
+    here = _golden(root / "test_here" / "test_b")
+    (tmp_path / "test_here.py").write_text("")
+    state = SessionState()
+    state.expected_dirs.add(str(root / "test_here" / "test_c"))
+    state.produced[str(tmp_path / "test_here.py")] = {"test_here.py::test_c"}
+    state.selected.add("test_here.py::test_c")
+    return root, state, gone_file, here
+
+
+def test_unused_and_pruned_finds_keeps_and_prunes(tmp_path):
+    from pytest_rollout_golden.presentation import unused_kept_note
+
+    root, state, gone_file, here = _unused_state(tmp_path)
+    flags = {"stopped": False, "failed": False}
+    found = prune.unused_and_pruned(
+        state, root, tmp_path, prune_gone=False, prune_tests=False, **flags
+    )
+    assert (found.goldens, found.kept, found.pruned.deleted) == ([gone_file, here], 1, [])
+    assert found.notes() == [unused_kept_note(1)]
+    assert gone_file.is_dir()  # nothing deleted without --golden-prune
+    refused = prune.unused_and_pruned(
+        state, root, tmp_path, prune_gone=True, prune_tests=False, stopped=True, failed=False
+    )
+    assert refused.notes() == [
+        "--golden-prune skipped: the session stopped early; nothing was deleted"
+    ]
+    pruned = prune.unused_and_pruned(
+        state, root, tmp_path, prune_gone=True, prune_tests=False, **flags
+    )
+    assert pruned.pruned.deleted == [gone_file] and not gone_file.exists() and here.is_dir()
+    assert "kept 1 unused golden(s) of test files that still exist" in pruned.notes()[0]
+    assert len(pruned.notes()) == 1  # the kept-note of a run without pruning is not repeated
+
+
+def test_unused_and_pruned_looks_for_nothing_without_expected_goldens_or_pruning(tmp_path):
+    root, state, _, _ = _unused_state(tmp_path)
+    state.expected_dirs.clear()
+    found = prune.unused_and_pruned(
+        state, root, tmp_path, prune_gone=False, prune_tests=False, stopped=False, failed=False
+    )
+    assert (found.goldens, found.kept, found.notes()) == ([], 0, [])
+
+
+def test_rank_snapshot_is_a_private_copy(tmp_path):
+    from pytest_rollout_golden.session import rank_snapshot
+
+    root = _golden(tmp_path / "golden" / "test_a" / "t")
+    snapshot = rank_snapshot(tmp_path / "golden", 3)
+    try:
+        assert snapshot.name.startswith("rollout-golden-rank3-") and snapshot != tmp_path
+        copied = snapshot / "test_a" / "t" / "manifest.json"
+        assert copied.read_text() == (root / "manifest.json").read_text()
+    finally:
+        import shutil
+
+        shutil.rmtree(snapshot)
+    empty = rank_snapshot(tmp_path / "no-golden-yet", 1)
+    try:
+        assert list(empty.iterdir()) == []
+    finally:
+        empty.rmdir()
+
+
+def test_write_report_writes_the_document_or_names_the_remedy(tmp_path):
+    from pytest_rollout_golden.errors import GoldenError
+    from pytest_rollout_golden.session import write_report
+
+    path = tmp_path / "reports" / "r.json"
+    write_report(path, SessionState(), mode="auto", unused=[tmp_path / "u"], pruned=[])
+    document = json.loads(path.read_text())
+    assert (document["mode"], document["unused"]) == ("auto", [str(tmp_path / "u")])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(GoldenError, match=r"NOT written .*name another file"):
+        write_report(
+            tmp_path / "file" / "r.json", SessionState(), mode="auto", unused=[], pruned=[]
+        )
+
+
+def test_plot_failure_draws_only_a_golden_that_compared_metrics(tmp_path):
+    from pytest_rollout_golden.plot import plot_failure
+
+    tensors_only = {"comparisons": [{"kind": "tensor", "metric": "f/x", "verdict": "fail"}]}
+    assert plot_failure(tensors_only, tmp_path, "t.py::t") is None
+    assert list(tmp_path.iterdir()) == []

@@ -267,11 +267,16 @@ def test_commit_then_load_round_trips_every_file(tmp_path):
     assert not files.is_open
 
 
-def test_a_file_changed_after_recording_is_refused_naming_it(tmp_path):
-    directory = tmp_path / "g"
+def _changed_metrics(directory):
+    """A golden whose metrics.json was edited after recording (its checksum no longer holds)."""
     _record(directory, metrics={"0": {"kl": 0.5}})
     path = directory / "metrics.json"
     path.write_text(path.read_text().replace("0.5", "0.25"))
+    return directory
+
+
+def test_a_file_changed_after_recording_is_refused_naming_it(tmp_path):
+    directory = _changed_metrics(tmp_path / "g")
     files = GoldenFiles(directory)
     files.open()
     try:
@@ -405,3 +410,213 @@ def test_a_golden_updated_earlier_this_session_is_replayed_not_rerecorded(tmp_pa
     with pytest.raises(GoldenMismatch, match="kl"):
         second.finish()
     assert load_golden(directory)[1]["metrics.json"]["steps"]["0"]["kl"] == 0.25
+
+
+# ---------------------------------------------------------------------- damaged files
+
+
+def _with_tolerances(directory, document):
+    """A golden with metrics and a ``tolerances.json`` holding ``document``."""
+    _record(directory, metrics={"0": {"kl": 0.5}})
+    tx = store.Transaction(directory)
+    tx.keep(
+        "metrics.json",
+        json.loads((directory / "manifest.json").read_text())["files"]["metrics.json"],
+    )
+    tx.write_json("tolerances.json", document, kind="tolerances")
+    tx.commit({"test": "t", "fingerprint": {"torch": "0"}})
+
+
+_CALIBRATED = {
+    "format": "pytest-rollout-golden-tolerances",
+    "tolerances": {"kl": {"rtol": 1e-3, "atol": 0.0}},
+    "layout_tolerances": {"kl": {"rtol": 1e-2, "atol": 0.0}},
+}
+
+
+def test_load_with_a_damaged_fallback_returns_it_only_while_re_recording(tmp_path):
+    directory = _changed_metrics(tmp_path / "g")
+    files = GoldenFiles(directory)
+    files.open()
+    try:
+        with pytest.raises(GoldenFormatError, match="is corrupted"):
+            files.load("metrics.json", damaged={})  # not re-recording: the error stands
+        assert files.damaged == set()
+    finally:
+        files.close()
+    files = GoldenFiles(directory)
+    files.open(damaged_is_missing=True)
+    try:
+        assert files.replaces_damaged
+        assert files.load("metrics.json", damaged="fallback") == "fallback"
+        assert files.metrics() == {}
+        assert files.damaged == {"metrics.json"}
+        with pytest.raises(GoldenFormatError):
+            files.load("metrics.json")  # without a fallback it always raises
+    finally:
+        files.close()
+
+
+def test_commit_drops_a_damaged_file_even_if_keep_accepts_it(tmp_path):
+    directory = tmp_path / "g"
+    _with_tolerances(directory, {"format": "something else"})
+    from pytest_rollout_golden.calibrate import recorded_layers
+
+    files = GoldenFiles(directory)
+    files.open(damaged_is_missing=True)
+    try:
+        assert recorded_layers(files) == (None, None)
+        assert files.damaged == {"tolerances.json"}
+        written = files.commit(files.new_manifest("t", fresh=False), metrics={}, keep=bool)
+    finally:
+        files.close()
+    assert set(written) == set()  # metrics.json is written only from metrics=
+    assert not (directory / "tolerances.json").exists()
+
+
+def test_recorded_layers_of_a_golden(tmp_path):
+    from pytest_rollout_golden.calibrate import LAYOUT_SOURCE, SOURCE, recorded_layers
+
+    plain, calibrated = tmp_path / "plain", tmp_path / "calibrated"
+    _record(plain, metrics={"0": {"kl": 0.5}})
+    _with_tolerances(calibrated, _CALIBRATED)
+    for directory, layout_variant, sources in [
+        (plain, True, (None, None)),
+        (calibrated, False, (SOURCE, None)),
+        (calibrated, True, (SOURCE, LAYOUT_SOURCE)),
+    ]:
+        files = GoldenFiles(directory)
+        files.open()
+        try:
+            layers = recorded_layers(files, layout_variant=layout_variant)
+        finally:
+            files.close()
+        assert tuple(None if x is None else x.source for x in layers) == sources
+    assert layers[0].entries["kl"].rtol == 1e-3 and layers[1].entries["kl"].rtol == 1e-2
+
+
+def test_a_calibrated_file_of_another_format_raises_unless_re_recording(tmp_path):
+    from pytest_rollout_golden.calibrate import recorded_layers
+
+    directory = tmp_path / "g"
+    _with_tolerances(directory, {"format": "something else"})
+    files = GoldenFiles(directory)
+    files.open()
+    try:
+        with pytest.raises(GoldenFormatError, match="not a calibrated-tolerances file of ours"):
+            recorded_layers(files)
+    finally:
+        files.close()
+
+
+def test_new_manifest_takes_a_fresh_fingerprint_or_keeps_the_recorded_one(tmp_path):
+    directory = tmp_path / "g"
+    _with_tolerances(directory, _CALIBRATED)  # recorded fingerprint {"torch": "0"}
+    files = GoldenFiles(directory)
+    files.open()
+    try:
+        assert files.new_manifest("t2", fresh=False) == {
+            "test": "t2",
+            "fingerprint": {"torch": "0"},
+        }
+        fresh = files.new_manifest("t2", fresh=True)
+    finally:
+        files.close()
+    assert fresh["test"] == "t2" and fresh["fingerprint"]["torch"] == torch.__version__
+
+
+# ---------------------------------------------------------------------- what one check adds
+
+
+def test_staged_tensors_decision():
+    from pytest_rollout_golden.checks import staged_tensors
+    from pytest_rollout_golden.results import Comparison
+
+    recorded = {"a": "old a"}
+    tensors = {"a": "new a", "b": "new b"}
+    new = [Comparison("n/a", 0, Verdict.PASS), Comparison("n/b", 0, Verdict.NEW)]
+    passed = [Comparison("n/a", 0, Verdict.PASS)]
+    auto, update = ModePolicy.of(AUTO), ModePolicy.of(UPDATE)
+    assert staged_tensors(recorded, {"a": "new a"}, passed, auto) is None  # nothing new
+    # a new tensor: the file is rewritten, keeping the recorded values of the others
+    assert staged_tensors(recorded, tensors, new, auto) == {"a": "old a", "b": "new b"}
+    # an update rewrites it with this run's values, even when nothing is new
+    assert staged_tensors(recorded, {"a": "new a"}, passed, update) == {"a": "new a"}
+
+
+def test_checker_results_and_usage():
+    from pytest_rollout_golden import metrics as metric_codec
+    from pytest_rollout_golden.checks import Checker
+    from pytest_rollout_golden.tolerance import Layer, Stack, ToleranceUsage
+
+    layer = Layer("call", {"kl": {"rtol": 0.1, "atol": 0.0}, "unused": {"rtol": 1.0}})
+    resolver = Stack(call=layer).resolver()
+    usage = ToleranceUsage()
+    node = metric_codec.encode(1.05, where="kl")
+    old = metric_codec.encode(1.0, where="kl")
+
+    def checker(mode):
+        return Checker(resolver, ModePolicy.of(mode), usage, lambda: "never recorded here")
+
+    assert checker(AUTO).metric("kl", 0, old, node).verdict is Verdict.PASS  # within rtol=0.1
+    assert checker(UPDATE).metric("kl", 0, old, node).verdict is Verdict.UPDATED
+    assert checker(AUTO).metric("kl", 0, None, node).verdict is Verdict.NEW
+    missing = checker(STRICT).metric("kl", 0, None, node)
+    assert (missing.verdict, missing.detail, missing.actual) == (
+        Verdict.MISSING,
+        "never recorded here",
+        1.05,
+    )
+    far = checker(AUTO).metric("pg_loss", 0, old, node)  # built-in default: far too tight
+    assert far.verdict is Verdict.FAIL
+    assert usage.unused(layer) == ["unused"]
+    old_tensor, new_tensor = torch.tensor([1.0, 5.0]), torch.tensor([1.0, 9.0])
+    where = {"step": 2, "rank": 1, "micro": 0}
+    masked = checker(AUTO).tensor(
+        "f/x", old_tensor, new_tensor, mask=torch.tensor([1, 0]) == 1, **where
+    )
+    assert (masked.verdict, masked.kind, masked.rank, masked.micro) == (
+        Verdict.PASS,
+        "tensor",
+        1,
+        0,
+    )
+    unmasked = checker(AUTO).tensor("f/x", old_tensor, new_tensor, mask=None, **where)
+    assert unmasked.verdict is Verdict.FAIL  # the second element differs, and is compared
+
+
+def test_argument_checks_of_a_check():
+    from pytest_rollout_golden import checks
+    from pytest_rollout_golden.errors import UnsupportedValueError
+
+    with pytest.raises(TypeError, match=r"needs a mapping of metric name -> value, got list"):
+        checks.require_metrics([1.0])
+    with pytest.raises(UnsupportedValueError, match=r"metric 3 at step 1: a metric name must be"):
+        checks.encode_metric(3, 1.0, 1, {})
+    with pytest.raises(ValueError, match=r"metric 'kl' at step 1 was already checked"):
+        checks.encode_metric("kl", 1.0, 1, {"kl": 0.5})
+    with pytest.raises(TypeError, match=r"check_tensors\('f'\) needs a non-empty mapping"):
+        checks.tensor_masks("f", {}, None)
+    assert checks.tensor_masks("f", {"x": torch.ones(2, 3)}, None) == {}
+    masks = checks.tensor_masks("f", {"x": torch.ones(2, 3, 4)}, [[1, 0, 1], [0, 0, 1]])
+    assert masks["x"].shape == (2, 3, 1) and masks["x"].dtype == torch.bool
+    with pytest.raises(ValueError, match=r"already called in this test"):
+        checks.require_first_call("f", True, step=0, rank=None, micro=None)
+    checks.require_first_call("f", False, step=0, rank=None, micro=None)
+    ignored = checks.not_compared(["a", "b"], 3, kind="metric", why="not recorded")
+    assert [(c.name, c.step, c.verdict, c.tolerance_source) for c in ignored] == [
+        ("a", 3, Verdict.IGNORED, "not recorded"),
+        ("b", 3, Verdict.IGNORED, "not recorded"),
+    ]
+
+
+def test_numbers_keeps_the_scalar_numbers_of_metric_nodes():
+    from pytest_rollout_golden.metrics import numbers
+
+    steps = {
+        "0": {"kl": 0.5, "flag": True, "n": 3, "f32": {"dtype": "float32", "value": 0.25}},
+        "1": {"vec": {"dtype": "float32", "shape": [2], "values": [0.1, 0.2]}},
+    }
+    assert numbers(steps) == {
+        "0": {"kl": (0.5, "float64"), "n": (3, "float64"), "f32": (0.25, "float32")}
+    }

@@ -1,0 +1,335 @@
+"""What one call of ``golden.check()`` or ``check_tensors()`` adds: checked arguments and
+one :class:`~.results.Comparison` per value.
+
+Pure functions over a recorded value, this run's value, the tolerance resolver and the
+mode policy; :class:`~.replay.Golden` keeps the bookkeeping of a test (what was checked,
+what is staged) and acts on what these return.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import metrics as metric_codec
+from .compare import compare_named, dtype_name
+from .errors import GoldenNaNWarning, UnsupportedValueError
+from .modes import ModePolicy
+from .presentation import DROPPED, typo_hint
+from .results import Comparison, Verdict
+from .tolerance import Resolver, ToleranceUsage
+
+# ---------------------------------------------------------------------- arguments
+
+
+def step_key(step: int) -> str:
+    """``step`` as the key of the golden's metric steps; ValueError unless an int >= 0."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    return str(step)
+
+
+def require_generator(generate: Any, name: str) -> None:
+    if not callable(generate):
+        raise TypeError(
+            f"golden.rollout() needs the function that generates rollout {name!r}, got a "
+            f"{type(generate).__name__}; pass the generator itself, e.g. "
+            "`golden.rollout(lambda: engine.generate(prompts))`: replay never calls it"
+        )
+
+
+def require_metrics(metrics: Any) -> None:
+    """TypeError unless ``golden.check()`` was given a mapping of metric name -> value."""
+    if not isinstance(metrics, Mapping):
+        raise TypeError(
+            f"golden.check() needs a mapping of metric name -> value, got "
+            f'{type(metrics).__name__}; write `golden.check({{"pg_loss": loss}}, step=step)`'
+        )
+
+
+def encode_metric(name: Any, value: Any, step: int, seen: Mapping[str, Any]) -> Any:
+    """The metric node of ``value`` (see :func:`.metrics.encode`); ``seen``: the names
+    this test already checked at ``step``, which may not be checked again."""
+    where = f"metric {name!r} at step {step}"
+    if not isinstance(name, str):
+        raise UnsupportedValueError(f"{where}: a metric name must be a str")
+    if name in seen:
+        raise ValueError(f"{where} was already checked in this test")
+    return metric_codec.encode(value, where=where)
+
+
+def tensor_masks(name: str, tensors: Any, mask: Any) -> dict[str, Any]:
+    """The masks of ``check_tensors(name, tensors, mask=)`` per tensor (see :func:`as_mask`;
+    none without ``mask``); TypeError unless ``tensors`` is a non-empty mapping."""
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise TypeError(f"check_tensors({name!r}) needs a non-empty mapping of name -> tensor")
+    return {} if mask is None else as_mask(name, mask, tensors)
+
+
+def as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``mask`` as a bool tensor per tensor name, lined up with each tensor's leading dims."""
+    import torch
+
+    where = f"check_tensors({name!r}, mask=)"
+    m = torch.as_tensor(mask).detach()
+    if m.dtype != torch.bool:
+        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
+            raise ValueError(f"{where}: the mask must be bool or hold only 0 and 1, got {m.dtype}")
+        m = m != 0
+    masks = {}
+    for tensor_name, value in tensors.items():
+        shape = tuple(getattr(value, "shape", ()))
+        lined_up = m.reshape(*m.shape, *(1,) * (len(shape) - m.dim()))
+        try:
+            fits = m.dim() <= len(shape) and torch.broadcast_shapes(lined_up.shape, shape) == shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"{where}: the mask's shape {tuple(m.shape)} does not fit {tensor_name!r} of "
+                f"shape {shape}: its dimensions must match the tensor's leading ones (or be 1), "
+                "e.g. a [batch, tokens] response_mask for [batch, tokens, ...] tensors"
+            )
+        masks[tensor_name] = lined_up
+    return masks
+
+
+def require_first_call(
+    name: str, called: bool, *, step: int, rank: int | None, micro: int | None
+) -> None:
+    """ValueError if ``check_tensors(name)`` was ``called`` at this place already."""
+    if called:
+        raise ValueError(
+            f"check_tensors({name!r}) at step {step}, rank {rank}, micro {micro} was already "
+            "called in this test"
+        )
+
+
+# ---------------------------------------------------------------------- comparison records
+
+
+@dataclass(frozen=True)
+class Checker:
+    """The result of checking one value, under one tolerance resolver and mode policy.
+
+    Each check notes in ``usage`` which tolerance entries named the value; a value the
+    golden does not hold (``old`` is ``None``) is new or missing (:func:`unrecorded`,
+    with ``never_recorded``).
+    """
+
+    resolver: Resolver
+    policy: ModePolicy
+    usage: ToleranceUsage
+    never_recorded: Callable[[], str]
+
+    def metric(self, name: str, step: int, old: Any, node: Any) -> Comparison:
+        """Metric node ``node`` at ``step`` against the recorded node ``old``."""
+        self.usage.note(self.resolver, name)
+        if old is None:
+            actual = metric_codec.scalar(node)
+            return unrecorded(name, self.policy, self.never_recorded, step=step, actual=actual)
+        return metric_comparison(name, step, old, node, self.resolver, self.policy)
+
+    def tensor(
+        self,
+        label: str,
+        old: Any,
+        value: Any,
+        *,
+        mask: Any,
+        step: int,
+        rank: int | None,
+        micro: int | None,
+    ) -> Comparison:
+        """Tensor ``label`` (``name/tensor``) against the recorded tensor ``old``."""
+        self.usage.note(self.resolver, label)
+        where = {"step": step, "rank": rank, "micro": micro}
+        if old is None:
+            return unrecorded(label, self.policy, self.never_recorded, kind="tensor", **where)
+        return tensor_comparison(label, old, value, self.resolver, self.policy, mask=mask, **where)
+
+
+def metric_comparison(
+    name: str, step: int, old: Any, node: Any, resolver: Resolver, policy: ModePolicy
+) -> Comparison:
+    """The comparison of a recorded metric node with this run's."""
+    where = f"metric {name!r} at step {step}"
+    expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
+    diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
+    return Comparison(
+        name,
+        step,
+        policy.verdict(ok=diff.ok, ignore=tol.ignore),
+        expected=metric_codec.scalar(old) if expected.dim() == 0 else summary(expected),
+        actual=metric_codec.scalar(node) if actual.dim() == 0 else summary(actual),
+        abs_diff=diff.abs_diff,
+        rel_diff=diff.rel_diff,
+        tolerance=tol,
+        tolerance_source=source,
+        detail=diff.detail if diff.ok is False else "",
+    )
+
+
+def tensor_comparison(
+    label: str,
+    old: Any,
+    value: Any,
+    resolver: Resolver,
+    policy: ModePolicy,
+    *,
+    mask: Any,
+    step: int,
+    rank: int | None,
+    micro: int | None,
+) -> Comparison:
+    """The comparison of a recorded tensor with this run's (``mask``: positions compared)."""
+    diff, tol, source = compare_named(label, old, value, resolver, check_dtype=True, mask=mask)
+    return Comparison(
+        label,
+        step,
+        policy.verdict(ok=diff.ok, ignore=tol.ignore),
+        kind="tensor",
+        rank=rank,
+        micro=micro,
+        expected=summary(old),
+        actual=summary(value),
+        abs_diff=diff.abs_diff,
+        rel_diff=diff.rel_diff,
+        tolerance=tol,
+        tolerance_source=source,
+        detail=diff.detail,
+    )
+
+
+def dropped_tensors(
+    name: str, dropped: Iterable[str], *, step: int, rank: int | None, micro: int | None
+) -> list[Comparison]:
+    """A missing comparison per recorded tensor not passed to ``check_tensors(name)``."""
+    return [
+        Comparison(
+            f"{name}/{tensor_name}",
+            step,
+            Verdict.MISSING,
+            kind="tensor",
+            rank=rank,
+            micro=micro,
+            detail=f"recorded but not passed to check_tensors in this run; {DROPPED}",
+        )
+        for tensor_name in dropped
+    ]
+
+
+def unchecked_metrics(
+    recorded: Mapping[str, Mapping[str, Any]],
+    checked: Mapping[str, Mapping[str, Any]],
+    results: Iterable[Comparison],
+    is_ignored: Callable[[str], bool],
+) -> list[Comparison]:
+    """A missing comparison per recorded metric this run did not check (or ignore):
+    ``checked`` by step, or given an ignored verdict among ``results``."""
+    ignored = {(str(c.step), c.name) for c in results if c.verdict == Verdict.IGNORED}
+    seen = {(step, name) for step, names in checked.items() for name in names} | ignored
+    out = []
+    for step, names in recorded.items():
+        unrecorded = [n for n in checked.get(step, {}) if n not in names]
+        for name in names:
+            if (step, name) not in seen and not is_ignored(name):
+                out.append(
+                    Comparison(
+                        name,
+                        int(step),
+                        Verdict.MISSING,
+                        expected=metric_codec.scalar(names[name]),
+                        detail=f"recorded but not checked in this run; "
+                        f"{typo_hint(name, unrecorded)}{DROPPED}",
+                    )
+                )
+    return out
+
+
+def unchecked_tensors(
+    recorded: Mapping[str, Mapping[str, Any]], touched: set[str], is_ignored: Callable[[str], bool]
+) -> list[Comparison]:
+    """A missing comparison per recorded tensors file this run did not check."""
+    return [
+        Comparison(
+            info["name"],
+            info["step"],
+            Verdict.MISSING,
+            kind="tensor",
+            rank=info.get("rank"),
+            micro=info.get("micro"),
+            detail=f"recorded but check_tensors was not called; {DROPPED}",
+        )
+        for filename, info in recorded.items()
+        if info.get("kind") == "tensors"
+        and filename not in touched
+        and not is_ignored(info["name"])
+    ]
+
+
+def unrecorded(
+    name: str, policy: ModePolicy, never_recorded: Callable[[], str], *, step: int, **fields: Any
+) -> Comparison:
+    """A value the golden does not hold: new (recorded when the test ends), or missing
+    (``never_recorded()`` says what the golden holds instead, and the remedy)."""
+    verdict = policy.unrecorded
+    detail = never_recorded() if verdict == Verdict.MISSING else ""
+    return Comparison(name, step, verdict, detail=detail, **fields)
+
+
+def not_compared(names: Iterable[str], step: int, *, kind: str, why: str) -> list[Comparison]:
+    """Checks at a step whose rollout was generated and not recorded (``why``): nothing
+    to compare."""
+    return [
+        Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why) for name in names
+    ]
+
+
+# ---------------------------------------------------------------------- what a check writes
+
+
+def staged_tensors(
+    recorded: Mapping[str, Any],
+    tensors: Mapping[str, Any],
+    results: Iterable[Comparison],
+    policy: ModePolicy,
+) -> dict[str, Any] | None:
+    """The tensors file a ``check_tensors`` call stages, or ``None`` when the golden's stays.
+
+    A new file is written when the policy re-records or a tensor is new; it holds the
+    recorded value of each tensor the golden has (unless re-recording), else this run's.
+    """
+    if not policy.rerecords and not any(c.verdict == Verdict.NEW for c in results):
+        return None
+    return {
+        t: recorded[t] if t in recorded and not policy.rerecords else value
+        for t, value in tensors.items()
+    }
+
+
+def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
+    """Warn when recording a metric that is or holds NaN (replay would fail on it)."""
+    value = metric_codec.scalar(node)
+    if value is None:
+        from .metrics import decode
+
+        has_nan = bool(decode(node, where=name).isnan().any())
+    else:
+        has_nan = isinstance(value, float) and math.isnan(value)
+    if has_nan:
+        warnings.warn(
+            GoldenNaNWarning(
+                f"{test_id}: metric {name!r} at step {step} is NaN and is recorded as NaN; "
+                "replay fails on NaN unless its tolerance sets equal_nan (e.g. "
+                f"`tolerances={{{name!r}: {{'equal_nan': True}}}}`): fix the NaN, or allow it"
+            ),
+            stacklevel=3,
+        )
+
+
+def summary(value: Any) -> dict[str, Any]:
+    return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
