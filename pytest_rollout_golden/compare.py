@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+from .presentation import ALLOW_NAN
 from .tolerance import Resolver, Tolerance
 
 
@@ -173,11 +174,6 @@ def compare_values(
     )
     return Difference(False, stats.abs_max, stats.rel_max, "\n".join(lines), **means)
 
-
-ALLOW_NAN = (
-    "NaN equals NaN only where the tolerance sets equal_nan "
-    "(e.g. --golden-tolerance NAME:equal_nan=true); fix the NaN, or allow it"
-)
 
 # Elements analysed at a time: the temporaries of one chunk stay in cache, and a
 # drift confined to a few elements costs only the chunks that hold it.

@@ -8,22 +8,23 @@ shared by every text: :func:`number`, :func:`location`, :func:`steps`,
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .compare import ALLOW_NAN
 from .errors import REMEDY_UPDATE
-from .metrics import scalar
 from .results import Comparison, Outcome, Status, Verdict, json_number
 
 if TYPE_CHECKING:
     from .diff import GoldenDiff, Row
     from .session import SessionState
 
+ALLOW_NAN = (
+    "NaN equals NaN only where the tolerance sets equal_nan "
+    "(e.g. --golden-tolerance NAME:equal_nan=true); fix the NaN, or allow it"
+)
 DROPPED = f"if it was dropped on purpose, {REMEDY_UPDATE}"
 IF_RIGHT = f"If the new values are right, {REMEDY_UPDATE}."
 CI_UPDATE = (
@@ -136,6 +137,8 @@ def first_divergence(failures: list[Comparison]) -> str:
 
 def typo_hint(name: str, unrecorded: list[str]) -> str:
     """``"this run checked 'pg_los' ... "`` when a never-recorded name looks like ``name``."""
+    import difflib  # only when a metric went unchecked
+
     close = difflib.get_close_matches(name, unrecorded, n=1, cutoff=0.6)
     if not close:
         return ""
@@ -481,6 +484,8 @@ def verify_summary(checked: int, problems: int, unchecked: int) -> str:
 
 def metric_cell(node: Any) -> str:
     """A recorded metric (a ``metrics.json`` node) in ``show``'s steps x metrics table."""
+    from .metrics import scalar  # the CLI's tables only
+
     value = None if node is None else scalar(node)
     return number(node if value is None else value, 8)
 
