@@ -456,10 +456,13 @@ def test_a_kill_while_the_old_version_is_deleted_is_recovered_cleanly(
     tmp_path, monkeypatch, removed_before_the_kill
 ):
     """SIGKILL after the swap, part-way through deleting the backup: the next recovery
-    deletes the rest of the backup and moves none of its stale files into the golden."""
+    deletes the rest of the backup and moves none of its stale files into the golden;
+    what the golden does not own (a user's file, a nested golden) is never deleted."""
     golden = tmp_path / "test_x" / "test_a"
     old = {f"old_{i}.json": i for i in range(4)} | {"metrics.json": 0}
     _commit(golden, old)
+    (golden / "notes.txt").write_text("mine")
+    _commit(golden / "inner", {"metrics.json": 7})
     calls = 0
     real_unlink = os.unlink
 
@@ -477,5 +480,8 @@ def test_a_kill_while_the_old_version_is_deleted_is_recovered_cleanly(
 
     store.recover(golden)
     assert sorted(p.name for p in golden.parent.iterdir()) == ["test_a"]
-    assert sorted(p.name for p in golden.iterdir()) == ["manifest.json", "metrics.json"]
+    owned_and_foreign = ["inner", "manifest.json", "metrics.json", "notes.txt"]
+    assert sorted(p.name for p in golden.iterdir()) == owned_and_foreign
     assert store.read_json(golden / "metrics.json") == {"value": 1}
+    assert (golden / "notes.txt").read_text() == "mine"
+    assert store.read_json(golden / "inner" / "metrics.json") == {"value": 7}
