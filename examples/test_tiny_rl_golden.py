@@ -5,10 +5,10 @@ and the metrics of each step are recorded under golden/examples/. Every later
 run replays the recorded rollouts, so no sampling happens, retrains, and fails
 if pg_loss, kl, grad_norm, ... drift beyond their tolerances.
 
-The micro-batch variants share the golden of the one-micro-batch run (key=):
-splitting a batch changes only the order of float32 sums, so they must agree
-within a tolerance widened for that, and the classic bug of averaging
-per-micro-batch token means weighted by sample fractions must be caught.
+The micro-batch variants are same-math variants of the one-micro-batch run
+(``same_math``): splitting a batch changes only the order of float32 sums, so they
+replay its golden and must agree at the built-in defaults, and the classic bug of
+averaging per-micro-batch token means weighted by sample fractions must be caught.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from tiny_rl import TrainConfig, generate_rollout, make_trainer, ppo_step
 
-from pytest_rollout_golden import GoldenMismatch
+from pytest_rollout_golden import GoldenMismatch, same_math
 
 STEPS = 3
 
@@ -32,27 +32,27 @@ def test_grpo_training_matches_golden(golden):
     train(golden, TrainConfig())
 
 
-# Splitting into micro-batches only reorders float32 sums (~1e-7 relative per step;
-# Adam then carries it through later steps), so these variants compare against
-# the single-micro-batch golden with rtol 1e-4 instead of the same-layout 1e-5.
-LAYOUT_TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
-
-
-@pytest.mark.golden(key="grpo_layouts", tolerances={"*": LAYOUT_TOLERANCE})
-@pytest.mark.parametrize(
-    ("micro_batches", "aggregation"),
-    [
-        (1, "token-mean"),  # runs first: records the shared golden
-        (2, "token-mean"),
-        (4, "token-mean"),
-        pytest.param(
-            4,
-            "sample-fraction",
-            marks=pytest.mark.xfail(
-                raises=GoldenMismatch, strict=True, reason="per-micro-batch means: the known bug"
-            ),
-        ),
-    ],
+# Splitting into micro-batches only reorders float32 sums: a same-math variant of the
+# one-micro-batch run, replaying its golden under the built-in defaults (which leave room for
+# reordering noise). Averaging per-micro-batch token means weighted by sample fractions is
+# the known bug, and must fail.
+*SAME_MATH, BUG = same_math(
+    {
+        "mb1": (1, "token-mean"),  # the reference: records the golden
+        "mb2": (2, "token-mean"),
+        "mb4": (4, "token-mean"),
+        "sample-fraction-mb4": (4, "sample-fraction"),
+    }
 )
-def test_micro_batch_layouts_agree(golden, micro_batches, aggregation):
+KNOWN_BUG = pytest.mark.xfail(
+    raises=GoldenMismatch, strict=True, reason="per-micro-batch means: the known bug"
+)
+
+
+@pytest.mark.golden(key="grpo_layouts")
+@pytest.mark.parametrize(
+    "layout", [*SAME_MATH, pytest.param(*BUG.values, id=BUG.id, marks=[*BUG.marks, KNOWN_BUG])]
+)
+def test_micro_batch_layouts_agree(golden, layout):
+    micro_batches, aggregation = layout
     train(golden, TrainConfig(micro_batches=micro_batches, aggregation=aggregation))

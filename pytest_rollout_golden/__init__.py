@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .determinism import deterministic, fingerprint
     from .replay import Golden
     from .store import load_batch, save_batch
+    from .variants import same_math
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ _LAZY = {
     "fingerprint": "determinism",
     "Golden": "replay",
     "RolloutBatch": "codec",
+    "same_math": "variants",
 }
 _SUBMODULES = {"strategies", "invariants", "parallel", "reference"}
 
@@ -57,6 +59,7 @@ __all__ = [
     "deterministic",
     "fingerprint",
     "load_batch",
+    "same_math",
     "save_batch",
 ]
 

@@ -17,10 +17,16 @@ default. The result is ``tolerances.json`` inside the golden directory, listed
 in its manifest (so the atomic swap of an update keeps it), readable in review:
 each entry carries the spread it was derived from.
 
-Layout variants (``parallel.variants()``) that gate against one golden are also
-measured *across* layouts: the spread over every run of every layout becomes the
-golden's calibrated layout lane (``layout_tolerances``), which variants use in
-place of the shipped lane: measured on the user's model rather than on ours.
+Variants that gate against one golden (``same_math()``, ``parallel.variants()``) are
+also measured *across* variants: the spread over every run of every variant becomes the
+golden's calibrated variant lane (``layout_tolerances``), which variants use in place of
+the built-in defaults or the shipped layout lane: measured on the user's code.
+
+Tensors (``check_tensors``) are measured by their distance to the golden: per run, the
+greatest ``|actual - recorded|`` relative to the tensor's recorded magnitude (or to
+each element, under a tolerance without ``scale``)::
+
+    rtol = max(MARGIN * greatest distance over the runs, DTYPE_FLOOR * eps(dtype))
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ MARGIN = 2.0
 DTYPE_FLOOR = 4.0
 EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
 SOURCE = "calibrated (tolerances.json)"
-LAYOUT_SOURCE = "calibrated layout lane (tolerances.json)"
+LAYOUT_SOURCE = "calibrated variant lane (tolerances.json)"
 
 
 def calibrated_layer(document: Any, path: Path) -> Layer:
@@ -58,10 +64,10 @@ def calibrated_layer(document: Any, path: Path) -> Layer:
 def calibrated_layers(
     document: Any, path: Path, *, layout_variant: bool = False
 ) -> tuple[Layer, Layer | None]:
-    """The layers of a ``tolerances.json`` document: calibrated, and calibrated layout lane.
+    """The layers of a ``tolerances.json`` document: calibrated, and calibrated variant lane.
 
-    Only a ``layout_variant`` (a layout replaying another layout's golden) gets the
-    layout lane measured across layouts, when the document has one.
+    Only a ``layout_variant`` (a variant replaying another's golden) gets the lane
+    measured across variants, when the document has one.
     """
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise GoldenFormatError(
@@ -180,6 +186,7 @@ class Spread:
     near_zero: bool = False  # some step's values touch 0 or lie far below the metric's scale
     dtype: str = "float64"
     near_zero_abs: float = 0.0  # the largest absolute spread at such steps
+    scaled: bool = False  # a tensor's distance, relative to its recorded magnitude
 
     def merge(self, other: Spread) -> Spread:
         """The larger of two spreads (of two steps, or two tests sharing a golden)."""
@@ -220,6 +227,37 @@ def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread
     return out
 
 
+def tensor_distances(comparisons: Sequence[Any]) -> dict[str, list[Any]]:
+    """Per tensor of one run: ``[greatest distance to the golden, dtype, scaled]``, the
+    distance relative to the recorded magnitude when ``scaled`` (the tolerance had a
+    scale), else to each element (over steps, ranks and micro-batches)."""
+    out: dict[str, list[Any]] = {}
+    for c in comparisons:
+        if c.kind != "tensor" or c.abs_diff is None or not math.isfinite(c.abs_diff):
+            continue
+        dtype = (c.expected or {}).get("dtype", "float32")
+        if c.scale:
+            distance, scaled = c.abs_diff / c.scale, True
+        else:
+            distance, scaled = (c.rel_diff if c.rel_diff is not None else math.inf), False
+        if not math.isfinite(distance):
+            continue
+        old = out.get(c.name)
+        out[c.name] = [max(distance, old[0]) if old else distance, dtype, scaled]
+    return out
+
+
+def tensor_spreads(runs: Sequence[Mapping[str, Sequence[Any]]]) -> dict[str, Spread]:
+    """Per tensor, the greatest distance to the golden over ``runs`` (each
+    :func:`tensor_distances`), as a :class:`Spread` whose ``rel`` is that distance."""
+    out: dict[str, Spread] = {}
+    for run in runs:
+        for name, (distance, dtype, scaled) in run.items():
+            spread = Spread(rel=distance, abs=distance, dtype=dtype, scaled=bool(scaled))
+            out[name] = spread if name not in out else out[name].merge(spread)
+    return out
+
+
 def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
     """The calibrated tolerance of a metric, or ``None`` to keep ``base`` (zero spread)."""
     if spread.abs == 0:
@@ -230,7 +268,8 @@ def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
         atol = max(atol, MARGIN * spread.near_zero_abs)
     # Runs that moved only around 0 say nothing about the relative noise: keep base's rtol.
     rtol = max(MARGIN * spread.rel, floor) if spread.rel else base.rtol
-    return Tolerance(rtol=rtol, atol=atol, equal_nan=base.equal_nan)
+    scale = base.scale if spread.scaled else None
+    return Tolerance(rtol=rtol, atol=atol, equal_nan=base.equal_nan, scale=scale)
 
 
 def _section(
@@ -250,8 +289,12 @@ def _section(
             entry["kept"] = "spread 0: the default tolerance applies"
         else:
             tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
+            if tol.scale:
+                tolerances[name]["scale"] = tol.scale
             if tol.equal_nan:
                 tolerances[name]["equal_nan"] = True
+        if spread.scaled:
+            entry["distance"] = "to the golden, relative to the recorded magnitude"
         table[name] = entry
     return tolerances, table
 
@@ -331,12 +374,15 @@ def calibrate_goldens(
     runs: int,
     perturbations: Sequence[str],
     layouts: Mapping[str, Mapping[str, str]] | None = None,
+    replaying: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Write ``tolerances.json`` for every golden with at least one test of 2+ usable runs.
 
-    ``samples``: golden directory -> test id -> each run's metrics; ``skipped``: golden
+    ``samples``: golden directory -> test id -> each run's sample
+    (:meth:`.Golden.calibration_sample`); ``skipped``: golden
     directory -> test id -> why its runs do not count; ``layouts``: golden directory ->
-    test id -> the layout id of a ``parallel.variants()`` test. ``resolver`` gives the
+    test id -> the variant id of a ``same_math()`` or ``parallel.variants()`` test;
+    ``replaying``: the test ids that replay another test's golden. ``resolver`` gives the
     tolerances below the calibrated layer. Returns one summary entry per golden (what was
     written, or why nothing was).
     """
@@ -349,13 +395,18 @@ def calibrate_goldens(
             out.append({"directory": directory, "skipped": "; ".join(reasons), "rows": []})
             continue
         found: dict[str, Spread] = {}
-        for test_runs in usable.values():
-            for name, spread in spreads(test_runs).items():
-                found[name] = spread if name not in found else found[name].merge(spread)
         of_layout = {t: lay for t, lay in (layouts or {}).get(directory, {}).items() if t in usable}
+        for test, test_runs in usable.items():
+            measured = spreads([run["metrics"] for run in test_runs])
+            if test not in replaying:  # a variant's distance to the golden is no same-layout noise
+                measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
+            for name, spread in measured.items():
+                found[name] = spread if name not in found else found[name].merge(spread)
         across = None
-        if len(set(of_layout.values())) > 1:  # runs of every layout, pooled
-            across = spreads([run for test in sorted(of_layout) for run in usable[test]])
+        if len(set(of_layout.values())) > 1:  # runs of every variant, pooled
+            pooled = [run for test in sorted(of_layout) for run in usable[test]]
+            across = spreads([run["metrics"] for run in pooled])
+            across.update(tensor_spreads([run["tensors"] for run in pooled]))
         content = document(
             found,
             lambda name, dtype: resolver.resolve(name, (dtype,))[0],
@@ -373,7 +424,7 @@ def calibrate_goldens(
         rows += [
             {
                 "metric": name,
-                "lane": "across layouts",
+                "lane": "across variants",
                 **entry,
                 **content["layout_tolerances"].get(name, {}),
             }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import metrics as metric_codec
-from .compare import compare_named, dtype_name
+from .compare import compare_named, dtype_name, finite_magnitude
 from .errors import GoldenNaNWarning, UnsupportedValueError
 from .modes import ModePolicy
 from .presentation import DROPPED, typo_hint
@@ -124,6 +124,7 @@ class Checker:
     policy: ModePolicy
     usage: ToleranceUsage
     never_recorded: Callable[[], str]
+    magnitude: Callable[[str], float | None] = lambda name: None  # see recorded_magnitude
 
     def metric(self, name: str, step: int, old: Any, node: Any) -> Comparison:
         """Metric node ``node`` at ``step`` against the recorded node ``old``."""
@@ -131,7 +132,9 @@ class Checker:
         if old is None:
             actual = metric_codec.scalar(node)
             return unrecorded(name, self.policy, self.never_recorded, step=step, actual=actual)
-        return metric_comparison(name, step, old, node, self.resolver, self.policy)
+        return metric_comparison(
+            name, step, old, node, self.resolver, self.policy, magnitude=self.magnitude(name)
+        )
 
     def tensor(
         self,
@@ -152,13 +155,40 @@ class Checker:
         return tensor_comparison(label, old, value, self.resolver, self.policy, mask=mask, **where)
 
 
+def recorded_magnitude(steps: Mapping[str, Mapping[str, Any]], name: str) -> float | None:
+    """The largest finite magnitude metric ``name`` has over the recorded ``steps``
+    (``{step: {name: node}}``): what ``scale="recorded"`` stands for. ``None`` if never
+    recorded."""
+    nodes = [names[name] for names in steps.values() if name in names]
+    if not nodes:
+        return None
+    out = 0.0
+    for node in nodes:
+        if isinstance(node, dict):
+            out = max(out, finite_magnitude(metric_codec.decode(node, where=f"metric {name!r}")))
+        else:
+            value = abs(float(metric_codec.scalar(node)))
+            out = max(out, value if math.isfinite(value) else 0.0)
+    return out
+
+
 def metric_comparison(
-    name: str, step: int, old: Any, node: Any, resolver: Resolver, policy: ModePolicy
+    name: str,
+    step: int,
+    old: Any,
+    node: Any,
+    resolver: Resolver,
+    policy: ModePolicy,
+    *,
+    magnitude: float | None = None,
 ) -> Comparison:
-    """The comparison of a recorded metric node with this run's."""
+    """The comparison of a recorded metric node with this run's; ``magnitude``: the
+    metric's largest recorded magnitude over all steps (else this step's)."""
     where = f"metric {name!r} at step {step}"
     expected, actual = (metric_codec.decode(n, where=where) for n in (old, node))
-    diff, tol, source = compare_named(name, expected, actual, resolver, check_dtype=False)
+    diff, tol, source = compare_named(
+        name, expected, actual, resolver, check_dtype=False, magnitude=magnitude
+    )
     return Comparison(
         name,
         step,
@@ -170,6 +200,8 @@ def metric_comparison(
         tolerance=tol,
         tolerance_source=source,
         detail=diff.detail if diff.ok is False else "",
+        excess=diff.excess if diff.compared else None,
+        scale=diff.scale if tol.scale and diff.compared else None,
     )
 
 
@@ -201,6 +233,8 @@ def tensor_comparison(
         tolerance=tol,
         tolerance_source=source,
         detail=diff.detail,
+        excess=diff.excess if diff.compared else None,
+        scale=diff.scale if tol.scale and diff.compared else None,
     )
 
 

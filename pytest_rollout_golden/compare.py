@@ -24,7 +24,9 @@ class Difference:
     their means over the elements where they are finite (NaN against a number, and a
     relative difference against 0, are left out), ``mismatched`` the count beyond
     tolerance. The differences are NaN when shapes or dtypes differ or the value was
-    not compared.
+    not compared. ``excess`` is the greatest difference over the difference allowed
+    there (above 1: beyond tolerance; inf where nothing was allowed or a NaN appeared);
+    ``scale`` the magnitude ``rtol`` was measured against (0: each value's own).
     """
 
     ok: bool
@@ -36,6 +38,8 @@ class Difference:
     abs_mean: float = 0.0
     rel_mean: float = 0.0
     compared: bool = True
+    excess: float = 0.0
+    scale: float = 0.0
 
 
 def _as_tensor(value: Any) -> Any:
@@ -79,12 +83,20 @@ def _bits(t: Any) -> Any:
 
 
 def compare_values(
-    expected: Any, actual: Any, tol: Tolerance, *, check_dtype: bool, mask: Any = None
+    expected: Any,
+    actual: Any,
+    tol: Tolerance,
+    *,
+    check_dtype: bool,
+    mask: Any = None,
+    magnitude: float | None = None,
 ) -> Difference:
     """Compare ``actual`` with ``expected`` (tensors, arrays or numbers) under ``tol``.
 
     ``mask`` (a bool tensor broadcastable to both) selects the positions compared;
-    the others (padding) count as equal whatever they hold.
+    the others (padding) count as equal whatever they hold. ``magnitude``: what
+    ``scale="recorded"`` stands for (a metric's largest recorded magnitude over its
+    steps); without it, the largest finite magnitude among the compared expected values.
     """
     import torch
 
@@ -129,6 +141,7 @@ def compare_values(
     if n == 0:
         return Difference(True, 0.0, 0.0)
 
+    scale = _scale(tol, e, magnitude)
     stats = _Stats()
     flat_e, flat_a = e.reshape(-1), a.reshape(-1)
     bitwise = tol.exact and e.dtype == a.dtype
@@ -140,12 +153,14 @@ def compare_values(
             stats.abs_count += ce.numel()  # all-zero differences
             stats.rel_count += ce.numel()
             continue  # equal chunks (NaN never equals itself here) cannot hold a mismatch
-        stats.add(start, *_chunk_analysis(ce, ca, tol, bitwise))
+        stats.add(start, *_chunk_analysis(ce, ca, tol, bitwise, scale))
     means = {
         "mismatched": stats.bad,
         "numel": n,
         "abs_mean": stats.abs_sum / stats.abs_count if stats.abs_count else math.nan,
         "rel_mean": stats.rel_sum / stats.rel_count if stats.rel_count else math.nan,
+        "excess": stats.excess,
+        "scale": scale,
     }
     if stats.bad == 0:
         return Difference(True, stats.abs_max, stats.rel_max, **means)
@@ -172,7 +187,40 @@ def compare_values(
         f"Greatest relative difference: {stats.rel_max:.6g} at index "
         f"{_index(stats.rel_idx, e.shape)} (up to {allowed_rel} allowed)"
     )
+    if scale and not tol.exact:
+        lines.append(f"rtol is measured against max(|expected|, {scale:.6g}): {scale_text(tol)}")
     return Difference(False, stats.abs_max, stats.rel_max, "\n".join(lines), **means)
+
+
+def _scale(tol: Tolerance, e: Any, magnitude: float | None) -> float:
+    """The number ``tol.scale`` stands for with these expected values."""
+    if tol.scale != "recorded":
+        return float(tol.scale)
+    if magnitude is not None:
+        return magnitude
+    return finite_magnitude(e)
+
+
+def finite_magnitude(value: Any) -> float:
+    """The largest finite ``|x|`` of a tensor (0 when there is none)."""
+    import torch
+
+    t = _as_tensor(value)
+    if t.is_complex():
+        t = t.abs()
+    if not t.is_floating_point():
+        t = t.double()
+    if t.numel() == 0:
+        return 0.0
+    t = t.abs()
+    return float(torch.where(t.isfinite(), t, torch.zeros_like(t)).max())
+
+
+def scale_text(tol: Tolerance) -> str:
+    """Where a tolerance's scale comes from, in words."""
+    if tol.scale == "recorded":
+        return "the largest recorded magnitude (scale=recorded)"
+    return "scale given with the tolerance"
 
 
 # Elements analysed at a time: the temporaries of one chunk stay in cache, and a
@@ -196,6 +244,7 @@ class _Stats:
     abs_count: int = 0  # elements whose absolute difference is finite
     rel_sum: float = 0.0
     rel_count: int = 0  # elements whose relative difference is finite
+    excess: float = 0.0
 
     def add(
         self,
@@ -207,8 +256,10 @@ class _Stats:
         greatest_abs: tuple[float, int],
         greatest_rel: tuple[float, int],
         sums: tuple[float, int, float, int],
+        excess: float,
     ) -> None:
         abs_sum, abs_count, rel_sum, rel_count = sums
+        self.excess = max(self.excess, excess)
         self.abs_sum += abs_sum
         self.abs_count += abs_count
         self.rel_sum += rel_sum
@@ -228,7 +279,7 @@ def _above(value: float, current: float) -> bool:
     return value > current or (math.isnan(current) and not math.isnan(value))
 
 
-def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
+def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool, scale: float) -> tuple:
     """Mismatch count, NaN counts, greatest absolute and relative difference of one chunk."""
     import torch
 
@@ -244,12 +295,13 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     e_nan, a_nan = e.isnan(), a.isnan()
     both_nan = e_nan & a_nan
     equal = (diff == 0) if integral else a == e
+    allowed: Any = 0.0
     if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0...
         # ...but a NaN matches any NaN: metrics.json cannot keep a NaN's sign and
         # payload, and metrics and tensors follow one rule
         ok = same_bits | both_nan
     else:
-        allowed = 0.0 if tol.exact else tol.atol + tol.rtol * e.abs()
+        allowed = 0.0 if tol.exact else tol.atol + tol.rtol * e.abs().clamp_min(scale)
         # An infinity matches only itself: inf - x <= rtol * inf would let +inf pass as
         # -inf or as any finite value (torch.testing compares non-finite values by equality).
         ok = equal | ((diff <= allowed) & e.isfinite() & a.isfinite())
@@ -261,6 +313,7 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
     rel = torch.where(diff.isinf(), diff, rel)  # inf vs finite: inf/inf would be NaN, shown as 0
     bad = ~ok
     sums = (*_finite_sum(diff), *_finite_sum(rel))
+    excess = _excess(diff, allowed, bad, tol.exact)
     nan_mismatch = e_nan ^ a_nan
     n_nan = int(torch.count_nonzero(nan_mismatch))
     first_nan = int(torch.nonzero(nan_mismatch)[0, 0]) if n_nan else -1
@@ -272,7 +325,21 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool) -> tuple:
         _greatest(diff),
         _greatest(rel),
         sums,
+        excess,
     )
+
+
+def _excess(diff: Any, allowed: Any, bad: Any, exact: bool) -> float:
+    """The greatest ``diff / allowed``; inf for a mismatch no ratio measures (NaN against
+    a number, an infinity, a difference where nothing was allowed)."""
+    import torch
+
+    if exact:
+        return math.inf if bool(bad.any()) else 0.0
+    ratio = (diff / allowed).nan_to_num(nan=0.0)
+    unmeasured = bad & ~(ratio.isfinite() & (ratio > 1))
+    ratio = torch.where(unmeasured, torch.full_like(ratio, math.inf), ratio)
+    return float(ratio.max()) if ratio.numel() else 0.0
 
 
 def _finite_sum(values: Any) -> tuple[float, int]:
@@ -298,10 +365,13 @@ def compare_named(
     *,
     check_dtype: bool,
     mask: Any = None,
+    magnitude: float | None = None,
 ) -> tuple[Difference, Tolerance, str]:
     """Resolve the tolerance of ``name`` for these values, then :func:`compare_values`."""
     tol, source = resolver.resolve(name, (dtype_name(expected), dtype_name(actual)))
-    diff = compare_values(expected, actual, tol, check_dtype=check_dtype, mask=mask)
+    diff = compare_values(
+        expected, actual, tol, check_dtype=check_dtype, mask=mask, magnitude=magnitude
+    )
     return diff, tol, source
 
 

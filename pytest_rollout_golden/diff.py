@@ -11,6 +11,7 @@ one side only, plus the first divergent step of each metric and tensor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -185,8 +186,10 @@ def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:
 
 def _metric_rows(left: Any, right: Any, resolver: Resolver) -> list[Row]:
     from . import metrics as metric_codec
+    from .checks import recorded_magnitude
 
     steps_a, steps_b = left.get("steps", {}), right.get("steps", {})
+    magnitude = functools.partial(recorded_magnitude, steps_a)  # A is the golden
     names = sorted({n for s in (steps_a, steps_b) for names in s.values() for n in names})
     rows = []
     for name in names:
@@ -213,7 +216,9 @@ def _metric_rows(left: Any, right: Any, resolver: Resolver) -> list[Row]:
             where = f"metric {name!r} at step {step}"
             ea = metric_codec.decode(ma[name], where=where)
             eb = metric_codec.decode(mb[name], where=where)
-            d, tol, source = compare_named(name, ea, eb, resolver, check_dtype=False)
+            d, tol, source = compare_named(
+                name, ea, eb, resolver, check_dtype=False, magnitude=magnitude(name)
+            )
             rows.append(
                 _row(
                     "metric",

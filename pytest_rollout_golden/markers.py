@@ -116,7 +116,8 @@ def tolerance_stack(
     # Another layout recorded these values: the layout lane replaces the same-layout
     # defaults (the user's own marker tolerances still come first), never bit-exact.
     stack = stack.replace(
-        layout=Layer("layout lane", options.get("layout_tolerances") or {}),
+        layout=Layer("variant lane", options.get("layout_tolerances") or {}),
         exact=bool(options.get("exact")),
+        variant=True,
     )
     return stack, reference_recipe(options)

@@ -53,14 +53,25 @@ def session_mode(*, update: bool, strict: bool, calibrate: int | None, ci: bool)
 
 
 def session_tolerances(
-    flag_tolerances: Any, flag_ignore: Any, ini_tolerances: Any, ini_ignore: Any
+    flag_tolerances: Any,
+    flag_ignore: Any,
+    ini_tolerances: Any,
+    ini_ignore: Any,
+    profile: str = "",
 ) -> Stack:
     """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` over
-    ini ``golden_tolerances``/``golden_ignore`` (ValueError naming the source on a bad entry)."""
-    return Stack(
+    ini ``golden_tolerances``/``golden_ignore`` over the ``golden_metric_profile``
+    (ValueError naming the source on a bad entry or an unknown profile)."""
+    stack = Stack(
         cli=level("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
         ini=level("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
     )
+    if not profile.strip():
+        return stack
+    from .families import profile_layers
+
+    layers, across_variants = profile_layers(profile)
+    return stack.replace(profile=layers, across_variants=across_variants)
 
 
 def parse_seed(value: Any, source: str) -> int:

@@ -158,6 +158,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type="linelist",
         default=[],
     )
+    parser.addini(
+        "golden_metric_profile",
+        "how a framework names its metrics: verl, openrlhf, trl, slime or megatron",
+        default="",
+    )
     parser.addini("golden_seed", "seed of the deterministic settings", default="0")
     parser.addini(
         "golden_missing_step",
@@ -215,6 +220,7 @@ class GoldenPlugin:
                 opt.golden_ignore,
                 config.getini("golden_tolerances"),
                 config.getini("golden_ignore"),
+                config.getini("golden_metric_profile"),
             )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         self.deterministic = (
@@ -337,15 +343,17 @@ class GoldenPlugin:
 
     def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
         """Keep this run's metrics, unless the test is expected to fail or raised itself."""
-        layout = self.marker_options(item).get("variant")
+        options = self.marker_options(item)
+        layout = options.get("variant")
         skipped = "the test raised" if test_error else ""
         if _expected_to_fail(item):
             skipped = "expected to fail (xfail)"
         self.state.add_calibration_run(
             str(golden.directory),
             item.nodeid,
-            golden.checked_metrics(),
+            golden.calibration_sample(),
             layout=None if layout is None else str(layout),
+            replaying=markers.replays_reference(options),
             skipped=skipped,
         )
 
@@ -360,6 +368,7 @@ class GoldenPlugin:
             runs=self.calibrate,
             perturbations=self.perturb,
             layouts=self.state.calibration_layouts,
+            replaying=sorted(self.state.calibration_replaying),
         )
 
     # ------------------------------------------------------------------ session end

@@ -49,6 +49,8 @@ def number(value: Any, digits: int | None = None) -> str:
         return "-"
     if isinstance(value, dict):
         return f"{value.get('dtype')}{value.get('shape')}"
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy or torch scalar
+        value = value.item()
     if isinstance(value, float):
         return repr(value) if digits is None or not math.isfinite(value) else f"{value:.{digits}g}"
     return str(value)
@@ -120,18 +122,34 @@ def allowed(c: Comparison) -> str:
     """The "allowed" cell of a comparison: its tolerance and where it came from."""
     if not c.tolerance:
         return "-"
+    text = c.tolerance.describe()
+    if c.scale is not None and c.tolerance.scale == "recorded":  # the number it stood for
+        text = text.replace("scale=recorded", f"scale=recorded {number(c.scale, 3)}")
     if c.tolerance.exact or not c.tolerance_source:
-        return c.tolerance.describe()
-    return f"{c.tolerance.describe()} ({c.tolerance_source})"
+        return text
+    return f"{text} ({c.tolerance_source})"
+
+
+def by_severity(failures: Iterable[Comparison]) -> list[Comparison]:
+    """Failures, farthest beyond their tolerance first (NaN and bit-exact misses lead)."""
+    return sorted(failures, key=lambda c: -(math.inf if c.excess is None else c.excess))
+
+
+def beyond(c: Comparison) -> str:
+    """How far beyond its tolerance a failed value is: ``"12x"``, ``"inf"`` or ``-``."""
+    if c.excess is None:
+        return "-"
+    return "inf" if math.isinf(c.excess) else f"{c.excess:.3g}x"
 
 
 def first_divergence(failures: list[Comparison]) -> str:
-    """``"first divergence at step 2: pg_loss, kl; "`` (empty when nothing drifted)."""
+    """``"first divergence at step 2: grad_norm, pg_loss; "``, farthest beyond tolerance
+    first (empty when nothing drifted)."""
     drifted = [c for c in failures if c.verdict == Verdict.FAIL]
     if not drifted:
         return ""
     step = min(c.step for c in drifted)
-    names = list(dict.fromkeys(c.name for c in drifted if c.step == step))
+    names = list(dict.fromkeys(c.name for c in by_severity(drifted) if c.step == step))
     return f"first divergence at step {step}: {', '.join(names)}; "
 
 
@@ -224,9 +242,11 @@ def mismatch_message(
     ]
     if recorder is not None:
         lines.append(f"{outcome.test} against the golden of {recorder}")
-    rows = [c for c in failures if c.verdict == Verdict.FAIL and not c.detail]
+    rows = by_severity(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
     if rows:
-        cells = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "allowed")]
+        cells = [
+            ("metric", "step", "expected", "actual", "abs diff", "rel diff", "beyond", "allowed")
+        ]
         for c in rows:
             cells.append(
                 (
@@ -236,6 +256,7 @@ def mismatch_message(
                     number(c.actual),
                     number(c.abs_diff, 2),
                     number(c.rel_diff, 2),
+                    beyond(c),
                     allowed(c),
                 )
             )
@@ -246,7 +267,7 @@ def mismatch_message(
                     f"{c.kind} {c.name!r} ({where(c)}): recorded NaN, "
                     f"got NaN (equal_nan is off): {ALLOW_NAN}"
                 )
-    for c in failures:
+    for c in by_severity(failures):
         if c.verdict == Verdict.FAIL and c.detail:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
             lines += ["    " + d for d in c.detail.splitlines()]

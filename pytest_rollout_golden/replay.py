@@ -101,6 +101,7 @@ class Golden:
         self._opened = False
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
+        self._magnitudes: dict[str, float | None] = {}
         self._finished = False
         self._rollouts = RolloutInputs(
             self._files,
@@ -207,7 +208,9 @@ class Golden:
         seen = self._metrics.setdefault(key, {})
         never_recorded = functools.partial(self._never_recorded, key)
         recorded = self._files.metrics().get(key, {})
-        checker = checks.Checker(resolver, self.policy, self._usage, never_recorded)
+        checker = checks.Checker(
+            resolver, self.policy, self._usage, never_recorded, magnitude=self._magnitude
+        )
         results = []
         for name, value in metrics.items():
             seen[name] = node = checks.encode_metric(name, value, step, seen)
@@ -263,6 +266,12 @@ class Golden:
             self._files.stage_batch(filename, staged, kind="tensors", name=name, **where)
         self._outcome.comparisons.extend(results)
         return results
+
+    def _magnitude(self, name: str) -> float | None:
+        """Metric ``name``'s largest recorded magnitude over every step (cached)."""
+        if name not in self._magnitudes:
+            self._magnitudes[name] = checks.recorded_magnitude(self._files.metrics(), name)
+        return self._magnitudes[name]
 
     def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
         why = self._rollouts.not_recorded[str(step)]
@@ -389,6 +398,16 @@ class Golden:
     def checked_metrics(self) -> dict[str, dict[str, tuple[Any, str]]]:
         """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
         return metric_codec.numbers(self._metrics)
+
+    def calibration_sample(self) -> dict[str, Any]:
+        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, and per tensor
+        its greatest distance to the golden (:func:`.calibrate.tensor_distances`)."""
+        from .calibrate import tensor_distances
+
+        return {
+            "metrics": self.checked_metrics(),
+            "tensors": tensor_distances(self._outcome.comparisons),
+        }
 
 
 __all__ = [

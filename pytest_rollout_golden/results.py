@@ -91,6 +91,8 @@ class Comparison:
     tolerance: Tolerance | None = None
     tolerance_source: str = ""
     detail: str = ""
+    excess: float | None = None  # greatest difference / difference allowed (>1: beyond)
+    scale: float | None = None  # the magnitude rtol was measured against, where not |expected|
 
     @property
     def failed(self) -> bool:
@@ -100,7 +102,7 @@ class Comparison:
         out = {"metric" if k == "name" else k: v for k, v in dataclasses.asdict(self).items()}
         out["verdict"] = str(self.verdict)
         out["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance else None
-        for key in ("expected", "actual", "abs_diff", "rel_diff"):
+        for key in ("expected", "actual", "abs_diff", "rel_diff", "excess"):
             out[key] = json_number(out[key])
         return out
 
@@ -110,7 +112,7 @@ class Comparison:
         fields["verdict"] = Verdict(fields["verdict"])
         if fields.get("tolerance") is not None:
             fields["tolerance"] = Tolerance(**fields["tolerance"])
-        for key in ("expected", "actual", "abs_diff", "rel_diff"):
+        for key in ("expected", "actual", "abs_diff", "rel_diff", "excess"):
             fields[key] = from_json_number(fields.get(key))
         return cls(**fields)
 

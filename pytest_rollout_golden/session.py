@@ -77,7 +77,8 @@ class SessionState:
     # --golden-calibrate: golden directory -> test id -> each run's metrics, and tests left out
     calibration: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     calibration_skipped: dict[str, dict[str, str]] = field(default_factory=dict)
-    calibration_layouts: dict[str, dict[str, str]] = field(default_factory=dict)  # layout ids
+    calibration_layouts: dict[str, dict[str, str]] = field(default_factory=dict)  # variant ids
+    calibration_replaying: set[str] = field(default_factory=set)  # variants of a reference
     calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
 
     def add_outcome(self, outcome: Outcome) -> None:
@@ -91,14 +92,17 @@ class SessionState:
         metrics: Any,
         *,
         layout: str | None = None,
+        replaying: bool = False,
         skipped: str = "",
     ) -> None:
         """One ``--golden-calibrate`` run of ``test``: its ``metrics``, unless ``skipped`` (why).
 
-        ``layout``: the layout id of a ``parallel.variants()`` test, also measured across
-        layouts.
+        ``layout``: the variant id of a ``same_math()`` or ``parallel.variants()`` test,
+        also measured across variants; ``replaying``: it replays its reference's golden.
         """
         runs = self.calibration.setdefault(directory, {}).setdefault(test, [])
+        if replaying:
+            self.calibration_replaying.add(test)
         if layout is not None:
             self.calibration_layouts.setdefault(directory, {})[test] = layout
         if skipped:
@@ -120,6 +124,7 @@ class SessionState:
                 "calibration": self.calibration,
                 "calibration_skipped": self.calibration_skipped,
                 "calibration_layouts": self.calibration_layouts,
+                "calibration_replaying": sorted(self.calibration_replaying),
             }
         )
 
@@ -142,6 +147,7 @@ class SessionState:
             self.calibration_skipped.setdefault(directory, {}).update(tests)
         for directory, tests in data.get("calibration_layouts", {}).items():
             self.calibration_layouts.setdefault(directory, {}).update(tests)
+        self.calibration_replaying.update(data.get("calibration_replaying", ()))
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""

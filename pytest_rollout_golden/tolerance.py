@@ -10,8 +10,13 @@ is the one place that puts them in order (top wins)::
     calibrated (tolerances.json)                  calibrated
     --golden-ignore, --golden-tolerance           cli
     ini golden_ignore, golden_tolerances          ini
-    built-in RL defaults                          (always)
-    torch.testing's per-dtype defaults            (always)
+    ini golden_metric_profile                     profile
+    built-in RL defaults (families.py)            (always)
+    the training-value default                    (always)
+
+A variant replaying another's golden (``same_math()``, ``parallel.variants()``) also
+resolves ``across_variants`` just under the marker: the metrics its profile averages per
+micro-batch, not comparable across variants.
 
 Within a layer a metric name matches an exact entry first, then a glob pattern
 (``rollout_corr/*``), then its last path component (``pg_loss`` matches
@@ -21,12 +26,14 @@ How the fields of matching entries combine:
 
 - An entry may say "not compared" (``ignore=True``, :data:`IGNORE`) instead of giving
   a tolerance; such an exclusion, from any layer, wins over everything.
-- Otherwise ``rtol``, ``atol`` and ``equal_nan`` are each taken from the highest
-  matching entry that names them, going down until ``rtol`` and ``atol`` are both
-  known: an entry naming only ``rtol`` takes ``atol`` from the next layer down (as
+  A layer of defaults (the built-in one, a profile, a variant's not-comparable names)
+  excludes only as the highest matching layer: a tolerance given above it wins.
+- Otherwise ``rtol``, ``atol``, ``scale`` and ``equal_nan`` are each taken from the
+  highest matching entry that names them, going down until ``rtol`` and ``atol`` are
+  both known: an entry naming only ``rtol`` takes ``atol`` from the next layer down (as
   torch.testing refuses a lone ``rtol`` or ``atol``), one naming only ``equal_nan``
-  takes both numbers from below. Below the last layer, torch.testing's dtype defaults
-  fill in; ``equal_nan`` named nowhere on the way is false.
+  takes both numbers from below. Below the last layer, the training-value default fills
+  in (:func:`fallback`); ``equal_nan`` and ``scale`` named nowhere on the way are off.
 - ``exact=True`` names every field (``rtol=atol=0``, no NaN equality): as the highest
   match it means bit equality; below an entry that named some fields it only fills
   the others with 0.
@@ -55,6 +62,9 @@ class Stack:
     calibrated: Layer | None = None
     cli: Sequence[Layer] = ()
     ini: Sequence[Layer] = ()
+    profile: Sequence[Layer] = ()
+    across_variants: Layer | None = None
+    variant: bool = False
     exact: bool = False
 
     def resolver(self) -> Resolver:
@@ -62,12 +72,14 @@ class Stack:
         layers = [
             self.call,
             *self.marker,
+            self.across_variants if self.variant else None,
             self.calibrated_layout,
             self.layout,
             self.calibrated,
             *self.cli,
             *self.ini,
-            _BUILTIN_LAYER,
+            *self.profile,
+            *builtin_layers(),
         ]
         return Resolver([layer for layer in layers if layer is not None], exact=self.exact)
 
@@ -76,12 +88,18 @@ class Stack:
         return dataclasses.replace(self, **parts)
 
 
-_FIELDS = ("rtol", "atol", "equal_nan")  # what layers combine; exact and ignore stand alone
+_FIELDS = ("rtol", "atol", "equal_nan", "scale")  # what layers combine; exact, ignore stand alone
+RECORDED = "recorded"  # scale: the magnitude of the recorded values
 
 
 @dataclasses.dataclass(frozen=True, init=False)
 class Tolerance:
-    """``|actual - expected| <= atol + rtol * |expected|``, element-wise.
+    """``|actual - expected| <= atol + rtol * max(|expected|, scale)``, element-wise.
+
+    ``scale`` is the magnitude ``rtol`` is measured against where ``|expected|`` is
+    smaller (the size of the terms of a cancelling mean): a number, or ``"recorded"``
+    for the largest magnitude of the recorded values (a metric's over its recorded steps,
+    a tensor's over its compared elements). Without it ``rtol`` is relative to each value.
 
     NaN against a finite value always fails; NaN against NaN passes only with
     ``equal_nan``. ``exact`` demands bit equality and ignores the rest.
@@ -97,6 +115,7 @@ class Tolerance:
     equal_nan: bool = False
     exact: bool = False
     ignore: bool = False
+    scale: float | str = 0.0
 
     def __init__(
         self,
@@ -105,18 +124,23 @@ class Tolerance:
         equal_nan: bool | None = None,
         exact: bool = False,
         ignore: bool = False,
+        scale: float | str | None = None,
     ) -> None:
-        named = {"rtol": rtol, "atol": atol, "equal_nan": equal_nan}
-        for field, value in (("rtol", rtol), ("atol", atol)):
+        named = {"rtol": rtol, "atol": atol, "equal_nan": equal_nan, "scale": scale}
+        for field, value in (("rtol", rtol), ("atol", atol), ("scale", scale)):
+            if field == "scale" and value == RECORDED:
+                continue
             if value is not None and (
                 not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0
             ):
-                raise ValueError(f"tolerance {field} must be a number >= 0, got {value!r}")
+                extra = ' or "recorded"' if field == "scale" else ""
+                raise ValueError(f"tolerance {field} must be a number >= 0{extra}, got {value!r}")
         object.__setattr__(self, "rtol", 0.0 if rtol is None else rtol)
         object.__setattr__(self, "atol", 0.0 if atol is None else atol)
         object.__setattr__(self, "equal_nan", bool(equal_nan))
         object.__setattr__(self, "exact", exact)
         object.__setattr__(self, "ignore", ignore)
+        object.__setattr__(self, "scale", 0.0 if scale is None else scale)
         given = _FIELDS if exact or ignore else [f for f, v in named.items() if v is not None]
         object.__setattr__(self, "_given", frozenset(given))
 
@@ -131,7 +155,11 @@ class Tolerance:
         if self.exact:
             return "bit-exact"
         nan = ", equal_nan" if self.equal_nan else ""
-        return f"rtol={self.rtol:.3g}, atol={self.atol:.3g}{nan}"
+        scale = f", scale={self._scale_text()}" if self.scale else ""
+        return f"rtol={self.rtol:.3g}, atol={self.atol:.3g}{scale}{nan}"
+
+    def _scale_text(self) -> str:
+        return self.scale if isinstance(self.scale, str) else f"{self.scale:.3g}"
 
     @classmethod
     def coerce(cls, value: Tolerance | Mapping[str, Any], *, what: str = "tolerance") -> Tolerance:
@@ -143,7 +171,7 @@ class Tolerance:
             if unknown:
                 raise ValueError(
                     f"{what}: unknown field(s) {sorted(unknown)}; "
-                    "use rtol, atol, equal_nan, exact, ignore"
+                    "use rtol, atol, scale, equal_nan, exact, ignore"
                 )
             return cls(**value)
         raise TypeError(f"{what}: expected a Tolerance or a dict, got {type(value).__name__}")
@@ -151,53 +179,6 @@ class Tolerance:
 
 EXACT = Tolerance(exact=True)
 IGNORE = Tolerance(ignore=True)
-
-# Tight defaults for replay on the same platform under deterministic settings,
-# where results are usually bit-identical: rtol 1e-5 leaves ~100 float32 ulps for
-# benign differences (another BLAS build, a different thread count) and still
-# fails a relative drift of 1e-4. atol only keeps values that should be zero from
-# failing on rounding noise. README.md explains each and how to widen them.
-_LOSS = Tolerance(rtol=1e-5, atol=1e-8)
-_KL = Tolerance(rtol=1e-5, atol=1e-9)
-_FRACTION = Tolerance(rtol=0.0, atol=1e-7)
-_PER_TOKEN = Tolerance(rtol=1e-5, atol=1e-6)
-BUILTIN: dict[str, Tolerance] = {
-    **dict.fromkeys(
-        [
-            "pg_loss",
-            "policy_loss",
-            "actor_loss",
-            "loss",
-            "total_loss",
-            "value_loss",
-            "vf_loss",
-            "critic_loss",
-            "entropy",
-            "entropy_loss",
-            "grad_norm",
-        ],
-        _LOSS,
-    ),
-    **dict.fromkeys(["kl", "ppo_kl", "kl_loss", "approx_kl", "k3_kl"], _KL),
-    **dict.fromkeys(
-        ["pg_clipfrac", "pg_clipfrac_lower", "clipfrac", "vf_clipfrac", "clip_ratio"], _FRACTION
-    ),
-    **dict.fromkeys(
-        [
-            "log_probs",
-            "old_log_probs",
-            "ref_log_prob",
-            "rollout_log_probs",
-            "entropys",
-            "advantages",
-            "returns",
-            "values",
-        ],
-        _PER_TOKEN,
-    ),
-    "rollout_is*": _LOSS,
-    "rollout_rs*": _FRACTION,
-}
 
 # torch.testing.assert_close defaults (rtol, atol) by dtype; integers and bool are exact.
 DTYPE_DEFAULTS: dict[str, Tolerance] = {
@@ -223,10 +204,25 @@ def dtype_default(dtypes: Iterable[str]) -> tuple[Tolerance, str]:
     return best, label
 
 
+def fallback(dtypes: Iterable[str]) -> tuple[Tolerance, str]:
+    """The tolerance of a value no layer names: exact for integers; for floats the
+    training-value default (families.TRAINING), whatever type carries the value, or
+    torch.testing's default of a 16- or 8-bit float where that is looser."""
+    from .families import TRAINING
+
+    default, label = dtype_default(dtypes)
+    if default == _EXACT_VALUES:
+        return default, label
+    if default.rtol > TRAINING.rtol:
+        return Tolerance(rtol=default.rtol, atol=default.atol, scale=RECORDED), label
+    return TRAINING, "built-in default for training values"
+
+
 def parse_spec(text: str) -> tuple[str, Tolerance]:
     """Parse ``"grad_norm:rtol=3e-2,atol=1e-4"`` (also ``equal_nan=true``, ``exact=true``).
 
-    ``"pg_clipfrac:ignore"`` excludes the metric from comparison.
+    ``"pg_clipfrac:ignore"`` excludes the metric from comparison; ``scale=recorded`` or
+    ``scale=1.0`` sets the magnitude ``rtol`` is measured against.
     """
     name, sep, body = text.strip().rpartition(":")
     if sep and name.strip() and body.strip().lower() == "ignore":
@@ -246,6 +242,13 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
                 fields[key] = float(value)
             except ValueError:
                 raise ValueError(f"bad tolerance {text!r}: {key} must be a number") from None
+        elif key == "scale":
+            try:
+                fields[key] = RECORDED if value.lower() == RECORDED else float(value)
+            except ValueError:
+                raise ValueError(
+                    f"bad tolerance {text!r}: scale must be a number or 'recorded'"
+                ) from None
         elif key in ("equal_nan", "exact", "ignore"):
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"bad tolerance {text!r}: {key} must be true or false")
@@ -253,7 +256,7 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
         else:
             raise ValueError(
                 f"bad tolerance {text!r}: unknown key {key!r} "
-                "(rtol, atol, equal_nan, exact, ignore)"
+                "(rtol, atol, scale, equal_nan, exact, ignore)"
             )
     try:
         return name.strip(), Tolerance(**fields)
@@ -262,10 +265,20 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
 
 
 class Layer:
-    """One source of tolerances: a name (shown in messages) and its entries by metric name."""
+    """One source of tolerances: a name (shown in messages) and its entries by metric name.
 
-    def __init__(self, source: str, entries: Mapping[str, Tolerance | Mapping[str, Any]]):
+    A layer of ``defaults`` excludes a name only where no higher layer names it.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        entries: Mapping[str, Tolerance | Mapping[str, Any]],
+        *,
+        defaults: bool = False,
+    ):
         self.source = source
+        self.defaults = defaults
         self.entries = {k: Tolerance.coerce(v, what=f"{source} {k!r}") for k, v in entries.items()}
         self._globs = [k for k in self.entries if any(c in k for c in "*?[")]
 
@@ -337,11 +350,22 @@ class Resolver:
         When the fields came from different layers, the source names each:
         ``"rtol from @pytest.mark.golden(tolerances=); atol from built-in default"``.
         """
-        found = [(layer.match(name), layer.source) for layer in self.layers]
-        found = [(tol, source) for tol, source in found if tol is not None]
-        ignored = next(((tol, src) for tol, src in found if tol.ignore), None)
-        if ignored is not None:  # an exclusion, wherever it is given, beats every tolerance
+        matches = [(layer.match(name), layer) for layer in self.layers]
+        matches = [(tol, layer) for tol, layer in matches if tol is not None]
+        found = [(tol, layer.source) for tol, layer in matches]
+        # a user's exclusion, wherever it is given, beats every tolerance; one of defaults
+        # only where it is the highest match
+        ignored = next(
+            (
+                (tol, layer.source)
+                for i, (tol, layer) in enumerate(matches)
+                if tol.ignore and (not layer.defaults or i == 0)
+            ),
+            None,
+        )
+        if ignored is not None:
             return ignored
+        found = [(tol, source) for tol, source in found if not tol.ignore]
         if self.exact:
             return EXACT, "exact lane"
         taken: dict[str, tuple[Any, str]] = {}
@@ -353,10 +377,10 @@ class Resolver:
             if "rtol" in taken and "atol" in taken:
                 break
         else:
-            default, label = dtype_default(dtypes)
+            default, label = fallback(dtypes)
             if not taken:
                 return default, label
-            for field in ("rtol", "atol"):
+            for field in ("rtol", "atol", "scale"):
                 taken.setdefault(field, (getattr(default, field), label))
         values = {field: value for field, (value, _) in taken.items()}
         return Tolerance(**values), _source(taken)
@@ -367,11 +391,16 @@ def _source(taken: Mapping[str, tuple[Any, str]]) -> str:
     fields: dict[str, list[str]] = {}
     for field in _FIELDS:
         value, source = taken.get(field, (False, ""))
-        if field != "equal_nan" or value:  # a false equal_nan is not shown, so not attributed
+        if field in ("rtol", "atol") or value:  # a field off is not shown, so not attributed
             fields.setdefault(source, []).append(field)
     if len(fields) == 1:
         return next(iter(fields))
-    return "; ".join(f"{' and '.join(names)} from {source}" for source, names in fields.items())
+    return "; ".join(f"{_and(names)} from {source}" for source, names in fields.items())
+
+
+def _and(names: Sequence[str]) -> str:
+    """``"rtol"``, ``"rtol and atol"``, ``"rtol, atol and scale"``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 class ToleranceUsage:
@@ -420,8 +449,23 @@ def _label(layer: Layer, key: str) -> str:
     return f"{layer.source} {key!r}"
 
 
+_BUILTIN: list[Layer] = []
+
+
+def builtin_layers() -> list[Layer]:
+    """The built-in RL defaults: the families of known names (:mod:`.families`), then the
+    timing, throughput and memory metrics, never compared unless a layer above names them."""
+    if not _BUILTIN:
+        from . import families
+
+        _BUILTIN.append(
+            Layer("built-in default", families.entries(families.BUILTIN_NAMES), defaults=True)
+        )
+        machine = dict.fromkeys(families.MACHINE, IGNORE)
+        _BUILTIN.append(Layer(families.MACHINE_REASON, machine, defaults=True))
+    return list(_BUILTIN)
+
+
 def builtin_layer() -> Layer:
-    return Layer("built-in default", BUILTIN)
-
-
-_BUILTIN_LAYER = builtin_layer()
+    """The families of the names the built-in defaults know."""
+    return builtin_layers()[0]

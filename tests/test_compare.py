@@ -151,6 +151,7 @@ def test_comparison_json_is_strict_json():
         "equal_nan": False,
         "exact": False,
         "ignore": False,
+        "scale": 0.0,
     }
     json.dumps(data, allow_nan=False)
     assert c.failed and Comparison("x", 0, "missing").failed

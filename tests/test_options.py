@@ -198,7 +198,7 @@ def test_tolerance_stack_of_a_test():
     stack, recipe = markers.tolerance_stack(session, marker, variant, exact=True)
     assert recipe == markers.reference_recipe(variant)
     assert not stack.exact  # a layout variant is never bit-exact, whatever --golden-exact says
-    assert stack.resolver().resolve("pg")[1] == "layout lane"
+    assert stack.resolver().resolve("pg")[1] == "variant lane"
     assert stack.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
     with pytest.raises(ValueError, match=r"is ignored by @pytest\.mark\.golden"):
         markers.marker_level({"tolerances": {"kl": {"rtol": 0.5, "atol": 0.0}}, "ignore": ["kl"]})

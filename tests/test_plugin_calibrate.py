@@ -280,18 +280,18 @@ def test_calibration_across_layouts_becomes_the_variants_layout_lane(project):
     assert "grad_norm" not in lane  # equal across layouts: the shipped lane stays
     assert written["layout_spreads"]["grad_norm"]["kept"].startswith("spread 0")
     summary = "\n".join(result.outlines)
-    assert "across layouts  pg_loss" in summary
+    assert "across variants  pg_loss" in summary
 
     # 2e-5 more on the variant: inside the shipped lane (rtol 1e-4), beyond the measured one
     project.set_values(**{VARIANT: 1.00002})
     result = project.run()
     result.assert_outcomes(passed=1, failed=1)
     row = project.mismatch_row(result, "pg_loss")
-    assert row["allowed"].endswith("(calibrated layout lane (tolerances.json))")
+    assert row["allowed"].endswith("(calibrated variant lane (tolerances.json))")
     assert f"test_gate[{VARIANT}]" in next(x for x in result.outlines if x.startswith("FAILED"))
 
-    # the reference layout is not a variant: the layout lane never applies to it
-    project.set_values(**{REF: 1.00002})
+    # the reference layout is not a variant: the variant lane never applies to it
+    project.set_values(**{REF: 1.0003})
     result = project.run()
     result.assert_outcomes(passed=1, failed=1)
     assert project.mismatch_row(result, "pg_loss")["allowed"].endswith("(built-in default)")

@@ -49,9 +49,9 @@ def test_record_replay_drift_update_replay(project):
     assert project.counts(replayed) == {"replayed": 1, "recorded": 0, "updated": 0, "failed": 0}
     assert project.golden_files() == files
 
-    # pg_loss drifts by 1e-3 and kl by 1e-4 (relative): both beyond the built-in defaults.
+    # pg_loss drifts by 1e-3 and kl by 3e-2 (relative): both beyond the built-in defaults.
     # grad_norm moves by 1e-7, rounding noise that must pass.
-    drifted = {"pg_loss": 0.5005, "kl": 0.010001, "grad_norm": 2.0000002}
+    drifted = {"pg_loss": 0.5005, "kl": 0.0103, "grad_norm": 2.0000002}
     project.set_values(metrics=drifted)
     failed = project.run()
     failed.assert_outcomes(failed=1)
@@ -62,7 +62,7 @@ def test_record_replay_drift_update_replay(project):
     assert "grad_norm" not in out.split("golden mismatch")[1].split("If the new")[0]
     assert "--update-golden" in out
     assert project.counts(failed)["failed"] == 1
-    for metric, rtol, atol in (("pg_loss", 1e-5, 1e-8), ("kl", 1e-5, 1e-9)):
+    for metric, rtol, atol in (("pg_loss", 1e-4, 1e-8), ("kl", 1e-4, 5e-7)):
         row = project.mismatch_row(failed, metric)
         expected, actual = METRICS[metric], drifted[metric]
         assert row["step"] == "0"
@@ -81,7 +81,7 @@ def test_record_replay_drift_update_replay(project):
         [
             "updated test_it.py::test_train -> golden*test_it*test_train:",
             "*pg_loss (step 0): 0.5 -> 0.5005 (abs 0.0005*, rel 0.001*)",
-            "*kl (step 0): 0.01 -> 0.010001 (abs 1e-06*, rel 0.0001*)",
+            "*kl (step 0): 0.01 -> 0.0103 (abs 0.0003*, rel 0.03*)",
         ]
     )
     assert project.metrics("test_train") == {"0": drifted}

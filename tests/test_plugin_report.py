@@ -54,7 +54,7 @@ def test_report_lists_every_comparison_with_its_verdict(project):
     assert (pg["step"], pg["verdict"], pg["expected"], pg["actual"]) == (0, "fail", 0.5, 0.5005)
     assert pg["abs_diff"] == pytest.approx(5e-4)
     assert pg["rel_diff"] == pytest.approx(1e-3)
-    assert (pg["tolerance"]["rtol"], pg["tolerance"]["atol"]) == (1e-5, 1e-8)
+    assert (pg["tolerance"]["rtol"], pg["tolerance"]["atol"]) == (1e-4, 1e-8)
     assert pg["tolerance_source"] == "built-in default"
 
     kl = by_name["kl"]

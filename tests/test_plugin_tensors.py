@@ -41,7 +41,7 @@ def test_check_tensors_per_rank_and_micro_batch(project):
         [
             "golden mismatch: *1 of 8 checks failed*",
             "tensor 'actor/log_probs' (step 0, rank 1, micro 0), "
-            "allowed rtol=1e-05, atol=1e-06 (built-in default):",
+            "allowed rtol=0.0001, atol=1e-06, scale=recorded 1 (built-in default):",
             "    Mismatched elements: 1 / 6 (16.7%)",
             "    Greatest absolute difference: 0.5 at index (1, 2)*",
             "    Greatest relative difference: * at index (1, 2)*",
@@ -111,11 +111,11 @@ def test_tensor_metric_mismatch_reports_count_and_index(project):
         [
             "golden mismatch: *2 of 2 checks failed*",
             "  mean  *",
-            "metric 'token_entropy' (step 0), "
-            "allowed rtol=1e-07, atol=1e-07 (torch.testing default for float64):",
+            "metric 'token_entropy' (step 0), allowed rtol=0.0001, atol=1e-08, "
+            "scale=recorded 2 (built-in default for training values):",
             "    Mismatched elements: 1 / 4 (25.0%)",
-            "    Greatest absolute difference: 0.5 at index (1, 0) (up to 1e-07 allowed)",
-            "    Greatest relative difference: 0.5 at index (1, 0) (up to 1e-07 allowed)",
+            "    Greatest absolute difference: 0.5 at index (1, 0) (up to 1e-08 allowed)",
+            "    Greatest relative difference: 0.5 at index (1, 0) (up to 0.0001 allowed)",
         ]
     )
     row = project.mismatch_row(result, "mean")

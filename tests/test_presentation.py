@@ -11,6 +11,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pytest_rollout_golden import presentation as text
@@ -109,14 +110,22 @@ def mismatch_example() -> tuple[Outcome, list[Comparison]]:
     default = {"tolerance": TOL, "tolerance_source": "built-in default"}
     drift = Comparison(
         "pg_loss", 2, Verdict.FAIL, expected=0.5, actual=0.5005, abs_diff=5e-4, rel_diff=1e-3,
-        **default,
+        excess=49.5, **default,
     )  # fmt: skip
     kl = Comparison(
         "kl", 1, Verdict.FAIL, expected=0.01, actual=0.02, abs_diff=0.01, rel_diff=1.0,
-        tolerance=Tolerance(exact=True), tolerance_source="--golden-exact",
+        tolerance=Tolerance(exact=True), tolerance_source="--golden-exact", excess=INF,
     )  # fmt: skip
     nan = Comparison(
-        "ent", 2, Verdict.FAIL, expected=NAN, actual=NAN, abs_diff=0.0, rel_diff=0.0, **default
+        "ent",
+        2,
+        Verdict.FAIL,
+        expected=NAN,
+        actual=NAN,
+        abs_diff=0.0,
+        rel_diff=0.0,
+        excess=INF,
+        **default,
     )
     tensor = Comparison(
         "actor/lp", 1, Verdict.FAIL, kind="tensor", rank=0, micro=1,
@@ -138,10 +147,10 @@ def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
     assert lines == [
         "golden mismatch: first divergence at step 1: kl, actor/lp; 5 of 7 checks failed "
         f"(golden {os.path.join('golden', 'test_it', 'test_train')})",
-        "  metric   step  expected  actual  abs diff  rel diff  allowed",
-        "  pg_loss  2     0.5       0.5005  0.0005    0.001     " + BUILT_IN,
-        "  kl       1     0.01      0.02    0.01      1         bit-exact",
-        "  ent      2     nan       nan     0         0         " + BUILT_IN,
+        "  metric   step  expected  actual  abs diff  rel diff  beyond  allowed",
+        "  kl       1     0.01      0.02    0.01      1         inf     bit-exact",
+        "  ent      2     nan       nan     0         0         inf     " + BUILT_IN,
+        "  pg_loss  2     0.5       0.5005  0.0005    0.001     49.5x   " + BUILT_IN,
         "metric 'ent' (step 2): recorded NaN, got NaN (equal_nan is off): "
         + text.ALLOW_NAN,
         "tensor 'actor/lp' (step 1, rank 0, micro 1), allowed rtol=1e-05, atol=1e-08 (ini):",
@@ -164,6 +173,29 @@ def test_mismatch_message_of_a_replay_only_golden_names_its_recorder():
         "This test never records: fix it, or if the reference itself changed on purpose, run ref."
     )
     assert REMEDY_UPDATE not in message
+
+
+def test_failures_are_ranked_by_how_far_beyond_their_tolerance_they_are():
+    """A dropped gradient-accumulation scale shows in grad_norm (1000x beyond); a metric a
+    hair beyond its tolerance must not lead the headline."""
+    near = Comparison("actor/pg_clipfrac", 0, Verdict.FAIL, expected=0.1, actual=0.1001,
+                      abs_diff=1e-4, rel_diff=1e-3, excess=1.5)  # fmt: skip
+    far = Comparison("actor/grad_norm", 0, Verdict.FAIL, expected=np.float64(2.0),
+                     actual=np.float64(1.0), abs_diff=1.0, rel_diff=0.5, excess=1000.0)  # fmt: skip
+    assert text.first_divergence([near, far]) == (
+        "first divergence at step 0: actor/grad_norm, actor/pg_clipfrac; "
+    )
+    message = text.mismatch_message(outcome(near, far), [near, far])
+    rows = [line.split()[0] for line in message.splitlines()[2:4]]
+    assert rows == ["actor/grad_norm", "actor/pg_clipfrac"]
+    assert "np.float64" not in message
+    assert message.splitlines()[2].split()[2:4] == ["2.0", "1.0"]
+
+
+def test_numbers_are_plain_whatever_type_carries_them():
+    assert text.number(np.float64(0.25)) == "0.25"
+    assert text.number(np.float32(0.5)) == "0.5"
+    assert text.number(np.int64(3)) == "3"
 
 
 def test_first_divergence_ignores_missing_values():

@@ -111,15 +111,15 @@ def test_layer_rejects_bad_entries_naming_the_source():
         Layer("@pytest.mark.golden", {"kl": {"rtl": 1}})
 
 
-def test_resolver_first_layer_wins_then_dtype_defaults():
+def test_resolver_first_layer_wins_then_the_training_default():
     high = Layer("high", {"kl": Tolerance(rtol=1, atol=0)})
     low = Layer("low", {"kl": Tolerance(rtol=2, atol=0), "loss": Tolerance(rtol=3, atol=0)})
     resolver = Resolver([high, low])
     assert resolver.resolve("kl") == (Tolerance(rtol=1), "high")
     assert resolver.resolve("loss") == (Tolerance(rtol=3), "low")
     assert resolver.resolve("other", ("float32",)) == (
-        Tolerance(rtol=1.3e-6, atol=1e-5),
-        "torch.testing default for float32",
+        Tolerance(rtol=1e-4, atol=1e-8, scale="recorded"),
+        "built-in default for training values",
     )
     usage = ToleranceUsage()
     usage.note(resolver, "kl")
@@ -173,11 +173,13 @@ def test_dtype_default_is_the_loosest_of_the_dtypes(dtypes, tol):
     "name", ["pg_loss", "kl", "grad_norm", "actor/pg_loss", "actor/grad_norm", "critic/vf_loss"]
 )
 @pytest.mark.parametrize("value", [0.6931, 12.5, -0.013])
-def test_builtin_defaults_fail_a_relative_change_of_1e_4_and_pass_rounding_noise(name, value):
+def test_builtin_defaults_fail_a_relative_change_of_1e_3_and_pass_same_math_noise(name, value):
+    """Same-math float32 changes move training metrics by up to ~4e-5 relative (verl's
+    actor, docs/numerics.md); a bug moves them by 1e-3 and more."""
     tol, source = Resolver([builtin_layer()]).resolve(name)
     assert source == "built-in default"
-    assert not compare_values(value, value * (1 + 1e-4), tol, check_dtype=False).ok
-    assert compare_values(value, value * (1 + 1e-7), tol, check_dtype=False).ok
+    assert not compare_values(value, value * (1 + 1e-3), tol, check_dtype=False).ok
+    assert compare_values(value, value * (1 + 4e-5), tol, check_dtype=False).ok
 
 
 def test_builtin_fraction_metrics_are_absolute():
@@ -188,19 +190,31 @@ def test_builtin_fraction_metrics_are_absolute():
 
 def test_the_stack_order_call_marker_calibrated_layout_layout_calibrated_cli_ini_builtin():
     """Each layer, removed from the top in turn, hands the decision to the one below it."""
-    roles = ["call", "marker", "calibrated_layout", "layout", "calibrated", "cli", "ini"]
+    roles = [
+        "call",
+        "marker",
+        "across_variants",
+        "calibrated_layout",
+        "layout",
+        "calibrated",
+        "cli",
+        "ini",
+        "profile",
+    ]
 
     def layer(role):
         return Layer(role, {"pg_loss": Tolerance(rtol=roles.index(role) + 1.0, atol=0.0)})
 
-    parts = {
-        role: [layer(role)] if role in ("marker", "cli", "ini") else layer(role) for role in roles
-    }
+    sequences = ("marker", "cli", "ini", "profile")
+    parts = {role: [layer(role)] if role in sequences else layer(role) for role in roles}
     for i, role in enumerate(roles):
-        resolver = Stack(**{r: parts[r] for r in roles[i:]}).resolver()
+        resolver = Stack(**{r: parts[r] for r in roles[i:]}, variant=True).resolver()
         assert resolver.resolve("pg_loss") == (Tolerance(rtol=i + 1.0, atol=0.0), role)
+    assert Stack(across_variants=parts["across_variants"]).resolver().resolve("pg_loss")[1] == (
+        "built-in default"
+    ), "the not-comparable lane applies to variants only"
     assert Stack().resolver().resolve("pg_loss") == (
-        Tolerance(rtol=1e-5, atol=1e-8),
+        Tolerance(rtol=1e-4, atol=1e-8, scale="recorded"),
         "built-in default",
     )
     assert Stack().resolver().resolve("unknown", ("bfloat16",))[1] == (
@@ -228,8 +242,9 @@ def test_an_exclusion_in_any_layer_beats_every_tolerance_and_the_exact_lane():
         ({"atol": 0.0}, {"atol"}),
         ({"equal_nan": True}, {"equal_nan"}),
         ({"rtol": 1e-3, "atol": 0, "exact": False}, {"rtol", "atol"}),
-        ({"exact": True}, {"rtol", "atol", "equal_nan"}),
-        ({"ignore": True}, {"rtol", "atol", "equal_nan"}),
+        ({"exact": True}, {"rtol", "atol", "equal_nan", "scale"}),
+        ({"ignore": True}, {"rtol", "atol", "equal_nan", "scale"}),
+        ({"scale": "recorded"}, {"scale"}),
         ({}, set()),
     ],
 )
@@ -244,7 +259,9 @@ def test_a_lone_rtol_takes_atol_from_the_next_layer_down():
     marker = Layer("@pytest.mark.golden(tolerances=)", {"pg_loss": {"rtol": 1e-3}})
     tol, source = Stack(marker=[marker]).resolver().resolve("actor/pg_loss")
     assert (tol.rtol, tol.atol) == (1e-3, 1e-8)  # atol of the built-in pg_loss default
-    assert source == "rtol from @pytest.mark.golden(tolerances=); atol from built-in default"
+    assert source == (
+        "rtol from @pytest.mark.golden(tolerances=); atol and scale from built-in default"
+    )
 
 
 def test_each_field_comes_from_the_highest_layer_that_names_it():
@@ -252,9 +269,9 @@ def test_each_field_comes_from_the_highest_layer_that_names_it():
     ini = Layer("ini golden_tolerances", {"kl": {"equal_nan": True}, "*": {"rtol": 2e-2}})
     tol, source = Stack(cli=[cli], ini=[ini]).resolver().resolve("kl")
     # A layer answers with its best match only: ini's "kl" (equal_nan), not its "*" glob.
-    assert tol == Tolerance(rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert tol == Tolerance(rtol=1e-4, atol=1e-4, equal_nan=True, scale="recorded")
     assert source == (
-        "rtol from built-in default; atol from --golden-tolerance; "
+        "rtol and scale from built-in default; atol from --golden-tolerance; "
         "equal_nan from ini golden_tolerances"
     )
 
@@ -262,15 +279,16 @@ def test_each_field_comes_from_the_highest_layer_that_names_it():
 def test_an_entry_naming_only_equal_nan_keeps_the_numbers_of_the_layers_below():
     marker = Layer("marker", {"kl": {"equal_nan": True}})
     tol, source = Stack(marker=[marker]).resolver().resolve("kl")
-    assert tol == Tolerance(rtol=1e-5, atol=1e-9, equal_nan=True)  # built-in kl numbers
-    assert source == "rtol and atol from built-in default; equal_nan from marker"
+    # the built-in numbers of the log-ratio family
+    assert tol == Tolerance(rtol=1e-4, atol=5e-7, equal_nan=True, scale="recorded")
+    assert source == "rtol, atol and scale from built-in default; equal_nan from marker"
 
 
-def test_fields_no_layer_names_come_from_the_dtype_defaults():
+def test_fields_no_layer_names_come_from_the_training_default():
     marker = Layer("marker", {"my_metric": {"rtol": 0.1}})
     tol, source = Stack(marker=[marker]).resolver().resolve("my_metric", ("float32",))
-    assert (tol.rtol, tol.atol) == (0.1, 1e-5)
-    assert source == "rtol from marker; atol from torch.testing default for float32"
+    assert (tol.rtol, tol.atol, tol.scale) == (0.1, 1e-8, "recorded")
+    assert source == "rtol from marker; atol and scale from built-in default for training values"
 
 
 def test_a_complete_entry_decides_alone_as_before():
@@ -295,7 +313,10 @@ def test_exact_is_complete_on_top_and_fills_zeros_below_a_partial_entry():
 def test_an_empty_entry_leaves_every_field_to_the_layers_below_but_counts_as_used():
     marker = Layer("marker", {"pg_loss": {}})
     resolver = Stack(marker=[marker]).resolver()
-    assert resolver.resolve("pg_loss") == (Tolerance(rtol=1e-5, atol=1e-8), "built-in default")
+    assert resolver.resolve("pg_loss") == (
+        Tolerance(rtol=1e-4, atol=1e-8, scale="recorded"),
+        "built-in default",
+    )
     usage = ToleranceUsage()
     usage.note(resolver, "pg_loss")
     assert usage.unused(marker) == []
@@ -344,3 +365,97 @@ def test_a_level_names_its_source_when_it_cannot_be_used(specs, ignored, message
 
 def test_a_name_both_ignored_and_given_ignore_at_one_level_is_fine():
     assert level("--t", ["kl:ignore"], "--i", ["kl"])[0].match("kl") == IGNORE
+
+
+# ------------------------------------------------ scale: rtol against a recorded magnitude
+
+
+def test_scale_measures_rtol_against_a_magnitude_where_the_value_is_smaller():
+    tol = Tolerance(rtol=1e-4, atol=0.0, scale=0.04)
+    assert compare_values(0.001, 0.001 + 3e-6, tol, check_dtype=False).ok  # 4e-6 allowed
+    assert not compare_values(0.001, 0.001 + 5e-6, tol, check_dtype=False).ok
+    assert not compare_values(0.5, 0.5 * (1 + 2e-4), tol, check_dtype=False).ok  # |e| > scale
+
+
+def test_recorded_scale_is_the_given_magnitude_or_the_tensors_largest_element():
+    tol = Tolerance(rtol=1e-4, atol=0.0, scale="recorded")
+    assert compare_values(0.001, 0.001 + 3e-6, tol, check_dtype=False, magnitude=0.04).ok
+    assert not compare_values(0.001, 0.001 + 3e-6, tol, check_dtype=False).ok  # its own 0.001
+    import torch
+
+    log_probs = torch.tensor([-9.0, -0.01])  # normwise: every element against 9
+    drifted = log_probs + torch.tensor([0.0, 5e-4])
+    diff = compare_values(log_probs, drifted, tol, check_dtype=True)
+    assert diff.ok and diff.scale == 9.0
+    assert not compare_values(log_probs, log_probs * (1 + 1e-3), tol, check_dtype=True).ok
+
+
+def test_excess_says_how_far_beyond_the_tolerance_a_value_is():
+    tol = Tolerance(rtol=1e-3, atol=0.0)
+    assert compare_values(1.0, 1.01, tol, check_dtype=False).excess == pytest.approx(10.0)
+    assert compare_values(1.0, 1.0005, tol, check_dtype=False).excess == pytest.approx(0.5)
+    assert compare_values(1.0, math.nan, tol, check_dtype=False).excess == math.inf
+    assert compare_values(1.0, 1.0 + 1e-12, EXACT, check_dtype=False).excess == math.inf
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [("x:scale=big", "scale must be a number or 'recorded'"), ("x:scale=-1", "scale must be")],
+)
+def test_parse_spec_rejects_a_bad_scale(spec, problem):
+    with pytest.raises(ValueError, match=problem):
+        parse_spec(spec)
+
+
+def test_parse_spec_reads_a_scale():
+    assert parse_spec("pg_loss:rtol=1e-4,scale=recorded")[1].scale == "recorded"
+    assert parse_spec("pg_loss:scale=1")[1] == Tolerance(scale=1.0)
+    assert Tolerance(rtol=1e-4, scale=0.5).describe() == "rtol=0.0001, atol=0, scale=0.5"
+
+
+# ------------------------------------------------ defaults that exclude: machine metrics, profiles
+
+
+@pytest.mark.parametrize(
+    "name", ["timing_s/gen", "perf/throughput", "time/step", "tokens_per_second", "max_memory_gb"]
+)
+def test_timing_throughput_and_memory_are_never_compared_by_default(name):
+    tol, source = Stack().resolver().resolve(name)
+    assert tol.ignore and "measures the machine" in source
+
+
+def test_a_tolerance_above_a_default_exclusion_compares_the_metric_again():
+    marker = Layer("marker", {"perf/throughput": {"rtol": 0.1, "atol": 0.0}})
+    assert Stack(marker=[marker]).resolver().resolve("perf/throughput") == (
+        Tolerance(rtol=0.1, atol=0.0),
+        "marker",
+    )
+    user = Layer("ini golden_ignore", {"pg_loss": IGNORE})
+    assert Stack(ini=[user]).resolver().resolve("pg_loss")[0].ignore, "a user's exclusion holds"
+
+
+def test_a_profile_maps_framework_names_to_families_and_is_overridden_by_the_user():
+    from pytest_rollout_golden.families import FAMILIES, profile_layers
+
+    layers, across = profile_layers("verl")
+    stack = Stack(profile=layers, across_variants=across)
+    assert stack.resolver().resolve("actor/ppo_kl") == (
+        FAMILIES["log_ratio"],
+        "golden_metric_profile = verl",
+    )
+    assert stack.resolver().resolve("timing_s/update_actor")[0].ignore
+    assert stack.resolver().resolve("actor/pg_clipfrac")[1] == "golden_metric_profile = verl"
+    variant = stack.replace(variant=True).resolver()
+    tol, source = variant.resolve("actor/pg_clipfrac")
+    assert tol.ignore and source.startswith("not comparable across variants")
+    assert variant.resolve("actor/pg_loss")[1] == "golden_metric_profile = verl"
+    cli = Layer("--golden-tolerance", {"actor/ppo_kl": {"rtol": 1.0, "atol": 0.0}})
+    assert stack.replace(cli=[cli]).resolver().resolve("actor/ppo_kl")[1] == "--golden-tolerance"
+
+
+def test_an_unknown_profile_names_the_known_ones():
+    from pytest_rollout_golden.options import session_tolerances
+
+    with pytest.raises(ValueError, match="unknown profile 'veRL2'; use one of megatron, openrlhf"):
+        session_tolerances((), (), (), (), "veRL2")
+    assert session_tolerances((), (), (), (), " VERL ").profile

@@ -18,6 +18,7 @@ directory without running that ``__init__``.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
@@ -57,12 +58,16 @@ def _stub(name: str) -> None:
     if name in sys.modules:
         return
     loaded = sys.modules.get(top)
-    if loaded is not None and loaded.__spec__ is not None:
+    if loaded is not None and not getattr(loaded, "_upstream_stub", False):
         return  # the real package is imported
     if loaded is None and importlib.util.find_spec(top) is not None:
         return  # the real package is installed
     module = types.ModuleType(name)
     module.__path__ = []  # a package, so that submodule stubs attach
+    # a spec, so that a real package probing for it (transformers probes deepspeed with
+    # importlib.util.find_spec) reads it as present but without a distribution
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    module._upstream_stub = True  # type: ignore[attr-defined]
     for attribute in _STUBS[name]:
         setattr(module, attribute, type(attribute, (), {"__module__": name}))
     sys.modules[name] = module

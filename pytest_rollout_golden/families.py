@@ -1,0 +1,237 @@
+"""The built-in tolerances of RL training values: families, the names that belong to them,
+and the metric profiles of frameworks (``golden_metric_profile = verl``).
+
+A *family* is a kind of value whose numerical noise has one shape. The noise of correct
+code that only reorders float32 reductions (micro-batching, dynamic batch size,
+remove-padding, a thread count) is relative to the magnitude of the *terms* summed, not
+to the result: a GRPO loss is a mean of ± terms of order 1 that cancel to ~0.01, so a
+reordering error of 1e-6 absolute reads as 1e-4 relative to the loss. Families of
+cancelling means therefore measure ``rtol`` against ``max(|expected|, S)``, with ``S`` the
+metric's largest magnitude over the recorded steps (``scale="recorded"``; for a tensor,
+its largest recorded element): a step where the loss crosses 0 is not held to a relative
+bound that only its small value makes tight. Every number is derived in
+``docs/numerics.md`` ("Built-in tolerances"), with the measurements behind it.
+
+Torch-free: the plugin resolves tolerances without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from .tolerance import IGNORE, RECORDED, Layer, Tolerance
+
+# Same-math float32 noise on real trainers, as a fraction of the metric's largest recorded
+# magnitude (micro-batch 8 -> 4 -> 2, dynamic batch size, remove-padding on verl 0.7's
+# DataParallelPPOActor; gradient accumulation on TRL's GRPOTrainer): pg_loss <= 1.6e-5,
+# grad_norm <= 1.1e-5, log-probs <= 2.3e-6. rtol 1e-4 leaves >= 6x for that noise and
+# fails a drift of 1e-3 by 10x at the metric's largest step. docs/numerics.md has the table.
+LOSS = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
+# grad norms and entropies: norms and means of same-sign terms, no cancellation, but their
+# inputs (log-probs, gradients) carry the reordering noise of the losses.
+POSITIVE = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
+# Mean log-ratios (ppo_kl = mean(old - new), kl, k3): ~0 on an on-policy mini-batch and at
+# the first step, where only an absolute floor in nats means anything: float32 log-probs of
+# magnitude ~10 move by up to 1.4e-5 per token under a same-math change, their mean by
+# 1.5e-7 (verl remove-padding).
+LOG_RATIO = Tolerance(rtol=1e-4, atol=5e-7, scale=RECORDED)
+# Fractions of counted tokens (clip fractions): they move in steps of 1/tokens, so either
+# no token flipped (bit-equal) or one did (a real change of >= 1/N).
+FRACTION = Tolerance(rtol=0.0, atol=1e-7)
+# Per-token tensors, compared normwise: every element against the tensor's largest
+# recorded magnitude, as the error of a reduction is bounded by the size of its terms.
+PER_TOKEN = Tolerance(rtol=1e-4, atol=1e-6, scale=RECORDED)
+# A name no family claims: a training value computed in float32 at best, whatever type
+# carries it (a Python float is not a float64 computation).
+TRAINING = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
+
+FAMILIES: dict[str, Tolerance] = {
+    "loss": LOSS,
+    "positive": POSITIVE,
+    "log_ratio": LOG_RATIO,
+    "fraction": FRACTION,
+    "per_token": PER_TOKEN,
+    "training": TRAINING,
+}
+
+BUILTIN_NAMES: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "pg_loss",
+            "policy_loss",
+            "actor_loss",
+            "loss",
+            "total_loss",
+            "value_loss",
+            "vf_loss",
+            "critic_loss",
+            "entropy_loss",
+            "kl_loss",
+        ],
+        "loss",
+    ),
+    **dict.fromkeys(["entropy", "grad_norm", "rollout_is*"], "positive"),
+    **dict.fromkeys(["kl", "ppo_kl", "approx_kl", "k3_kl"], "log_ratio"),
+    **dict.fromkeys(
+        [
+            "pg_clipfrac",
+            "pg_clipfrac_lower",
+            "clipfrac",
+            "vf_clipfrac",
+            "clip_ratio",
+            "rollout_rs*",
+        ],
+        "fraction",
+    ),
+    **dict.fromkeys(
+        [
+            "log_probs",
+            "old_log_probs",
+            "ref_log_prob",
+            "rollout_log_probs",
+            "entropys",
+            "advantages",
+            "returns",
+            "values",
+        ],
+        "per_token",
+    ),
+}
+
+# Timing, throughput and memory: they measure the machine, not the math.
+MACHINE = (
+    "timing*/*",
+    "time/*",
+    "perf/*",
+    "*throughput*",
+    "*tokens_per_s*",
+    "*_time",
+    "*_seconds",
+    "*memory*",
+    "mfu*",
+)
+MACHINE_REASON = "timing, throughput or memory: measures the machine (built-in)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """How one framework names its metrics: families of its names, the names it averages
+    per micro-batch (not comparable across same-math variants), and names never compared."""
+
+    name: str
+    families: Mapping[str, str]
+    per_micro_batch: tuple[str, ...] = ()
+    not_compared: tuple[str, ...] = ()
+
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile(
+            "verl",
+            families={
+                "actor/pg_loss": "loss",
+                "actor/kl_loss": "loss",
+                "actor/entropy*": "positive",
+                "actor/grad_norm": "positive",
+                "actor/ppo_kl": "log_ratio",
+                "actor/pg_clipfrac*": "fraction",
+                "actor/lr": "training",
+                "critic/vf_loss": "loss",
+                "critic/vf_clipfrac": "fraction",
+                "critic/grad_norm": "positive",
+                "critic/*": "training",
+                "response_length/*": "training",
+                "prompt_length/*": "training",
+                "rollout_corr/*": "training",
+            },
+            # dp_actor appends these once per micro-batch and the trainer averages the list
+            per_micro_batch=("actor/pg_clipfrac*", "actor/ppo_kl", "actor/entropy"),
+            not_compared=("timing_s/*", "timing_per_token_ms/*", "perf/*", "global_seqlen/*"),
+        ),
+        Profile(
+            "openrlhf",
+            families={
+                "policy_loss": "loss",
+                "critic_loss": "loss",
+                "kl": "log_ratio",
+                "ppo_kl": "log_ratio",
+                "ppo_clip_ratio": "fraction",
+                "entropy_loss": "loss",
+                "actor_lr": "training",
+                "critic_lr": "training",
+            },
+            # status dicts are averaged over micro-batches before they are logged
+            per_micro_batch=("ppo_clip_ratio", "ppo_kl", "kl"),
+            not_compared=("*generate_time*", "*_time"),
+        ),
+        Profile(
+            "trl",
+            families={
+                "loss": "loss",
+                "grad_norm": "positive",
+                "entropy": "positive",
+                "kl": "log_ratio",
+                "clip_ratio/*": "fraction",
+                "learning_rate": "training",
+                "reward*": "training",
+                "completions/*": "training",
+                "num_tokens": "training",
+            },
+            # _metrics lists get one entry per micro-batch, averaged when logged
+            per_micro_batch=("clip_ratio/*", "entropy", "kl"),
+            not_compared=("train_runtime", "train_samples_per_second", "train_steps_per_second"),
+        ),
+        Profile(
+            "slime",
+            families={
+                "train/loss": "loss",
+                "train/pg_loss": "loss",
+                "train/entropy_loss": "loss",
+                "train/kl_loss": "loss",
+                "train/ppo_kl": "log_ratio",
+                "train/pg_clipfrac": "fraction",
+                "train/grad_norm": "positive",
+                "train/train_rollout_logprob_abs_diff": "training",
+                "rollout/*": "training",
+            },
+            per_micro_batch=("train/pg_clipfrac", "train/ppo_kl"),
+            not_compared=("perf/*", "*time*"),
+        ),
+    )
+}
+PROFILES["megatron"] = dataclasses.replace(PROFILES["slime"], name="megatron")
+
+
+def profile(name: str) -> Profile:
+    """The profile called ``name`` (ValueError listing the known ones)."""
+    key = name.strip().lower()
+    if key not in PROFILES:
+        raise ValueError(
+            f"golden_metric_profile: unknown profile {name!r}; "
+            f"use one of {', '.join(sorted(PROFILES))}"
+        )
+    return PROFILES[key]
+
+
+def entries(names: Mapping[str, str]) -> dict[str, Tolerance]:
+    """Name -> tolerance of a name -> family table."""
+    return {name: FAMILIES[family] for name, family in names.items()}
+
+
+def profile_layers(name: str) -> tuple[list[Layer], Layer]:
+    """The layers of ini ``golden_metric_profile = name``: its families and the names it
+    never compares (both defaults), and the names not comparable across variants."""
+    chosen = profile(name)
+    label = f"golden_metric_profile = {chosen.name}"
+    return [
+        Layer(label, entries(chosen.families), defaults=True),
+        Layer(
+            f"{label}: never compared", dict.fromkeys(chosen.not_compared, IGNORE), defaults=True
+        ),
+    ], Layer(
+        f"not comparable across variants: averaged per micro-batch ({label})",
+        dict.fromkeys(chosen.per_micro_batch, IGNORE),
+        defaults=True,
+    )

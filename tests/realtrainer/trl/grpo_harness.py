@@ -1,0 +1,404 @@
+"""A tiny, offline, CPU-only run of TRL's ``GRPOTrainer`` with hook points for a golden.
+
+Everything is built locally (no model hub): a Qwen2 from a config (hidden 64, 2 layers,
+float32, seeded) saved to a folder and loaded from there (``beta > 0`` rebuilds the reference
+model from ``model.config._name_or_path``), a ByteLevel BPE tokenizer trained on a few strings,
+``datasets.Dataset.from_list`` prompts and a deterministic reward.
+
+Hook points:
+
+* ``rollout(step, generate) -> batch``: wraps ``GRPOTrainer._generate_and_score_completions``,
+  the method that produces the generated batch of one optimizer step (with the default
+  ``steps_per_generation == gradient_accumulation_steps`` it runs once per optimizer step, on
+  ``per_device_train_batch_size * gradient_accumulation_steps`` completions; ``_prepare_inputs``
+  then shuffles the batch and splits it into the micro-batches). The batch is a flat dict of
+  tensors (``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``,
+  ``advantages``, ``num_items_in_batch`` and, with ``beta > 0``, ``ref_per_token_logps``).
+  Pass ``lambda step, generate: golden.rollout(generate, step=step)`` to record/replay it.
+  Generation-side metrics (``reward``, ``completions/*``...) are logged only when the batch is
+  really generated, so a replayed run does not log them: compare :data:`TRAINING_METRICS`.
+* ``on_step(step, metrics)``: the metrics TRL logs after optimizer step ``step`` (0-based),
+  taken from ``TrainerCallback.on_log`` with ``logging_steps=1``.
+
+Knobs (:class:`Knobs`): ``batch`` (per_device_train_batch_size), ``ga``
+(gradient_accumulation_steps), ``loss_type``, ``beta``, ``max_grad_norm``, ``num_iterations``,
+``dtype``/``bf16`` and ``bug``, a seeded bug monkeypatched into the trainer instance (see
+:data:`BUGS`).
+
+Numerics worth knowing:
+
+* ``bf16=False`` by default here. TRL's ``GRPOConfig`` defaults to ``bf16=True``, which on CPU
+  is bf16 autocast, and TRL's fused log-prob head (``trl/kernels/chunked_logprob.py``) then
+  computes its logit tiles in bf16: gradients carry ~2e-3 relative error (even a float64
+  model) and same-math micro-batching moves grad_norm by up to ~5e-4.
+* Plain SGD (lr 0.2, clipped at max_grad_norm 1) by default; ``optim="adamw_torch"`` (lr
+  1e-3) gives the same same-math agreement (loss <= 3e-7 relative, grad_norm bit-equal over
+  3 steps with bf16 off).
+* EOS gets a sampling-only bias (:data:`EOS_BIAS`): a random model would otherwise never stop
+  early and micro-batching could not matter (ragged completions are what separate dapo from
+  bnpo).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HIDDEN = 64
+LAYERS = 2
+NUM_GENERATIONS = 4
+MAX_COMPLETION = 8
+STEPS = 3
+EOS_BIAS = 3.0  # added to the EOS logit when sampling (not in training)
+
+# Metrics TRL computes on the training side; compared across replays.
+TRAINING_METRICS = (
+    "loss",
+    "grad_norm",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+)
+
+BUGS = {
+    # loss not divided by gradient_accumulation_steps (gradients GA times too large; with
+    # max_grad_norm the clipped update hides it, so grad_norm and loss are what show it)
+    "drop_ga_scale": "loss not divided by gradient_accumulation_steps",
+    # dapo promises one token-mean over the whole optimizer step (num_items_in_batch); this
+    # normalizes each micro-batch by its own token count instead (then divides by GA)
+    "microbatch_token_mean": "dapo normalized per micro-batch instead of by num_items_in_batch",
+    # padding after EOS counted as completion tokens in the loss
+    "loss_on_padding": "completion_mask ignored: padding after EOS enters the loss",
+    # KL penalty sign flipped (per_token_loss - beta*kl): needs beta > 0
+    "kl_sign": "KL penalty subtracted instead of added",
+    # the PPO ratio left unclipped (needs num_iterations > 1: else the ratio is always 1)
+    "no_clip": "PPO clipping dropped: the ratio is never clipped",
+    # not a bug: the smallest error the lane must still catch (loss off by 1e-3 relative)
+    "loss_x1.001": "loss scaled by 1.001 (a 1e-3 relative error)",
+}
+
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog ran in the park",
+    "one two three four five six",
+    "red green blue yellow",
+    "hello world, how are you?",
+    "numbers: 1 2 3 4 5 6 7 8 9 0",
+    "aeiou aeiou aeiou",
+]
+PROMPTS = [
+    "count to five",
+    "name a color",
+    "say hello",
+    "where is the cat",
+    "what did the dog do",
+    "list vowels",
+    "say a number",
+    "end now",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    batch: int = 8  # per_device_train_batch_size
+    ga: int = 1  # gradient_accumulation_steps
+    loss_type: str = "dapo"
+    beta: float = 0.04
+    max_grad_norm: float = 1.0
+    bug: str | None = None
+    seed: int = 0
+    steps: int = STEPS
+    learning_rate: float = 0.2
+    optim: str = "sgd"
+    dtype: str = "float32"  # float64: what is left is the math, not rounding
+    bf16: bool = False  # TRL's default is True (CPU autocast to bf16)
+    # > 1: each generated batch trains num_iterations optimizer steps; the batch then carries
+    # old_per_token_logps and the PPO ratio moves off 1, so clip_ratio/* are not all 0
+    num_iterations: int = 1
+
+    @property
+    def id(self) -> str:
+        text = f"{self.loss_type}-b{self.batch}ga{self.ga}"
+        text += "-f64" if self.dtype == "float64" else ""
+        text += "-bf16" if self.bf16 else ""
+        text += f"-mu{self.num_iterations}" if self.num_iterations != 1 else ""
+        return text + (f"-{self.bug}" if self.bug else "")
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(TEXTS + PROMPTS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_model_dir(path: str | os.PathLike, seed: int = 0) -> Path:
+    """Save the tokenizer and a seeded tiny Qwen2 (float32) to ``path`` (idempotent)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        dtype="float32",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def reward_vowels(completions, **kwargs) -> list[float]:
+    """Deterministic: share of vowels among the letters of the completion text."""
+    rewards = []
+    for completion in completions:
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        letters = [c for c in text if c.isalpha()]
+        vowels = sum(c in "aeiou" for c in letters)
+        rewards.append(vowels / len(letters) if letters else 0.2)  # early EOS: not punished
+    return rewards
+
+
+def dataset():
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
+
+
+def plain_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """The generated batch as a flat dict of CPU tensors (what a golden store saves)."""
+    out = {}
+    for key, value in batch.items():
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            out[key] = value.detach().cpu()
+        elif isinstance(value, (int, float, bool)):
+            out[key] = torch.tensor(value)
+        else:
+            raise TypeError(f"generated batch entry {key!r} is a {type(value).__name__}")
+    return out
+
+
+def _install_bug(trainer, bug: str | None) -> None:
+    if bug is None:
+        return
+    if bug not in BUGS:
+        raise ValueError(f"unknown bug {bug!r}; known: {sorted(BUGS)}")
+    original = trainer._compute_loss
+
+    if bug == "drop_ga_scale":
+
+        def compute(model, inputs):
+            return original(model, inputs) * trainer.current_gradient_accumulation_steps
+
+    elif bug == "microbatch_token_mean":
+
+        def compute(model, inputs):
+            local = inputs["completion_mask"].sum()
+            spg = trainer.args.steps_per_generation
+            # TRL divides by num_items_in_batch * GA / steps_per_generation: make that
+            # local_tokens * GA, i.e. a per-micro-batch token-mean scaled by 1/GA
+            return original(model, {**inputs, "num_items_in_batch": local * spg})
+
+    elif bug == "loss_on_padding":
+
+        def compute(model, inputs):
+            return original(
+                model, {**inputs, "completion_mask": torch.ones_like(inputs["completion_mask"])}
+            )
+
+    elif bug == "no_clip":
+        if trainer.num_iterations == 1:
+            raise ValueError("bug 'no_clip' needs num_iterations > 1")
+
+        def compute(model, inputs):
+            low, high = trainer.epsilon_low, trainer.epsilon_high
+            trainer.epsilon_low = trainer.epsilon_high = 1e9  # clamp(ratio, -1e9, 1e9) = ratio
+            try:
+                return original(model, inputs)
+            finally:
+                trainer.epsilon_low, trainer.epsilon_high = low, high
+
+    elif bug == "loss_x1.001":
+
+        def compute(model, inputs):
+            return original(model, inputs) * 1.001
+
+    else:  # kl_sign
+        beta = trainer.beta
+        if beta == 0.0:
+            raise ValueError("bug 'kl_sign' needs beta > 0")
+
+        def compute(model, inputs):
+            # -beta on the per-token KL: run TRL's code with beta negated
+            trainer.beta = -beta
+            try:
+                return original(model, inputs)
+            finally:
+                trainer.beta = beta
+
+    trainer._compute_loss = compute
+
+
+def make_trainer(
+    knobs: Knobs,
+    model_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    rollout: Callable[[int, Callable[[], dict]], dict] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+):
+    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        num_generations=NUM_GENERATIONS,
+        per_device_train_batch_size=knobs.batch,
+        gradient_accumulation_steps=knobs.ga,
+        max_completion_length=MAX_COMPLETION,
+        max_steps=knobs.steps,
+        loss_type=knobs.loss_type,
+        beta=knobs.beta,
+        max_grad_norm=knobs.max_grad_norm,
+        learning_rate=knobs.learning_rate,
+        optim=knobs.optim,
+        num_iterations=knobs.num_iterations,
+        model_init_kwargs={"dtype": getattr(torch, knobs.dtype)},
+        # GRPOConfig defaults to bf16=True: on CPU that is bf16 autocast, and TRL's fused
+        # log-prob head then computes its logit tiles in bf16 (~2e-3 relative gradient error)
+        bf16=knobs.bf16,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=knobs.seed,
+        data_seed=knobs.seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    # A random model almost never samples EOS, so every completion would run to
+    # max_completion_length and micro-batching could not matter. A sampling-only bias on EOS
+    # (~15% per token) makes completions ragged; training log-probs are the model's own.
+    config.generation_kwargs = {"sequence_bias": {(tokenizer.eos_token_id,): EOS_BIAS}}
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=reward_vowels,
+        args=config,
+        train_dataset=dataset(),
+        processing_class=tokenizer,
+    )
+
+    original = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs):
+        step = trainer.state.global_step
+
+        def generate():
+            return plain_batch(original(inputs))
+
+        if rollout is None:
+            return generate()
+        batch = rollout(step, generate)
+        return {k: v.to(trainer.accelerator.device) for k, v in batch.items()}
+
+    trainer._generate_and_score_completions = generate_and_score
+    trainer.remove_callback(PrinterCallback)  # it prints every log dict with disable_tqdm
+    _install_bug(trainer, knobs.bug)
+
+    if on_step is not None:
+
+        class Metrics(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "grad_norm" in logs:  # the per-step log, not the run summary
+                    on_step(state.global_step - 1, dict(logs))
+
+        trainer.add_callback(Metrics())
+    return trainer
+
+
+def train(knobs: Knobs, model_dir, output_dir, rollout=None) -> list[dict[str, float]]:
+    """Run ``knobs.steps`` optimizer steps; the logged metrics of each step."""
+    logged: list[dict[str, float]] = []
+    trainer = make_trainer(
+        knobs, model_dir, output_dir, rollout, on_step=lambda step, m: logged.append(m)
+    )
+    with quiet():
+        trainer.train()
+    return logged
+
+
+def training_metrics(logs: dict[str, float]) -> dict[str, float]:
+    return {k: float(logs[k]) for k in TRAINING_METRICS if logs.get(k) is not None}
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    import logging
+    import warnings
+
+    level = logging.getLogger("transformers").level
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logging.getLogger("transformers").setLevel(level)
+
+
+class Recorder:
+    """A stand-in golden for :func:`train`: records batches, then replays them."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, dict[str, torch.Tensor]] = {}
+
+    def __call__(self, step: int, generate: Callable[[], dict]) -> dict:
+        if step in self.batches:
+            return {k: v.clone() for k, v in self.batches[step].items()}
+        with torch.random.fork_rng():  # like golden.rollout: replay consumes no randomness
+            batch = generate()
+        self.batches[step] = {k: v.clone() for k, v in batch.items()}
+        return batch

@@ -1,0 +1,217 @@
+"""TRL's real GRPOTrainer through the plugin: same-math variants pass, seeded bugs fail.
+
+An inner project (pytester, one subprocess per run: TRL and transformers cannot be imported
+twice in one process) trains a tiny Qwen2 with ``GRPOTrainer`` on CPU (``grpo_harness.py``),
+wraps generation in ``golden.rollout`` and checks the logged training metrics per step with
+``golden.check`` under ``golden_metric_profile = trl``. The reference of each lane records
+with ``--update-golden``; then one replay run covers every variant: the same-math ones must
+pass, every seeded bug must fail naming the metric that shows it.
+
+Needs trl and transformers: see ``tests/realtrainer/requirements-trl.txt``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+REQUIREMENTS = "tests/realtrainer/requirements-trl.txt"
+
+
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # ValueError: sys.modules[module] is None
+        return True
+
+
+if any(_missing(m) for m in ("trl", "transformers", "datasets", "accelerate")):
+    pytest.skip(
+        "TRL lane: trl/transformers/datasets/accelerate not installed; "
+        f"pip install --no-deps -r {REQUIREMENTS}",
+        allow_module_level=True,
+    )
+
+HERE = Path(__file__).resolve().parent
+
+INNER = """
+import sys
+
+import pytest
+
+sys.path.insert(0, {harness!r})
+
+from grpo_harness import Knobs, make_trainer, quiet, training_metrics
+
+try:
+    from pytest_rollout_golden import same_math
+except ImportError:
+    try:
+        from pytest_rollout_golden.variants import same_math
+    except ImportError:  # before same_math() existed: the params it gives, by hand
+
+        def same_math(values):
+            ref = next(iter(values))
+            return [
+                pytest.param(v, id=k, marks=pytest.mark.golden(variant=k, reference=ref))
+                for k, v in values.items()
+            ]
+
+
+DAPO = {{
+    "b8ga1": Knobs(loss_type="dapo"),
+    "b4ga2": Knobs(loss_type="dapo", batch=4, ga=2),
+    "b2ga4": Knobs(loss_type="dapo", batch=2, ga=4),
+    "b4ga2-dropga": Knobs(loss_type="dapo", batch=4, ga=2, bug="drop_ga_scale"),
+    "b4ga2-mbmean": Knobs(loss_type="dapo", batch=4, ga=2, bug="microbatch_token_mean"),
+    "padloss": Knobs(loss_type="dapo", bug="loss_on_padding"),
+    "klsign": Knobs(loss_type="dapo", bug="kl_sign"),
+    "x1.001": Knobs(loss_type="dapo", bug="loss_x1.001"),
+}}
+GRPO = {{
+    "b8ga1": Knobs(loss_type="grpo"),
+    "b4ga2": Knobs(loss_type="grpo", batch=4, ga=2),
+    "b4ga2-dropga": Knobs(loss_type="grpo", batch=4, ga=2, bug="drop_ga_scale"),
+}}
+BNPO = {{
+    "b8ga1": Knobs(loss_type="bnpo"),
+    "b4ga2": Knobs(loss_type="bnpo", batch=4, ga=2),  # per-micro-batch token-mean: real change
+}}
+# two optimizer steps per generated batch: old_per_token_logps in the batch, clipping active
+MU2 = {{
+    "b8ga1": Knobs(loss_type="dapo", num_iterations=2, steps=4),
+    "b4ga2": Knobs(loss_type="dapo", num_iterations=2, steps=4, batch=4, ga=2),
+    "noclip": Knobs(loss_type="dapo", num_iterations=2, steps=4, bug="no_clip"),
+}}
+
+
+def train(golden, knobs, model_dir, out):
+    trainer = make_trainer(
+        knobs,
+        model_dir,
+        out,
+        rollout=lambda step, generate: golden.rollout(generate, step=step),
+        on_step=lambda step, logs: golden.check(training_metrics(logs), step=step),
+    )
+    with quiet():
+        trainer.train()
+
+
+@pytest.mark.parametrize("knobs", same_math(DAPO))
+def test_dapo(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(GRPO))
+def test_grpo(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(BNPO))
+def test_bnpo(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(MU2))
+def test_mu2(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+"""
+
+INNER_CONFTEST = """
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, {harness!r})
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    from grpo_harness import build_model_dir
+
+    return build_model_dir(pathlib.Path(__file__).parent / "model")
+"""
+
+# test id -> (passes?, metrics its failure must name)
+EXPECTED = {
+    "test_dapo[b8ga1]": (True, ()),
+    "test_dapo[b4ga2]": (True, ()),
+    "test_dapo[b2ga4]": (True, ()),
+    "test_dapo[b4ga2-dropga]": (False, ("grad_norm", "loss")),
+    "test_dapo[b4ga2-mbmean]": (False, ("loss", "grad_norm")),
+    "test_dapo[padloss]": (False, ("loss", "grad_norm")),
+    "test_dapo[klsign]": (False, ("loss",)),
+    "test_dapo[x1.001]": (False, ("loss",)),
+    "test_grpo[b8ga1]": (True, ()),
+    "test_grpo[b4ga2]": (True, ()),
+    "test_grpo[b4ga2-dropga]": (False, ("grad_norm", "loss")),
+    "test_bnpo[b8ga1]": (True, ()),
+    "test_bnpo[b4ga2]": (False, ("loss",)),
+    "test_mu2[b8ga1]": (True, ()),
+    "test_mu2[b4ga2]": (True, ()),
+    "test_mu2[noclip]": (False, ("loss",)),
+}
+REFERENCES = [t for t in EXPECTED if t.endswith("[b8ga1]")]
+
+_RUNS: dict[str, object] = {}
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Failure section of each test id (``____ test_x[id] ____`` headers)."""
+    parts = re.split(r"^_{3,} (test_\w+\[[^\]]*\]) _{3,}$", text, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+@pytest.fixture
+def lane(pytester: pytest.Pytester):
+    """Record the references, then replay every variant; both runs once per module."""
+    if not _RUNS:
+        pytester.makeini(
+            "[pytest]\ngolden_dir = golden\ngolden_metric_profile = trl\n"
+            "filterwarnings = ignore::FutureWarning\n"  # transformers: gradient_checkpointing
+        )
+        pytester.makeconftest(INNER_CONFTEST.format(harness=str(HERE)))
+        pytester.makepyfile(test_lane=INNER.format(harness=str(HERE)))
+        start = time.perf_counter()
+        record = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--update-golden", "-k", "b8ga1", timeout=600
+        )
+        replay = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", timeout=600)
+        _RUNS.update(
+            record=record,
+            replay=replay,
+            seconds=time.perf_counter() - start,
+            outcomes={
+                m.group(1): m.group(2)
+                for m in re.finditer(
+                    r"test_lane\.py::(\S+) (PASSED|FAILED|ERROR|SKIPPED)", replay.stdout.str()
+                )
+            },
+            sections=_sections(replay.stdout.str()),
+        )
+    return _RUNS
+
+
+def test_references_record(lane):
+    record = lane["record"]
+    assert record.ret == 0, record.stdout.str()[-5000:]
+    record.assert_outcomes(passed=len(REFERENCES), deselected=len(EXPECTED) - len(REFERENCES))
+
+
+@pytest.mark.parametrize("test_id", list(EXPECTED))
+def test_replay_outcome(lane, test_id):
+    passes, metrics = EXPECTED[test_id]
+    outcome = lane["outcomes"].get(test_id)
+    text = lane["replay"].stdout.str()
+    if passes:
+        assert outcome == "PASSED", lane["sections"].get(test_id, text[-5000:])
+        return
+    assert outcome == "FAILED", f"{test_id}: a seeded bug passed ({outcome})\n{text[-3000:]}"
+    section = lane["sections"][test_id]
+    for metric in metrics[:1]:  # the metric that must show the bug
+        assert re.search(rf"^E?\s*{re.escape(metric)}\s", section, flags=re.M), section[-4000:]
