@@ -74,7 +74,7 @@ def reference_recipe(options: Mapping[str, Any]) -> ReplayOnly:
     where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
     selection = f'-k "{reference}"'
     return ReplayOnly(
-        recorder=f"the reference layout [{reference}]" + (f" ({where})" if where else ""),
+        recorder=f"the reference [{reference}]" + (f" ({where})" if where else ""),
         remedy=f"record it by running the reference: {update_command(selection)}",
     )
 

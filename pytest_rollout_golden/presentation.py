@@ -274,9 +274,13 @@ def mismatch_message(
     for c in failures:
         if c.verdict == Verdict.MISSING:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")
-    ignored = sorted({c.name for c in outcome.comparisons if c.verdict == Verdict.IGNORED})
+    ignored: dict[str, set[str]] = {}
+    for c in outcome.comparisons:
+        if c.verdict == Verdict.IGNORED:
+            ignored.setdefault(c.tolerance_source, set()).add(c.name)
     if ignored:
-        lines.append(f"not compared (excluded on purpose): {', '.join(ignored)}")
+        parts = [f"{', '.join(sorted(names))} ({why})" for why, names in ignored.items()]
+        lines.append(f"not compared (excluded on purpose): {'; '.join(parts)}")
     if outcome.environment_changes:
         lines.append(
             "note: replayed under another environment than recorded: "
@@ -361,17 +365,21 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
 
 
 def not_compared(outcomes: Iterable[Outcome]) -> list[str]:
-    """One line per test: the metrics and tensors it excluded, their steps and who said so."""
-    lines = []
+    """The metrics and tensors tests did not compare, their steps and who said so: one line
+    per set of exclusions, naming every test that had it (variants share theirs)."""
+    by_items: dict[str, list[str]] = {}
     for outcome in outcomes:
         excluded: dict[tuple[str, str], set[int]] = {}
         for c in outcome.comparisons:
             if c.verdict == Verdict.IGNORED:
                 excluded.setdefault((c.name, c.tolerance_source), set()).add(c.step)
         if excluded:
-            items = [f"{name} ({steps(s)}; {source})" for (name, source), s in excluded.items()]
-            lines.append(f"{outcome.test}: {', '.join(items)}")
-    return lines
+            grouped: dict[tuple[str, str], list[str]] = {}
+            for (name, source), s in excluded.items():
+                grouped.setdefault((steps(s), source), []).append(name)
+            items = [f"{', '.join(names)} ({at}; {why})" for (at, why), names in grouped.items()]
+            by_items.setdefault(", ".join(items), []).append(outcome.test)
+    return [f"{', '.join(tests)}: {items}" for items, tests in by_items.items()]
 
 
 def summary_lines(

@@ -155,7 +155,7 @@ def test_a_layout_variant_replays_its_reference():
     with pytest.raises(OptionError, match="'tp2' is not in the test id"):
         markers.reference_name("t", "test_x[dp2]", variant)
     recipe = markers.reference_recipe({**variant, "shared": "pol"})
-    assert recipe.recorder == "the reference layout [tp1] (shared golden 'pol')"
+    assert recipe.recorder == "the reference [tp1] (shared golden 'pol')"
     assert 'pytest --update-golden -k "tp1"' in recipe.remedy
 
 

@@ -45,7 +45,7 @@ def test_perturbed_variant_fails_naming_metric_and_variant(project):
     row = project.mismatch_row(result, "pg_loss")
     assert row["allowed"] == "rtol=0.0001, atol=1e-07 (variant lane)"  # float32 layout lane
     text = result.stdout.str()
-    assert f"test_gate[{VARIANT}] against the golden of the reference layout [{REF}]" in text
+    assert f"test_gate[{VARIANT}] against the golden of the reference [{REF}]" in text
     assert f'pytest --update-golden -k "{REF}"' in text
 
 
@@ -75,7 +75,7 @@ def test_missing_reference_golden_fails_naming_reference_and_command(project):
     result = project.run("-k", VARIANT)
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
-    assert f"only replays the golden of the reference layout [{REF}]" in text
+    assert f"only replays the golden of the reference [{REF}]" in text
     assert f'`pytest --update-golden -k "{REF}"`' in text
     assert not project.golden.exists()  # nothing recorded, even in auto mode
     result = project.run("--update-golden", "-k", VARIANT)
@@ -181,7 +181,7 @@ def test_each_wrong_variant_fails_against_the_committed_golden_naming_metric_and
     ]:
         section = next(s for s in sections if s.split("]", 1)[0].endswith(fault))
         variant_id = section.split("]", 1)[0]
-        assert f"test_gate[{variant_id}] against the golden of the reference layout" in section
+        assert f"test_gate[{variant_id}] against the golden of the reference" in section
         rows = [line.split() for line in section.splitlines() if line.startswith("  ")]
         assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
 

@@ -157,7 +157,7 @@ def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
         "    Mismatched elements: 1 / 2",
         "    Greatest",
         "metric 'vf_loss' (step 0): recorded but not checked",
-        "not compared (excluded on purpose): clip",
+        "not compared (excluded on purpose): clip (--golden-ignore)",
         "note: replayed under another environment than recorded: torch: 2.1 -> 2.2",
         text.IF_RIGHT,
     ]  # fmt: skip

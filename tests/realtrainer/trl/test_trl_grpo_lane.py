@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -47,19 +46,7 @@ sys.path.insert(0, {harness!r})
 
 from grpo_harness import Knobs, make_trainer, quiet, training_metrics
 
-try:
-    from pytest_rollout_golden import same_math
-except ImportError:
-    try:
-        from pytest_rollout_golden.variants import same_math
-    except ImportError:  # before same_math() existed: the params it gives, by hand
-
-        def same_math(values):
-            ref = next(iter(values))
-            return [
-                pytest.param(v, id=k, marks=pytest.mark.golden(variant=k, reference=ref))
-                for k, v in values.items()
-            ]
+from pytest_rollout_golden import same_math
 
 
 DAPO = {{
@@ -158,8 +145,6 @@ EXPECTED = {
 }
 REFERENCES = [t for t in EXPECTED if t.endswith("[b8ga1]")]
 
-_RUNS: dict[str, object] = {}
-
 
 def _sections(text: str) -> dict[str, str]:
     """Failure section of each test id (``____ test_x[id] ____`` headers)."""
@@ -167,51 +152,35 @@ def _sections(text: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
-@pytest.fixture
-def lane(pytester: pytest.Pytester):
-    """Record the references, then replay every variant; both runs once per module."""
-    if not _RUNS:
-        pytester.makeini(
-            "[pytest]\ngolden_dir = golden\ngolden_metric_profile = trl\n"
-            "filterwarnings = ignore::FutureWarning\n"  # transformers: gradient_checkpointing
-        )
-        pytester.makeconftest(INNER_CONFTEST.format(harness=str(HERE)))
-        pytester.makepyfile(test_lane=INNER.format(harness=str(HERE)))
-        start = time.perf_counter()
-        record = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "--update-golden", "-k", "b8ga1", timeout=600
-        )
-        replay = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", timeout=600)
-        _RUNS.update(
-            record=record,
-            replay=replay,
-            seconds=time.perf_counter() - start,
-            outcomes={
-                m.group(1): m.group(2)
-                for m in re.finditer(
-                    r"test_lane\.py::(\S+) (PASSED|FAILED|ERROR|SKIPPED)", replay.stdout.str()
-                )
-            },
-            sections=_sections(replay.stdout.str()),
-        )
-    return _RUNS
-
-
-def test_references_record(lane):
-    record = lane["record"]
+def test_trl_grpo_lane(pytester: pytest.Pytester):
+    """Record the references, replay every variant (one test: two subprocesses in all)."""
+    pytester.makeini(
+        "[pytest]\ngolden_dir = golden\ngolden_metric_profile = trl\n"
+        "filterwarnings = ignore::FutureWarning\n"  # transformers: gradient_checkpointing
+    )
+    pytester.makeconftest(INNER_CONFTEST.format(harness=str(HERE)))
+    pytester.makepyfile(test_lane=INNER.format(harness=str(HERE)))
+    record = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--update-golden", "-k", "b8ga1", timeout=600
+    )
     assert record.ret == 0, record.stdout.str()[-5000:]
     record.assert_outcomes(passed=len(REFERENCES), deselected=len(EXPECTED) - len(REFERENCES))
-
-
-@pytest.mark.parametrize("test_id", list(EXPECTED))
-def test_replay_outcome(lane, test_id):
-    passes, metrics = EXPECTED[test_id]
-    outcome = lane["outcomes"].get(test_id)
-    text = lane["replay"].stdout.str()
-    if passes:
-        assert outcome == "PASSED", lane["sections"].get(test_id, text[-5000:])
-        return
-    assert outcome == "FAILED", f"{test_id}: a seeded bug passed ({outcome})\n{text[-3000:]}"
-    section = lane["sections"][test_id]
-    for metric in metrics[:1]:  # the metric that must show the bug
-        assert re.search(rf"^E?\s*{re.escape(metric)}\s", section, flags=re.M), section[-4000:]
+    replay = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", timeout=600)
+    text = replay.stdout.str()
+    outcomes = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"test_lane\.py::(\S+) (PASSED|FAILED|ERROR|SKIPPED)", text)
+    }
+    sections = _sections(text)
+    problems = []
+    for test_id, (passes, metrics) in EXPECTED.items():
+        outcome = outcomes.get(test_id)
+        if passes and outcome != "PASSED":
+            problems.append(f"{test_id}: a same-math variant {outcome}\n{sections.get(test_id)}")
+        elif not passes and outcome != "FAILED":
+            problems.append(f"{test_id}: a seeded bug {outcome}")
+        elif not passes and not re.search(
+            rf"^E?\s*{re.escape(metrics[0])}\s", sections[test_id], flags=re.M
+        ):
+            problems.append(f"{test_id}: failed without naming {metrics[0]}\n{sections[test_id]}")
+    assert not problems, "\n\n".join(problems)

@@ -1,0 +1,108 @@
+"""Same-math variants of the user's own code through the plugin: same_math() params replay the
+reference's golden at the built-in defaults, a metric profile keeps per-micro-batch means out
+of the comparison across variants (and says so), machine metrics are never compared, and
+``--golden-calibrate`` writes a variant lane with tensors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# A trainer whose micro-batch size reorders float32 sums: pg_loss, grad_norm and the log-probs
+# move by ``noise`` (relative) per variant; pg_clipfrac is a per-micro-batch mean (verl), so
+# it moves with the micro-batch size by definition; timing_s/* measures the machine.
+GATE = """
+import pytest
+import torch
+from pytest_rollout_golden import same_math
+
+
+@pytest.mark.parametrize("micro", same_math([8, 4, 2], ids=lambda v: f"mb{v}"))
+def test_actor(golden, values, micro):
+    noise = values.get(f"mb{micro}", 0.0)
+    lp = torch.tensor([[-9.0, -0.5, -2.0], [-4.0, -0.01, -6.0]]) * (1 + noise)
+    for step, loss in enumerate([0.0413, -0.0009, 0.0216]):
+        golden.check(
+            {
+                "actor/pg_loss": loss + 1e-6 * noise / 3e-5,
+                "actor/grad_norm": 2.5 * (1 + noise),
+                "actor/pg_clipfrac": 0.1 + 0.01 * (8 // micro - 1) + values.get("clip", 0.0),
+                "timing_s/update_actor": 1.0 + micro + noise,
+            },
+            step=step,
+        )
+        golden.check_tensors("old_log_prob", {"log_probs": lp + step}, step=step)
+"""
+PROFILE = "[pytest]\ngolden_metric_profile = verl\n"
+
+
+@pytest.fixture
+def gate(project):
+    project.pytester.makeini(PROFILE)
+    project.write(GATE)
+    project.set_values()
+    result = project.run()
+    result.assert_outcomes(passed=3)  # mb8 records, mb4 and mb2 replay it
+    assert project.counts(result) == {"replayed": 2, "recorded": 1, "updated": 0, "failed": 0}
+    return project
+
+
+def test_same_math_noise_passes_and_per_micro_batch_means_are_reported_not_compared(gate):
+    gate.set_values(mb4=3e-5, mb2=-3e-5)
+    result = gate.run()
+    result.assert_outcomes(passed=3)
+    out = result.stdout.str()
+    assert (
+        "test_it.py::test_actor[mb4], test_it.py::test_actor[mb2]: actor/pg_clipfrac (steps 0-2; "
+        "not comparable across variants: averaged per micro-batch (golden_metric_profile = verl))"
+    ) in out
+    assert "timing_s/update_actor (steps 0-2; golden_metric_profile = verl: never compared)" in out
+
+
+def test_a_bug_of_1e_3_fails_in_a_variant_naming_the_metric_that_shows_it(gate):
+    gate.set_values(mb4=1e-3)
+    result = gate.run()
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "golden mismatch: first divergence at step 0: actor/grad_norm, *",
+            "test_it.py::test_actor[mb4] against the golden of the reference [mb8]",
+        ]
+    )
+    row = gate.mismatch_row(result, "actor/grad_norm")
+    assert row["beyond"] == "10x"
+
+
+def test_the_reference_still_compares_a_per_micro_batch_mean(gate):
+    gate.set_values(clip=1 / 512)  # one token of 512 flips its clip state in every run
+    result = gate.run()
+    result.assert_outcomes(passed=2, failed=1)
+    failed = [x for x in result.outlines if x.startswith("FAILED")]
+    assert len(failed) == 1 and "test_actor[mb8]" in failed[0]
+    assert gate.mismatch_row(result, "actor/pg_clipfrac")["allowed"] == (
+        "rtol=0, atol=1e-07 (golden_metric_profile = verl)"
+    )
+
+
+def test_calibration_over_declared_variants_writes_a_variant_lane_with_tensors(gate):
+    gate.set_values(mb4=2e-6, mb2=-4e-6)
+    result = gate.run("--golden-calibrate", "2")
+    result.assert_outcomes(passed=6)
+    written = json.loads((gate.golden_dir("test_actor[mb8]") / "tolerances.json").read_text())
+    assert written["how"]["layouts"] == ["mb2", "mb4", "mb8"]
+    lane = written["layout_tolerances"]
+    # the tensor's distance to the golden relative to its recorded magnitude, largest at step
+    # 2: |-9 * 4e-6| against max|lp + 2| = 7, times the margin 2
+    assert lane["old_log_prob/log_probs"]["scale"] == "recorded"
+    assert lane["old_log_prob/log_probs"]["rtol"] == pytest.approx(2 * 9 * 4e-6 / 7, rel=1e-2)
+    assert lane["actor/grad_norm"]["rtol"] == pytest.approx(2 * 6e-6 / (1 + 2e-6), rel=1e-2)
+    assert "old_log_prob/log_probs" not in written["tolerances"]  # the reference's own: exact
+    summary = "\n".join(result.outlines)
+    assert "across variants  old_log_prob/log_probs" in summary
+
+    gate.set_values(mb4=5e-5, mb2=-4e-6)  # inside the defaults, beyond the measured lane
+    result = gate.run()
+    result.assert_outcomes(passed=2, failed=1)
+    row = gate.mismatch_row(result, "actor/grad_norm")
+    assert row["allowed"].endswith("(calibrated variant lane (tolerances.json))")
