@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import GoldenFormatError
 from .location import TOLERANCES
-from .tolerance import Layer, Resolver, Tolerance
+from .tolerance import RECORDED, Layer, Resolver, Tolerance
 
 if TYPE_CHECKING:
     from .golden_files import GoldenFiles
@@ -187,6 +187,7 @@ class Spread:
     dtype: str = "float64"
     near_zero_abs: float = 0.0  # the largest absolute spread at such steps
     scaled: bool = False  # a tensor's distance, relative to its recorded magnitude
+    of_magnitude: float = 0.0  # a metric's largest spread over its largest magnitude
 
     def merge(self, other: Spread) -> Spread:
         """The larger of two spreads (of two steps, or two tests sharing a golden)."""
@@ -196,6 +197,7 @@ class Spread:
             abs=max(self.abs, other.abs),
             near_zero=self.near_zero or other.near_zero,
             near_zero_abs=max(self.near_zero_abs, other.near_zero_abs),
+            of_magnitude=max(self.of_magnitude, other.of_magnitude),
         )
 
 
@@ -222,7 +224,9 @@ def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread
             width, scale = max(values) - min(values), max(abs(v) for v in values)
             small = min(abs(v) for v in values) <= width or scale < NEAR_ZERO * magnitude
             rel = width / scale if scale and not small else 0.0
+            of_magnitude = width / magnitude if magnitude else 0.0
             spread = Spread(rel, width, step, small, dtype, width if small else 0.0)
+            spread.of_magnitude = of_magnitude
             out[name] = spread if name not in out else out[name].merge(spread)
     return out
 
@@ -259,10 +263,18 @@ def tensor_spreads(runs: Sequence[Mapping[str, Sequence[Any]]]) -> dict[str, Spr
 
 
 def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
-    """The calibrated tolerance of a metric, or ``None`` to keep ``base`` (zero spread)."""
-    if spread.abs == 0:
+    """The calibrated tolerance of a metric, or ``None`` to keep ``base`` (zero spread or a
+    value ``base`` does not compare).
+
+    Under a ``base`` measured against the recorded magnitude (``scale="recorded"``), so is
+    the spread: ``rtol = MARGIN * largest spread / largest magnitude``, keeping that scale.
+    """
+    if spread.abs == 0 or base.ignore:
         return None
     floor = DTYPE_FLOOR * EPS.get(spread.dtype, EPS["float64"])
+    if base.scale == RECORDED and not spread.scaled:
+        rtol = max(MARGIN * spread.of_magnitude, floor)
+        return Tolerance(rtol=rtol, atol=base.atol, equal_nan=base.equal_nan, scale=RECORDED)
     atol = base.atol
     if spread.near_zero:  # a relative spread means little around 0
         atol = max(atol, MARGIN * spread.near_zero_abs)
@@ -278,14 +290,18 @@ def _section(
     """Tolerances derived from ``found`` spreads, and the table of spreads they come from."""
     tolerances, table = {}, {}
     for name, spread in sorted(found.items()):
-        tol = tolerance_for(spread, base(name, spread.dtype))
+        below = base(name, spread.dtype)
+        tol = tolerance_for(spread, below)
+        measured = below.scale == RECORDED and not spread.scaled
         entry = {
-            "rel_spread": spread.rel,
+            "rel_spread": spread.of_magnitude if measured else spread.rel,
             "abs_spread": spread.abs,
             "at_step": spread.step if spread.abs else None,
             "dtype": spread.dtype,
         }
-        if tol is None:
+        if below.ignore:
+            entry["kept"] = "not compared"
+        elif tol is None:
             entry["kept"] = "spread 0: the default tolerance applies"
         else:
             tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
@@ -295,6 +311,8 @@ def _section(
                 tolerances[name]["equal_nan"] = True
         if spread.scaled:
             entry["distance"] = "to the golden, relative to the recorded magnitude"
+        elif measured:
+            entry["relative_to"] = "the largest recorded magnitude"
         table[name] = entry
     return tolerances, table
 
@@ -308,11 +326,13 @@ def document(
     tests: Sequence[str],
     across_layouts: Mapping[str, Spread] | None = None,
     layouts: Sequence[str] = (),
+    across_base: Callable[[str, str], Tolerance] | None = None,
 ) -> dict[str, Any]:
     """The content of ``tolerances.json``: tolerances, and the spreads they come from.
 
-    ``across_layouts``: spreads over the runs of every layout in ``layouts``, which
-    become the calibrated layout lane.
+    ``across_layouts``: spreads over the runs of every variant in ``layouts``, which
+    become the calibrated variant lane, over ``across_base`` (default ``base``): the
+    tolerances a variant has below that lane.
     """
     tolerances, table = _section(found, base)
     content: dict[str, Any] = {
@@ -329,7 +349,7 @@ def document(
         "spreads": table,
     }
     if across_layouts is not None:
-        lane, lane_table = _section(across_layouts, base)
+        lane, lane_table = _section(across_layouts, across_base or base)
         content["how"]["layouts"] = list(layouts)
         content["layout_tolerances"] = lane
         content["layout_spreads"] = lane_table
@@ -375,6 +395,7 @@ def calibrate_goldens(
     perturbations: Sequence[str],
     layouts: Mapping[str, Mapping[str, str]] | None = None,
     replaying: Sequence[str] = (),
+    variant_resolver: Resolver | None = None,
 ) -> list[dict[str, Any]]:
     """Write ``tolerances.json`` for every golden with at least one test of 2+ usable runs.
 
@@ -383,8 +404,9 @@ def calibrate_goldens(
     directory -> test id -> why its runs do not count; ``layouts``: golden directory ->
     test id -> the variant id of a ``same_math()`` or ``parallel.variants()`` test;
     ``replaying``: the test ids that replay another test's golden. ``resolver`` gives the
-    tolerances below the calibrated layer. Returns one summary entry per golden (what was
-    written, or why nothing was).
+    tolerances below the calibrated layer, ``variant_resolver`` those of a variant (default
+    ``resolver``); a value they do not compare gets no entry. Returns one summary entry
+    per golden (what was written, or why nothing was).
     """
     out = []
     for directory, tests in sorted(samples.items()):
@@ -415,6 +437,9 @@ def calibrate_goldens(
             tests=sorted(usable),
             across_layouts=across,
             layouts=sorted(set(of_layout.values())),
+            across_base=lambda name, dtype: (variant_resolver or resolver).resolve(name, (dtype,))[
+                0
+            ],
         )
         write(Path(directory), content)
         rows = [

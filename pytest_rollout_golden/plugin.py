@@ -369,6 +369,7 @@ class GoldenPlugin:
             perturbations=self.perturb,
             layouts=self.state.calibration_layouts,
             replaying=sorted(self.state.calibration_replaying),
+            variant_resolver=self.session_tolerances.replace(variant=True).resolver(),
         )
 
     # ------------------------------------------------------------------ session end

@@ -97,6 +97,12 @@ def test_calibration_over_declared_variants_writes_a_variant_lane_with_tensors(g
     assert lane["old_log_prob/log_probs"]["scale"] == "recorded"
     assert lane["old_log_prob/log_probs"]["rtol"] == pytest.approx(2 * 9 * 4e-6 / 7, rel=1e-2)
     assert lane["actor/grad_norm"]["rtol"] == pytest.approx(2 * 6e-6 / (1 + 2e-6), rel=1e-2)
+    # a cancelling mean: its spread (2e-7 at every step) over its largest magnitude, 0.0413
+    assert lane["actor/pg_loss"] == {"rtol": pytest.approx(2 * 2e-7 / 0.0413, rel=1e-2),
+                                     "atol": 1e-8, "scale": "recorded"}  # fmt: skip
+    # what a variant does not compare gets no entry, however far it moved
+    assert "actor/pg_clipfrac" not in lane and "timing_s/update_actor" not in lane
+    assert written["layout_spreads"]["actor/pg_clipfrac"]["kept"] == "not compared"
     assert "old_log_prob/log_probs" not in written["tolerances"]  # the reference's own: exact
     summary = "\n".join(result.outlines)
     assert "across variants  old_log_prob/log_probs" in summary
