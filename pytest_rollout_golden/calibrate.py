@@ -3,14 +3,20 @@
 ``pytest --golden-calibrate N`` runs each selected golden test N times under
 perturbations that change the order of floating-point reductions but not the
 math (CPU thread counts; on GPU optionally non-deterministic algorithms and
-TF32). Each metric's spread over those runs becomes its tolerance::
+TF32). Each metric's spread over those runs becomes its tolerance, measured the way the
+tolerance below it measures. Under ``scale="recorded"`` (the built-in families)::
+
+    rtol = max(MARGIN * max spread / the metric's largest magnitude, DTYPE_FLOOR * eps(dtype))
+
+keeping the scale; without a scale::
 
     rtol = max(MARGIN * max relative spread, DTYPE_FLOOR * eps(dtype))
     atol = max(MARGIN * max absolute spread at steps whose value is ~0, lower layers' atol)
 
-A step whose values touch 0, or lie 100x below the metric's largest magnitude over
+where a step whose values touch 0, or lie 100x below the metric's largest magnitude over
 the steps, adds to ``atol`` only: there a relative spread is meaningless (0 against
-1e-7 is 100%) and would disarm the gate at the steps where the metric is large.
+1e-7 is 100%) and would disarm the gate at the steps where the metric is large. A value
+the tolerances below do not compare gets no entry.
 
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default. The result is ``tolerances.json`` inside the golden directory, listed

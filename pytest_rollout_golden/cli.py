@@ -296,10 +296,11 @@ def import_dumps(args: argparse.Namespace) -> int:
 
 def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
     """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
+    from .options import with_profile
     from .projectini import find_config, linelist
 
     ini: tuple[Layer, ...] = ()
-    config = ""
+    config, profile = "", ""
     if not args.no_config:
         paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
         path, options = find_config(paths)
@@ -316,8 +317,13 @@ def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
                 )
             except ValueError as exc:
                 raise GoldenError(f"{path}: {exc}") from None
+            profile = str(options.get("golden_metric_profile") or "")
     cli = level("--tolerance", args.tolerance, "--ignore", args.ignore)  # ValueError: usage
-    return Stack(cli=cli, ini=ini, exact=args.exact), config
+    try:
+        stack = with_profile(Stack(cli=cli, ini=ini, exact=args.exact), profile)
+    except ValueError as exc:
+        raise GoldenError(f"{config}: {exc}") from None
+    return stack, config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,6 +66,12 @@ def session_tolerances(
         cli=level("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
         ini=level("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
     )
+    return with_profile(stack, profile)
+
+
+def with_profile(stack: Stack, profile: str) -> Stack:
+    """``stack`` with the layers of ini ``golden_metric_profile = profile`` (none if empty;
+    ValueError naming the known profiles for an unknown one)."""
     if not profile.strip():
         return stack
     from .families import profile_layers

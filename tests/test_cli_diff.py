@@ -127,6 +127,26 @@ def test_the_projects_ini_tolerances_apply(tmp_path, capsys, monkeypatch):
     assert main(["diff", a, b, "--tolerance", "pg_loss:rtol=1e-4"]) == 1
 
 
+def test_the_projects_metric_profile_applies(tmp_path, capsys):
+    """`diff` gates like the plugin: the ini's golden_metric_profile names families and the
+    keys never compared, and an unknown profile is an error naming the file."""
+    for name, seconds in (("a", 1.0), ("b", 7.0)):
+        with Golden(tmp_path / "golden" / name, mode=Mode.AUTO) as golden:
+            golden.check({"timing_s/gen": seconds, "actor/ppo_kl": 0.01}, step=0)
+    a, b = str(tmp_path / "golden" / "a"), str(tmp_path / "golden" / "b")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngolden_metric_profile = verl\n")
+    code, doc = run_json(capsys, a, b)
+    assert code == 0
+    timing = next(m for m in doc["goldens"][0]["metrics"] if m["name"] == "timing_s/gen")
+    assert timing["compared"] is False
+    assert timing["source"] == "golden_metric_profile = verl: never compared"
+    kl = next(m for m in doc["goldens"][0]["metrics"] if m["name"] == "actor/ppo_kl")
+    assert kl["source"] == "golden_metric_profile = verl"
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngolden_metric_profile = verl9\n")
+    assert main(["diff", a, b]) == 2
+    assert "pytest.ini: golden_metric_profile: unknown profile 'verl9'" in capsys.readouterr().err
+
+
 def test_batch_files(tmp_path, capsys):
     save_batch(tmp_path / "a.safetensors", {"ids": torch.arange(4), "lp": torch.ones(4)})
     save_batch(tmp_path / "b.safetensors", {"ids": torch.arange(4), "lp": torch.ones(4) * 1.1})

@@ -112,3 +112,13 @@ def test_calibration_over_declared_variants_writes_a_variant_lane_with_tensors(g
     result.assert_outcomes(passed=2, failed=1)
     row = gate.mismatch_row(result, "actor/grad_norm")
     assert row["allowed"].endswith("(calibrated variant lane (tolerances.json))")
+
+
+def test_an_unknown_profile_stops_the_run_naming_the_known_ones(project):
+    project.pytester.makeini("[pytest]\ngolden_metric_profile = verl2\n")
+    project.write("def test_x(golden):\n    golden.check({'loss': 1.0})\n")
+    result = project.run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "golden_metric_profile: unknown profile 'verl2'; use one of megatron, openrlhf, " in (
+        result.stderr.str()
+    )
