@@ -25,7 +25,8 @@ class Difference:
     relative difference against 0, are left out), ``mismatched`` the count beyond
     tolerance. The differences are NaN when shapes or dtypes differ or the value was
     not compared. ``excess`` is the greatest difference over the difference allowed
-    there (above 1: beyond tolerance; inf where nothing was allowed or a NaN appeared);
+    there among the mismatched elements (0 when none is; inf where nothing was allowed or
+    a NaN appeared);
     ``scale`` the magnitude ``rtol`` was measured against (0: each value's own).
     """
 
@@ -296,7 +297,8 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool, scale: float)
         # payload, and metrics and tensors follow one rule
         ok = same_bits | both_nan
     else:
-        allowed = 0.0 if tol.exact else tol.atol + tol.rtol * e.abs().clamp_min(scale)
+        magnitude = e.abs().clamp_min(scale) if scale else e.abs()
+        allowed = 0.0 if tol.exact else tol.atol + tol.rtol * magnitude
         # An infinity matches only itself: inf - x <= rtol * inf would let +inf pass as
         # -inf or as any finite value (torch.testing compares non-finite values by equality).
         ok = equal | ((diff <= allowed) & e.isfinite() & a.isfinite())
@@ -307,13 +309,14 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool, scale: float)
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     rel = torch.where(diff.isinf(), diff, rel)  # inf vs finite: inf/inf would be NaN, shown as 0
     bad = ~ok
+    n_bad = int(torch.count_nonzero(bad))
     sums = (*_finite_sum(diff), *_finite_sum(rel))
-    excess = _excess(diff, allowed, bad, tol.exact)
+    excess = _excess(diff, allowed, bad, tol.exact) if n_bad else 0.0
     nan_mismatch = e_nan ^ a_nan
     n_nan = int(torch.count_nonzero(nan_mismatch))
     first_nan = int(torch.nonzero(nan_mismatch)[0, 0]) if n_nan else -1
     return (
-        int(torch.count_nonzero(bad)),
+        n_bad,
         n_nan,
         first_nan,
         int(torch.count_nonzero(both_nan & bad)),
@@ -325,16 +328,19 @@ def _chunk_analysis(e: Any, a: Any, tol: Tolerance, bitwise: bool, scale: float)
 
 
 def _excess(diff: Any, allowed: Any, bad: Any, exact: bool) -> float:
-    """The greatest ``diff / allowed``; inf for a mismatch no ratio measures (NaN against
-    a number, an infinity, a difference where nothing was allowed)."""
+    """The greatest ``diff / allowed`` among the mismatched elements ``bad`` (some are);
+    inf for a mismatch no ratio measures (NaN against a number, an infinity, a difference
+    where nothing was allowed). Only mismatches are measured: a drift in a few elements
+    costs a few divisions."""
     import torch
 
     if exact:
-        return math.inf if bool(bad.any()) else 0.0
-    ratio = (diff / allowed).nan_to_num(nan=0.0)
-    unmeasured = bad & ~(ratio.isfinite() & (ratio > 1))
-    ratio = torch.where(unmeasured, torch.full_like(ratio, math.inf), ratio)
-    return float(ratio.max()) if ratio.numel() else 0.0
+        return math.inf
+    where = bad.reshape(-1).nonzero().squeeze(1)
+    limit = allowed.reshape(-1)[where] if isinstance(allowed, torch.Tensor) else allowed
+    ratio = diff.reshape(-1)[where] / limit
+    measured = ratio.isfinite() & (ratio > 1)
+    return float(torch.where(measured, ratio, torch.full_like(ratio, math.inf)).max())
 
 
 def _finite_sum(values: Any) -> tuple[float, int]:
