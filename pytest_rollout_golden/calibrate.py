@@ -60,6 +60,10 @@ DTYPE_FLOOR = 4.0
 EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
 SOURCE = "calibrated (tolerances.json)"
 LAYOUT_SOURCE = "calibrated variant lane (tolerances.json)"
+# The largest rtol calibration writes: runs of correct code that differ by more than 5% differ
+# by more than the order of their sums (a non-deterministic op, sampling left on).
+MAX_RTOL = 0.05
+_WRITTEN = ("rtol", "atol", "scale", "equal_nan")  # the fields calibration writes
 
 
 def calibrated_layer(document: Any, path: Path) -> Layer:
@@ -80,14 +84,48 @@ def calibrated_layers(
             f"{path}: is not a calibrated-tolerances file of ours; re-run "
             "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
         )
-    try:
-        same_layout = Layer(SOURCE, document.get("tolerances", {}))
-        lane = None
-        if layout_variant and document.get("layout_tolerances"):
-            lane = Layer(LAYOUT_SOURCE, document["layout_tolerances"])
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise GoldenFormatError(f"{path}: {exc}") from None
+    for key in ("tolerances", "layout_tolerances"):
+        problem = _unwritable(document.get(key, {}), key)
+        if problem:
+            raise GoldenFormatError(
+                f"{path}: {problem}: calibration never writes that, so this file was edited; "
+                "re-run `pytest --golden-calibrate N` for this test, or `pytest --update-golden` "
+                "to drop it"
+            )
+    same_layout = Layer(SOURCE, document.get("tolerances", {}))
+    lane = None
+    if layout_variant and document.get("layout_tolerances"):
+        lane = Layer(LAYOUT_SOURCE, document["layout_tolerances"])
     return same_layout, lane
+
+
+def _unwritable(entries: Any, key: str) -> str:
+    """What in ``entries`` (a section of tolerances.json) calibration could not have written
+    ("" when nothing): bounded, finite numbers of the fields it writes, no exclusions."""
+    if not isinstance(entries, dict):
+        return f"{key} must be an object of metric name -> tolerance"
+    for name, entry in entries.items():
+        where = f"{key} entry {name!r}"
+        if not isinstance(entry, dict):
+            return f"{where} must be an object of {', '.join(_WRITTEN)}"
+        for field in entry:
+            if field not in _WRITTEN:
+                return f"{where}: {field!r} is not something calibration writes"
+        for field in ("rtol", "atol"):
+            value = entry.get(field, 0.0)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
+                return f"{where}: {field} must be a finite number >= 0, got {value!r}"
+        if entry.get("rtol", 0.0) > MAX_RTOL:
+            return f"{where}: rtol {entry['rtol']:g} is beyond what calibration writes ({MAX_RTOL})"
+        scale = entry.get("scale", 0.0)
+        if scale != RECORDED and not (
+            isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0
+        ):
+            return f"{where}: scale must be 'recorded' or a finite number >= 0, got {scale!r}"
+        if not isinstance(entry.get("equal_nan", False), bool):
+            return f"{where}: equal_nan must be true or false"
+    return ""
 
 
 def recorded_layers(
@@ -309,7 +347,12 @@ def _section(
             entry["kept"] = "not compared"
         elif tol is None:
             entry["kept"] = "spread 0: the default tolerance applies"
-        else:
+        elif tol.rtol > MAX_RTOL:
+            entry["kept"] = (
+                f"rtol {tol.rtol:.3g} is beyond what calibration writes ({MAX_RTOL}): the runs "
+                "differ by more than the order of their sums; the default tolerance applies"
+            )
+        if tol is not None and tol.rtol <= MAX_RTOL and not below.ignore:
             tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
             if tol.scale:
                 tolerances[name]["scale"] = tol.scale

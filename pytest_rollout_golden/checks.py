@@ -20,7 +20,7 @@ from .errors import GoldenNaNWarning, UnsupportedValueError
 from .modes import ModePolicy
 from .presentation import DROPPED, typo_hint
 from .results import Comparison, Verdict
-from .tolerance import Resolver, ToleranceUsage
+from .tolerance import Resolver, Tolerance, ToleranceUsage
 
 # ---------------------------------------------------------------------- arguments
 
@@ -343,6 +343,23 @@ def staged_tensors(
         t: recorded[t] if t in recorded and not policy.rerecords else value
         for t, value in tensors.items()
     }
+
+
+def looser(tol: Tolerance, than: Tolerance) -> bool:
+    """Whether ``tol`` allows a difference somewhere that ``than`` does not."""
+    if than.ignore or tol.exact:
+        return False
+    if tol.ignore or than.exact:
+        return True
+    scale_wider = bool(tol.scale) and (
+        not than.scale
+        or (
+            tol.scale != than.scale
+            and "recorded" not in (tol.scale, than.scale)
+            and float(tol.scale) > float(than.scale)
+        )
+    )
+    return tol.rtol > than.rtol or tol.atol > than.atol or scale_wider
 
 
 def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:

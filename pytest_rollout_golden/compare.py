@@ -95,7 +95,8 @@ def compare_values(
     """Compare ``actual`` with ``expected`` (tensors, arrays or numbers) under ``tol``.
 
     ``mask`` (a bool tensor broadcastable to both) selects the positions compared;
-    the others (padding) count as equal whatever they hold. ``magnitude``: what
+    the others (padding) count as equal whatever they hold. A mask that selects none of
+    a non-empty tensor's positions fails: nothing compared is no pass. ``magnitude``: what
     ``scale="recorded"`` stands for (a metric's largest recorded magnitude over its
     steps); without it, the largest finite magnitude among the compared expected values.
     """
@@ -135,6 +136,19 @@ def compare_values(
         e, a = e.masked_fill(~keep, 0), a.masked_fill(~keep, 0)
         n = int(keep.count_nonzero())
         masked = f"mask applied: {n} of {e.numel()} positions compared, padding ignored"
+        if n == 0 and e.numel():  # a gate that compares nothing must not read as a pass
+            return Difference(
+                False,
+                math.nan,
+                math.nan,
+                f"the mask selects none of the {e.numel()} positions: nothing was compared "
+                "(a regression in the masking code?); leave the tensor out of check_tensors "
+                "where nothing is meant to be compared",
+                numel=0,
+                abs_mean=math.nan,
+                rel_mean=math.nan,
+                excess=math.inf,
+            )
     if tol.exact and e.dtype == a.dtype and torch.equal(_bits(e), _bits(a)):
         return Difference(True, 0.0, 0.0, numel=n)
     if not tol.exact and e.dtype == a.dtype and torch.equal(e, a):

@@ -23,7 +23,7 @@ from typing import Any
 from . import metrics as metric_codec
 from . import store
 from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from .location import MANIFEST, METRICS
+from .location import MANIFEST, METRICS, TOLERANCES
 
 _RAISE = object()  # load() without a fallback: a damaged file raises
 
@@ -153,6 +153,10 @@ class GoldenFiles:
             out[filename] = self.load(filename)
             if filename == METRICS:
                 self._metrics = self._steps(out[filename])
+            if filename == TOLERANCES:  # decoded as replay decodes it
+                from .calibrate import calibrated_layers
+
+                calibrated_layers(out[filename], self.directory / filename, layout_variant=True)
         return self.manifest, out
 
     # ------------------------------------------------------------------ the new version

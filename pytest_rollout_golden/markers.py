@@ -30,6 +30,7 @@ MARKER_DOC = (
 _OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
 _INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
+_FLAGS = ("exact", "deterministic", "regenerate")  # True or False, nothing that merely converts
 
 
 def marker_options(
@@ -45,6 +46,18 @@ def marker_options(
     unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS - _INPUT_OPTIONS
     if unknown:
         raise OptionError(f"{test_id}: unknown @pytest.mark.golden option(s) {sorted(unknown)}")
+    for name in _FLAGS:
+        if name in options and not isinstance(options[name], bool):
+            raise OptionError(
+                f"{test_id}: @pytest.mark.golden {name}= must be True or False, "
+                f"got {options[name]!r}"
+            )
+    for name in ("key", "shared"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise OptionError(
+                f"{test_id}: @pytest.mark.golden {name}= must be a non-empty string, got {value!r}"
+            )
     if options.get("key") is not None and options.get("shared") is not None:
         raise OptionError(f"{test_id}: golden key= and shared= exclude each other")
     return options

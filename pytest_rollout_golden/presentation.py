@@ -347,7 +347,7 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
         cells = [("lane", *cells[0])]
     for row in entry["rows"]:
         kept = "rtol" not in row
-        kept_as = "not compared" if row.get("kept") == "not compared" else "default kept"
+        kept_as = {"not compared": "not compared"}.get(row.get("kept", ""), "default kept")
         cells.append(
             (
                 *((row.get("lane", "same layout"),) if lanes else ()),
@@ -425,6 +425,13 @@ def summary_lines(
         "replayed under another environment than recorded (exact lane not applied):", envs
     )
     lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
+    loosened = [
+        f"{o.test}: {name}: {t['tolerance']} from {rel(Path(o.directory) / 'tolerances.json')} "
+        f"(without it: {t['without']})"
+        for o in state.outcomes
+        for name, t in o.loosened.items()
+    ]
+    lines += _section("tolerances looser than the defaults, from calibrated files:", loosened)
     lines += _section(
         "unused golden directories (delete with --golden-prune on a full run):",
         [rel(p) for p in unused if p not in pruned],

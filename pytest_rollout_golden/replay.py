@@ -102,6 +102,7 @@ class Golden:
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
+        self._without_files: Stack | None = None  # the tolerances without tolerances.json
         self._finished = False
         self._rollouts = RolloutInputs(
             self._files,
@@ -138,6 +139,7 @@ class Golden:
         only = self._replay_only is not None
         calibrated, lane = recorded_layers(self._files, layout_variant=only)
         self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
+        self._without_files = self._stack.replace(calibrated=None, calibrated_layout=None)
         if self._replaying:
             from .determinism import fingerprint, fingerprint_changes
 
@@ -219,6 +221,7 @@ class Golden:
             results.append(checker.metric(name, step, recorded.get(name), node))
         if layer is not None:
             self._warn_unused(layer, always=True)
+        self._note_loosened(results)
         self._outcome.comparisons.extend(results)
         return results
 
@@ -264,8 +267,24 @@ class Golden:
         staged = checks.staged_tensors(old, tensors, results, self.policy)
         if staged is not None:
             self._files.stage_batch(filename, staged, kind="tensors", name=name, **where)
+        self._note_loosened(results)
         self._outcome.comparisons.extend(results)
         return results
+
+    def _note_loosened(self, results: list[Comparison]) -> None:
+        """Note each tolerance from the golden's tolerances.json looser than without it."""
+        if self._without_files is None or self._without_files == self._stack:
+            return
+        for c in results:
+            if c.tolerance is None or "tolerances.json" not in c.tolerance_source:
+                continue
+            dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
+            without = self._without_files.resolver().resolve(c.name, (dtype or "float64",))[0]
+            if checks.looser(c.tolerance, without):
+                self._outcome.loosened[c.name] = {
+                    "tolerance": c.tolerance.describe(),
+                    "without": without.describe(),
+                }
 
     def _magnitude(self, name: str) -> float | None:
         """Metric ``name``'s largest recorded magnitude over every step (cached)."""

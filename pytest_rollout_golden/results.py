@@ -129,6 +129,9 @@ class Outcome:
     environment_changes: list[str] = dataclasses.field(default_factory=list)
     discarded: bool = False
     rollouts: list[str] = dataclasses.field(default_factory=list)  # kept / regenerated inputs
+    # tolerances from the golden's tolerances.json looser than without it, by value name:
+    # {"tolerance": ..., "without": ...} as described
+    loosened: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def fail(self) -> None:
         """The golden failed: a mismatch, or it was missing or unreadable."""
@@ -149,6 +152,7 @@ class Outcome:
             "environment_changes": self.environment_changes,
             "discarded": self.discarded,
             "rollouts": self.rollouts,
+            "loosened": self.loosened,
         }
 
     @classmethod
@@ -163,4 +167,5 @@ class Outcome:
             environment_changes=list(data.get("environment_changes", [])),
             discarded=bool(data.get("discarded", False)),
             rollouts=list(data.get("rollouts", [])),
+            loosened=dict(data.get("loosened", {})),
         )

@@ -5,15 +5,17 @@ is the one place that puts them in order (top wins)::
 
     golden.check(tolerances=)                     call
     @pytest.mark.golden(ignore=, tolerances=)     marker
-    calibrated layout lane (tolerances.json)      calibrated_layout   } variants of
-    layout lane of parallel.variants()            layout              } parallel.variants()
-    calibrated (tolerances.json)                  calibrated
     --golden-ignore, --golden-tolerance           cli
+    calibrated variant lane (tolerances.json)     calibrated_layout   } variants
+    variant lane (same_math(), parallel.variants) layout              } only
+    calibrated (tolerances.json)                  calibrated
     ini golden_ignore, golden_tolerances          ini
     ini golden_metric_profile                     profile
     built-in RL defaults (families.py)            (always)
     the training-value default                    (always)
 
+Tolerances given explicitly (in the call, the marker, on the command line) come before
+those read from files, so a committed ``tolerances.json`` can be overridden for a run.
 A variant replaying another's golden (``same_math()``, ``parallel.variants()``) also
 resolves ``across_variants`` just under the marker: the metrics its profile averages per
 micro-batch, not comparable across variants.
@@ -73,10 +75,10 @@ class Stack:
             self.call,
             *self.marker,
             self.across_variants if self.variant else None,
+            *self.cli,
             self.calibrated_layout,
             self.layout,
             self.calibrated,
-            *self.cli,
             *self.ini,
             *self.profile,
             *builtin_layers(),
@@ -311,10 +313,18 @@ def level(
     excluded and given a tolerance at this level.
     """
     if tolerances is None or isinstance(tolerances, Mapping):
-        layer = Layer(source, tolerances or {})
+        try:
+            layer = Layer(source, tolerances or {})
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
     else:
         entries = {}
         for spec in tolerances:
+            if not isinstance(spec, str):
+                raise ValueError(
+                    f"{source}: takes METRIC:rtol=R,atol=A strings, got {spec!r}; "
+                    'or a mapping such as {"pg_loss": {"rtol": 1e-3}}'
+                )
             try:
                 name, tol = parse_spec(spec)
             except ValueError as exc:

@@ -347,3 +347,32 @@ def test_plot_failure_draws_only_a_golden_that_compared_metrics(tmp_path):
     tensors_only = {"comparisons": [{"kind": "tensor", "metric": "f/x", "verdict": "fail"}]}
     assert plot_failure(tensors_only, tmp_path, "t.py::t") is None
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"tolerances": {"pg_loss": 1e-3}}, "'pg_loss': expected a Tolerance or a dict, got float"),
+        ({"tolerances": [("loss", 1)]}, "takes METRIC:rtol=R,atol=A strings, got ('loss', 1)"),
+        ({"exact": "no"}, "exact= must be True or False, got 'no'"),
+        ({"deterministic": 0}, "deterministic= must be True or False, got 0"),
+        ({"regenerate": "yes"}, "regenerate= must be True or False, got 'yes'"),
+        ({"key": 3}, "key= must be a non-empty string, got 3"),
+        ({"ignore": [None]}, "takes metric or tensor names, got None"),
+    ],
+)
+def test_marker_arguments_of_the_wrong_type_are_refused_naming_the_fix(options, problem):
+    with pytest.raises((OptionError, ValueError)) as exc:
+        markers.marker_level(markers.marker_options([((), options)], "t.py::test_x"))
+    assert problem in str(exc.value)
+
+
+def test_a_marker_mistake_is_a_usage_error_not_a_traceback(project):
+    project.write(
+        "import pytest\n@pytest.mark.golden(tolerances={'pg_loss': 1e-3})\n"
+        "def test_x(golden):\n    golden.check({'pg_loss': 1.0})\n"
+    )
+    result = project.run()
+    text = result.stdout.str() + result.stderr.str()
+    assert "expected a Tolerance or a dict, got float" in text
+    assert "Traceback" not in text and "tolerance.py" not in text

@@ -112,3 +112,30 @@ def test_compare_values_with_a_mask_ignores_nan_and_inf_on_padding_in_both_lanes
         "mask applied: 2 of 3 positions compared, padding ignored",
         "Mismatched elements: 1 / 2 (50.0%)",
     ]
+
+
+VACUOUS = """
+import torch
+
+
+def test_forward(golden, values):
+    log_probs = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]]) * values["scale"]
+    mask = torch.tensor(values["mask"], dtype=torch.bool)
+    golden.check_tensors("actor", {"log_probs": log_probs}, mask=mask)
+"""
+
+
+def test_a_mask_that_selects_nothing_fails_naming_the_tensor_and_the_counts(project):
+    """A regression in the user's masking code must not turn the gate off silently."""
+    project.write(VACUOUS)
+    project.set_values(scale=1.0, mask=[[1, 1, 0], [1, 0, 0]])
+    project.run().assert_outcomes(passed=1)
+    project.set_values(scale=100.0, mask=[[0, 0, 0], [0, 0, 0]])
+    result = project.run("--golden-strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "tensor 'actor/log_probs' (step 0), allowed *:",
+            "    the mask selects none of the 6 positions: nothing was compared*",
+        ]
+    )

@@ -188,16 +188,16 @@ def test_builtin_fraction_metrics_are_absolute():
     assert not compare_values(0.25, 0.25 + 1 / 512, tol, check_dtype=False).ok  # one token of 512
 
 
-def test_the_stack_order_call_marker_calibrated_layout_layout_calibrated_cli_ini_builtin():
+def test_the_stack_order_explicit_tolerances_then_lanes_then_files_then_defaults():
     """Each layer, removed from the top in turn, hands the decision to the one below it."""
     roles = [
         "call",
         "marker",
         "across_variants",
+        "cli",
         "calibrated_layout",
         "layout",
         "calibrated",
-        "cli",
         "ini",
         "profile",
     ]

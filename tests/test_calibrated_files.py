@@ -1,0 +1,104 @@
+"""A committed tolerances.json never disarms the gate silently: entries are bounded to what
+calibration writes, tolerances looser than the defaults that come from it are listed in the
+summary with the file, and the command line and the exact lane override it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_rollout_golden import calibrate
+from pytest_rollout_golden.cli import main
+
+GATE = """
+import json, pathlib
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+def test_train(golden):
+    for step in range(2):
+        golden.check({"pg_loss": 0.5 * (1 + V.get("drift", 0.0)), "kl": 0.01}, step=step)
+"""
+
+
+def plant(project, tolerances: dict, **extra) -> None:
+    """A tolerances.json signed as calibration signs it (its checksum in the manifest)."""
+    content = {
+        "format": calibrate.FORMAT,
+        "version": 1,
+        "how": {"runs": 3, "perturbations": ["threads"], "tests": []},
+        "tolerances": tolerances,
+        "spreads": {},
+        **extra,
+    }
+    calibrate.write(project.golden_dir("test_train"), content)
+
+
+@pytest.fixture
+def recorded(project):
+    project.write(GATE)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    return project
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"rtol": 1e30, "atol": 1e30}, "rtol 1e+30 is beyond what calibration writes (0.05)"),
+        ({"rtol": 1e-3, "atol": "1e30"}, "atol must be a finite number >= 0"),
+        ({"ignore": True}, "'ignore' is not something calibration writes"),
+        ({"exact": True}, "'exact' is not something calibration writes"),
+        ({"rtol": -1.0, "atol": 0.0}, "rtol must be a finite number >= 0"),
+        ("loose", "must be an object of rtol, atol, scale, equal_nan"),
+    ],
+)
+def test_an_entry_calibration_never_writes_is_refused_naming_the_file(recorded, entry, problem):
+    plant(recorded, {"*": entry})
+    recorded.set_values(drift=4.0)  # a 5x drift: must never pass on such a file
+    result = recorded.run("--golden-strict")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "tolerances.json" in out and problem in out, out
+    assert "pytest --golden-calibrate N" in out
+    assert main(["verify", str(recorded.golden)]) == 1
+
+
+def test_a_tolerance_looser_than_the_default_from_a_file_is_listed_with_the_file(recorded):
+    plant(recorded, {"pg_loss": {"rtol": 0.01, "atol": 1e-8}})
+    recorded.set_values(drift=5e-3)  # inside the file's 1e-2, beyond the default 1e-4
+    result = recorded.run()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "tolerances looser than the defaults, from calibrated files:",
+            "    test_it.py::test_train: pg_loss: rtol=0.01, atol=1e-08 from "
+            "golden/test_it/test_train/tolerances.json (without it: rtol=0.0001, atol=1e-08, "
+            "scale=recorded)",
+        ]
+    )
+
+
+def test_the_command_line_and_the_exact_lane_override_a_calibrated_file(recorded):
+    plant(recorded, {"pg_loss": {"rtol": 0.01, "atol": 1e-8}})
+    recorded.set_values(drift=5e-3)
+    result = recorded.run("--golden-tolerance", "pg_loss:rtol=1e-4,atol=0")
+    result.assert_outcomes(failed=1)
+    assert recorded.mismatch_row(result, "pg_loss")["allowed"].endswith("(--golden-tolerance)")
+    recorded.run("--golden-exact").assert_outcomes(failed=1)
+
+
+def test_calibration_refuses_to_write_a_spread_beyond_its_bound():
+    spread = calibrate.Spread(rel=0.2, abs=0.1, step=0, dtype="float32")
+    content = calibrate.document(
+        {"pg_loss": spread},
+        lambda name, dtype: calibrate.Tolerance(rtol=1e-4, atol=1e-8),
+        runs=3,
+        perturbations=["threads"],
+        tests=["t"],
+    )
+    assert content["tolerances"] == {}
+    assert "beyond what calibration writes" in content["spreads"]["pg_loss"]["kept"]
+    json.dumps(content)
