@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import math
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,7 +48,8 @@ def is_dataproto_like(value: Any) -> bool:
     )
 
 
-def _is_tensordict_like(value: Any) -> bool:
+def is_tensordict_like(value: Any) -> bool:
+    """Whether ``value`` is a tensordict TensorDict (or a subclass), without importing it."""
     module = type(value).__module__ or ""
     return module.split(".")[0] == "tensordict" and hasattr(value, "batch_size")
 
@@ -58,7 +60,7 @@ def _non_tensor_kind(value: Any) -> str | None:
     Both are tensordict-like (a stack is even a Mapping), so they are told apart by
     class name before the TensorDict branch would take them for empty TensorDicts.
     """
-    if not _is_tensordict_like(value):
+    if not is_tensordict_like(value):
         return None
     names = {c.__name__ for c in type(value).__mro__}
     if "NonTensorStack" in names:
@@ -88,9 +90,10 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
     arrays: dict[str, Any] = {}
 
     def key_for(path: list[str]) -> str:
+        """A new safetensors key for the array at ``path``; never the header's ``__metadata__``."""
         key = "/".join(path) or "value"
         unique, n = key, 1
-        while unique in arrays:
+        while unique in arrays or unique == "__metadata__":
             unique, n = f"{key}#{n}", n + 1
         return unique
 
@@ -143,7 +146,7 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
                 "batch_size": list(v.batch_size),
                 "v": node(data, path),
             }
-        if _is_tensordict_like(v):
+        if is_tensordict_like(v):
             out = {
                 "t": "tensordict",
                 "batch_size": list(v.batch_size),
@@ -317,14 +320,12 @@ def _non_tensor_stack(td: Any, data: Any, ndim: int) -> Any:
 def _already_imported_class(spec: str) -> Callable[..., Any] | None:
     """The recorded DataProto class, if the test process already imported it.
 
-    Nothing is imported on behalf of a golden file, and only a class whose
-    constructor takes ``batch``, ``non_tensor_batch`` and ``meta_info`` is used,
-    so a crafted layout cannot make us call an arbitrary callable.
+    Nothing is imported on behalf of a golden file (see :func:`_imported_object`),
+    and only a class whose constructor takes ``batch``, ``non_tensor_batch`` and
+    ``meta_info`` is used, so a crafted layout cannot make us call an arbitrary
+    callable.
     """
-    module_name, _, qualname = spec.partition(":")
-    obj: Any = sys.modules.get(module_name)
-    for part in qualname.split(".") if obj is not None else []:
-        obj = getattr(obj, part, None)
+    obj = _imported_object(spec)
     if not isinstance(obj, type):
         return None
     try:
@@ -334,3 +335,31 @@ def _already_imported_class(spec: str) -> Callable[..., Any] | None:
     if not {"batch", "non_tensor_batch", "meta_info"} <= params.keys():
         return None
     return obj
+
+
+def _imported_object(spec: str) -> Any:
+    """The object named ``module:qualname`` if it already exists in this process, else None.
+
+    The module is looked up in ``sys.modules`` and each part of the qualname in
+    the own namespace (``__dict__``) of the object before it. ``getattr`` is never
+    used: a lazy module's ``__getattr__`` (torch's) would import the submodule a
+    crafted name asks for, and everything behind it.
+    """
+    module_name, _, qualname = spec.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        if obj is None:
+            return None
+        obj = _own_namespace(obj).get(part)
+    return obj
+
+
+def _own_namespace(obj: Any) -> Mapping[str, Any]:
+    """The ``__dict__`` of a module or class, read without running any of its code.
+
+    A class name only walks through modules and classes; any other object gives ``{}``.
+    """
+    for kind in (types.ModuleType, type):
+        if issubclass(type(obj), kind):
+            return kind.__dict__["__dict__"].__get__(obj)
+    return {}

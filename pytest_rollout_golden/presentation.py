@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import REMEDY_UPDATE
+from .location import TOLERANCES
 from .results import Comparison, Outcome, Status, Verdict, json_number
 
 if TYPE_CHECKING:
@@ -426,7 +427,7 @@ def summary_lines(
     )
     lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
     loosened = [
-        f"{o.test}: {name}: {t['tolerance']} from {rel(Path(o.directory) / 'tolerances.json')} "
+        f"{o.test}: {name}: {t['tolerance']} from {rel(Path(o.directory) / TOLERANCES)} "
         f"(without it: {t['without']})"
         for o in state.outcomes
         for name, t in o.loosened.items()

@@ -276,7 +276,7 @@ class Golden:
         if self._without_files is None or self._without_files == self._stack:
             return
         for c in results:
-            if c.tolerance is None or "tolerances.json" not in c.tolerance_source:
+            if c.tolerance is None or TOLERANCES not in c.tolerance_source:
                 continue
             dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
             without = self._without_files.resolver().resolve(c.name, (dtype or "float64",))[0]

@@ -261,8 +261,8 @@ def test_a_calibrated_golden_brings_its_tolerances_to_diff(tmp_path, capsys):
     assert row["source"] == "calibrated (tolerances.json)" and row["allowed"].startswith(
         "rtol=0.002"
     )
-    # ... and a --tolerance on the command line sits below it, as in the plugin.
-    assert main(["diff", a, b, "--no-config", "--tolerance", "pg_loss:rtol=1e-6"]) == 0
+    # ... and a --tolerance on the command line overrides it, as in the plugin.
+    assert main(["diff", a, b, "--no-config", "--tolerance", "pg_loss:rtol=1e-6"]) == 1
 
 
 def test_changed_non_tensor_values_are_a_difference(tmp_path, capsys):

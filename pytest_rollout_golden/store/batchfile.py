@@ -20,7 +20,7 @@ from typing import Any
 from .. import codec
 from ..errors import GoldenFormatError, UnsupportedValueError
 from ..location import MANIFEST
-from .files import FORMAT, SCHEMA, atomic_write, checksum, format_error, read_exact, sniff_foreign
+from .files import FORMAT, SCHEMA, atomic_write, checksum, foreign_format, format_error, read_exact
 from .jsonfile import CONTAINERS, MAX_JSON_DEPTH, is_json_int, parse_json, too_deep
 
 _HEADER_LIMIT = 100_000_000
@@ -129,9 +129,34 @@ def _parse_header(
     """``(header length, header, entries)`` of a safetensors file of ``size`` bytes.
 
     ``head`` is the file's first 8 bytes (fewer if it is shorter) and
-    ``header_bytes(n)`` returns the ``n`` bytes of JSON that follow them.
+    ``header_bytes(n)`` returns the ``n`` bytes of JSON that follow them. The file
+    is taken for safetensors if its header parses; only if it does not is it
+    sniffed for a pickle, zip or ``.npy`` file, whose magic bytes can also be the
+    length of a valid header.
     """
-    sniff_foreign(path, head)
+    try:
+        n, header = _header_object(path, size, head, header_bytes)
+    except GoldenFormatError:
+        foreign = foreign_format(head)
+        if foreign is None:
+            raise
+        raise format_error(path, foreign) from None
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise format_error(
+            path, "has a corrupted safetensors header (__metadata__ is not a str -> str map)"
+        )
+    return n, header, _check_entries(path, header, size - 8 - n)
+
+
+def _header_object(
+    path: Path, size: int, head: bytes | bytearray, header_bytes: Callable[[int], bytes]
+) -> tuple[int, dict[str, Any]]:
+    """``(n, header)``: the u64 length ``n`` that starts the file and the JSON object after it.
+
+    Raises GoldenFormatError if the length does not fit the file or what follows
+    is not a JSON object.
+    """
     if size < 8:
         raise format_error(path, f"is truncated ({size} bytes, no safetensors header)")
     (n,) = struct.unpack_from("<Q", head)
@@ -148,12 +173,7 @@ def _parse_header(
     header = parse_json(path, header_bytes(n), "has a corrupted safetensors header")
     if not isinstance(header, dict):
         raise format_error(path, "has a corrupted safetensors header (not a JSON object)")
-    metadata = header.get("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise format_error(
-            path, "has a corrupted safetensors header (__metadata__ is not a str -> str map)"
-        )
-    return n, header, _check_entries(path, header, size - 8 - n)
+    return n, header
 
 
 def _verify(

@@ -4,7 +4,7 @@ that names a bad file.
 Every write goes to a temporary file that is fsynced and renamed over the target, so a
 reader sees the old file or the new one, never a mix. Nothing here unpickles or executes
 anything read from disk: a pickle, zip (``torch.save``) or ``.npy`` file found where a
-golden file should be is refused by its first bytes.
+golden file should be is refused, and named by its first bytes.
 """
 
 from __future__ import annotations
@@ -87,16 +87,27 @@ def read_exact(path: Path, f: Any, buf: Any) -> Any:
     return buf
 
 
-def sniff_foreign(path: Path, buf: bytearray) -> None:
-    """Refuse, by its first bytes, a pickle, zip or ``.npy`` file; it is never deserialized."""
+def foreign_format(buf: bytes | bytearray) -> str | None:
+    """What a file starting with ``buf`` is if it is a pickle, zip or ``.npy`` file, else None.
+
+    The answer is worded to follow the file's name in an error. Magic bytes can
+    also begin a valid file (a safetensors header of 640 bytes starts ``80 02``,
+    like a protocol-2 pickle), so a reader that can parse its own format asks
+    this only about a file that did not parse.
+    """
     if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
-        raise format_error(
-            path,
+        return (
             "is a pickle file, not a safetensors golden; it was not unpickled "
-            "(unpickling runs code stored in the file)",
+            "(unpickling runs code stored in the file)"
         )
     for magic, what in _FOREIGN_MAGIC:
         if buf.startswith(magic):
-            raise format_error(
-                path, f"is {what}, not a safetensors golden; it was not deserialized"
-            )
+            return f"is {what}, not a safetensors golden; it was not deserialized"
+    return None
+
+
+def sniff_foreign(path: Path, buf: bytearray) -> None:
+    """Refuse, by its first bytes, a pickle, zip or ``.npy`` file; it is never deserialized."""
+    what = foreign_format(buf)
+    if what is not None:
+        raise format_error(path, what)
