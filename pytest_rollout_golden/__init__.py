@@ -15,6 +15,7 @@ from .errors import (
     GoldenMismatch,
     GoldenMissingError,
     GoldenNaNWarning,
+    GoldenNotFetchedError,
     GoldenToleranceWarning,
     UnsupportedValueError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "GoldenMismatch",
     "GoldenMissingError",
     "GoldenNaNWarning",
+    "GoldenNotFetchedError",
     "GoldenToleranceWarning",
     "Mode",
     "Outcome",

@@ -263,7 +263,7 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
                 allowed[row.name] = (tol.rtol, tol.atol)
     title = f"{a}" if b is None else f"{a} vs {b}"
     labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
-    plot_metrics(
+    picture = plot_metrics(
         curves[0],
         out,
         b=curves[1] if b is not None else None,
@@ -273,6 +273,8 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
         allowed=allowed,
     )
     print(f"wrote {out}")
+    if picture.not_drawn_note:
+        print(picture.not_drawn_note)
     return 0
 
 

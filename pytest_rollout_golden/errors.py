@@ -22,6 +22,13 @@ class GoldenFormatError(GoldenError):
     """A golden file is corrupted, truncated, foreign (e.g. a pickle) or of an unknown schema."""
 
 
+class GoldenNotFetchedError(GoldenError):
+    """A golden file is a Git LFS pointer: the clone has not fetched what it stands for.
+
+    Not a :class:`GoldenFormatError`: the golden is not damaged, and re-recording over it
+    would lose it."""
+
+
 class GoldenMissingError(GoldenError):
     """A golden, step, batch or metric was asked for in a mode that never records."""
 

@@ -1,15 +1,20 @@
 """Pictures of metric curves over steps: one golden, or expected (A) against actual (B).
 
-One panel per scalar metric. With two curves each panel has a strip below it
-with the relative difference per step against the allowed one, and the first
-step beyond tolerance is marked. Needs matplotlib (``pip install
-'pytest-rollout-golden[plot]'``); nothing else in the package imports it.
+One panel per scalar metric, at most :data:`MAX_PANELS` of them; the others are named in a
+note at the foot of the figure and in the returned :class:`Picture`. With two curves each
+panel has a strip below it with the relative difference per step against the allowed one,
+and the first step beyond tolerance is marked. Infinite and NaN values are drawn on the edge
+of their panel (``inf`` at the top, ``-inf`` at the bottom, ``nan`` at the top with a cross)
+and labelled. Needs matplotlib (``pip install 'pytest-rollout-golden[plot]'``); nothing else
+in the package imports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,37 @@ MISSING_MATPLOTLIB = (
     "install it with: pip install 'pytest-rollout-golden[plot]'"
 )
 _A_COLOR, _B_COLOR, _BAD = "#1f77b4", "#ff7f0e", "#d62728"
+
+MAX_PANELS = 12
+"""The most metric panels one picture draws (4 rows of 3). Drawing time and memory grow with
+the number of panels, so a golden with hundreds of metrics would take minutes and hundreds of
+megabytes; past this many, the metrics that diverged first (then those farthest beyond
+tolerance) are drawn, then the rest by name, and the ones left out are listed."""
+
+_NAMED = 5  # names in a title line before "and N more"
+_NOTE_LINES = 4  # lines of the "not drawn" note at the foot of the figure
+_MARKED = 8  # labelled non-finite points per curve and panel (all are drawn)
+_BARS = 100  # past this many steps: thin lines instead of bars, curves without step markers
+_EQUALS = 60  # "=" marks in a difference strip, at most this many steps
+_TOP, _BOTTOM = 0.95, 0.05  # where non-finite values sit, in fractions of the panel's height
+
+
+@dataclasses.dataclass(frozen=True)
+class Picture:
+    """A written PNG: where, the metrics drawn (in panel order) and those left out.
+
+    ``str()`` and ``os.fspath()`` give the path."""
+
+    path: Path
+    drawn: tuple[str, ...]
+    not_drawn: tuple[str, ...] = ()
+    not_drawn_note: str = ""  # "N of M metrics not drawn (...): a, b, ..." ("": all drawn)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
 
 
 def series(steps: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
@@ -47,6 +83,57 @@ def _figure_classes() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
+def _some(names: Sequence[str], limit: int = _NAMED, chars: int = 10**6) -> str:
+    """``a, b, c`` or ``a, b, c and 7 more``: at most ``limit`` names, in about ``chars``."""
+    shown: list[str] = []
+    for name in names[:limit]:
+        if shown and len(", ".join([*shown, name])) + 12 > chars:
+            break
+        shown.append(name)
+    rest = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {rest} more" if rest else "")
+
+
+def _short(name: str, chars: int = 56) -> str:
+    """``name``, its middle elided when longer than ``chars``."""
+    if len(name) <= chars:
+        return name
+    half = (chars - 1) // 2
+    return f"{name[:half]}…{name[-half:]}"
+
+
+def _excess(a: Mapping[int, float], b: Mapping[int, float], allowed: tuple[float, float]) -> float:
+    """The greatest difference over the allowed one (non-finite differences: infinite)."""
+    rtol, atol = allowed
+    worst = 0.0
+    for step in set(a) & set(b):
+        x, y = a[step], b[step]
+        if x == y:
+            continue
+        diff, limit = abs(y - x), atol + rtol * abs(x)
+        ratio = diff / limit if limit > 0 and math.isfinite(diff) else math.inf
+        worst = max(worst, ratio)
+    return worst
+
+
+def _order(
+    names: list[str],
+    first: Mapping[str, int | None],
+    excess: Mapping[str, float],
+) -> list[str]:
+    """Diverged metrics first (earliest, then farthest beyond tolerance), then the rest by name."""
+
+    def farthest(name: str) -> float:
+        value = excess.get(name)
+        return math.inf if value is None or math.isnan(value) else value
+
+    diverged = sorted(
+        (n for n in names if first.get(n) is not None),
+        key=lambda n: (first[n], -farthest(n), n),
+    )
+    return diverged + [n for n in names if first.get(n) is None]
+
+
 def plot_metrics(
     a: Series,
     out: Path,
@@ -56,11 +143,19 @@ def plot_metrics(
     title: str = "",
     first_divergence: Mapping[str, int | None] | None = None,
     allowed: Mapping[str, tuple[float, float]] | None = None,
-) -> Path:
-    """Draw one panel per metric of ``a`` (and ``b``) and write a PNG to ``out``.
+    excess: Mapping[str, float] | None = None,
+    max_panels: int = MAX_PANELS,
+) -> Picture:
+    """Draw one panel per metric of ``a`` (and ``b``), at most ``max_panels``, into a PNG.
 
     ``first_divergence`` marks, per metric, the first step beyond tolerance;
-    ``allowed`` gives ``(rtol, atol)`` per metric for the difference strip.
+    ``allowed`` gives ``(rtol, atol)`` per metric for the difference strip; ``excess``
+    (greatest difference over the allowed one, per metric; computed from ``allowed`` where
+    not given) ranks the diverged metrics when not all fit. The metrics that diverged
+    earliest come first, then the others by name; those past ``max_panels``
+    (:data:`MAX_PANELS`) are not drawn but named in a note at the foot of the picture and
+    in the returned :class:`Picture`. The grid is fixed (no constrained layout), so the
+    cost does not grow with the number of metrics.
     """
     Figure, FigureCanvasAgg = _figure_classes()
     names = sorted(set(a) | set(b or {}))
@@ -68,16 +163,63 @@ def plot_metrics(
         raise GoldenError(f"nothing to plot for {title or out}: no scalar metrics")
     first_divergence = first_divergence or {}
     allowed = allowed or {}
-    ncols = min(3, len(names))
-    nrows = math.ceil(len(names) / ncols)
-    strip = b is not None
-    fig = Figure(figsize=(5.0 * ncols, (3.6 if strip else 2.8) * nrows + 0.9), layout="constrained")
+    excess = dict(excess or {})
+    if b is not None:
+        for name, tol in allowed.items():
+            if name not in excess and name in a and name in b:
+                excess[name] = _excess(a[name], b[name], tol)
+    ordered = _order(names, first_divergence, excess)
+    shown, hidden = ordered[: max(1, max_panels)], ordered[max(1, max_panels) :]
+
+    ncols = min(3, len(shown))
+    nrows = math.ceil(len(shown) / ncols)
+    strip = b is not None  # a difference strip below each panel
+    panel_w, panel_h = 5.0, (3.6 if strip else 2.8)
+    width = panel_w * ncols
+    heading = title or str(out)
+    diverged: list[tuple[int, str]] = []
+    if b is not None:
+        diverged = sorted((s, n) for n, s in first_divergence.items() if s is not None)
+        line = f"{labels[0]} (solid) vs {labels[1]} (dashed): "
+        if diverged:
+            line += f"first divergence at step {diverged[0][0]}: "
+            step = diverged[0][0]
+            earliest = [n for n in ordered if first_divergence.get(n) == step]
+            earliest += [n for s, n in diverged if s == step and n not in earliest]  # tensors
+            line += _some(earliest, chars=max(40, ncols * 50 - len(line)))
+        else:
+            line += "all metrics within tolerance"
+        heading += "\n" + line
+    chars = int(width * 11)  # of the title's font in the figure's width
+    heading = "\n".join(textwrap.fill(part, chars) for part in heading.split("\n"))
+
+    note, note_text = [], ""
+    if hidden:
+        prefix, items = _not_drawn_note(hidden, len(names), first_divergence, max_panels)
+        note_text = f"{prefix} {', '.join(items)}"
+        note = _wrap(prefix, items, chars=int(width * 12.5), lines=_NOTE_LINES)
+    title_lines = max(
+        _panel_title(n, first_divergence.get(n)).count("\n") + 1 for n in shown[:ncols]
+    )
+    top = 0.2 + 0.22 * (heading.count("\n") + 1) + 0.2 * title_lines  # inches, for the titles
+    bottom = 0.55 + (0.2 + 0.16 * len(note) if note else 0.0)  # tick labels, "step", the note
+    height = panel_h * nrows + top + bottom
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
-    outer = fig.add_gridspec(nrows, ncols)
-    for index, name in enumerate(names):
+    outer = fig.add_gridspec(
+        nrows,
+        ncols,
+        left=0.75 / width,
+        right=1 - 0.25 / width,
+        top=1 - top / height,
+        bottom=bottom / height,
+        wspace=0.3,
+        hspace=0.45 if strip else 0.55,
+    )
+    for index, name in enumerate(shown):
         cell = outer[index // ncols, index % ncols]
         if strip:
-            inner = cell.subgridspec(2, 1, height_ratios=(3, 1), hspace=0.05)
+            inner = cell.subgridspec(2, 1, height_ratios=(3, 1), hspace=0.08)
             ax, ax_diff = fig.add_subplot(inner[0]), fig.add_subplot(inner[1])
         else:
             ax, ax_diff = fig.add_subplot(cell), None
@@ -85,20 +227,105 @@ def plot_metrics(
                labels, first_divergence.get(name), allowed.get(name))  # fmt: skip
     if b is not None:
         fig.axes[0].legend(fontsize=8, loc="best")
-    heading = title or str(out)
-    if b is not None:
-        diverged = sorted((s, n) for n, s in first_divergence.items() if s is not None)
-        verdict = (
-            f"first divergence at step {diverged[0][0]}: "
-            + ", ".join(n for s, n in diverged if s == diverged[0][0])
-            if diverged
-            else "all metrics within tolerance"
-        )
-        heading += f"\n{labels[0]} (solid) vs {labels[1]} (dashed): {verdict}"
-    fig.suptitle(heading, fontsize=11, color=_BAD if b is not None and diverged else "black")
+    fig.suptitle(
+        heading,
+        y=1 - 0.12 / height,
+        va="top",
+        fontsize=11,
+        color=_BAD if diverged else "black",
+    )
+    if note:
+        fig.text(0.01, 0.12 / height, "\n".join(note), fontsize=8, va="bottom", ha="left",
+                 color="#444444", family="monospace")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    return out
+    return Picture(out, tuple(shown), tuple(hidden), note_text)
+
+
+def _not_drawn_note(
+    hidden: list[str], total: int, first: Mapping[str, int | None], max_panels: int
+) -> tuple[str, list[str]]:
+    """``K of M metrics not drawn (at most N panels), D beyond tolerance (first step in
+    brackets):`` and the names, those beyond tolerance first."""
+    beyond = sum(first.get(n) is not None for n in hidden)
+    prefix = f"{len(hidden)} of {total} metrics not drawn (at most {max_panels} panels)"
+    if beyond:
+        prefix += f", {beyond} of them beyond tolerance (first step in brackets)"
+    return (
+        prefix + ":",
+        [f"{n} [{first[n]}]" if first.get(n) is not None else n for n in hidden],
+    )
+
+
+def _wrap(prefix: str, items: list[str], *, chars: int, lines: int) -> list[str]:
+    """``prefix`` and ``items`` in at most ``lines`` lines of ``chars``; the last says how many
+    items did not fit."""
+    rows = [prefix]
+    for n, item in enumerate(items):
+        piece = item + ("," if n + 1 < len(items) else "")
+        if len(rows[-1]) + 1 + len(piece) <= chars:
+            rows[-1] += " " + piece
+        elif len(rows) < lines:
+            rows.append(piece)
+        else:
+            rest = len(items) - n
+            while True:
+                tail = f" ... and {rest} more"
+                if len(rows[-1]) + len(tail) <= chars or " " not in rows[-1]:
+                    break
+                rows[-1] = rows[-1].rpartition(" ")[0]
+                rest += 1
+            rows[-1] = rows[-1].rstrip(",") + tail
+            break
+    return rows
+
+
+def _split(curve: Mapping[int, float]) -> tuple[list[int], list[float], dict[int, float]]:
+    """Steps and values to draw as a line (non-finite values as gaps), and the non-finite ones."""
+    steps = sorted(curve)
+    values = [curve[s] if math.isfinite(curve[s]) else math.nan for s in steps]
+    return steps, values, {s: curve[s] for s in steps if not math.isfinite(curve[s])}
+
+
+def _edge(value: float) -> tuple[float, str, str]:
+    """Where a non-finite value sits (axes fraction), its marker and its label."""
+    if math.isnan(value):
+        return _TOP, "X", "nan"
+    return (_TOP, "^", "inf") if value > 0 else (_BOTTOM, "v", "-inf")
+
+
+def _mark_non_finite(ax: Any, points: Mapping[int, float], color: str, lane: int) -> None:
+    """Draw non-finite ``points`` on the top or bottom edge of ``ax`` and label them (curve A's
+    labels right of the mark, B's left)."""
+    if not points:
+        return
+    edge = ax.get_xaxis_transform()  # x in steps, y in fractions of the axes
+    groups: dict[tuple[float, str], list[int]] = {}
+    for step, value in points.items():
+        y, marker, _ = _edge(value)
+        groups.setdefault((y, marker), []).append(step)
+    from matplotlib.patches import Rectangle
+
+    for y in {y for y, _ in groups}:  # a shaded strip along the edge: off the value scale
+        band = Rectangle((0, y - 0.05), 1, 0.1, transform=ax.transAxes, color="#ececec", lw=0)
+        ax.add_patch(band).set_zorder(0)
+    for (y, marker), steps in groups.items():
+        ax.plot(steps, [y] * len(steps), marker, color=color, ms=8, mec="black", mew=0.6,
+                transform=edge, clip_on=False, zorder=5, ls="none")  # fmt: skip
+    for step in sorted(points)[:_MARKED]:
+        y, _, label = _edge(points[step])
+        ax.annotate(label, (step, y), xycoords=edge, xytext=(-8 if lane else 8, 0),
+                    textcoords="offset points", ha="right" if lane else "left", va="center",
+                    fontsize=8, fontweight="bold", color=color)  # fmt: skip
+
+
+def _panel_title(name: str, first: int | None) -> str:
+    """The metric's name (middle elided when long) and where it diverges, in one or two lines."""
+    title = _short(name)
+    if first is None:
+        return title
+    suffix = f"(diverges at step {first})"
+    return title + ("\n" if len(title) + len(suffix) > 50 else "  ") + suffix
 
 
 def _panel(
@@ -111,14 +338,18 @@ def _panel(
     first: int | None,
     allowed: tuple[float, float] | None,
 ) -> None:
-    steps_a = sorted(a)
-    ax.plot(steps_a, [a[s] for s in steps_a], "-o", color=_A_COLOR, label=labels[0], ms=4)
+    steps_a, values_a, odd_a = _split(a)
+    dots = len(a) <= _BARS and (b is None or len(b) <= _BARS)  # a marker per step
+    ax.plot(steps_a, values_a, "-o" if dots else "-", color=_A_COLOR, label=labels[0], ms=4)
+    _mark_non_finite(ax, odd_a, _A_COLOR, 0)
+    odd_b: dict[int, float] = {}
     if b is not None:
-        steps_b = sorted(b)
-        ax.plot(steps_b, [b[s] for s in steps_b], "--x", color=_B_COLOR, label=labels[1], ms=6)
-    title = name
+        steps_b, values_b, odd_b = _split(b)
+        ax.plot(steps_b, values_b, "--x" if dots else "--", color=_B_COLOR, label=labels[1], ms=6)
+        _mark_non_finite(ax, odd_b, _B_COLOR, 1)
+    ax.margins(y=0.2 if odd_a or odd_b else 0.05)  # room for edge marks
+    title = _panel_title(name, first)
     if first is not None:
-        title += f"  (diverges at step {first})"
         for axis in (ax, ax_diff):
             if axis is not None:
                 axis.axvline(first, color=_BAD, lw=1.2, ls=":")
@@ -126,29 +357,63 @@ def _panel(
     ax.grid(alpha=0.3)
     ax.ticklabel_format(axis="y", useOffset=False)
     steps = sorted(set(a) | set(b or {}))
+    if steps:
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     if ax_diff is None or b is None:
         ax.set_xlabel("step")
         _integer_steps(ax, steps)
         return
     ax.tick_params(labelbottom=False)
     shared = [s for s in steps if s in a and s in b]
-    rel = {s: abs(b[s] - a[s]) / abs(a[s]) if a[s] else abs(b[s] - a[s]) for s in shared}
+    same = {s for s in shared if a[s] == b[s]}  # equal infinities too; never NaN
+    rel: dict[int, float] = {}
+    odd: dict[int, str] = {}  # steps whose difference is not a finite number
+    for s in shared:
+        if s in same:
+            continue
+        diff = abs(b[s] - a[s])
+        if math.isnan(a[s]) or math.isnan(b[s]):
+            odd[s] = "nan"
+        elif not math.isfinite(diff):
+            odd[s] = "inf"
+        else:
+            rel[s] = diff / abs(a[s]) if a[s] else diff
     nonzero = {s: r for s, r in rel.items() if r > 0}
     rtol = allowed[0] if allowed is not None and allowed[0] > 0 else None
     if nonzero:
         colors = [_BAD if first is not None and s >= first else "#7f7f7f" for s in nonzero]
-        ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
-        ax_diff.set_yscale("log")
         values = [*nonzero.values(), *([rtol] if rtol else [])]
+        ax_diff.set_yscale("log")
+        if len(nonzero) <= _BARS:
+            ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
+        else:  # one line per color, its stems separated by NaN: cheap for many steps
+            low = min(values) / 10
+            for color in set(colors):
+                xs, ys = [], []
+                for (step, r), c in zip(nonzero.items(), colors, strict=True):
+                    if c == color:
+                        xs += [step, step, math.nan]
+                        ys += [low, r, math.nan]
+                ax_diff.plot(xs, ys, color=color, lw=1)
         ax_diff.set_ylim(min(values) / 10, max(values) * 10)
     else:
         ax_diff.set_yticks([])
-        ax_diff.text(0.5, 0.5, "identical at every step", transform=ax_diff.transAxes,
-                     ha="center", va="center", fontsize=8, color="#2ca02c")  # fmt: skip
-    for s in shared:
-        if rel[s] == 0 and nonzero:
-            ax_diff.text(s, 0.05, "=", transform=ax_diff.get_xaxis_transform(), ha="center",
-                         fontsize=8, color="#2ca02c")  # fmt: skip
+        if not odd:
+            ax_diff.text(0.5, 0.5, "identical at every step", transform=ax_diff.transAxes,
+                         ha="center", va="center", fontsize=8, color="#2ca02c")  # fmt: skip
+    if odd:
+        edge = ax_diff.get_xaxis_transform()
+        ax_diff.plot(list(odd), [0.85] * len(odd), "^", color=_BAD, ms=7, transform=edge,
+                     zorder=5, ls="none")  # fmt: skip
+        for s in sorted(odd)[:_MARKED]:
+            ax_diff.annotate(odd[s], (s, 0.85), xycoords=edge, xytext=(6, -8),
+                             textcoords="offset points", ha="left", va="center", fontsize=7,
+                             fontweight="bold", color=_BAD)  # fmt: skip
+    if len(shared) <= _EQUALS and (nonzero or odd):
+        for s in shared:
+            if s in same or rel.get(s) == 0:
+                ax_diff.text(s, 0.05, "=", transform=ax_diff.get_xaxis_transform(),
+                             ha="center", fontsize=8, color="#2ca02c")  # fmt: skip
     label = "|B-A|/|A|"
     if rtol is not None and nonzero:
         ax_diff.axhline(rtol, color="black", lw=0.8, ls="--")
@@ -156,21 +421,28 @@ def _panel(
     ax_diff.set_ylabel(label, fontsize=7)
     ax_diff.set_xlabel("step")
     ax_diff.grid(alpha=0.3, axis="y")
-    for axis in (ax, ax_diff):
-        axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax_diff.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     _integer_steps(ax_diff, steps)
     _integer_steps(ax, steps)
     if first is not None and first in b:
-        ax.plot([first], [b[first]], "o", mfc="none", mec=_BAD, ms=12, mew=1.5)
+        if math.isfinite(b[first]):
+            ax.plot([first], [b[first]], "o", mfc="none", mec=_BAD, ms=12, mew=1.5)
+        else:
+            y = _edge(b[first])[0]
+            ax.plot([first], [y], "o", mfc="none", mec=_BAD, ms=14, mew=1.5, clip_on=False,
+                    transform=ax.get_xaxis_transform())  # fmt: skip
 
 
 def _integer_steps(ax: Any, steps: list[int]) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(10, max(len(steps), 1))))
+    if len(steps) <= 10:  # every step a tick (MaxNLocator gives -0.5, 0.5 around one step)
+        ax.set_xticks(steps)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=10))
 
 
-def plot_failure(outcome: Mapping[str, Any], directory: Path, test_id: str) -> Path | None:
+def plot_failure(outcome: Mapping[str, Any], directory: Path, test_id: str) -> Picture | None:
     """The picture of a failed golden test (``--golden-plot DIR``) in ``directory``, named
     for ``test_id``; ``None`` when it compared no metric."""
     from .location import safe_name
@@ -180,22 +452,37 @@ def plot_failure(outcome: Mapping[str, Any], directory: Path, test_id: str) -> P
     return plot_outcome(outcome, directory / f"{safe_name(test_id)}.png")
 
 
-def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Path:
+def _number(value: Any) -> float | None:
+    """A comparison's value as a float (``"inf"``, ``"-inf"``, ``"nan"`` too), else ``None``."""
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
     """The picture of one golden test's comparisons: recorded (expected) against this run."""
     expected: dict[str, dict[int, float]] = {}
     actual: dict[str, dict[int, float]] = {}
     first: dict[str, int | None] = {}
     allowed: dict[str, tuple[float, float]] = {}
+    excess: dict[str, float] = {}
     for c in outcome["comparisons"]:
         if c["kind"] != "metric":
             continue
         name, step = c["metric"], c["step"]
         for target, value in ((expected, c.get("expected")), (actual, c.get("actual"))):
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                target.setdefault(name, {})[step] = float(value)
+            number = _number(value)
+            if number is not None:
+                target.setdefault(name, {})[step] = number
         first.setdefault(name, None)
         if c["verdict"] == "fail":
             first[name] = step if first[name] is None else min(first[name], step)
+            beyond = _number(c.get("excess"))
+            if beyond is not None:
+                beyond = math.inf if math.isnan(beyond) else beyond
+                excess[name] = max(excess.get(name, 0.0), beyond)
         tol = c.get("tolerance") or {}
         if not tol.get("exact") and not tol.get("ignore") and "rtol" in tol:
             allowed[name] = (tol["rtol"], tol["atol"])
@@ -208,7 +495,7 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Path:
     )
     title = f"{outcome['test']}  (golden {display(outcome['directory'])})"
     if failed_tensors:
-        title += f"\ntensors beyond tolerance (not drawn): {', '.join(failed_tensors)}"
+        title += f"\ntensors beyond tolerance (not drawn): {_some(failed_tensors, chars=100)}"
     return plot_metrics(
         expected,
         out,
@@ -217,4 +504,5 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Path:
         title=title,
         first_divergence=first,
         allowed=allowed,
+        excess=excess,
     )

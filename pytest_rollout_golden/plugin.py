@@ -19,7 +19,13 @@ import pluggy
 import pytest
 
 from . import markers
-from .errors import GoldenError, GoldenFormatError, GoldenMismatch, GoldenMissingError
+from .errors import (
+    GoldenError,
+    GoldenFormatError,
+    GoldenMismatch,
+    GoldenMissingError,
+    GoldenNotFetchedError,
+)
 from .location import TOLERANCES, link_out_of_root
 from .modes import MISSING_STEP_POLICIES
 from .options import (
@@ -599,7 +605,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
         result = yield
     except BaseException as exc:
-        unusable = isinstance(exc, (GoldenMissingError, GoldenFormatError))
+        unusable = isinstance(exc, (GoldenMissingError, GoldenFormatError, GoldenNotFetchedError))
         plugin.finish(item, error=True, golden_error=unusable)
         raise
     plugin.finish(item, error=item.nodeid in plugin.failed_ids)  # e.g. a failed subtest

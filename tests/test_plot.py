@@ -92,3 +92,149 @@ def test_loading_the_plugin_with_golden_plot_imports_no_heavy_module(project):
     project.run_subprocess("--golden-plot", "plots").assert_outcomes(passed=1)
     assert json.loads((project.path / "heavy.json").read_text()) == []
     assert "matplotlib" in sys.modules  # this process did import it: the check above is real
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plotting functions save, to look at what they drew."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    real_savefig = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def texts(figure):
+    """Every text on the figure and its axes: titles, annotations, notes."""
+    found = [t.get_text() for t in figure.texts]
+    for ax in figure.axes:
+        found += [ax.get_title(loc="left"), ax.get_title()]
+        found += [t.get_text() for t in ax.texts]
+    return found
+
+
+def test_many_metrics_draw_a_bounded_number_of_panels_and_name_the_rest(tmp_path, drawn):
+    from pytest_rollout_golden.plot import MAX_PANELS, plot_metrics
+
+    names = [f"m{i:03d}" for i in range(200)]
+    a = {n: {s: 1.0 + s for s in range(3)} for n in names}
+    b = {n: dict(c) for n, c in a.items()}
+    b["m150"][1] = 5.0  # the first to diverge
+    b["m020"][2] = 9.0  # diverges later
+    first = {n: None for n in names} | {"m150": 1, "m020": 2}
+    picture = plot_metrics(a, tmp_path / "many.png", b=b, first_divergence=first)
+
+    assert 12 <= MAX_PANELS <= 16
+    assert len(picture.drawn) == MAX_PANELS
+    assert picture.drawn[:2] == ("m150", "m020")  # diverged first, earliest first
+    assert (
+        list(picture.drawn[2:]) == [n for n in names if n not in ("m150", "m020")][: MAX_PANELS - 2]
+    )
+    assert sorted(picture.drawn + picture.not_drawn) == names
+    assert len(picture.not_drawn) == 200 - MAX_PANELS
+    assert picture.path == tmp_path / "many.png" and str(picture) == str(tmp_path / "many.png")
+    assert (tmp_path / "many.png").read_bytes().startswith(PNG)
+
+    [figure] = drawn
+    assert len(figure.axes) == 2 * MAX_PANELS  # a panel and its difference strip each
+    assert figure.get_layout_engine() is None  # no constrained layout over a large grid
+    note = "\n".join(t for t in texts(figure) if "not drawn" in t)
+    assert f"{200 - MAX_PANELS} of 200 metrics not drawn" in note
+    assert picture.not_drawn[0] in note
+
+
+def test_many_diverged_metrics_draw_the_farthest_and_keep_the_title_short(tmp_path, drawn):
+    from pytest_rollout_golden.plot import MAX_PANELS, plot_metrics
+
+    names = [f"m{i:03d}" for i in range(200)]
+    a = {n: {s: 1.0 + s for s in range(3)} for n in names}
+    b = {n: dict(c) for n, c in a.items()}
+    diverged = [f"m{i:03d}" for i in range(196, -1, -4)]  # farthest first: drift grows with i
+    for name in diverged:
+        b[name][1] += 1e-3 * (int(name[1:]) + 1)
+    first = {n: 1 if n in diverged else None for n in names}
+    allowed = {n: (1e-5, 1e-8) for n in names}
+    picture = plot_metrics(a, tmp_path / "x.png", b=b, first_divergence=first, allowed=allowed)
+
+    assert list(picture.drawn) == diverged[:MAX_PANELS]
+    hidden = len(diverged) - MAX_PANELS
+    assert list(picture.not_drawn[:hidden]) == diverged[MAX_PANELS:]
+    assert list(picture.not_drawn[hidden:]) == [n for n in names if n not in diverged]
+    assert picture.not_drawn_note.startswith(
+        f"{200 - MAX_PANELS} of 200 metrics not drawn (at most {MAX_PANELS} panels), "
+        f"{hidden} of them beyond tolerance (first step in brackets): {diverged[MAX_PANELS]} [1],"
+    )
+    [heading] = [t for t in texts(drawn[0]) if "first divergence" in t]
+    assert "first divergence at step 1: m196, m192, m188, m184, m180 and 45 more" in heading
+    assert len(heading) < 300
+
+
+def test_plot_verb_prints_the_metrics_it_did_not_draw(tmp_path, capsys, drawn):
+    from pytest_rollout_golden.plot import MAX_PANELS
+
+    with Golden(tmp_path / "a", mode=Mode.AUTO) as golden:
+        for step in range(3):
+            golden.check({f"m{i:03d}": float(i + step) for i in range(40)}, step=step)
+    assert main(["plot", str(tmp_path / "a"), "-o", str(tmp_path / "a.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'a.png'}" in out
+    assert f"{40 - MAX_PANELS} of 40 metrics not drawn" in out
+    assert "m039" in out and f"m{MAX_PANELS - 1:03d}," not in out
+    assert len(drawn[0].axes) == MAX_PANELS
+
+
+def record_non_finite(directory, values):
+    with Golden(directory, mode=Mode.AUTO) as golden:
+        for step, value in enumerate(values):
+            golden.check({"pg_loss": value, "kl": 0.01 * step}, step=step)
+
+
+@pytest.mark.filterwarnings("ignore::pytest_rollout_golden.GoldenNaNWarning")
+@pytest.mark.parametrize("order", ["one", "ab", "ba"])
+def test_plot_marks_infinite_and_nan_values_instead_of_failing(tmp_path, capsys, drawn, order):
+    inf, nan = float("inf"), float("nan")
+    record_non_finite(tmp_path / "diverged", [1.0, 0.5, inf, nan, 0.3])
+    record_non_finite(tmp_path / "finite", [1.0, 0.5, 0.4, 0.35, 0.3])
+    goldens = {"one": ["diverged"], "ab": ["diverged", "finite"], "ba": ["finite", "diverged"]}
+    args = [str(tmp_path / g) for g in goldens[order]]
+    assert main(["plot", *args, "-o", str(tmp_path / "x.png")]) == 0
+    assert (tmp_path / "x.png").read_bytes().startswith(PNG)
+
+    [figure] = drawn
+    panel = next(ax for ax in figure.axes if ax.get_title(loc="left").startswith("pg_loss"))
+    marks = [t.get_text() for t in panel.texts]
+    assert "inf" in marks and "nan" in marks
+    if order != "one":  # the difference strip below says the difference is not finite
+        strip = figure.axes[figure.axes.index(panel) + 1]
+        assert {"inf", "nan"} <= {t.get_text() for t in strip.texts}
+        assert not any("identical" in t.get_text() for t in strip.texts)
+
+
+def test_golden_plot_of_a_failure_draws_its_non_finite_values(tmp_path, drawn):
+    from pytest_rollout_golden.plot import plot_outcome
+
+    def comparison(step, expected, actual, verdict):
+        return {"kind": "metric", "metric": "pg_loss", "step": step, "expected": expected,
+                "actual": actual, "verdict": verdict, "excess": None,
+                "tolerance": {"rtol": 1e-5, "atol": 1e-8}}  # fmt: skip
+
+    outcome = {
+        "test": "t.py::test_train",
+        "directory": str(tmp_path / "golden"),
+        "comparisons": [
+            comparison(0, 1.0, 1.0, "pass"),
+            comparison(1, 0.5, "inf", "fail"),  # to_json writes non-finite numbers as strings
+            comparison(2, 0.4, "nan", "fail"),
+            comparison(3, "-inf", 0.3, "fail"),
+        ],
+    }
+    picture = plot_outcome(outcome, tmp_path / "t.png")
+    [figure] = drawn
+    assert {"inf", "nan", "-inf"} <= {t.get_text() for t in figure.axes[0].texts}
+    assert picture.drawn == ("pg_loss",) and picture.not_drawn == ()

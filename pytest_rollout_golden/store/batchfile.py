@@ -20,7 +20,17 @@ from typing import Any
 from .. import codec
 from ..errors import GoldenFormatError, UnsupportedValueError
 from ..location import MANIFEST
-from .files import FORMAT, SCHEMA, atomic_write, checksum, foreign_format, format_error, read_exact
+from .files import (
+    FORMAT,
+    LFS_POINTER,
+    SCHEMA,
+    atomic_write,
+    checksum,
+    foreign_format,
+    format_error,
+    read_exact,
+    refuse_lfs_pointer,
+)
 from .jsonfile import CONTAINERS, MAX_JSON_DEPTH, is_json_int, parse_json, too_deep
 
 _HEADER_LIMIT = 100_000_000
@@ -342,6 +352,9 @@ def _read(
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             head = read_exact(path, f, bytearray(min(size, 8)))
+            if head == LFS_POINTER[:8]:
+                refuse_lfs_pointer(path, head + read_exact(path, f, bytearray(min(size, 64) - 8)))
+                f.seek(8)
             _, header, entries = _parse_header(
                 path, size, head, lambda n: read_exact(path, f, bytearray(n))
             )

@@ -17,7 +17,7 @@ from typing import Any
 
 import xxhash
 
-from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
+from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError, GoldenNotFetchedError
 from ..location import temp_file
 
 # What a manifest and a batch file's metadata say they are.
@@ -85,6 +85,20 @@ def read_exact(path: Path, f: Any, buf: Any) -> Any:
             raise format_error(path, f"shrank while being read ({got} of {len(view)} bytes)")
         got += n
     return buf
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def refuse_lfs_pointer(path: Path, buf: bytes | bytearray) -> None:
+    """Raise :class:`GoldenNotFetchedError` if ``buf`` (a file's first bytes, at least
+    ``len(LFS_POINTER)`` of them) is a Git LFS pointer standing in for the file."""
+    if bytes(buf[: len(LFS_POINTER)]) == LFS_POINTER:
+        raise GoldenNotFetchedError(
+            f"{path}: is a Git LFS pointer, not the file it stands for: this clone has not "
+            "fetched the golden's LFS objects. Nothing was loaded from it; run `git lfs pull` "
+            "(not `pytest --update-golden`, which would record over the real golden)"
+        )
 
 
 def foreign_format(buf: bytes | bytearray) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..location import MANIFEST
-from .files import checksum, format_error, read_bytes, sniff_foreign
+from .files import checksum, format_error, read_bytes, refuse_lfs_pointer, sniff_foreign
 
 MAX_JSON_DEPTH = 128  # deeper nesting in a golden file is refused (recorded batches nest far less)
 CONTAINERS = (dict, list)  # the container types json.loads builds
@@ -58,6 +58,7 @@ def parse_json(path: Path, data: bytes | str, what: str = "is not valid JSON") -
 
 def read_json(path: Path, *, expect_digest: str | None = None) -> Any:
     buf = read_bytes(path)
+    refuse_lfs_pointer(path, buf)
     sniff_foreign(path, buf)
     if expect_digest is not None and json_digest(buf) != expect_digest:
         raise format_error(
