@@ -23,11 +23,21 @@ from typing import Any
 
 from . import store
 from .errors import GoldenError
-from .location import MANIFEST, METRICS, TOLERANCES, find_goldens, leftover_kind, leftover_name
+from .location import (
+    MANIFEST,
+    METRICS,
+    TOLERANCES,
+    files_without_manifest,
+    find_goldens,
+    find_manifestless,
+    leftover_kind,
+    leftover_name,
+)
 from .presentation import (
     diff_summary,
     golden_diff_lines,
     location,
+    manifestless,
     metric_cell,
     number,
     table,
@@ -60,7 +70,8 @@ def verify(paths: Sequence[Path]) -> int:
     for path in paths:
         directories = find_goldens(path, follow_symlinks=True)
         orphans = _orphaned_backups(path)
-        if not directories and not orphans:
+        unlisted = find_manifestless(path)
+        if not directories and not orphans and not unlisted:
             print(
                 f"error: {path}: no golden (no {MANIFEST}) at or below it; "
                 "give the golden root (ini golden_dir, default golden/) or a golden directory",
@@ -73,6 +84,10 @@ def verify(paths: Sequence[Path]) -> int:
                 f"FAIL {backup.parent / name}: missing; an interrupted update left its previous "
                 f"version in {backup.name}. Any pytest run of its test restores it; commit that."
             )
+        for directory in unlisted:
+            problems += 1
+            problem = manifestless(directory, files_without_manifest(directory))
+            print(verify_row("FAIL", directory, f": {problem}"))
         for directory in directories:
             checked += 1
             status, message = _verify_one(directory)

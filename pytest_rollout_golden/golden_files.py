@@ -23,7 +23,8 @@ from typing import Any
 from . import metrics as metric_codec
 from . import store
 from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from .location import MANIFEST, METRICS, TOLERANCES
+from .location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
+from .presentation import manifestless
 
 _RAISE = object()  # load() without a fallback: a damaged file raises
 
@@ -59,10 +60,18 @@ class GoldenFiles:
         store.recover(self.directory)
         try:
             self.manifest = store.read_manifest(self.directory)
+            if self.manifest is None:
+                self._refuse_manifestless()
         except GoldenFormatError:
             if not damaged_is_missing:
                 raise
             self.manifest = None
+
+    def _refuse_manifestless(self) -> None:
+        """GoldenFormatError if the directory holds golden files but no manifest."""
+        orphans = files_without_manifest(self.directory)
+        if orphans:
+            raise GoldenFormatError(f"{self.directory}: {manifestless(self.directory, orphans)}")
 
     @property
     def is_open(self) -> bool:

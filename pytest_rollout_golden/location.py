@@ -177,6 +177,34 @@ def _recorder_file(rootdir: Path, directory: Path, is_file: Callable[[Path], boo
     return candidate if is_file(candidate) else None
 
 
+_RECORDED_FILE = re.compile(r"(rollout|tensors)-.+-step[0-9]{6}.*\.safetensors")
+
+
+def files_without_manifest(directory: Path) -> list[str]:
+    """The golden files (metrics, tolerances, rollouts, tensors) in ``directory`` when it
+    has no manifest: a golden whose manifest was deleted. Empty if it has one."""
+    if (directory / MANIFEST).exists() or not directory.is_dir():
+        return []
+    return sorted(
+        entry.name
+        for entry in directory.iterdir()
+        if entry.is_file()
+        and (entry.name in (METRICS, TOLERANCES) or _RECORDED_FILE.fullmatch(entry.name))
+    )
+
+
+def find_manifestless(root: Path) -> list[Path]:
+    """Every directory at or below ``root`` holding golden files without a manifest."""
+    if not root.is_dir():
+        return []
+    found = []
+    for folder, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if files_without_manifest(Path(folder)):
+            found.append(Path(folder))
+    return sorted(found)
+
+
 def rollout_filename(name: str, step: int) -> str:
     """The file of rollout batch ``name`` at ``step`` inside a golden directory."""
     return f"rollout-{safe_name(name, strict=True)}-step{step:06d}.safetensors"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import REMEDY_UPDATE
-from .location import TOLERANCES
+from .location import MANIFEST, TOLERANCES
 from .results import Comparison, Outcome, Status, Verdict, json_number
 
 if TYPE_CHECKING:
@@ -214,6 +214,19 @@ def missing_input(
     return (
         f"{what} at step {step} is not in the golden {display(directory)} ({listing}). "
         f"{why}; {remedy}."
+    )
+
+
+def manifestless(directory: Path, files: Sequence[str]) -> str:
+    """What is wrong with a golden directory whose manifest is gone, and the remedies
+    (to follow the directory's name)."""
+    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    return (
+        f"holds golden files ({shown}) but no {MANIFEST}: it was deleted or never committed, "
+        "so nothing there can be verified, and nothing was recorded over them; restore "
+        f"{MANIFEST} from version control (e.g. `git checkout -- "
+        f"{display(directory / MANIFEST)}`), or run `pytest --update-golden` to re-record "
+        "this golden deliberately"
     )
 
 
