@@ -4,8 +4,8 @@ A golden rollout is the *input* of a training test. This module holds what
 :class:`~.replay.Golden` needs to treat it so: :class:`RolloutInputs` (a test's
 rollouts, as the mode policy decides), which step stands in for a step never
 recorded (verl's SkipManager ``repeat`` rule), what changed when a rollout is
-regenerated, and running ``generate`` without touching the random streams the
-training code sees afterwards.
+regenerated, and running ``generate`` on a random stream of its own per step, without
+touching the streams the training code sees afterwards.
 """
 
 from __future__ import annotations
@@ -38,12 +38,22 @@ def substitute_step(recorded: Iterable[int], step: int) -> int | None:
     return above[0] if above else None
 
 
-def generate_forked(generate: Callable[[], Any]) -> Any:
-    """``generate()`` with the random streams restored afterwards.
+def step_seed(seed: int, name: str, step: int) -> int:
+    """The seed of rollout ``name``'s stream at ``step``, derived from the session's ``seed``."""
+    import xxhash
 
-    Python's ``random``, numpy's global generator (if numpy is imported), torch's
-    CPU generator and every CUDA device's generator (if torch is imported):
-    replay never calls ``generate``, so recording must not advance them either.
+    return xxhash.xxh64_intdigest(f"{seed}/{name}/{step}".encode()) & 0xFFFF_FFFF
+
+
+def generate_forked(generate: Callable[[], Any], *, name: str, step: int) -> Any:
+    """``generate()`` on a random stream of its own, the outer streams restored afterwards.
+
+    Python's ``random``, numpy's global generator (if numpy is imported), torch's CPU
+    generator and every initialized CUDA device's generator are seeded with
+    :func:`step_seed` of the current torch seed, ``name`` and ``step``: each step's rollout
+    draws its own numbers even when the training code draws none, and the same on every
+    recording. Afterwards every stream is as it was: replay never calls ``generate``, so
+    recording must not advance them either.
     """
     py_state = random.getstate()
     np = sys.modules.get("numpy")
@@ -55,6 +65,14 @@ def generate_forked(generate: Callable[[], Any]) -> Any:
         cpu_state, seed = torch.get_rng_state(), torch.initial_seed()
         if torch.cuda.is_initialized():  # never initialize CUDA just to save its state
             cuda_states = torch.cuda.get_rng_state_all()
+    own = step_seed(seed, name, step)
+    random.seed(own)
+    if np is not None:
+        np.random.seed(own)
+    if torch is not None:
+        torch.default_generator.manual_seed(own)  # the CPU stream only: CUDA seeds lazily
+        if cuda_states is not None:
+            torch.cuda.manual_seed_all(own)
     try:
         return generate()
     finally:
@@ -62,7 +80,7 @@ def generate_forked(generate: Callable[[], Any]) -> Any:
         if np_state is not None:
             np.random.set_state(np_state)
         if cpu_state is not None:
-            torch.set_rng_state(cpu_state)
+            torch.set_rng_state(cpu_state)  # the seed too: initial_seed() is as before
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
         elif torch is not None and torch.cuda.is_initialized():
@@ -175,7 +193,7 @@ class RolloutInputs:
                 raise self._missing(f"rollout {name!r}", step, recorded)
             if action != RECORD:
                 return self._missing_step(action, generate, name, step)
-        batch = generate_forked(generate)
+        batch = generate_forked(generate, name=name, step=step)
         self._files.stage_batch(filename, batch, kind="rollout", name=name, step=step)
         if info is not None and info.get("kind") == "rollout":
             self._note_regenerated(filename, name, step)
@@ -233,4 +251,4 @@ class RolloutInputs:
             "(missing_step='generate'); its metrics and tensors are not compared"
         )
         self.not_recorded[str(step)] = "missing_step='generate': rollout not recorded"
-        return generate_forked(generate)
+        return generate_forked(generate, name=name, step=step)

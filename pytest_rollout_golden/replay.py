@@ -177,8 +177,10 @@ class Golden:
 
         Replay never calls ``generate``; it returns the same structure, dtypes,
         shapes and bit-identical values that were recorded, and so does the recording
-        run (the batch as decoded from the file written). ``generate`` runs under a
-        forked random state. Under ``--update-golden`` a recorded rollout is kept
+        run (the batch as decoded from the file written). ``generate`` runs on a
+        random stream of its own (seeded from the session's seed, ``name`` and ``step``;
+        the outer streams are restored afterwards). Under ``--update-golden`` a recorded
+        rollout is kept
         unless ``regenerate``; a step never recorded follows the missing-step policy.
         """
         checks.require_generator(generate, name)

@@ -452,26 +452,61 @@ def test_record_then_replay_is_bit_identical_when_training_draws_random_numbers(
     assert project.counts(replay)["replayed"] == 1
 
 
-def test_generate_runs_under_forked_random_state():
+def test_generate_runs_on_its_own_stream_per_name_and_step_and_restores_the_outer_one():
     import random
 
     import numpy as np
 
     from pytest_rollout_golden.inputs import generate_forked
 
-    torch.manual_seed(1)
-    np.random.seed(1)
-    random.seed(1)
-    expected = (torch.rand(3), np.random.rand(3), random.random())
-    torch.manual_seed(1)
-    np.random.seed(1)
-    random.seed(1)
-    batch = generate_forked(lambda: (torch.rand(5), np.random.rand(5), random.random()))
-    after = (torch.rand(3), np.random.rand(3), random.random())
+    def draws():
+        return torch.rand(5), np.random.rand(5), random.random()
+
+    def seeded():
+        torch.manual_seed(1)
+        np.random.seed(1)
+        random.seed(1)
+
+    seeded()
+    expected = draws()
+    seeded()
+    first = generate_forked(draws, name="rollout", step=0)
+    after = draws()
     assert torch.equal(after[0], expected[0]) and (after[1] == expected[1]).all()
-    assert after[2] == expected[2]
-    assert torch.equal(batch[0][:3], expected[0]), "generate starts from the current state"
-    assert batch[2] == expected[2]
+    assert after[2] == expected[2], "the outer streams are as if generate never ran"
+    seeded()
+    again = generate_forked(draws, name="rollout", step=0)
+    later = generate_forked(draws, name="rollout", step=1)
+    other = generate_forked(draws, name="eval", step=0)
+    assert torch.equal(first[0], again[0]) and first[2] == again[2], "deterministic"
+    assert not torch.equal(first[0], later[0]) and first[2] != later[2], "its own per step"
+    assert not torch.equal(first[0], other[0]) and (first[1] != other[1]).all(), "per name"
+    assert not torch.equal(first[0], expected[0][:5]), "not the outer stream"
+
+
+EVERY_STEP = """
+import torch
+
+
+def test_train(golden, generated):
+    for step in range(3):
+        # generate draws from the global stream; the training code draws nothing
+        batch = golden.rollout(lambda: generated("gen", {"ids": torch.randint(0, 99, (8,))}),
+                               step=step)
+        golden.check({"first": float(batch["ids"][0])}, step=step)
+"""
+
+
+def test_each_recorded_step_gets_its_own_rollout_draws(project):
+    project.write(EVERY_STEP)
+    project.run().assert_outcomes(passed=1)
+    assert project.calls() == ["gen"] * 3
+    files = sorted(project.golden_dir("test_train").glob("rollout-*.safetensors"))
+    batches = [store.load_batch(f)["ids"] for f in files]
+    assert len(batches) == 3
+    assert not torch.equal(batches[0], batches[1]) and not torch.equal(batches[1], batches[2])
+    project.run("--golden-strict").assert_outcomes(passed=1)  # replay: bit-identical
+    assert project.calls() == []
 
 
 def test_batch_changes_counts_differing_elements_bitwise(tmp_path):
