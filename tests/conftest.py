@@ -139,11 +139,21 @@ def _preloaded() -> None:
     ``torch._dynamo`` and ``torch._inductor``, which torch's optimizers load lazily on
     their first step) cannot be imported twice in one process, and hypothesis, which
     pytest's hypothesis plugin imports, would be re-imported (and assertion-rewritten,
-    ~1.5 s) by every inner run.
+    ~1.5 s) by every inner run. matplotlib, imported afresh by an inner ``--golden-plot``
+    run, would leave classes that later plots of this process no longer recognise.
     """
+    import importlib.util
+
     import hypothesis  # noqa: F401
     import torch
     import torch._inductor.config
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.backends.backend_agg
+        import matplotlib.figure
+        import matplotlib.gridspec
+        import matplotlib.patches
+        import matplotlib.ticker  # noqa: F401
 
     from pytest_rollout_golden import deterministic
 
