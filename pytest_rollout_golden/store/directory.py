@@ -40,7 +40,7 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     if not isinstance(manifest.get("fingerprint", {}), (dict, type(None))):
         raise format_error(path, "has a malformed fingerprint (not an object)")
     for filename, info in manifest["files"].items():
-        problem = _manifest_entry_problem(filename, info)
+        problem = _manifest_entry_problem(filename, info) or _not_a_file(directory / filename)
         if problem:
             raise format_error(path, f"has a malformed entry for {filename!r}: {problem}")
     return manifest
@@ -65,6 +65,15 @@ def _manifest_entry_problem(filename: str, info: Any) -> str | None:
             continue
         if not is_json_int(value) or (field == "step" and value < 0):
             return f"{field} is not an integer" + (" >= 0" if field == "step" else "")
+    return None
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why a listed entry that exists is not a file of the golden (a directory, a link)."""
+    if path.is_symlink():
+        return "not a file of this golden (a symbolic link)"
+    if path.exists() and not path.is_file():
+        return "not a file of this golden (a directory or another kind of entry)"
     return None
 
 
@@ -209,7 +218,8 @@ def _discard(version: Path) -> None:
 
 def listed_files(directory: Path) -> set[str] | None:
     """Names of the files the golden in ``directory`` owns (its manifest's table and the
-    manifest itself); ``None`` if its manifest is missing or is not one of ours."""
+    manifest itself); ``None`` if its manifest is missing or is not one of ours. A listed
+    name that is a directory or a link is never owned: nothing deletes it as the golden's."""
     try:
         manifest = json.loads((directory / MANIFEST).read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -221,7 +231,11 @@ def listed_files(directory: Path) -> set[str] | None:
         and isinstance(manifest.get("files"), dict)
     ):
         return None
-    names = {n for n in manifest["files"] if isinstance(n, str) and _plain_name(n)}
+    names = {
+        n
+        for n in manifest["files"]
+        if isinstance(n, str) and _plain_name(n) and _not_a_file(directory / n) is None
+    }
     return names | {MANIFEST}
 
 
