@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import GoldenFormatError
+from .errors import GoldenError, GoldenFormatError
 from .location import TOLERANCES
 from .tolerance import RECORDED, Layer, Resolver, Tolerance
 
@@ -417,7 +417,10 @@ def write(directory: Path, content: Mapping[str, Any]) -> None:
         store.recover(directory)
         manifest = store.read_manifest(directory)
         if manifest is None:
-            raise GoldenFormatError(f"{directory}: no golden to calibrate (it was never recorded)")
+            raise GoldenError(
+                f"{directory}: no golden to calibrate (it was never recorded); record it "
+                "first (`pytest --update-golden` on its test), then calibrate"
+            )
         tx = store.Transaction(directory)
         try:
             for filename, info in manifest["files"].items():
@@ -490,7 +493,12 @@ def calibrate_goldens(
                 0
             ],
         )
-        write(Path(directory), content)
+        try:
+            write(Path(directory), content)
+        except GoldenError as exc:  # e.g. never recorded: the other goldens still calibrate
+            reason = str(exc).removeprefix(f"{directory}: ")
+            out.append({"directory": directory, "skipped": reason, "rows": []})
+            continue
         rows = [
             {"metric": name, "lane": "same layout", **entry, **content["tolerances"].get(name, {})}
             for name, entry in content["spreads"].items()

@@ -296,3 +296,21 @@ def test_calibration_across_layouts_becomes_the_variants_layout_lane(project):
     result.assert_outcomes(passed=1, failed=1)
     assert project.mismatch_row(result, "pg_loss")["allowed"].endswith("(built-in default)")
     assert f"test_gate[{REF}]" in next(x for x in result.outlines if x.startswith("FAILED"))
+
+
+def test_calibrating_a_selection_with_a_test_never_recorded_says_so_and_calibrates_the_rest(
+    project,
+):
+    project.write(
+        "import torch\n\n\ndef test_one(golden):\n"
+        "    golden.check({'loss': 1.0 + 1e-7 * torch.get_num_threads()})\n\n\n"
+        "def test_two(golden):\n    golden.check({'loss': 2.0})\n"
+    )
+    project.run("-k", "test_one").assert_outcomes(passed=1, deselected=1)
+    result = project.run("--golden-calibrate", "2")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    assert "not calibrated: golden/test_it/test_two (" in out
+    assert "calibrated tolerances written to golden/test_it/test_one/tolerances.json" in out
+    assert not (project.golden_dir("test_two") / "tolerances.json").exists()
