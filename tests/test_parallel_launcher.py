@@ -5,6 +5,7 @@ The functions launched live at the top level of this module: workers import them
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -84,6 +85,18 @@ def test_functions_workers_cannot_import_are_refused_up_front():
 
     with pytest.raises(TypeError, match="top level of an importable module"):
         launch(nested, 2)
+
+
+def test_any_picklable_callable_launches_and_others_are_refused_by_name():
+    assert launch(functools.partial(rank_sum, offset=10.0), 2) == [(0, 2, 21.0), (1, 2, 21.0)]
+
+    def nested(rank: int) -> int:
+        return rank
+
+    with pytest.raises(TypeError, match=r"launch\(functools.partial\(.*nested, .*top level"):
+        launch(functools.partial(nested), 2)
+    with pytest.raises(TypeError, match=r"launch\(functools.partial.*\): .*picklable"):
+        launch(functools.partial(rank_sum, offset=lambda: 0), 2)
 
 
 def test_under_torchrun_launch_joins_the_existing_group(monkeypatch):

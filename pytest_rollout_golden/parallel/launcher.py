@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import pickle
 import socket
@@ -56,6 +57,34 @@ class LaunchTimeout(LaunchError):
         self.hung = hung
 
 
+def callable_name(fn: Any) -> str:
+    """``fn``'s qualified name; a ``functools.partial`` is named after what it wraps."""
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({callable_name(fn.func)}, ...)"
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _require_importable(fn: Any) -> None:
+    """TypeError unless the workers can receive ``fn``: pickled by reference, so defined at
+    the top level of an importable module (a partial of such a function included)."""
+    base = fn
+    while isinstance(base, functools.partial):
+        base = base.func
+    qualname = getattr(base, "__qualname__", "") or ""
+    if getattr(base, "__module__", None) == "__main__" or "<locals>" in qualname:
+        raise TypeError(
+            f"launch({callable_name(fn)}): workers import fn by name, so it must be defined at "
+            "the top level of an importable module (not in __main__ or inside a function)"
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise TypeError(
+            f"launch({callable_name(fn)}): fn must be picklable to reach the workers "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+
+
 def launch(
     fn: Callable[..., Any],
     layout_or_world_size: Layout | int,
@@ -80,11 +109,7 @@ def launch(
         raise ValueError(f"world size must be >= 1, got {world_size}")
     if world_size == 1:
         return [fn(0, *args)]
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in fn.__qualname__:
-        raise TypeError(
-            f"launch({fn.__qualname__}): workers import fn by name, so it must be defined at "
-            "the top level of an importable module (not in __main__ or inside a function)"
-        )
+    _require_importable(fn)
     if under_torchrun():
         return _launch_torchrun(fn, world_size, args, timeout)
     pool = _POOLS.pop(world_size, None)
@@ -193,7 +218,7 @@ class _Pool:
         task = pickle.dumps((fn, args))
         for conn in self.conns:
             conn.send(task)
-        return self._gather(pickle.loads, timeout, what=getattr(fn, "__qualname__", repr(fn)))
+        return self._gather(pickle.loads, timeout, what=callable_name(fn))
 
     def _gather(self, decode: Callable[[Any], Any], timeout: float, *, what: str) -> list[Any]:
         pending = {conn: rank for rank, conn in enumerate(self.conns)}
@@ -350,7 +375,7 @@ def _launch_torchrun(
     dist.all_gather_object(gathered, mine)
     errors = {r: payload for r, (status, payload) in enumerate(gathered) if status != "ok"}
     if errors:
-        lines = [f"{getattr(fn, '__qualname__', fn)}: rank(s) {sorted(errors)} failed"]
+        lines = [f"{callable_name(fn)}: rank(s) {sorted(errors)} failed"]
         for r, text in sorted(errors.items()):
             lines += [f"--- rank {r} of {world_size} failed:", text.rstrip()]
         raise LaunchError("\n".join(lines))
