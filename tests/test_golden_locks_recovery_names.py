@@ -81,6 +81,23 @@ def _locker(directory: Path, tmpdir: Path, timeout: float = 60) -> subprocess.Po
     )
 
 
+def test_a_waiting_process_says_who_holds_the_lock_before_it_times_out(tmp_path):
+    directory = tmp_path / "golden" / "test_x" / "test_y"
+    holder = _locker(directory, tmp_path / "tmp-a")
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    try:
+        waiter = _locker(directory, tmp_path / "tmp-b", timeout=3.0)
+        _, err = waiter.communicate(timeout=60)
+        notice = next(line for line in err.splitlines() if line.startswith("waiting"))
+        assert f"held by pid {holder.pid} on " in notice and "gives up after 3 s" in notice
+        assert err.index(notice) < err.index("timed out after 3 s")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.communicate(timeout=60)
+
+
 @pytest.mark.parametrize("via", ["same path", "symlinked path"])
 def test_processes_with_different_tmpdirs_exclude_each_other(tmp_path, via):
     directory = tmp_path / "golden" / "tests" / "test_x" / "test_y"

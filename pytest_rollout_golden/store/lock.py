@@ -12,7 +12,8 @@ from ..errors import GoldenError
 from ..location import lock_path
 
 LOCK_TIMEOUT_ENV = "ROLLOUT_GOLDEN_LOCK_TIMEOUT"
-LOCK_TIMEOUT = 1800.0  # seconds; a lock is held for a whole test, which may train for minutes
+LOCK_TIMEOUT = 900.0  # seconds; a lock is held for a whole test, which may train for minutes
+NOTICE_AFTER = 10.0  # seconds of waiting before saying who holds the lock (at most timeout / 2)
 
 
 @contextmanager
@@ -23,10 +24,11 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
     that reaches the golden excludes the others whatever its ``$TMPDIR``, through a
     symlink, a bind mount or a shared filesystem. A symlink planted as the lock file
     is refused, not followed. Waiting longer than ``timeout`` seconds (default
-    ``$ROLLOUT_GOLDEN_LOCK_TIMEOUT`` or 1800) raises a :class:`GoldenError` naming
-    the lock file and the process holding it. Where the lock file cannot be created
-    (a read-only checkout) this process cannot write the golden either, and reads
-    it without a lock.
+    ``$ROLLOUT_GOLDEN_LOCK_TIMEOUT`` or 900) raises a :class:`GoldenError` naming
+    the lock file and the process holding it; a wait of ``NOTICE_AFTER`` seconds (or
+    half the timeout) says on stderr, past pytest's capture, who holds it. Where the
+    lock file cannot be created (a read-only checkout) this process cannot write the
+    golden either, and reads it without a lock.
     """
     try:
         import fcntl
@@ -56,11 +58,19 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
             yield
             return
         wait = 0.005
+        notice = time.monotonic() + min(NOTICE_AFTER, timeout / 2)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if notice is not None and time.monotonic() >= notice:
+                    notice = None
+                    _say(
+                        f"waiting for the lock of the golden {directory}, held by "
+                        f"{_lock_holder(fd)}; gives up after {timeout:g} s "
+                        f"({LOCK_TIMEOUT_ENV} sets it)"
+                    )
                 if time.monotonic() >= deadline:
                     holder = _lock_holder(fd)
                     os.close(fd)
@@ -94,6 +104,16 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
                 folder.rmdir()
             except OSError:
                 break
+
+
+def _say(line: str) -> None:
+    """A line on the terminal now, even while pytest captures the test's output."""
+    import sys
+
+    stream = sys.__stderr__ or sys.stderr
+    with suppress(OSError, ValueError):
+        stream.write(line + "\n")
+        stream.flush()
 
 
 def _lock_timeout() -> float:
