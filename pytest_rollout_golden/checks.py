@@ -351,15 +351,17 @@ def looser(tol: Tolerance, than: Tolerance) -> bool:
         return False
     if tol.ignore or than.exact:
         return True
-    scale_wider = bool(tol.scale) and (
-        not than.scale
-        or (
-            tol.scale != than.scale
-            and "recorded" not in (tol.scale, than.scale)
-            and float(tol.scale) > float(than.scale)
-        )
-    )
-    return tol.rtol > than.rtol or tol.atol > than.atol or scale_wider
+    return tol.rtol > than.rtol or tol.atol > than.atol or _wider_scale(tol.scale, than.scale)
+
+
+def _wider_scale(scale: float | str, than: float | str) -> bool:
+    """A scale where ``than`` has none, or a larger number (``"recorded"`` and a number do
+    not compare)."""
+    if not scale:
+        return False
+    if not than:
+        return True
+    return not isinstance(scale, str) and not isinstance(than, str) and scale > than
 
 
 def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:

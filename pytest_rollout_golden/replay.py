@@ -42,7 +42,7 @@ from .presentation import (
     unused_tolerance,
 )
 from .results import Comparison, Mode, Outcome, Verdict
-from .tolerance import Layer, Stack, Tolerance, ToleranceUsage
+from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
 
 
 class UpdateRegistry(Protocol):
@@ -102,7 +102,7 @@ class Golden:
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
-        self._without_files: Stack | None = None  # the tolerances without tolerances.json
+        self._without_files: Resolver | None = None  # tolerances without tolerances.json
         self._finished = False
         self._rollouts = RolloutInputs(
             self._files,
@@ -139,7 +139,9 @@ class Golden:
         only = self._replay_only is not None
         calibrated, lane = recorded_layers(self._files, layout_variant=only)
         self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
-        self._without_files = self._stack.replace(calibrated=None, calibrated_layout=None)
+        if calibrated is not None or lane is not None:
+            unfiled = self._stack.replace(calibrated=None, calibrated_layout=None)
+            self._without_files = unfiled.resolver()
         if self._replaying:
             from .determinism import fingerprint, fingerprint_changes
 
@@ -275,13 +277,13 @@ class Golden:
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's tolerances.json looser than without it."""
-        if self._without_files is None or self._without_files == self._stack:
+        if self._without_files is None:
             return
         for c in results:
             if c.tolerance is None or TOLERANCES not in c.tolerance_source:
                 continue
             dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
-            without = self._without_files.resolver().resolve(c.name, (dtype or "float64",))[0]
+            without = self._without_files.resolve(c.name, (dtype or "float64",))[0]
             if checks.looser(c.tolerance, without):
                 self._outcome.loosened[c.name] = {
                     "tolerance": c.tolerance.describe(),

@@ -102,3 +102,22 @@ def test_calibration_refuses_to_write_a_spread_beyond_its_bound():
     assert content["tolerances"] == {}
     assert "beyond what calibration writes" in content["spreads"]["pg_loss"]["kept"]
     json.dumps(content)
+
+
+@pytest.mark.parametrize(
+    ("tol", "than", "expected"),
+    [
+        ({"rtol": 1e-3, "atol": 0.0}, {"rtol": 1e-4, "atol": 0.0}, True),
+        ({"rtol": 1e-5, "atol": 1e-8}, {"rtol": 1e-4, "atol": 1e-8, "scale": "recorded"}, False),
+        ({"rtol": 1e-4, "atol": 1e-8, "scale": "recorded"}, {"rtol": 1e-4, "atol": 1e-8}, True),
+        ({"rtol": 1e-4, "scale": 2.0}, {"rtol": 1e-4, "scale": 1.0}, True),
+        ({"rtol": 1e-4, "scale": "recorded"}, {"rtol": 1e-4, "scale": 1.0}, False),
+        ({"ignore": True}, {"rtol": 1e-4}, True),
+        ({"exact": True}, {"rtol": 1e-4}, False),
+    ],
+)
+def test_looser_compares_each_field_and_the_scale(tol, than, expected):
+    from pytest_rollout_golden.checks import looser
+    from pytest_rollout_golden.tolerance import Tolerance
+
+    assert looser(Tolerance(**tol), Tolerance(**than)) is expected
