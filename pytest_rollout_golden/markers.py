@@ -30,6 +30,8 @@ MARKER_DOC = (
 _OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
 _INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
+MARKER_OPTIONS = frozenset(_OPTIONS | _INPUT_OPTIONS | _LAYOUT_OPTIONS)
+"""Every keyword ``@pytest.mark.golden`` accepts."""
 _FLAGS = ("exact", "deterministic", "regenerate")  # True or False, nothing that merely converts
 
 
@@ -43,7 +45,7 @@ def marker_options(
         if args:
             raise OptionError(f"{test_id}: @pytest.mark.golden takes keywords only")
         options.update(kwargs)
-    unknown = set(options) - _OPTIONS - _LAYOUT_OPTIONS - _INPUT_OPTIONS
+    unknown = set(options) - MARKER_OPTIONS
     if unknown:
         raise OptionError(f"{test_id}: unknown @pytest.mark.golden option(s) {sorted(unknown)}")
     for name in _FLAGS:

@@ -27,7 +27,7 @@ from .layout import Layout
 # seeds and 3 steps against the single-process run (float32: pg_loss 6.2e-6, kl 1.7e-6,
 # entropy 2.3e-7, grad_norm 3.1e-7, log_probs 6.7e-7 relative / 1.4e-6 absolute), times 10,
 # rounded up to 1-2-5 and never below the same-layout default (rtol 1e-5), which covers
-# replaying on another machine. The wrong layouts of the README move them by >= 3e-3.
+# replaying on another machine. The wrong layouts of docs/guide/parallel.md move them by >= 3e-3.
 LAYOUT_TOLERANCES: dict[str, dict[str, dict[str, float]]] = {
     "float64": {"*": {"rtol": 1e-12, "atol": 1e-14}},
     "float32": {
