@@ -136,7 +136,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--golden-prune",
         action="store_true",
-        help="delete goldens whose test file is gone (only on a whole run; see docs/guide/pruning.md)",
+        help="delete goldens whose test file is gone (whole runs only; docs/guide/pruning.md)",
     )
     group.addoption(
         "--golden-prune-tests",
