@@ -41,6 +41,7 @@ from .options import (
 from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
 from .presentation import CI_UPDATE, link_outside_root, rootdir_note, summary_lines
+from .profiles import NAMES, register_profiles
 from .prune import Unused, unused_and_pruned
 from .results import Mode, Status
 from .session import SessionState, UpdateMarks, rank_snapshot, write_report
@@ -476,9 +477,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(plugin, "rollout-golden-session")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(plugin), "rollout-golden-xdist")
-    if "hypothesis" in sys.modules or config.getoption("hypothesis_profile", None) in ("ci", "dev"):
-        from .profiles import register_profiles
-
+    if "hypothesis" in sys.modules or config.getoption("hypothesis_profile", None) in NAMES:
         register_profiles()
 
 

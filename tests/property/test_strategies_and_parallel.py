@@ -108,10 +108,10 @@ def test_rollout_batches_rejects_bad_options():
 def test_profiles_are_registered_and_idempotent():
     register_profiles()
     register_profiles()
-    ci = settings.get_profile("ci")  # replaces hypothesis' built-in "ci" profile
+    ci = settings.get_profile("rollout-golden-ci")
     assert ci.derandomize and ci.deadline is None and ci.print_blob
     assert ci.max_examples == 50
-    dev = settings.get_profile("dev")
+    dev = settings.get_profile("rollout-golden-dev")
     assert dev.deadline is None and dev.max_examples == 25
 
 
