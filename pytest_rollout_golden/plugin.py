@@ -42,7 +42,7 @@ from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
 from .presentation import CI_UPDATE, link_outside_root, rootdir_note, summary_lines
 from .profiles import NAMES, register_profiles
-from .prune import Unused, unused_and_pruned
+from .prune import Unused, partial_project, unused_and_pruned
 from .results import Mode, Status
 from .session import SessionState, UpdateMarks, rank_snapshot, write_report
 from .tolerance import Layer
@@ -275,6 +275,7 @@ class GoldenPlugin:
             self.session_tolerances, marker, options, exact=self.config.option.golden_exact
         )
         directory = self.directory_of(item)
+        self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
         link = link_out_of_root(self.root, directory)
         if link is not None:
             raise GoldenError(link_outside_root(directory, link, self.root))
@@ -386,6 +387,19 @@ class GoldenPlugin:
         stack = self.session_tolerances
         return self.state.tolerance_usage.unused_labels([*stack.cli, *stack.ini])
 
+    def partial_project(self) -> str:
+        """Why this run may have left out test files of the project (``""``: it did not)."""
+        config, opt = self.config, self.config.option
+        invoked = Path(config.invocation_params.dir)
+        return partial_project(
+            [invoked / str(arg).split("::")[0] for arg in config.args],
+            self.rootdir,
+            [self.rootdir / p for p in config.getini("testpaths")],
+            from_testpaths=config.args_source == pytest.Config.ArgsSource.TESTPATHS,
+            ignored=[*(opt.ignore or ()), *(opt.ignore_glob or ())],
+            skipped=sorted(self.state.skipped_files),
+        )
+
     def close(self, session: pytest.Session) -> None:
         if self.calibrate:
             self.write_calibration()
@@ -394,10 +408,11 @@ class GoldenPlugin:
             self.state,
             self.root,
             self.rootdir,
-            prune_gone=opt.golden_prune,
-            prune_tests=opt.golden_prune_tests,
+            prune_gone=opt.golden_prune and self.snapshot is None,  # rank 0 prunes golden/
+            prune_tests=opt.golden_prune_tests and self.snapshot is None,
             stopped=bool(session.shouldstop or session.shouldfail),
             failed=bool(session.testsfailed),
+            partial=self.partial_project(),
         )
         if self.report_path is not None and not opt.collectonly:
             unused, pruned = self.unused.goldens, self.unused.pruned.deleted
@@ -546,6 +561,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
 def pytest_make_collect_report(collector: pytest.Collector) -> Any:
     report = yield
+    if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
+        collector.config.stash[_PLUGIN].state.skipped_files.add(str(Path(collector.path)))
     if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
         produced = collector.config.stash[_PLUGIN].state.produced
         ids = produced.setdefault(str(Path(collector.path)), set())

@@ -3,19 +3,29 @@
 Only a whole run may prune: a golden no collected test used is unused only if every
 test that could use it was collected and run. ``--golden-prune`` deletes the goldens of
 test files that are gone; ``--golden-prune-tests`` also those of files that still exist
-(a removed test, or a case collected only on other machines). Works without pytest.
+(a removed test, or a case collected only on other machines).
+
+Ownership: a golden directory is named by its test file's path relative to the rootdir, so
+only a golden root inside the rootdir is this project's alone. Under a root outside it
+(``golden_dir = ../golden``, which another project may share), goldens whose test file is
+not under this rootdir, and ``shared=`` goldens, are never judged. A ``shared=`` golden
+belongs to every file that declares it: it is unused only on a run that collected every
+test file of the project. Works without pytest.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import GoldenError
-from .location import SHARED
+from .location import SHARED, find_goldens, owning_test_file
 from .presentation import display, unused_kept_note
 from .session import SessionState
+
+_LISTED = 5  # directories named in one note
 
 
 def gone(root: Path, directory: Path, owner: Path | None) -> bool:
@@ -95,6 +105,90 @@ def prune(
     return out
 
 
+def outside_rootdir(root: Path, rootdir: Path) -> bool:
+    """Whether the golden root lies outside the rootdir, where another project may share it."""
+    real, real_rootdir = Path(os.path.realpath(root)), Path(os.path.realpath(rootdir))
+    return real_rootdir not in real.parents
+
+
+def partial_project(
+    args: Sequence[Path],
+    rootdir: Path,
+    testpaths: Sequence[Path],
+    *,
+    from_testpaths: bool,
+    ignored: Sequence[str],
+    skipped: Sequence[str],
+) -> str:
+    """Why this run may have left out test files of the project (``""``: it collected all).
+
+    ``args``: the paths the run collected (``from_testpaths``: the ini's ``testpaths``
+    chose them); ``ignored``: ``--ignore``/``--ignore-glob`` values; ``skipped``: files
+    skipped at collection (e.g. ``pytest.importorskip``), whose tests were never seen.
+    """
+    if skipped:
+        more = f" and {len(skipped) - 1} more were" if len(skipped) > 1 else " was"
+        return f"{display(sorted(skipped)[0], rootdir)}{more} skipped at collection"
+    if ignored:
+        return f"--ignore {ignored[0]} left files out"
+    if from_testpaths:
+        return ""
+    real = Path(os.path.realpath(rootdir))
+    paths = {Path(os.path.realpath(a)) for a in args}
+    if any(p == real or p in real.parents for p in paths):
+        return ""
+    if testpaths and {Path(os.path.realpath(t)) for t in testpaths} <= paths:
+        return ""
+    named = ", ".join(sorted(display(p, real) for p in paths)[:_LISTED]) or "no path"
+    return f"it collected only {named}"
+
+
+@dataclass
+class Judged:
+    """The goldens of a root that no test of this session used, by what may happen to them."""
+
+    unused: list[tuple[Path, Path | None]] = field(default_factory=list)  # (golden, test file)
+    foreign: list[Path] = field(default_factory=list)  # maybe another project's: never judged
+    shared_left: list[Path] = field(default_factory=list)  # shared; the run missed some files
+
+
+def judge(state: SessionState, root: Path, rootdir: Path, *, partial: str) -> Judged:
+    """Sort the goldens under ``root`` no test of ``state`` used (see the module docstring).
+
+    A golden of a test file is unused if that file is gone or was collected and run whole;
+    a ``shared=`` golden only if the run collected the whole project (``partial``: why not).
+    Only directories whose manifest is a pytest-rollout-golden manifest count.
+    """
+    import functools
+
+    from . import store
+
+    out = Judged()
+    used = state.used_dirs()
+    outside = outside_rootdir(root, rootdir)
+    whole = state.whole_files()
+    is_file = functools.lru_cache(maxsize=None)(Path.is_file)  # goldens share test files
+    for directory in find_goldens(root):
+        if str(directory) in used or directory == root:
+            continue
+        if store.listed_files(directory) is None:  # not a golden of ours: never touched
+            continue
+        if directory.relative_to(root).parts[0] == SHARED:
+            if outside:
+                out.foreign.append(directory)
+            elif partial or state.partial_collection():
+                out.shared_left.append(directory)
+            else:
+                out.unused.append((directory, None))
+            continue
+        owner = owning_test_file(root, rootdir, directory, is_file=is_file)
+        if owner is None and outside:
+            out.foreign.append(directory)
+        elif owner is None or str(owner) in whole:
+            out.unused.append((directory, owner))
+    return out
+
+
 @dataclass
 class Unused:
     """The unused goldens a session found, and what ``--golden-prune`` did with them."""
@@ -103,11 +197,51 @@ class Unused:
     kept: int = 0  # unused goldens of test files that still exist, or shared
     pruned: Pruned = field(default_factory=Pruned)
     deleting: bool = False  # --golden-prune or --golden-prune-tests was given
+    ownership: list[str] = field(default_factory=list)  # goldens left alone, or shared deleted
 
     def notes(self) -> list[str]:
         """The summary's lines: why some were kept, and what pruning did."""
         kept = [unused_kept_note(self.kept)] if self.kept and not self.deleting else []
-        return kept + self.pruned.notes
+        return kept + self.pruned.notes + self.ownership
+
+
+def _names(root: Path, directories: Sequence[Path]) -> str:
+    names = [d.relative_to(root).as_posix() for d in directories[:_LISTED]]
+    return ", ".join(names) + (
+        f", and {len(directories) - _LISTED} more" if directories[_LISTED:] else ""
+    )
+
+
+def ownership_notes(
+    root: Path, rootdir: Path, judged: Judged, deleted: Sequence[Path], *, flag: str, partial: str
+) -> list[str]:
+    """What ``flag`` left alone because this project may not own it, and the shared goldens
+    it deleted."""
+    notes = []
+    if judged.foreign:
+        notes.append(
+            f"{flag} left alone {len(judged.foreign)} golden(s) under {display(root, rootdir)} "
+            f"whose test file is not under rootdir {rootdir} ({_names(root, judged.foreign)}): "
+            "golden_dir lies outside the rootdir, so another project may share it and own "
+            "them (shared= goldens too); delete them by hand once unused, or keep golden_dir "
+            "inside the rootdir"
+        )
+    if judged.shared_left and flag == "--golden-prune-tests":
+        why = partial or "some tests were left out"
+        notes.append(
+            f"{flag} left alone {len(judged.shared_left)} shared golden(s) "
+            f"({_names(root, judged.shared_left)}): this run did not collect the whole project "
+            f"({why}), and a test file it left out may declare them; prune them on a run that "
+            "collects every test file (from the rootdir, no test paths, nothing ignored or "
+            "skipped at collection)"
+        )
+    shared = [d for d in deleted if d.relative_to(root).parts[0] == SHARED]
+    if shared:
+        notes.append(
+            f"{flag} deleted {len(shared)} shared golden(s) no test of this whole-project run "
+            f"declares: {_names(root, shared)}"
+        )
+    return notes
 
 
 def unused_and_pruned(
@@ -119,17 +253,25 @@ def unused_and_pruned(
     prune_tests: bool,
     stopped: bool,
     failed: bool,
+    partial: str,
 ) -> Unused:
     """Find the unused goldens of a session and prune them if asked (``prune_gone``:
     ``--golden-prune``, ``prune_tests``: ``--golden-prune-tests``), unless the session
-    ``stopped`` early, ``failed``, or did not run every test (:func:`not_full_run`)."""
+    ``stopped`` early, ``failed``, or did not run every test (:func:`not_full_run`).
+    ``partial``: why the run may not have collected every test file of the project
+    (:func:`partial_project`; ``""``: it did)."""
     out = Unused(deleting=prune_gone or prune_tests)
-    goldens: list[tuple[Path, Path | None]] = []
-    if state.expected_dirs or out.deleting:
-        goldens = state.unused_goldens(root, rootdir)
-        out.goldens = [d for d, _ in goldens]
-        out.kept = sum(1 for d, owner in goldens if not gone(root, d, owner))
+    if not (state.used_dirs() or out.deleting):
+        return out
+    judged = judge(state, root, rootdir, partial=partial)
+    out.goldens = [d for d, _ in judged.unused]
+    out.kept = sum(1 for d, owner in judged.unused if not gone(root, d, owner))
     if out.deleting:
         refused = not_full_run(state, rootdir, stopped=stopped, failed=failed)
-        out.pruned = prune(root, goldens, tests=prune_tests, refused=refused)
+        out.pruned = prune(root, judged.unused, tests=prune_tests, refused=refused)
+        if not refused:
+            flag = "--golden-prune-tests" if prune_tests else "--golden-prune"
+            out.ownership = ownership_notes(
+                root, rootdir, judged, out.pruned.deleted, flag=flag, partial=partial
+            )
     return out

@@ -7,7 +7,6 @@ prunes unused goldens.
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import tempfile
@@ -15,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import location
 from .errors import GoldenError
 from .presentation import report_document
 from .results import STATUSES, Outcome, Status
@@ -66,9 +64,11 @@ class SessionState:
     """Outcomes of every golden test plus what collection saw, for unused-golden detection."""
 
     outcomes: list[Outcome] = field(default_factory=list)
-    expected_dirs: set[str] = field(default_factory=set)
+    expected_dirs: set[str] = field(default_factory=set)  # of collected tests declaring golden
+    opened_dirs: set[str] = field(default_factory=set)  # goldens opened, however reached
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
+    skipped_files: set[str] = field(default_factory=set)  # skipped at collection (importorskip)
     # test file -> node ids its collectors produced, before any plugin or conftest filtered them
     produced: dict[str, set[str]] = field(default_factory=dict)
     selected: set[str] = field(default_factory=set)  # node ids left to run after collection
@@ -115,8 +115,10 @@ class SessionState:
             {
                 "outcomes": [o.to_json() for o in self.outcomes],
                 "expected_dirs": sorted(self.expected_dirs),
+                "opened_dirs": sorted(self.opened_dirs),
                 "collected_files": sorted(self.collected_files),
                 "partial_files": sorted(self.partial_files),
+                "skipped_files": sorted(self.skipped_files),
                 "produced": {f: sorted(ids) for f, ids in self.produced.items()},
                 "selected": sorted(self.selected),
                 "used_tolerances": self.tolerance_usage.labels(),
@@ -132,8 +134,10 @@ class SessionState:
         data = json.loads(text)
         self.outcomes.extend(Outcome.from_json(o) for o in data["outcomes"])
         self.expected_dirs.update(data["expected_dirs"])
+        self.opened_dirs.update(data.get("opened_dirs", ()))
         self.collected_files.update(data["collected_files"])
         self.partial_files.update(data["partial_files"])
+        self.skipped_files.update(data.get("skipped_files", ()))
         for file, ids in data.get("produced", {}).items():
             self.produced.setdefault(file, set()).update(ids)
         self.selected.update(data.get("selected", ()))
@@ -172,31 +176,10 @@ class SessionState:
         partial = set(self.partial_collection())
         return {f for f, ids in self.produced.items() if ids and f not in partial}
 
-    def unused_dirs(self, root: Path, rootdir: Path) -> list[Path]:
-        """Our golden directories no collected test uses, of deleted or wholly run test files."""
-        return [d for d, _ in self.unused_goldens(root, rootdir)]
-
-    def unused_goldens(self, root: Path, rootdir: Path) -> list[tuple[Path, Path | None]]:
-        """``(directory, its test file or None if that file is gone)`` of every unused golden.
-
-        A golden is unused if no test collected this session uses it and either its test
-        file is gone or that file was collected and run whole. Only directories whose
-        ``manifest.json`` is a pytest-rollout-golden manifest count.
-        """
-        from . import store
-
-        found = []
-        is_file = functools.lru_cache(maxsize=None)(Path.is_file)  # goldens share test files
-        whole = self.whole_files()
-        for directory in location.find_goldens(root):
-            if str(directory) in self.expected_dirs or directory == root:
-                continue
-            if store.listed_files(directory) is None:  # not a golden of ours: never touched
-                continue
-            owner = location.owning_test_file(root, rootdir, directory, is_file=is_file)
-            if owner is None or str(owner) in whole:
-                found.append((directory, owner))
-        return found
+    def used_dirs(self) -> set[str]:
+        """Golden directories this session used: declared by a collected test (even one
+        skipped on this machine) or opened, however the ``golden`` fixture was reached."""
+        return self.expected_dirs | self.opened_dirs
 
 
 def write_report(

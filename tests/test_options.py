@@ -276,7 +276,7 @@ def test_unused_and_pruned_finds_keeps_and_prunes(tmp_path):
     from pytest_rollout_golden.presentation import unused_kept_note
 
     root, state, gone_file, here = _unused_state(tmp_path)
-    flags = {"stopped": False, "failed": False}
+    flags = {"stopped": False, "failed": False, "partial": ""}
     found = prune.unused_and_pruned(
         state, root, tmp_path, prune_gone=False, prune_tests=False, **flags
     )
@@ -284,7 +284,14 @@ def test_unused_and_pruned_finds_keeps_and_prunes(tmp_path):
     assert found.notes() == [unused_kept_note(1)]
     assert gone_file.is_dir()  # nothing deleted without --golden-prune
     refused = prune.unused_and_pruned(
-        state, root, tmp_path, prune_gone=True, prune_tests=False, stopped=True, failed=False
+        state,
+        root,
+        tmp_path,
+        prune_gone=True,
+        prune_tests=False,
+        stopped=True,
+        failed=False,
+        partial="",
     )
     assert refused.notes() == [
         "--golden-prune skipped: the session stopped early; nothing was deleted"
@@ -301,7 +308,14 @@ def test_unused_and_pruned_looks_for_nothing_without_expected_goldens_or_pruning
     root, state, _, _ = _unused_state(tmp_path)
     state.expected_dirs.clear()
     found = prune.unused_and_pruned(
-        state, root, tmp_path, prune_gone=False, prune_tests=False, stopped=False, failed=False
+        state,
+        root,
+        tmp_path,
+        prune_gone=False,
+        prune_tests=False,
+        stopped=False,
+        failed=False,
+        partial="",
     )
     assert (found.goldens, found.kept, found.notes()) == ([], 0, [])
 
