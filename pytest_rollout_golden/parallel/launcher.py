@@ -6,9 +6,9 @@ tiny reference policy milliseconds. At most :data:`MAX_WORKERS` idle workers are
 least recently used pool is stopped first). A pool whose ranks failed or hung, whose replies
 could not be read, or whose call was interrupted (a timeout plugin, Ctrl-C) is killed and
 started afresh on the next launch, since its process group is in an unknown state; every
-reply also names the call it answers, so no call ever takes an earlier call's results. Each worker
-joins one process group at start (gloo on CPU; NCCL when every rank has its own CUDA
-device) through a rendezvous on a free TCP port of 127.0.0.1.
+reply also names the call it answers, so no call ever takes an earlier call's results. Each
+worker joins one process group at start (gloo on CPU; NCCL when every rank has its own
+CUDA device) through a rendezvous on a free TCP port of 127.0.0.1.
 
 Under ``torchrun`` (``WORLD_SIZE``, ``RANK`` and ``MASTER_ADDR`` set) nothing is spawned:
 :func:`launch` joins the process group torchrun set up, runs ``fn`` for this process's rank
@@ -107,8 +107,9 @@ def launch(
     without a process group. A rank that raises fails the launch with its full traceback; a
     rank that has not returned after ``timeout`` seconds gets every worker killed and a
     :class:`LaunchTimeout` naming the hung ranks (a collective one rank never enters fails,
-    it does not hang). Under torchrun, a world size other than torchrun's (and other than 1)
-    skips the calling test.
+    it does not hang). A result this process cannot unpickle fails the launch as a
+    :class:`LaunchError` naming the rank. Under torchrun, a world size other than torchrun's
+    (and other than 1) skips the calling test.
     """
     world_size = (
         layout_or_world_size.world_size
