@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,11 @@ def test_a_rank_above_0_copies_only_its_selected_goldens_and_cleans_stale_copies
     assert len({p.parts[0] for p in copied}) == 1
     assert copied[0].parts[0].startswith(location.rank_snapshot_prefix(1))
     assert sorted(temp.iterdir()) == sorted([live, foreign])  # its own copy went at the end
+
+    gone = project.golden / "test_gone" / "test_x"  # a golden whose test file was deleted
+    shutil.copytree(project.golden_dir("test_big"), gone)
+    project.run("--golden-prune").assert_outcomes(passed=2)  # a whole run, but not rank 0
+    assert (gone / location.MANIFEST).is_file()
 
 
 @pytest.mark.skipif(
