@@ -19,6 +19,9 @@ golden), :data:`METRICS`, :data:`TOLERANCES`, and one safetensors file per rollo
 Beside golden ``NAME``, only while it is being written: ``.NAME.new-PID`` (the staged
 version), ``.NAME.old-PID`` (the replaced one) and ``.NAME.lock``; a file being written
 is ``.FILE.tmp-PID`` until it is renamed into place.
+
+Outside the golden root: the temporary folder in which a torchrun rank above 0 replays
+copies of goldens, ``rollout-golden-rankRANK-HOST-PID-XXXXXXXX`` (:func:`rank_snapshot_prefix`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -260,3 +264,25 @@ def lock_path(directory: Path) -> Path:
     """The lock file of a golden: ``.NAME.lock`` beside it, at its real (resolved) path."""
     real = directory.resolve()
     return real.parent / f".{real.name}.lock"
+
+
+RANK_SNAPSHOT = "rollout-golden-rank"
+
+
+def rank_snapshot_prefix(rank: int, pid: int | None = None) -> str:
+    """The start of the name of the temporary folder of torchrun rank ``rank``'s golden copies:
+    ``rollout-golden-rankRANK-HOST-PID-``, HOST a hash of this host's name, PID the owning
+    process (this one by default)."""
+    owner = os.getpid() if pid is None else int(pid)
+    return f"{RANK_SNAPSHOT}{int(rank)}-{_short_hash(socket.gethostname())}-{owner}-"
+
+
+def rank_snapshot_owner(name: str) -> int | None:
+    """The process that made ``name``, if it is a rank snapshot folder made on this host."""
+    match = _RANK_SNAPSHOT.fullmatch(name)
+    if match is None or match.group(1) != _short_hash(socket.gethostname()):
+        return None
+    return int(match.group(2))
+
+
+_RANK_SNAPSHOT = re.compile(re.escape(RANK_SNAPSHOT) + r"[0-9]+-([0-9a-f]{8})-([0-9]+)-[a-z0-9_]+")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,8 @@ from .presentation import CI_UPDATE, link_outside_root, rootdir_note, summary_li
 from .profiles import NAMES, register_profiles
 from .prune import Unused, partial_project, unused_and_pruned
 from .results import Mode, Status
-from .session import SessionState, UpdateMarks, rank_snapshot, write_report
+from .session import SessionState, UpdateMarks, write_report
+from .snapshot import RankSnapshot
 from .tolerance import Layer
 
 if TYPE_CHECKING:
@@ -216,11 +216,11 @@ class GoldenPlugin:
             opt.golden_dir if opt.golden_dir is not None else config.getini("golden_dir"),
         )
         self.report_path = report_path(opt.golden_report)
-        self.snapshot: Path | None = None
+        self.snapshot: RankSnapshot | None = None
         rank = torchrun_rank()
-        if rank:  # only rank 0 records: the others replay a copy (see rank_snapshot)
-            self.snapshot = rank_snapshot(self.root, rank)
-            self.root, self.mode = self.snapshot, Mode.STRICT
+        if rank:  # only rank 0 records: the others replay copies (see snapshot.py)
+            self.snapshot = RankSnapshot(self.root, rank)
+            self.mode = Mode.STRICT
         with _usage():
             self.session_tolerances = session_tolerances(
                 opt.golden_tolerance,
@@ -279,6 +279,8 @@ class GoldenPlugin:
         link = link_out_of_root(self.root, directory)
         if link is not None:
             raise GoldenError(link_outside_root(directory, link, self.root))
+        if self.snapshot is not None:
+            directory = self.snapshot.copy_of(directory)
         return Golden(
             directory,
             mode=self.mode,
@@ -425,8 +427,10 @@ class GoldenPlugin:
                 if session.exitstatus == pytest.ExitCode.OK:
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.registry.remove()
+
+    def pytest_unconfigure(self) -> None:
         if self.snapshot is not None:
-            shutil.rmtree(self.snapshot, ignore_errors=True)
+            self.snapshot.remove()
 
 
 _PATH_OPTIONS = ("--golden-report", "--golden-dir", "--golden-plot")
@@ -571,7 +575,13 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    session.config.stash[_PLUGIN].state.selected.update(i.nodeid for i in session.items)
+    plugin = session.config.stash[_PLUGIN]
+    plugin.state.selected.update(i.nodeid for i in session.items)
+    if plugin.snapshot is not None:  # early: as at collection, before rank 0 re-records any
+        for item in session.items:
+            if "golden" in getattr(item, "fixturenames", ()):
+                with contextlib.suppress(pytest.UsageError):  # its test reports it
+                    plugin.snapshot.copy_of(plugin.directory_of(item))
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

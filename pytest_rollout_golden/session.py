@@ -20,19 +20,6 @@ from .results import STATUSES, Outcome, Status
 from .tolerance import ToleranceUsage
 
 
-def rank_snapshot(root: Path, rank: int) -> Path:
-    """A private copy of the golden root for torchrun rank ``rank`` (> 0) to replay.
-
-    Every rank of a torchrun job runs the same tests; rank 0 owns golden/. The
-    others replay a private copy and never record, so that no rank waits on a
-    golden's lock while rank 0 waits for it in a collective.
-    """
-    snapshot = Path(tempfile.mkdtemp(prefix=f"rollout-golden-rank{rank}-"))
-    if root.is_dir():
-        shutil.copytree(root, snapshot, dirs_exist_ok=True)
-    return snapshot
-
-
 class UpdateMarks:
     """Marks, shared by all workers of a session, of the goldens re-recorded so far.
 

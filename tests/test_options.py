@@ -7,11 +7,12 @@ test_golden_prune_nesting_links.py check that pytest shows them as usage errors 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from pytest_rollout_golden import markers, options, prune
+from pytest_rollout_golden import location, markers, options, prune
 from pytest_rollout_golden.options import OptionError
 from pytest_rollout_golden.results import Mode
 from pytest_rollout_golden.session import SessionState
@@ -320,24 +321,29 @@ def test_unused_and_pruned_looks_for_nothing_without_expected_goldens_or_pruning
     assert (found.goldens, found.kept, found.notes()) == ([], 0, [])
 
 
-def test_rank_snapshot_is_a_private_copy(tmp_path):
-    from pytest_rollout_golden.session import rank_snapshot
+def test_rank_snapshot_copies_each_golden_asked_for_once(tmp_path, monkeypatch):
+    from pytest_rollout_golden.snapshot import RankSnapshot
 
-    root = _golden(tmp_path / "golden" / "test_a" / "t")
-    snapshot = rank_snapshot(tmp_path / "golden", 3)
-    try:
-        assert snapshot.name.startswith("rollout-golden-rank3-") and snapshot != tmp_path
-        copied = snapshot / "test_a" / "t" / "manifest.json"
-        assert copied.read_text() == (root / "manifest.json").read_text()
-    finally:
-        import shutil
-
-        shutil.rmtree(snapshot)
-    empty = rank_snapshot(tmp_path / "no-golden-yet", 1)
-    try:
-        assert list(empty.iterdir()) == []
-    finally:
-        empty.rmdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    root = tmp_path / "golden"
+    asked = _golden(root / "test_a" / "t")
+    _golden(root / "test_a" / "t" / "nested")
+    _golden(root / "test_b" / "u")
+    snapshot = RankSnapshot(root, 3)
+    assert snapshot.path.name.startswith(location.rank_snapshot_prefix(3))
+    copy = snapshot.copy_of(asked)
+    assert copy == snapshot.path / "test_a" / "t"
+    wanted = [p.name for p in asked.iterdir() if p.is_file() and not p.name.startswith(".")]
+    assert sorted(p.name for p in copy.iterdir()) == sorted(wanted)
+    assert location.MANIFEST in wanted
+    (asked / location.MANIFEST).write_text("changed")
+    assert snapshot.copy_of(asked) == copy
+    assert (copy / location.MANIFEST).read_text() != "changed"  # copied once, as first seen
+    assert not snapshot.copy_of(root / "test_c" / "v").exists()  # not recorded
+    assert not (snapshot.path / "test_b").exists()
+    snapshot.remove()
+    assert list((tmp_path / "temp").iterdir()) == []
 
 
 def test_write_report_writes_the_document_or_names_the_remedy(tmp_path):

@@ -6,14 +6,18 @@ rank runs the same pytest session and world-size-2 variants run across the two r
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from pytest_rollout_golden import location
 from pytest_rollout_golden.parallel import Layout
 from pytest_rollout_golden.parallel.policy import PolicyConfig, make_rollout, run
 
@@ -32,6 +36,69 @@ def test_gate_runs_under_torchrun_with_two_ranks():
     # each rank prints its own session: the world-size-2 variants ran on both, none failed
     summaries = [line for line in done.stdout.splitlines() if " passed" in line]
     assert len(summaries) == 2 and all("failed" not in s for s in summaries), done.stdout
+
+
+TWO_GOLDENS = """
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def test_small(golden):
+    golden.check({"loss": 1.0})
+    if os.environ.get("RANK"):  # what this rank copied to its temporary folder
+        temp = Path(tempfile.gettempdir())
+        copied = [str(p.relative_to(temp)) for p in sorted(temp.rglob("*")) if p.is_file()]
+        Path(os.environ["SEEN"]).write_text(json.dumps(copied))
+
+
+def test_big(golden):
+    golden.check({"loss": 2.0})
+"""
+
+
+def _dead_pid() -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(done.stdout)
+
+
+def test_a_rank_above_0_copies_only_its_selected_goldens_and_cleans_stale_copies(
+    project, monkeypatch, tmp_path_factory
+):
+    project.write(TWO_GOLDENS)
+    seen = project.path / "seen.json"
+    monkeypatch.setenv("SEEN", str(seen))
+    project.run().assert_outcomes(passed=2)  # not under torchrun: records both
+    temp = tmp_path_factory.mktemp("temp")
+    stale = temp / (location.rank_snapshot_prefix(2, _dead_pid()) + "killed")
+    (stale / "test_it" / "test_big").mkdir(parents=True)
+    live = temp / (location.rank_snapshot_prefix(1, os.getpid()) + "running")
+    foreign = temp / "rollout-golden-rank1-not-ours"
+    for kept in (live, foreign):
+        kept.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+
+    project.run("-k", "small").assert_outcomes(passed=1, deselected=1)
+    copied = [Path(p) for p in json.loads(seen.read_text())]
+    copied = [p for p in copied if not p.name.startswith(".")]  # the lock replay takes
+    assert copied and all(p.parts[1:3] == ("test_it", "test_small") for p in copied), copied
+    assert len({p.parts[0] for p in copied}) == 1
+    assert copied[0].parts[0].startswith(location.rank_snapshot_prefix(1))
+    assert sorted(temp.iterdir()) == sorted([live, foreign])  # its own copy went at the end
+
+    gone = project.golden / "test_gone" / "test_x"  # a golden whose test file was deleted
+    shutil.copytree(project.golden_dir("test_big"), gone)
+    project.run("--golden-prune").assert_outcomes(passed=2)  # a whole run, but not rank 0
+    assert (gone / location.MANIFEST).is_file()
 
 
 @pytest.mark.skipif(

@@ -3,14 +3,20 @@
 Worker processes are started once per world size and reused by every later :func:`launch`
 of the session: starting a Python process and importing torch costs seconds, training the
 tiny reference policy milliseconds. At most :data:`MAX_WORKERS` idle workers are kept (the
-least recently used pool is stopped first). A pool whose ranks failed or hung is killed and started
-afresh on the next launch, since its process group is in an unknown state. Each worker
-joins one process group at start (gloo on CPU; NCCL when every rank has its own CUDA
-device) through a rendezvous on a free TCP port of 127.0.0.1.
+least recently used pool is stopped first). A pool whose ranks failed or hung, whose replies
+could not be read, or whose call was interrupted (a timeout plugin, Ctrl-C) is killed and
+started afresh on the next launch, since its process group is in an unknown state; every
+reply also names the call it answers, so no call ever takes an earlier call's results. Each
+worker joins one process group at start (gloo on CPU; NCCL when every rank has its own
+CUDA device) through a rendezvous on a free TCP port of 127.0.0.1.
 
 Under ``torchrun`` (``WORLD_SIZE``, ``RANK`` and ``MASTER_ADDR`` set) nothing is spawned:
 :func:`launch` joins the process group torchrun set up, runs ``fn`` for this process's rank
 and exchanges the results, so every process sees the results of all ranks.
+
+Workers die with the process that started them, even while a rank is stuck: each runs in
+its own process group, which it kills when a pipe from that process reaches end of file,
+and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``).
 
 ``fn`` and ``args`` travel to the workers, and results back, through pickle over a pipe
 between processes of this session (by reference for ``fn``: it must be importable). Nothing
@@ -21,12 +27,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import functools
+import itertools
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -97,8 +107,9 @@ def launch(
     without a process group. A rank that raises fails the launch with its full traceback; a
     rank that has not returned after ``timeout`` seconds gets every worker killed and a
     :class:`LaunchTimeout` naming the hung ranks (a collective one rank never enters fails,
-    it does not hang). Under torchrun, a world size other than torchrun's (and other than 1)
-    skips the calling test.
+    it does not hang). A result this process cannot unpickle fails the launch as a
+    :class:`LaunchError` naming the rank. Under torchrun, a world size other than torchrun's
+    (and other than 1) skips the calling test.
     """
     world_size = (
         layout_or_world_size.world_size
@@ -122,7 +133,7 @@ def launch(
     _POOLS[world_size] = pool  # most recently used last
     try:
         return pool.run(fn, args, timeout)
-    except LaunchError:
+    except BaseException:  # failed, hung, unreadable or interrupted: replies may be unread
         _POOLS.pop(world_size, None)
         pool.close()
         raise
@@ -178,50 +189,67 @@ class _Pool:
 
     def __init__(self, world_size: int):
         self.world_size = world_size
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.conns: list[_Channel] = []
+        self.lifeline: int | None = None
+        self.calls = itertools.count(1)  # call 0: the start
         backend = _backend(world_size)
         last_error = ""
-        for _ in range(2):  # a free port can be taken between picking and binding it
-            self._start(backend, _free_port())
-            try:
-                self._gather(self._ready, START_TIMEOUT, what="start")
-                return
-            except LaunchError as exc:
-                last_error = str(exc)
-                self.close()
+        try:
+            for _ in range(2):  # a free port can be taken between picking and binding it
+                self._start(backend, _free_port())
+                try:
+                    self._gather(0, pickle.loads, START_TIMEOUT, what="start")
+                    return
+                except LaunchError as exc:
+                    last_error = str(exc)
+                    self.close()
+        except BaseException:
+            self.close()
+            raise
         raise LaunchError(f"could not start {world_size} workers: {last_error}")
 
     def _start(self, backend: str, port: int) -> None:
         # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the
         # caller's __main__ in every worker, which an unguarded script does not survive.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.processes, self.conns = [], []
-        for rank in range(self.world_size):
-            to_child, from_parent = os.pipe()[::-1]
-            from_child, to_parent = os.pipe()
-            command = [sys.executable, "-c", _WORKER_COMMAND]
-            command += [str(a) for a in (from_parent, to_parent, rank, self.world_size)]
-            command += [backend, str(port)]
-            process = subprocess.Popen(command, env=env, pass_fds=(from_parent, to_parent))
-            os.close(from_parent)
-            os.close(to_parent)
-            self.processes.append(process)
-            self.conns.append(_Channel(to_child, from_child))
-
-    @staticmethod
-    def _ready(message: Any) -> Any:
-        return message
+        lifeline, self.lifeline = os.pipe()  # never written: end of file when this process dies
+        try:
+            for rank in range(self.world_size):
+                to_child, from_parent = os.pipe()[::-1]
+                from_child, to_parent = os.pipe()
+                command = [sys.executable, "-c", _WORKER_COMMAND]
+                command += [str(a) for a in (from_parent, to_parent, lifeline, os.getpid())]
+                command += [str(rank), str(self.world_size), backend, str(port)]
+                try:
+                    process = subprocess.Popen(
+                        command,
+                        env=env,
+                        pass_fds=(from_parent, to_parent, lifeline),
+                        start_new_session=True,  # its own process group, out of Ctrl-C's reach
+                    )
+                finally:
+                    os.close(from_parent)
+                    os.close(to_parent)
+                self.processes.append(process)
+                self.conns.append(_Channel(to_child, from_child))
+        finally:
+            os.close(lifeline)
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.processes)
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> list[Any]:
-        task = pickle.dumps((fn, args))
+        call = next(self.calls)
+        task = pickle.dumps((call, pickle.dumps((fn, args))))
         for conn in self.conns:
             conn.send(task)
-        return self._gather(pickle.loads, timeout, what=callable_name(fn))
+        return self._gather(call, pickle.loads, timeout, what=callable_name(fn))
 
-    def _gather(self, decode: Callable[[Any], Any], timeout: float, *, what: str) -> list[Any]:
-        pending = {conn: rank for rank, conn in enumerate(self.conns)}
+    def _gather(
+        self, call: int, decode: Callable[[Any], Any], timeout: float, *, what: str
+    ) -> list[Any]:
+        pending = {conn.reader: rank for rank, conn in enumerate(self.conns)}
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         deadline = time.monotonic() + timeout
@@ -231,19 +259,32 @@ class _Pool:
                 deadline = min(deadline, now + GRACE_AFTER_FAILURE)
             if now >= deadline:
                 break
-            for reader in wait([c.reader for c in pending], deadline - now):
-                conn = next(c for c in pending if c.reader is reader)
-                rank = pending.pop(conn)
+            for reader in wait(list(pending), deadline - now):
+                rank = pending[reader]
                 try:
-                    status, payload = pickle.loads(conn.recv())
+                    answered, status, payload = pickle.loads(self.conns[rank].recv())
                 except (EOFError, OSError):
                     code = self.processes[rank].poll()
                     errors[rank] = f"the process exited (exit code {code}) without a result"
+                    del pending[reader]
                     continue
-                if status == "ok":
-                    results[rank] = decode(payload)
-                else:
+                except Exception as exc:
+                    errors[rank] = f"its reply could not be read: {type(exc).__name__}: {exc}"
+                    del pending[reader]
+                    continue
+                if answered != call:
+                    continue  # the reply to an earlier call, never this one's
+                del pending[reader]
+                if status != "ok":
                     errors[rank] = payload
+                    continue
+                try:
+                    results[rank] = decode(payload)
+                except Exception as exc:
+                    errors[rank] = (
+                        f"its result could not be unpickled in the test process: "
+                        f"{type(exc).__name__}: {exc} (return types both sides can import)"
+                    )
         hung = sorted(pending.values())
         if not errors and not hung:
             return [results[rank] for rank in range(self.world_size)]
@@ -273,11 +314,15 @@ class _Pool:
             try:
                 process.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
+                # not reaped, so its id is still its own group's: take its children too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 process.wait(5.0)
         for conn in self.conns:
             conn.close()
-        self.processes, self.conns = [], []
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+        self.processes, self.conns, self.lifeline = [], [], None
 
 
 class _Channel:
@@ -303,9 +348,39 @@ _WORKER_COMMAND = "from pytest_rollout_golden.parallel.launcher import _worker; 
 
 def _worker() -> None:
     """Entry point of a worker process (arguments in ``sys.argv``, see ``_Pool._start``)."""
-    read_fd, write_fd, rank, world_size, backend, port = sys.argv[1:7]
+    read_fd, write_fd, lifeline, parent, rank, world_size, backend, port = sys.argv[1:9]
+    _die_with_parent(int(parent), int(lifeline))
     conn = _Channel(int(write_fd), int(read_fd))
     _worker_main(conn, int(rank), int(world_size), backend, int(port))
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with_parent(parent: int, lifeline: int) -> None:
+    """End this worker, and whatever it started, soon after process ``parent`` dies."""
+    if sys.platform.startswith("linux"):
+        # The kernel's signal works while a rank holds the GIL. It follows the parent
+        # *thread*: a pool started from a thread that ends dies with it and is restarted.
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    if os.getppid() != parent:  # it died before either watch began
+        _end_process_group()
+
+
+def _watch_lifeline(lifeline: int) -> None:
+    """Block until the parent's end of the pipe closes, then end this worker's group."""
+    with contextlib.suppress(OSError):
+        while os.read(lifeline, 1):
+            pass
+    _end_process_group()
+
+
+def _end_process_group() -> None:
+    if os.getpgrp() == os.getpid():  # a group of its own, as the pool starts it
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
 
 
 def _worker_main(conn: _Channel, rank: int, world_size: int, backend: str, port: int) -> None:
@@ -326,9 +401,9 @@ def _worker_main(conn: _Channel, rank: int, world_size: int, backend: str, port:
         )
         _STATE["backend"] = backend
     except BaseException:
-        conn.send(pickle.dumps(("error", traceback.format_exc())))
+        conn.send(pickle.dumps((0, "error", traceback.format_exc())))
         return
-    conn.send(pickle.dumps(("ok", os.getpid())))
+    conn.send(pickle.dumps((0, "ok", pickle.dumps(os.getpid()))))
     while True:
         try:
             task = conn.recv()
@@ -336,11 +411,12 @@ def _worker_main(conn: _Channel, rank: int, world_size: int, backend: str, port:
             break
         if not task:
             break
+        call, body = pickle.loads(task)
         try:
-            fn, args = pickle.loads(task)
-            reply = ("ok", pickle.dumps(fn(rank, *args)))
+            fn, args = pickle.loads(body)
+            reply = (call, "ok", pickle.dumps(fn(rank, *args)))
         except BaseException:
-            reply = ("error", traceback.format_exc())
+            reply = (call, "error", traceback.format_exc())
         conn.send(pickle.dumps(reply))
     dist.destroy_process_group()
 
