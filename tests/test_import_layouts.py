@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rollout_golden import Golden, Mode
+from pytest_rollout_golden import Golden, Mode, dumps
 from pytest_rollout_golden.cli import main
-from pytest_rollout_golden import dumps
 
 
 def same(a, b) -> None:
@@ -140,9 +139,8 @@ def test_verl_v1_step_from_the_outer_folder_and_one_rollout_per_inner_folder(
     assert "meta.json: verl's step record" in printed
     for (step, inner), payload in payloads.items():
         same(payload, replay(out, step, "rollout" if inner == 0 else f"rollout_inner{inner}"))
-    with Golden(out, mode=Mode.STRICT) as g:
-        with pytest.raises(Exception, match="step 0"):
-            g.rollout(lambda: {"x": torch.zeros(1)}, step=0)
+    with Golden(out, mode=Mode.STRICT) as g, pytest.raises(Exception, match="step 0"):
+        g.rollout(lambda: {"x": torch.zeros(1)}, step=0)
     assert main(["verify", str(out)]) == 0
 
 
@@ -247,9 +245,7 @@ class NexRLDumper:
         return data
 
 
-def test_nexrl_every_file_imports_dicts_flatten_and_bookkeeping_is_not_checked(
-    tmp_path, capsys
-):
+def test_nexrl_every_file_imports_dicts_flatten_and_bookkeeping_is_not_checked(tmp_path, capsys):
     """Item 4: all 9 kinds (param/gradient without micro index) import; the natural gate passes."""
     root = tmp_path / "debug_dump"
     dumped: dict = {}
@@ -280,8 +276,8 @@ def test_nexrl_every_file_imports_dicts_flatten_and_bookkeeping_is_not_checked(
     assert printed.count(" -> ") == n_files - 1
     assert f"skipped {root / 'README.txt'}: " in printed
 
-    same(trajectory, replay(out, 3))
     with Golden(out, mode=Mode.STRICT) as g:
+        same(trajectory, g.rollout(lambda: pytest.fail("generated"), step=3))
         for rank in (0, 1):
             for micro in (0, 1):
                 f = dumped["forward", rank, micro]
@@ -302,17 +298,18 @@ def test_nexrl_every_file_imports_dicts_flatten_and_bookkeeping_is_not_checked(
         g.check_tensors("old_log_probs", {"old_log_probs": old["old_log_probs"]}, step=3)
         for kind, payload in (("prepared_trajectories", prepared), ("datums", datums),
                               ("training_metrics", metrics)):  # fmt: skip
-            checked = dumps.flatten({k: v for k, v in payload.items() if k not in ("step",)})
+            bookkeeping = ("step", "num_trajectories", "num_datums")  # kept as metadata
+            checked = dumps.flatten({k: v for k, v in payload.items() if k not in bookkeeping})
             g.check_tensors(kind, checked, step=3)
     # ...and a drifted value fails, named by its flattened name.
-    with pytest.raises(AssertionError, match="loss/metrics/actor/pg_clipfrac"):
-        with Golden(out, mode=Mode.STRICT) as g:
-            g.check_tensors("loss", {
-                "loss": 0.1, "pg_loss": 0.0, "entropy_loss": -0.01,
-                "metrics/actor/pg_clipfrac": 0.126,
-                "metrics/actor/ppo_kl": dumped["loss", 0, 0]["metrics"]["actor/ppo_kl"],
-                "extra_info/first_1000_entropy_loss": -0.01 / 3,
-            }, step=3, rank=0, micro=0)  # fmt: skip
+    drifted = pytest.raises(AssertionError, match="loss/metrics/actor/pg_clipfrac")
+    with drifted, Golden(out, mode=Mode.STRICT) as g:
+        g.check_tensors("loss", {
+            "loss": 0.1, "pg_loss": 0.0, "entropy_loss": -0.01,
+            "metrics/actor/pg_clipfrac": 0.126,
+            "metrics/actor/ppo_kl": dumped["loss", 0, 0]["metrics"]["actor/ppo_kl"],
+            "extra_info/first_1000_entropy_loss": -0.01 / 3,
+        }, step=3, rank=0, micro=0)  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())
     grad_info = manifest["files"]["tensors-gradient-step000003-rank1.safetensors"]
     assert grad_info["dump"]["param_name"] == "model.layers.0.mlp.weight"
