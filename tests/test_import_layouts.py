@@ -144,6 +144,42 @@ def test_verl_v1_step_from_the_outer_folder_and_one_rollout_per_inner_folder(
     assert main(["verify", str(out)]) == 0
 
 
+def test_verl_v0_rollout_skip_gen_batch_with_its_meta_json(tmp_path, verl_tq_skip, capsys):
+    """verl 0.9.1 RolloutSkip.prepare_data: {step}/gen_batch.dp (DataProto.save_to_disk)."""
+    from omegaconf import OmegaConf
+
+    rollout_skip = importlib.import_module("verl.utils.skip.rollout_skip")
+    protocol = importlib.import_module("verl.protocol")
+    config = OmegaConf.create({
+        "trainer": {"experiment_name": "exp", "project_name": "proj"},
+        "actor_rollout_ref": {"rollout": {"n": 1}},
+        "data": {"train_batch_size": 2, "max_prompt_length": 3, "max_response_length": 4},
+    })  # fmt: skip
+    local = types.SimpleNamespace(action="cache", enable=True, dump_dir=str(tmp_path / "dump"),
+                                  steps=None)  # fmt: skip
+    skip = rollout_skip.RolloutSkip(local, config)
+    batches = {}
+    for step in (4, 6):
+        g = torch.Generator().manual_seed(step)
+        batches[step] = protocol.DataProto.from_dict(
+            tensors={"responses": torch.randint(0, 9, (2, 4), generator=g),
+                     "rollout_log_probs": -torch.rand(2, 4, generator=g)},
+            meta_info={"global_steps": step},
+        )  # fmt: skip
+        skip.prepare_data(step, batches[step])
+    capsys.readouterr()
+    out = tmp_path / "golden"
+    assert import_(tmp_path / "dump", out, "--trust-pickle") == 0
+    accounted(capsys.readouterr().out, tmp_path / "dump")
+    for step, batch in batches.items():
+        replayed = replay(out, step)  # a DataProto, or its parts as a dict (see codec.py)
+        if not isinstance(replayed, dict):
+            replayed = {"batch": replayed.batch, "meta_info": replayed.meta_info}
+        for key in ("responses", "rollout_log_probs"):
+            same(batch.batch[key], replayed["batch"][key])
+        assert replayed["meta_info"] == {"global_steps": step}
+
+
 def test_verl_tq_batch_outside_a_step_folder_is_named(tmp_path, capsys):
     """Item 2: a tq_batch.pt not under {step}/{inner_idx}/ is an error naming the file."""
     inner = tmp_path / "dump" / "GBS2_N1_in2_out4" / "3"
@@ -317,6 +353,26 @@ def test_nexrl_every_file_imports_dicts_flatten_and_bookkeeping_is_not_checked(t
     assert main(["verify", str(out)]) == 0
 
 
+def test_nexrl_jsonl_format_imports_with_json_only(tmp_path, capsys):
+    """DataDumper with dump_format "jsonl": the same records, tensors as lists, one line each."""
+    root = tmp_path / "debug_dump"
+    for kind in ("trajectory", "loss"):
+        (root / kind).mkdir(parents=True)
+    trajectory = {"step": 1, "num_trajectories": 1, "trajectories": [NexRLDumper.trajectory(0)]}
+    (root / "trajectory" / "step_000001.jsonl").write_text(json.dumps(trajectory) + "\n")
+    loss = {"step": 1, "rank": 0, "micro_idx": 0, "loss": 0.5, "pg_loss": 0.25,
+            "entropy_loss": 0.125}  # fmt: skip
+    (root / "loss" / "step_000001_rank0_micro0.jsonl").write_text(json.dumps(loss) + "\n")
+    out = tmp_path / "golden"
+    assert import_(root, out) == 0
+    with Golden(out, mode=Mode.STRICT) as g:
+        same(trajectory, g.rollout(lambda: pytest.fail("generated"), step=1))
+        checked = {"loss": 0.5, "pg_loss": 0.25, "entropy_loss": 0.125}
+        assert [r.verdict for r in g.check_tensors("loss", checked, step=1, rank=0, micro=0)] == [
+            "pass"
+        ] * 3
+
+
 def test_flatten_names_nested_entries_and_keeps_float_bits():
     flat = dumps.flatten({"a": {"b": 0.1, "c": [1, 2]}, "d": [{"e": True}], "s": "text"})
     assert sorted(flat) == ["a/b", "a/c", "d/0/e"]
@@ -371,6 +427,34 @@ def test_slime_train_eval_and_per_rank_train_data_do_not_collide(tmp_path, capsy
         for rank in (0, 1):
             same(trains[rollout_id, rank], replay(out, rollout_id, f"train_rank{rank}"))
     assert main(["verify", str(out)]) == 0
+
+
+def test_slime_format_2_train_data_is_the_train_rollout_of_its_rank(tmp_path):
+    """Newer save_debug_train_data (train_data_utils.py@624b824a, _build_dump_payload): one
+    file per DP source rank, {format_version: 2, rollout_id, rank, samples, dp_shards, ...}."""
+    root = tmp_path / "details" / "train_data"
+    root.mkdir(parents=True)
+    payload = {"format_version": 2, "rollout_id": 4, "rank": 2,
+               "samples": [{"data_parallel_rank": 0, "rollout_position": 0,
+                            "tokens": torch.tensor([1, 2, 3]),
+                            "log_probs": torch.tensor([-0.5, -0.25])}],
+               "dp_shards": [{"rank": 2, "data_parallel_rank": 0, "sample_indices": None,
+                              "partition": [0]}],
+               "total_lengths": [3]}  # fmt: skip
+    torch.save(payload, root / "4.pt")
+    out = tmp_path / "golden"
+    assert import_(tmp_path / "details", out, "--layout", "slime") == 0
+    same(payload, replay(out, 4, "train_rank2"))
+
+
+def test_slime_two_dumps_of_one_rollout_name_both_files(tmp_path, capsys):
+    root = tmp_path / "dump"
+    root.mkdir()
+    for name in ("a_3.pt", "b_3.pt"):
+        torch.save({"rollout_id": 3, "samples": [slime_sample(0, 3)]}, root / name)
+    assert import_(root, tmp_path / "golden", "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert f"step 3, {root / 'b_3.pt'}: a second dump for rollout-rollout-step000003" in err
 
 
 # --- AReaL: WorkflowExecutor._dump_trajectory (JSONL) ---------------------------------
