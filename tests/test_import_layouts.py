@@ -397,8 +397,9 @@ def slime_sample(i: int, rollout_id: int) -> dict:
 def test_slime_train_eval_and_per_rank_train_data_do_not_collide(tmp_path, capsys):
     """Item 5: --dump-details DIR writes rollout_data/{rollout_id}.pt, eval_{rollout_id}.pt
     (slime/observability/rollout_data_utils.py@624b824a898ab0ec1fcb4d373004c7f3852bf515,
-    save_debug_rollout_data) and train_data/{rollout_id}_{rank}.pt (train_data_utils.py,
-    save_debug_train_data: {rollout_id, rank, rollout_data}) per the template's {rank}."""
+    save_debug_rollout_data) and train_data/{rollout_id}_{rank}.pt, one per rank
+    (slime/utils/train_dump_utils.py and arguments.py@d38dc29c9d72c88d221e12c320fc6aa41982e5a2,
+    save_debug_train_data: {rollout_id, rank, rollout_data})."""
     root = tmp_path / "details"
     (root / "rollout_data").mkdir(parents=True)
     (root / "train_data").mkdir(parents=True)
