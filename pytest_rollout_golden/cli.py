@@ -297,7 +297,7 @@ def import_dumps(args: argparse.Namespace) -> int:
     """Convert a folder of framework dumps into a golden directory."""
     from .dumps import convert
 
-    done = convert(
+    imported = convert(
         args.source,
         args.output,
         layout=args.layout,
@@ -305,10 +305,28 @@ def import_dumps(args: argparse.Namespace) -> int:
         trust_pickle=args.trust_pickle,
         test_id=args.test or "",
     )
-    for entry, filename in done:
-        print(f"{entry.path} -> {filename}")
-    print(f"wrote golden {args.output} ({len(done)} files); check it with: rollout-golden verify")
+    for entry, filename in imported.done:
+        for source in entry.sources:
+            print(f"{source} -> {filename}")
+    for skipped in imported.skipped:
+        print(f"skipped {skipped.path}: {skipped.why}")
+    print(
+        f"wrote golden {args.output} ({len(imported.done)} files, {len(imported.skipped)} "
+        "dump files skipped); check it with: rollout-golden verify"
+    )
     return 0
+
+
+def _import_epilog() -> str:
+    """The files each layout reads, for ``rollout-golden import -h``."""
+    from .dumps import PATTERNS
+
+    lines = ["files each --layout reads (under the dump folder, at any depth):"]
+    for layout, patterns in PATTERNS.items():
+        lines.append(f"  {layout}:")
+        lines += [f"    {pattern}" for pattern in patterns]
+    lines.append("every other file is listed as skipped, with the reason")
+    return "\n".join(lines)
 
 
 def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
@@ -362,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pickles or torch.save files: each is loaded with torch.load(weights_only=True) when "
         "that suffices; anything else needs --trust-pickle, because unpickling runs code named "
         "in the file.",
+        epilog=_import_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p_import.add_argument("source", type=Path, help="the dump folder")
     p_import.add_argument("-o", "--output", type=Path, required=True, help="golden to write")

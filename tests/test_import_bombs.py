@@ -173,7 +173,7 @@ def test_an_error_among_many_dumps_names_the_file_and_the_step(
     tmp_path, capsys, monkeypatch, damage, what
 ):
     """Item 16: one bad file among many; the error says which, at which step, and why."""
-    monkeypatch.setattr(dumps, "EXPAND_FREE", 1 << 20)  # the self-holding list stops sooner
+    monkeypatch.setattr(dumps.loading, "EXPAND_FREE", 1 << 20)  # the self-holding list stops sooner
     dump = tmp_path / "dump"
     dump.mkdir()
     for step in (1, 2, 3, 5):

@@ -114,10 +114,10 @@ def test_verl_skip_manager_dumps(tmp_path, fake_tensordict, capsys):
         (root / str(step)).mkdir(parents=True)
         with open(root / str(step) / "gen_batch.dp", "wb") as f:
             pickle.dump(dataproto(step), f)
-    (root / "7").mkdir()
+    (root / "7" / "0").mkdir(parents=True)  # RolloutTqSkip: {step}/{inner_idx}/tq_batch.pt
     tq = {"tensordict": dict(dataproto(7).batch), "tags": ["a"], "keys": ["input_ids"],
           "global_steps": 7}  # fmt: skip
-    torch.save(tq, root / "7" / "tq_batch.pt")
+    torch.save(tq, root / "7" / "0" / "tq_batch.pt")
     out = tmp_path / "golden"
     # Without the flag nothing is written, and the error says which file and why.
     assert import_(tmp_path / "dump", out) == 2
@@ -260,7 +260,7 @@ def test_a_pickle_naming_a_missing_class_is_a_clear_error(tmp_path, capsys):
 def test_verl_tq_batch_with_the_real_tensordict(tmp_path, capsys):
     """tensordict 0.10.0 where installed (.ci/run: pip install --no-deps tensordict==0.10.0 ...)."""
     tensordict = pytest.importorskip("tensordict")
-    step_dir = tmp_path / "dump" / "GBS2_N1_in2_out4" / "6"
+    step_dir = tmp_path / "dump" / "GBS2_N1_in2_out4" / "6" / "0"
     step_dir.mkdir(parents=True)
     td = tensordict.TensorDict(
         {"input_ids": torch.arange(8).view(2, 4), "old_log_probs": -torch.rand(2, 4)},

@@ -1,0 +1,25 @@
+"""Rollout dumps of RL frameworks (verl, ROLL, NexRL, AReaL, slime) converted into goldens.
+
+One module per framework layout (:mod:`.verl`, :mod:`.roll`, :mod:`.nexrl`,
+:mod:`.areal`, :mod:`.slime`) says which files it reads and what each becomes (a
+rollout, or checked tensors, at which step, rank and micro-batch); every other file
+of the dump folder is reported as skipped, with the reason. :mod:`.loading` reads a
+file without running code from it (unless trusted) and within a memory allowance;
+:mod:`.convert` writes the golden with the writer of every golden, so it verifies and
+replays like one the plugin recorded. Every error names the dump file and, where
+known, its step.
+"""
+
+from __future__ import annotations
+
+from .convert import LAYOUTS, convert, detect, entries
+from .entry import Entry, Imported, Skipped
+from .loading import WHY_PICKLE, load, read_jsonl
+from .values import flatten, plain, split
+
+PATTERNS = {layout: module.PATTERNS for layout, module in LAYOUTS.items()}
+
+__all__ = [
+    "LAYOUTS", "PATTERNS", "WHY_PICKLE", "Entry", "Imported",
+    "Skipped", "convert", "detect", "entries", "flatten", "load", "plain", "read_jsonl", "split",
+]  # fmt: skip

@@ -1,0 +1,269 @@
+"""Reading one dump file without running code from it, within a memory allowance.
+
+A ``torch.save`` file is loaded with ``torch.load(weights_only=True)``, which runs no
+code from the file; only if torch refuses (pickled classes such as DataProto,
+TensorDict, dataclasses) and the caller passed ``trust_pickle=True`` is it fully
+unpickled, which runs whatever code the file names. JSON-lines files are read with
+``json`` only.
+
+A dump can make the import allocate at most ``EXPAND_FACTOR`` times its size on
+disk plus ``EXPAND_FREE`` bytes: a ``torch.save`` archive whose members inflate
+beyond that is refused before ``torch.load`` reads it, and a loaded payload that
+expands beyond it (a stride-0 or expanded tensor view copied out to its full size,
+a list shared or nested in itself) is refused before anything is converted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import re
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..codec import is_dataproto_like, is_tensordict_like
+from ..errors import GoldenError
+
+WHY_PICKLE = (
+    "unpickling runs code named in the file (any import and call), so a dump from an "
+    "untrusted source can take over this process"
+)
+EXPAND_FACTOR = 64  # a dump may make the import allocate 64x its size on disk...
+EXPAND_FREE = 64 << 20  # ...plus 64 MiB, and no more
+_NODE_COST = 64  # bytes charged for each dict, list, number, ... of a payload
+_DATAPROTO = ("batch", "non_tensor_batch", "meta_info")
+_LONGEST = 500  # characters of a foreign error message shown, cut at a sentence's end
+
+
+def load(path: Path, *, trust_pickle: bool) -> Any:
+    """The object in a dump file: ``weights_only`` first, full unpickling only if trusted.
+
+    Refuses a file that would make the import allocate more than its allowance
+    (see the module's docstring) before that memory is asked for.
+    """
+    try:
+        payload = _load(path, trust_pickle=trust_pickle)
+        _check_expansion(path, payload)
+        return payload
+    except (GoldenError, OSError):  # OSError: the file's own name and reason say it all
+        raise
+    except (ImportError, AttributeError) as exc:  # a class the pickle names is not here
+        raise GoldenError(
+            f"{path}: cannot be loaded ({type(exc).__name__}: {whole_sentences(str(exc))}). "
+            "A pickled dump needs the classes it names to be importable (verl for its DataProto, "
+            "tensordict for TensorDict, ...) in this environment"
+        ) from None
+    except Exception as exc:  # anything else a foreign or damaged file can raise
+        raise GoldenError(
+            f"{path}: cannot be loaded ({type(exc).__name__}: {whole_sentences(str(exc))}); "
+            "the file is truncated, corrupted or not a dump of this layout: dump that step "
+            "again, or move the file out of the dump folder"
+        ) from None
+
+
+def _load(path: Path, *, trust_pickle: bool) -> Any:
+    import torch
+
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # torch.save's format; anything else is a raw pickle
+    if zipped:
+        _check_archive(path)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            refusal = _refusal(str(exc))
+            if not trust_pickle:
+                why = f"torch.load(weights_only=True): {refusal}"
+                raise GoldenError(_needs_trust(path, why)) from None
+        return torch.load(path, map_location="cpu", weights_only=False)  # trusted by the caller
+    if not trust_pickle:
+        raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
+    with open(path, "rb") as f:
+        return pickle.load(f)  # the caller passed --trust-pickle for this file
+
+
+def _allowance(path: Path) -> int:
+    """The bytes importing ``path`` may allocate: what its size on disk can describe."""
+    return EXPAND_FACTOR * path.stat().st_size + EXPAND_FREE
+
+
+def _check_archive(path: Path) -> None:
+    """Refuse a zip whose members inflate beyond the allowance, before any is read.
+
+    torch.save stores its members uncompressed; a compressed one that inflates more
+    than ``EXPAND_FACTOR``-fold (past ``EXPAND_FREE``) is a decompression bomb, and
+    torch.load would allocate its full inflated size before reading it.
+    """
+    remedy = "re-save the dump with torch.save if it is genuine"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError) as exc:
+        raise GoldenError(
+            f"{path}: is not a readable torch.save archive ({exc}); it is truncated or "
+            "corrupted: dump that step again, or move the file out of the dump folder"
+        ) from None
+    if not any(m.filename.endswith("/data.pkl") for m in members):
+        held = ", ".join(m.filename for m in members[:5]) + (", ..." if len(members) > 5 else "")
+        raise GoldenError(
+            f"{path}: a zip archive but not a torch.save archive (it has no data.pkl record; "
+            f"it holds {held or 'nothing'}): if it packs dumps, unpack it into the dump folder; "
+            "else move it out of the dump folder"
+        )
+    for member in members:
+        if member.file_size > max(EXPAND_FACTOR * member.compress_size, EXPAND_FREE):
+            raise GoldenError(
+                f"{path}: member {member.filename} inflates from {member.compress_size:,} to "
+                f"{member.file_size:,} bytes, more than {EXPAND_FACTOR}x; refused as a "
+                f"decompression bomb before reading it ({remedy})"
+            )
+    total, allowance = sum(m.file_size for m in members), _allowance(path)
+    if total > allowance:
+        raise GoldenError(
+            f"{path}: its members inflate to {total:,} bytes, more than the {allowance:,} a "
+            f"file of its size may ({EXPAND_FACTOR}x its size + {EXPAND_FREE >> 20} MiB); "
+            f"refused as a decompression bomb before reading it ({remedy})"
+        )
+
+
+def _check_expansion(path: Path, payload: Any) -> None:
+    """Refuse a payload that would expand beyond the allowance once converted.
+
+    The converter copies every tensor out to its logical size and writes every
+    shared object once per reference: a stride-0 view such as
+    ``torch.zeros(1).expand(2**33)`` takes 4 bytes in the file and 32 GiB once
+    copied, and a list holding itself never ends. Each tensor is charged its
+    logical size, each string its length, every other object ``_NODE_COST``,
+    once per path that reaches it; the walk stops when the allowance is spent.
+    A path is kept as ``(parent, label)`` links and spelled out only in an error.
+    """
+    import numpy as np
+    import torch
+
+    allowance = _allowance(path)
+    left = allowance
+    stack: list[tuple[Any, Any]] = [(payload, None)]
+    while stack:
+        value, where = stack.pop()
+        parts: Any = ()
+        tensor = isinstance(value, torch.Tensor)
+        if tensor and value.is_nested:
+            cost, parts = _NODE_COST, [(row, f"[{i}]") for i, row in enumerate(value.unbind())]
+        elif tensor and value.layout == torch.strided and not value.is_meta:
+            cost = value.numel() * value.element_size()
+            held = value.untyped_storage().nbytes()
+            if cost > held and cost > left:
+                raise GoldenError(
+                    f"{path}: the tensor at {_spelled(where)} (shape {list(value.shape)}, "
+                    f"strides {list(value.stride())}) views {held:,} bytes of storage as "
+                    f"{cost:,} bytes (a stride-0, expanded or overlapping view); converting "
+                    "it would allocate that much, more than the file can describe. Refused: "
+                    "if the dump is genuine, save `t.contiguous()` in it"
+                )
+        elif isinstance(value, np.ndarray) and value.dtype != object:
+            cost = value.nbytes
+        elif isinstance(value, (str, bytes)):
+            cost = len(value)
+        elif isinstance(value, (int, float)) or value is None:
+            cost = _NODE_COST
+        else:
+            cost, parts = _NODE_COST, _parts(value)
+        left -= cost
+        if left < 0:
+            raise GoldenError(
+                f"{path}: its payload expands past {allowance:,} bytes (reached at "
+                f"{_spelled(where)}), more than a file of its size may ({EXPAND_FACTOR}x its "
+                f"size + {EXPAND_FREE >> 20} MiB): an object shared many times, or holding "
+                "itself. Refused: if the dump is genuine, dump it without shared references"
+            )
+        stack += [(child, (where, label)) for child, label in parts]
+
+
+def _parts(value: Any) -> list[tuple[Any, str]]:
+    """The (child, label) pairs the converter visits below ``value``."""
+    import numpy as np
+
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [(v, f"[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (dict, Mapping)) or is_tensordict_like(value):
+        return [(v, f"[{k!r}]") for k, v in value.items()]
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        return [(v, f"[{i}]") for i, v in enumerate(value.reshape(-1))]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(getattr(value, f.name), f".{f.name}") for f in dataclasses.fields(value)]
+    if is_dataproto_like(value):
+        return [(getattr(value, name), f".{name}") for name in _DATAPROTO]
+    return []
+
+
+def _spelled(where: Any, shown: int = 8) -> str:
+    """A ``(parent, label)`` path as ``['batch'][0]``, its first ``shown`` labels if deep."""
+    labels = []
+    while where is not None:
+        where, label = where
+        labels.append(label)
+    labels.reverse()
+    if len(labels) > shown:
+        return "".join(labels[:shown]) + f"... ({len(labels)} levels deep)"
+    return "".join(labels) or "the top level"
+
+
+def _refusal(message: str) -> str:
+    """What torch's weights_only refusal ``message`` refused, as one whole sentence."""
+    found = re.search(r"unsupported GLOBAL (\S+) whose module (\S+) is blocked", message)
+    if found:
+        return (
+            f"it names {found.group(1)}, whose module {found.group(2)} torch blocks outright "
+            "(a module that runs commands or code)"
+        )
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", message)
+    if found:
+        return f"it names {found.group(1)}, which is not an allowed type"
+    found = re.search(r"Trying to call reduce for unrecognized function (.+)", message)
+    if found:
+        return f"it calls {found.group(1).strip()}, which is not an allowed function"
+    found = re.search(r"Can only create new object .* but got (.+)", message)
+    if found:
+        return f"it creates an object of {found.group(1).strip()}, which is not an allowed type"
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\n\s*\n|\Z)", message, re.S)
+    text = found.group(1) if found else message.split("Check the documentation")[0]
+    return whole_sentences(" ".join(text.split()))
+
+
+def whole_sentences(text: str, longest: int = _LONGEST) -> str:
+    """``text`` cut after its last sentence that ends within ``longest`` characters."""
+    if len(text) <= longest:
+        return text
+    end = text.rfind(". ", 0, longest)
+    return text[: end + 1] if end > 0 else text[:longest] + " [...]"
+
+
+def _needs_trust(path: Path, why: str) -> str:
+    return (
+        f"{path}: cannot be loaded without full unpickling ({why}). Nothing was loaded from it. "
+        f"Pass --trust-pickle if you trust where this dump came from: {WHY_PICKLE}."
+    )
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """The JSON value of each non-empty line of ``path``; no code from the file runs."""
+    size, allowance = path.stat().st_size, _allowance(path)
+    if size > allowance:  # pragma: no cover - the allowance exceeds the file's own size
+        raise GoldenError(f"{path}: larger than {allowance:,} bytes")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError as exc:
+                raise GoldenError(
+                    f"{path}: line {number} is not JSON ({exc}); the file was cut while it was "
+                    "written, or is not a dump: dump that step again, or move the file out of "
+                    "the dump folder"
+                ) from None
+    return out
