@@ -116,3 +116,18 @@ def test_the_quickstart_prints_what_the_readme_shows(pytester: pytest.Pytester):
         output = run(*args)
         missing = [line for line in shown_lines(block) if line not in output]
         assert not missing, "README shows lines the run did not print:\n" + "\n".join(missing)
+
+
+def test_every_module_is_in_the_architecture_page():
+    text = (DOCS / "architecture.md").read_text()
+    package = ROOT / "pytest_rollout_golden"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if path.stem.startswith("_"):
+            continue
+        folder = f"`{relative.parts[0]}/`" if len(relative.parts) > 1 else None
+        if f"`{relative.as_posix()}`" not in text and f"`{path.name}`" not in text:
+            if folder is None or folder not in text:
+                missing.append(relative.as_posix())
+    assert not missing, f"modules missing from docs/architecture.md: {missing}"
