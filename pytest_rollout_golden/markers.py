@@ -15,6 +15,7 @@ from .errors import update_command
 from .location import golden_dir, shared_golden_dir
 from .modes import ReplayOnly
 from .options import OptionError
+from .presentation import close_match
 from .tolerance import Layer, Stack, level
 
 MARKER_DOC = (
@@ -47,7 +48,11 @@ def marker_options(
         options.update(kwargs)
     unknown = set(options) - MARKER_OPTIONS
     if unknown:
-        raise OptionError(f"{test_id}: unknown @pytest.mark.golden option(s) {sorted(unknown)}")
+        raise OptionError(
+            f"{test_id}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
+            f"{close_match(sorted(unknown)[0], MARKER_OPTIONS)}; "
+            f"the options are {', '.join(sorted(MARKER_OPTIONS))}"
+        )
     for name in _FLAGS:
         if name in options and not isinstance(options[name], bool):
             raise OptionError(

@@ -80,10 +80,15 @@ def with_profile(stack: Stack, profile: str) -> Stack:
     return stack.replace(profile=layers, across_variants=across_variants)
 
 
-def parse_seed(value: Any, source: str) -> int:
-    """``value`` as a seed of random, numpy and torch (an int in [0, 2**32)), else OptionError."""
+def parse_seed(value: Any, source: str, *, text: bool = True) -> int:
+    """``value`` as a seed of random, numpy and torch (an int in [0, 2**32)), else OptionError.
+
+    ``text``: whether a string holding an integer is accepted (an ini value is text; a
+    marker's ``seed=`` must be an int).
+    """
     try:
-        seed = None if isinstance(value, (bool, float)) else int(value)
+        refused = (bool, float) if text else (bool, float, str, bytes)
+        seed = None if isinstance(value, refused) else int(value)
     except (TypeError, ValueError):
         seed = None
     if seed is None or not 0 <= seed < 2**32:

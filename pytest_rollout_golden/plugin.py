@@ -39,7 +39,13 @@ from .options import (
 )
 from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
-from .presentation import CI_UPDATE, link_outside_root, rootdir_note, summary_lines
+from .presentation import (
+    CI_UPDATE,
+    close_match,
+    link_outside_root,
+    rootdir_note,
+    summary_lines,
+)
 from .profiles import NAMES, register_profiles
 from .prune import Unused, partial_project, unused_and_pruned
 from .results import Mode, Status
@@ -75,8 +81,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--golden-missing-step",
         choices=MISSING_STEP_POLICIES,
-        help="a rollout step never recorded: record (default), error (default and forced in "
-        "strict mode), repeat (nearest recorded step stands in), generate (not recorded)",
+        help="a rollout step never recorded: record (the default; error in strict mode), "
+        "error, repeat (nearest recorded step stands in), generate (not recorded)",
     )
     group.addoption(
         "--golden-strict",
@@ -230,6 +236,10 @@ class GoldenPlugin:
                 config.getini("golden_metric_profile"),
             )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
+        with _usage():  # a bad ini policy stops the run here, not each test at its setup
+            missing_step_policy(
+                None, None, config.getini("golden_missing_step"), where=str(config.inipath)
+            )
         self.deterministic = (
             opt.golden_deterministic
             if opt.golden_deterministic is not None
@@ -319,7 +329,7 @@ class GoldenPlugin:
         if "seed" not in options:
             return self.seed
         with _usage():
-            return parse_seed(options["seed"], f"{item.nodeid}: golden marker seed=")
+            return parse_seed(options["seed"], f"{item.nodeid}: golden marker seed=", text=False)
 
     def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
         """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
@@ -386,8 +396,11 @@ class GoldenPlugin:
 
     def unused_tolerances(self) -> list[str]:
         """``--golden-tolerance``/ini entries that named nothing checked in any process."""
-        stack = self.session_tolerances
-        return self.state.tolerance_usage.unused_labels([*stack.cli, *stack.ini])
+        stack, usage = self.session_tolerances, self.state.tolerance_usage
+        return [
+            label + close_match(key, usage.names())
+            for label, key in usage.unused_entries([*stack.cli, *stack.ini])
+        ]
 
     def partial_project(self) -> str:
         """Why this run may have left out test files of the project (``""``: it did not)."""

@@ -154,6 +154,14 @@ def first_divergence(failures: list[Comparison]) -> str:
     return f"first divergence at step {step}: {', '.join(names)}; "
 
 
+def close_match(name: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'grad_norm'?)"`` when one of ``candidates`` looks like ``name``."""
+    import difflib  # only on a mistake
+
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def typo_hint(name: str, unrecorded: list[str]) -> str:
     """``"this run checked 'pg_los' ... "`` when a never-recorded name looks like ``name``."""
     import difflib  # only when a metric went unchecked

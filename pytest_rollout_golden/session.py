@@ -109,6 +109,7 @@ class SessionState:
                 "produced": {f: sorted(ids) for f, ids in self.produced.items()},
                 "selected": sorted(self.selected),
                 "used_tolerances": self.tolerance_usage.labels(),
+                "checked_names": self.tolerance_usage.names(),
                 "plots": self.plots,
                 "calibration": self.calibration,
                 "calibration_skipped": self.calibration_skipped,
@@ -128,7 +129,7 @@ class SessionState:
         for file, ids in data.get("produced", {}).items():
             self.produced.setdefault(file, set()).update(ids)
         self.selected.update(data.get("selected", ()))
-        self.tolerance_usage.merge(data["used_tolerances"])
+        self.tolerance_usage.merge(data["used_tolerances"], data.get("checked_names", ()))
         self.plots.extend(data.get("plots", []))
         for directory, tests in data.get("calibration", {}).items():
             for test, runs in tests.items():

@@ -427,8 +427,10 @@ class ToleranceUsage:
     def __init__(self) -> None:
         self._keys: dict[Layer, set[str]] = {}
         self._labels: set[str] = set()
+        self._names: set[str] = set()
 
     def note(self, resolver: Resolver, name: str) -> None:
+        self._names.add(name)
         for layer in resolver.layers:
             key = layer.key(name)
             if key is not None:
@@ -440,10 +442,11 @@ class ToleranceUsage:
         used = self._keys.get(layer, set())
         return [k for k in layer.entries if k not in used]
 
-    def unused_labels(self, layers: Iterable[Layer]) -> list[str]:
-        """Labels of the entries of ``layers`` that no process noted (session-wide layers)."""
+    def unused_entries(self, layers: Iterable[Layer]) -> list[tuple[str, str]]:
+        """``(label, entry)`` of the entries of ``layers`` that no process noted
+        (session-wide layers)."""
         return [
-            _label(layer, k)
+            (_label(layer, k), k)
             for layer in layers
             for k in layer.entries
             if _label(layer, k) not in self._labels
@@ -452,9 +455,14 @@ class ToleranceUsage:
     def labels(self) -> list[str]:
         return sorted(self._labels)
 
-    def merge(self, labels: Iterable[str]) -> None:
-        """Add the labels another process noted (:meth:`labels`)."""
+    def names(self) -> list[str]:
+        """Every metric and tensor name checked (what an unmatched entry may have meant)."""
+        return sorted(self._names)
+
+    def merge(self, labels: Iterable[str], names: Iterable[str] = ()) -> None:
+        """Add the labels and names another process noted (:meth:`labels`, :meth:`names`)."""
         self._labels.update(labels)
+        self._names.update(names)
 
 
 def _label(layer: Layer, key: str) -> str:

@@ -333,12 +333,13 @@ def test_session_usage_is_merged_by_label_across_processes():
     worker.note(Stack(cli=[cli], ini=[ini]).resolver(), "actor/kl")
     assert worker.labels() == ["--golden-tolerance 'kl'", "built-in default 'kl'"]
     controller = ToleranceUsage()
-    assert len(controller.unused_labels([cli, ini])) == 3
-    controller.merge(worker.labels())
-    assert controller.unused_labels([cli, ini]) == [
-        "--golden-tolerance 'gradnorm'",
-        "ini golden_tolerances 'pg_loss'",
+    assert len(controller.unused_entries([cli, ini])) == 3
+    controller.merge(worker.labels(), worker.names())
+    assert controller.unused_entries([cli, ini]) == [
+        ("--golden-tolerance 'gradnorm'", "gradnorm"),
+        ("ini golden_tolerances 'pg_loss'", "pg_loss"),
     ]
+    assert controller.names() == ["actor/kl"]
 
 
 def test_a_level_from_user_input_is_its_exclusions_then_its_tolerances():

@@ -1,0 +1,64 @@
+"""Option mistakes stop the run at start-up with a message that names the fix: marker
+keywords with the known options and a close match, a text seed in a marker, a bad ini
+missing-step policy, and a --golden-tolerance that matched nothing with the name it was
+probably meant for."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_rollout_golden import markers, options
+from pytest_rollout_golden.options import OptionError
+
+
+def test_an_unknown_marker_keyword_lists_the_options_and_the_close_one():
+    with pytest.raises(OptionError) as raised:
+        markers.marker_options([((), {"tolerance": {}})], "t.py::test")
+    message = str(raised.value)
+    assert "unknown @pytest.mark.golden option(s) ['tolerance']" in message
+    assert "did you mean 'tolerances'?" in message
+    assert "missing_step" in message and "shared" in message  # the known ones are listed
+
+
+def test_a_marker_seed_given_as_text_is_refused_while_the_ini_text_is_read():
+    with pytest.raises(OptionError, match="an integer"):
+        options.parse_seed("1", "t.py::test: golden marker seed=", text=False)
+    assert options.parse_seed("1", "ini golden_seed") == 1
+
+
+def test_a_bad_ini_missing_step_policy_stops_the_run_at_start_up(project):
+    project.write("def test_a(golden):\n    pass\n\ndef test_b(golden):\n    pass\n")
+    project.pytester.makeini("[pytest]\ngolden_missing_step = repaet\n")
+    result = project.run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*ini golden_missing_step= must be one of record, error, repeat, generate*'repaet'*"]
+    )
+    assert "test_a" not in result.stdout.str()  # no test ran, none errored one by one
+
+
+def test_the_missing_step_help_names_one_default(project):
+    help_text = " ".join(project.run("--help").stdout.str().split())
+    start = help_text.index("--golden-missing-step")
+    described = help_text[start : help_text.index("--golden-strict", start)]
+    assert described.count("default") == 1, described
+
+
+def test_an_unmatched_tolerance_suggests_the_checked_name(project):
+    project.write("def test_it(golden):\n    golden.check({'grad_norm': 1.0, 'pg_loss': 0.5})\n")
+    result = project.run("--golden-tolerance", "gradnorm:rtol=1e-2")
+    result.stdout.fnmatch_lines(
+        [
+            "tolerances that matched no metric:",
+            "*--golden-tolerance 'gradnorm'*did you mean 'grad_norm'?*",
+        ]
+    )
+
+
+def test_an_unmatched_tolerance_suggests_across_xdist_workers(project):
+    project.write(
+        "def test_it(golden):\n    golden.check({'grad_norm': 1.0})\n\n"
+        "def test_other(golden):\n    golden.check({'pg_loss': 0.5})\n"
+    )
+    result = project.run_subprocess("-n", "2", "--golden-tolerance", "gradnorm:rtol=1e-2")
+    result.stdout.fnmatch_lines(["*--golden-tolerance 'gradnorm'*did you mean 'grad_norm'?*"])
