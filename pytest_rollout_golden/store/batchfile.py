@@ -33,6 +33,7 @@ from .files import (
 )
 from .jsonfile import CONTAINERS, MAX_JSON_DEPTH, is_json_int, parse_json, too_deep
 
+NO_LAYOUT: Any = object()  # a batch file without ``prg.layout`` (written by another tool)
 _HEADER_LIMIT = 100_000_000
 _MAX_NDIM = 64  # numpy's limit
 _ALLOC_FACTOR = 64  # a layout may make the loader allocate at most 1 MiB + 64x the file's size
@@ -345,7 +346,10 @@ def read_safetensors(
 def _read(
     path: Path, *, expect_digest: str | None, want: str
 ) -> tuple[dict[str, Any], dict[str, str], Any]:
-    """:func:`read_safetensors`, plus the parsed and validated layout (``None`` if absent)."""
+    """:func:`read_safetensors`, plus the parsed and validated layout (:data:`NO_LAYOUT` if absent).
+
+    A layout that is JSON ``null`` is the batch ``None``, not an absent layout.
+    """
     import numpy as np
 
     try:
@@ -367,9 +371,9 @@ def _read(
     except OSError as exc:
         raise format_error(path, f"cannot be read ({exc})") from exc
     metadata = _verify(path, header, chunks.values(), expect_digest)
-    layout = metadata.get("prg.layout")
+    layout: Any = metadata.get("prg.layout", NO_LAYOUT)
     numpy_keys: set[str] = set()
-    if layout is not None:
+    if layout is not NO_LAYOUT:
         layout = parse_json(path, layout, "has a corrupted layout")
         numpy_keys = _check_layout(path, layout, chunks, size)
     arrays = {}
@@ -394,7 +398,7 @@ def load_batch(
     """
     path = Path(path)
     arrays, _, layout = _read(path, expect_digest=expect_digest, want="torch")
-    if layout is None:
+    if layout is NO_LAYOUT:
         return dict(arrays)
     try:
         return codec.unflatten(arrays, layout, rebuild=rebuild)
