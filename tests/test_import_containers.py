@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import json
 import pickle
 import sys
 import types
@@ -374,3 +375,27 @@ def test_legacy_torch_save_where_a_golden_file_should_be_is_named_so(tmp_path):
     torch.save({"x": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
     with pytest.raises(GoldenFormatError, match=r"is a legacy torch\.save file"):
         load_batch(path)
+
+
+# ------------------------------------------------------------------ show (item 8)
+
+
+def test_show_of_an_imported_golden(tmp_path, verl, capsys):
+    dump = verl_dump(verl, tmp_path / "dump", 3)
+    out = tmp_path / "golden"
+    assert import_(dump, out, "--trust-pickle") == 0
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(test )" not in text and "fingerprint: null" not in text
+    assert f"imported from {dump} (verl layout)" in text
+    for row in ("non_tensor_batch/uid", "non_tensor_batch/tools", "meta_info/global_steps",
+                "meta_info/eos_token_id"):  # fmt: skip
+        assert row in text, row
+    assert "'u3'" in text and "[2, 32000]" in text
+    assert main(["show", str(out), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["imported"] == {"layout": "verl", "source": str(dump)}
+    values = document["files"]["rollout-rollout-step000003.safetensors"]["values"]
+    assert values["meta_info/global_steps"] == {"type": "int", "value": "3"}
+    assert values["non_tensor_batch/uid"]["type"] == "object[2]"
