@@ -101,7 +101,8 @@ def dataclasses_to_dicts(value: Any) -> Any:
         non_tensor = _unproxied(value.non_tensor_batch)
         if batch_proxy(non_tensor) is not None:  # a remote part: flatten() refuses it by name
             return value
-        meta = value.meta_info
+        non_tensor = non_tensor if non_tensor is not None else {}
+        meta = value.meta_info if value.meta_info is not None else {}
         converted = {k: dataclasses_to_dicts(v) for k, v in non_tensor.items()}
         new_meta = dataclasses_to_dicts(dict(meta))
         if all(converted[k] is non_tensor[k] for k in converted) and all(

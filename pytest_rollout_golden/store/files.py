@@ -125,7 +125,7 @@ def torch_save_format(buf: bytes | bytearray) -> str | None:
 
 
 def foreign_format(buf: bytes | bytearray) -> str | None:
-    """What a file starting with ``buf`` is if it is a pickle, zip or ``.npy`` file, else None.
+    """What a file starting with ``buf`` is if a pickle, zip, legacy torch.save or .npy, else None.
 
     The answer is worded to follow the file's name in an error. Magic bytes can
     also begin a valid file (a safetensors header of 640 bytes starts ``80 02``,
