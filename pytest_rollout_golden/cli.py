@@ -141,7 +141,16 @@ def show(path: Path, *, as_json: bool = False) -> int:
         arrays, metadata = store.read_safetensors(path)
         document: dict[str, Any] = {"file": str(path), "tensors": tensor_stats(arrays)}
         layout = metadata.get("prg.layout")
-        files = {path.name: {"info": {}, "tensors": document["tensors"], "layout": layout}}
+        values = _values(json.loads(layout)) if layout is not None else {}
+        document["values"] = values
+        files = {
+            path.name: {
+                "info": {},
+                "tensors": document["tensors"],
+                "values": values,
+                "layout": layout,
+            }
+        }
         manifest, steps = None, {}
     else:
         from .golden_files import load_golden
@@ -154,15 +163,17 @@ def show(path: Path, *, as_json: bool = False) -> int:
         for filename, value in content.items():
             if filename.endswith(".json"):
                 continue
-            arrays, _ = codec.flatten(value)
+            arrays, layout = codec.flatten(value)
             files[filename] = {
                 "info": manifest["files"][filename],
                 "tensors": tensor_stats(arrays),
+                "values": _values(layout),
             }
         document = {
             "golden": str(path),
             "test": manifest.get("test"),
             "fingerprint": manifest.get("fingerprint"),
+            "imported": manifest.get("imported"),
             "metrics": {
                 step: {
                     name: _json_scalar(metric_codec.scalar(node), node)
@@ -170,15 +181,19 @@ def show(path: Path, *, as_json: bool = False) -> int:
                 }
                 for step, names in steps.items()
             },
-            "files": {k: {"info": v["info"], "tensors": v["tensors"]} for k, v in files.items()},
+            "files": {
+                k: {"info": v["info"], "tensors": v["tensors"], "values": v["values"]}
+                for k, v in files.items()
+            },
             "tolerances": content.get(TOLERANCES),
         }
     if as_json:
         print(json.dumps(document, indent=2, allow_nan=False, default=str))
         return 0
     if manifest is not None:
-        print(f"golden {path} (test {manifest.get('test')})")
-        print("fingerprint:", json.dumps(manifest.get("fingerprint")))
+        print(_golden_line(path, manifest))
+        if manifest.get("fingerprint") is not None:
+            print("fingerprint:", json.dumps(manifest.get("fingerprint")))
     if steps:
         names = sorted({n for m in steps.values() for n in m})
         rows = [("step", *names)]
@@ -208,6 +223,10 @@ def show(path: Path, *, as_json: bool = False) -> int:
                 )
             )
         print("\n".join(table(rows)))
+        if entry["values"]:
+            rows = [("value", "type", "content")]
+            rows += [(key, v["type"], v["value"]) for key, v in entry["values"].items()]
+            print("\n".join(table(rows)))
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
     if document.get("tolerances"):
@@ -215,6 +234,76 @@ def show(path: Path, *, as_json: bool = False) -> int:
         for name, tol in document["tolerances"].get("tolerances", {}).items():
             print(f"  {name}: {tol}")
     return 0
+
+
+def _golden_line(path: Path, manifest: dict[str, Any]) -> str:
+    """The first line of ``show``: the golden, its test, where an imported one came from."""
+    test = manifest.get("test")
+    imported = manifest.get("imported")
+    if not isinstance(imported, dict):
+        return f"golden {path} (test {test})"
+    origin = f"imported from {imported.get('source')} ({imported.get('layout')} layout)"
+    return f"golden {path} ({origin}{f', test {test}' if test else ''})"
+
+
+_PREVIEW = 100  # characters of a non-tensor value that show prints
+
+
+def _values(layout: Any) -> dict[str, dict[str, str]]:
+    """The non-tensor values of a batch layout (non_tensor_batch, meta_info, ...) by path.
+
+    Each is ``{"type": ..., "value": <repr, at most _PREVIEW characters>}``; a list
+    of JSON scalars is one value, tensors are left to the tensor table.
+    """
+    from . import codec
+
+    out: dict[str, dict[str, str]] = {}
+
+    def shown(kind: str, node: Any) -> dict[str, str]:
+        try:
+            value = codec.unflatten({}, node)
+            value = value.tolist() if hasattr(value, "tolist") else value
+            text = repr(value)
+        except Exception:  # a node naming a tensor (an object array of tensors): say so
+            text = "(holds tensors)"
+        if len(text) > _PREVIEW:
+            text = text[: _PREVIEW - 3] + "..."
+        return {"type": kind, "value": text}
+
+    def walk(node: Any, path: list[str]) -> None:
+        key = "/".join(path) or "value"
+        if isinstance(node, list):
+            if all(not isinstance(x, (list, dict)) for x in node):
+                out[key] = shown(f"list[{len(node)}]", node)
+            else:
+                for i, x in enumerate(node):
+                    walk(x, [*path, str(i)])
+            return
+        if not isinstance(node, dict):
+            out[key] = shown(type(node).__name__, node)
+            return
+        tag = node.get("t")
+        if tag in ("dict", "tensordict"):
+            for k, v in node["items"]:
+                walk(v, [*path, str(k)])
+        elif tag == "dataproto":
+            for part in ("batch", "non_tensor_batch", "meta_info"):
+                if node.get(part) is not None:
+                    walk(node[part], [*path, part])
+        elif tag == "batchproxy":
+            walk(node["v"], path)
+        elif tag == "ndarray":
+            import numpy as np
+
+            kind = f"{np.dtype(node['dtype']).name}[{', '.join(map(str, node['shape']))}]"
+            out[key] = shown(kind, node)
+        elif tag == "tuple":
+            out[key] = shown(f"tuple[{len(node['v'])}]", node)
+        elif tag in ("float", "npscalar", "bytes", "nontensordata", "nontensorstack"):
+            out[key] = shown(tag, node)
+
+    walk(layout, [])
+    return out
 
 
 def _json_scalar(value: Any, node: Any) -> Any:

@@ -4,10 +4,11 @@ A batch is any nesting of mappings, lists and tuples whose leaves are torch
 tensors (dense, or nested: jagged as values + offsets, strided as their
 components), numpy arrays, numpy scalars, bytes or JSON scalars. TensorDicts
 (with their device; nested ones too), tensordict's ``NonTensorData`` /
-``NonTensorStack`` and verl/ROLL ``DataProto``-like objects (``.batch``,
-``.non_tensor_batch``, ``.meta_info``) are recognised by shape, without
-importing those frameworks; on load they are rebuilt only with classes the
-process already imported. Numeric arrays go to safetensors under a path-like
+``NonTensorStack``, verl/ROLL ``DataProto``-like objects (``.batch``,
+``.non_tensor_batch``, ``.meta_info``) and ROLL's ``BatchProxy`` (recorded as the
+TensorDict or dict it wraps) are recognised by shape, without importing those
+frameworks; on load they are rebuilt only with classes the process already
+imported. Numeric arrays go to safetensors under a path-like
 key; everything else is described by the layout, a JSON tree in which a node
 is a JSON scalar, a list of nodes, or a tagged object ``{"t": ...}``.
 """
@@ -28,11 +29,17 @@ from .errors import GoldenFormatError, UnsupportedValueError
 
 @dataclasses.dataclass
 class RolloutBatch:
-    """A ``DataProto``-shaped batch, returned on replay when the original class is unavailable."""
+    """A ``DataProto``-shaped batch, returned on replay when the original class is unavailable.
+
+    ``recorded_as`` names (``module:qualname``) the class the batch was recorded
+    from; recording a RolloutBatch records that name, so replay rebuilds that class
+    where it is imported.
+    """
 
     batch: Any
     non_tensor_batch: dict[str, Any]
     meta_info: dict[str, Any]
+    recorded_as: str | None = dataclasses.field(default=None, kw_only=True, compare=False)
 
     def __len__(self) -> int:
         for value in self.batch.values():
@@ -46,6 +53,89 @@ def is_dataproto_like(value: Any) -> bool:
     return not isinstance(value, Mapping) and all(
         hasattr(value, attr) for attr in ("batch", "non_tensor_batch", "meta_info")
     )
+
+
+def batch_proxy(value: Any) -> tuple[Any, Any, int] | None:
+    """``(wrapped, remote_batch, batch_size)`` of a ROLL ``BatchProxy``, else None.
+
+    ROLL's ``DataProto.batch`` and ``.non_tensor_batch`` return one: a view of a
+    TensorDict (or dict) plus an optional ``remote_batch`` held by a remote store.
+    Recognised by class name and instance attributes, never by calling its methods
+    (its ``items()`` would fetch the remote part).
+    """
+    if type(value).__name__ != "BatchProxy" or isinstance(value, Mapping):
+        return None
+    own = getattr(value, "__dict__", None)
+    if not isinstance(own, dict) or not {"_batch", "_remote_batch", "_batch_size"} <= own.keys():
+        return None
+    remote = own["_remote_batch"]
+    try:
+        empty = remote is not None and not remote.keys()  # every key fetched into the batch
+    except Exception:  # a remote store's object: taken as holding data
+        empty = False
+    return own["_batch"], None if empty else remote, own["_batch_size"]
+
+
+def _unproxied(value: Any) -> Any:
+    """The TensorDict or dict a ROLL ``BatchProxy`` wraps; any other value itself."""
+    proxy = batch_proxy(value)
+    return value if proxy is None or proxy[1] is not None else proxy[0]
+
+
+def class_name(cls: type) -> str:
+    """``module:qualname``, the way a layout names a class."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def dataclasses_to_dicts(value: Any) -> Any:
+    """``value`` with dataclass objects turned into dicts, recursively (``rollout-golden import``).
+
+    A DataProto-like object (verl's is a dataclass) keeps its class: only its
+    contents are converted, and if any was, it comes back as a :class:`RolloutBatch`
+    that records the original class. Returns ``value`` itself when nothing
+    needed converting.
+    """
+    import numpy as np
+
+    if is_dataproto_like(value):
+        non_tensor = _unproxied(value.non_tensor_batch)
+        if batch_proxy(non_tensor) is not None:  # a remote part: flatten() refuses it by name
+            return value
+        non_tensor = non_tensor if non_tensor is not None else {}
+        meta = value.meta_info if value.meta_info is not None else {}
+        converted = {k: dataclasses_to_dicts(v) for k, v in non_tensor.items()}
+        new_meta = dataclasses_to_dicts(dict(meta))
+        if all(converted[k] is non_tensor[k] for k in converted) and all(
+            new_meta[k] is meta[k] for k in new_meta
+        ):
+            return value
+        spec = value.recorded_as if isinstance(value, RolloutBatch) else None
+        return RolloutBatch(
+            _unproxied(value.batch),
+            converted,
+            new_meta,
+            recorded_as=spec or class_name(type(value)),
+        )
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: dataclasses_to_dicts(getattr(value, f.name)) for f in dataclasses.fields(value)
+        }
+    if isinstance(value, dict):
+        items = {k: dataclasses_to_dicts(v) for k, v in value.items()}
+        return value if all(items[k] is value[k] for k in value) else items
+    if isinstance(value, (list, tuple)):
+        items = [dataclasses_to_dicts(v) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        flat = [dataclasses_to_dicts(v) for v in value.reshape(-1)]
+        if all(a is b for a, b in zip(flat, value.reshape(-1), strict=True)):
+            return value
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(value.shape)
+    return value
 
 
 def is_tensordict_like(value: Any) -> bool:
@@ -155,13 +245,30 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             if getattr(v, "device", None) is not None:  # absent key: the layout of older goldens
                 out["device"] = str(v.device)
             return out
+        proxy = batch_proxy(v)
+        if proxy is not None:
+            wrapped, remote, size = proxy
+            if remote is not None:
+                raise UnsupportedValueError(remote_part(remote, path))
+            return {
+                "t": "batchproxy",
+                "cls": class_name(type(v)),
+                "batch_size": size,
+                "v": node(wrapped, path),
+            }
         if is_dataproto_like(v):
-            cls = type(v)
+            recorded_as = v.recorded_as if isinstance(v, RolloutBatch) else None
+            batch, non_tensor = v.batch, v.non_tensor_batch
+            for part, name in ((batch, "batch"), (non_tensor, "non_tensor_batch")):
+                proxy = batch_proxy(part)
+                if proxy is not None and proxy[1] is not None:
+                    raise UnsupportedValueError(remote_part(proxy[1], [*path, name]))
+            batch, non_tensor = _unproxied(batch), _unproxied(non_tensor)
             return {
                 "t": "dataproto",
-                "cls": f"{cls.__module__}:{cls.__qualname__}",
-                "batch": node(v.batch, [*path, "batch"]) if v.batch is not None else None,
-                "non_tensor_batch": node(dict(v.non_tensor_batch), [*path, "non_tensor_batch"]),
+                "cls": recorded_as or class_name(type(v)),
+                "batch": node(batch, [*path, "batch"]) if batch is not None else None,
+                "non_tensor_batch": node(dict(non_tensor), [*path, "non_tensor_batch"]),
                 "meta_info": node(dict(v.meta_info), [*path, "meta_info"]),
             }
         if isinstance(v, Mapping):
@@ -198,6 +305,20 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
         return arrays, node(value, [])
     finally:
         node = nested = None  # recursive closures are a reference cycle: do not pin arrays
+
+
+def remote_part(remote: Any, path: list[str]) -> str:
+    """Why a ROLL batch whose ``remote_batch`` holds data cannot be recorded, and the remedy."""
+    try:
+        keys = ", ".join(repr(k) for k in sorted(remote.keys()))
+    except Exception:  # a remote store's object: its keys are only a courtesy here
+        keys = "?"
+    return (
+        f"the ROLL batch at {_where(path)} keeps keys {keys} in a remote_batch (on a remote "
+        "store, not in the object): a golden of it would lack them. Materialize them into "
+        "the local TensorDict (`dp.batch = TensorDict(dict(dp.batch.items()), "
+        "batch_size=len(dp))`) first"
+    )
 
 
 def _items(pairs: Any, path: list[str], node: Callable[[Any, list[str]], Any]) -> list[Any]:
@@ -278,8 +399,14 @@ def unflatten(
             return torch.nested.as_nested_tensor(parts, layout=torch.strided)
         if tag == "dataproto":
             parts = {p: node(n[p]) for p in ("batch", "non_tensor_batch", "meta_info")}
-            factory = rebuild or _already_imported_class(n["cls"]) or RolloutBatch
-            return factory(**parts)
+            factory = rebuild or _already_imported_class(n["cls"], _DATAPROTO_ARGS)
+            return factory(**parts) if factory else RolloutBatch(**parts, recorded_as=n["cls"])
+        if tag == "batchproxy":
+            wrapped = node(n["v"])
+            proxy = _already_imported_class(n["cls"], _PROXY_ARGS)
+            if proxy is None:
+                return wrapped
+            return proxy(batch=wrapped, remote_batch=None, batch_size=n["batch_size"])
         raise GoldenFormatError(f"unknown layout tag {tag!r}")
 
     try:
@@ -317,13 +444,16 @@ def _non_tensor_stack(td: Any, data: Any, ndim: int) -> Any:
     return td.NonTensorStack.from_list([_non_tensor_stack(td, x, ndim - 1) for x in data])
 
 
-def _already_imported_class(spec: str) -> Callable[..., Any] | None:
-    """The recorded DataProto class, if the test process already imported it.
+_DATAPROTO_ARGS = frozenset({"batch", "non_tensor_batch", "meta_info"})
+_PROXY_ARGS = frozenset({"batch", "remote_batch", "batch_size"})
+
+
+def _already_imported_class(spec: str, args: frozenset[str]) -> Callable[..., Any] | None:
+    """The recorded class (DataProto, BatchProxy), if the test process already imported it.
 
     Nothing is imported on behalf of a golden file (see :func:`_imported_object`),
-    and only a class whose constructor takes ``batch``, ``non_tensor_batch`` and
-    ``meta_info`` is used, so a crafted layout cannot make us call an arbitrary
-    callable.
+    and only a class whose constructor takes the keyword arguments ``args`` is
+    used, so a crafted layout cannot make us call an arbitrary callable.
     """
     obj = _imported_object(spec)
     if not isinstance(obj, type):
@@ -332,7 +462,7 @@ def _already_imported_class(spec: str) -> Callable[..., Any] | None:
         params = inspect.signature(obj).parameters
     except (TypeError, ValueError):
         return None
-    if not {"batch", "non_tensor_batch", "meta_info"} <= params.keys():
+    if not args <= params.keys():
         return None
     return obj
 

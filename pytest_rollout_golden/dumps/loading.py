@@ -67,10 +67,13 @@ def load(path: Path, *, trust_pickle: bool) -> Any:
 def _load(path: Path, *, trust_pickle: bool) -> Any:
     import torch
 
+    from ..store import TORCH_SAVE_HEAD, torch_save_format
+
     with open(path, "rb") as f:
-        zipped = f.read(4) == b"PK\x03\x04"  # torch.save's format; anything else is a raw pickle
-    if zipped:
-        _check_archive(path)
+        saved = torch_save_format(f.read(TORCH_SAVE_HEAD))  # zip, legacy, or a raw pickle
+    if saved:
+        if saved == "zip":
+            _check_archive(path)
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:

@@ -2,47 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 
-def plain(value: Any, where: str = "") -> Any:
+def plain(value: Any) -> Any:
     """``value`` with dataclass objects turned into dicts, recursively, for the codec.
 
-    Returns ``value`` itself when nothing needed converting, so DataProto and
-    TensorDict batches keep their class.
+    DataProto-like batches (verl's is a dataclass) keep their class; see
+    :func:`..codec.dataclasses_to_dicts`.
     """
-    import numpy as np
+    from ..codec import dataclasses_to_dicts
 
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: plain(getattr(value, f.name), f"{where}.{f.name}")
-            for f in dataclasses.fields(value)
-        }
-    if isinstance(value, dict):
-        items = {k: plain(v, f"{where}[{k!r}]") for k, v in value.items()}
-        return value if all(items[k] is value[k] for k in value) else items
-    if isinstance(value, (list, tuple)):
-        items = [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        if all(a is b for a, b in zip(items, value, strict=True)):
-            return value
-        return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        flat = [plain(v, f"{where}[{i}]") for i, v in enumerate(value.reshape(-1))]
-        if all(a is b for a, b in zip(flat, value.reshape(-1), strict=True)):
-            return value
-        out = np.empty(len(flat), dtype=object)
-        out[:] = flat
-        return out.reshape(value.shape)
-    if hasattr(value, "non_tensor_batch") and hasattr(value, "meta_info"):
-        converted = {k: plain(v, f"{where}.non_tensor_batch[{k!r}]")
-                     for k, v in value.non_tensor_batch.items()}  # fmt: skip
-        if any(converted[k] is not value.non_tensor_batch[k] for k in converted):
-            from ..codec import RolloutBatch
-
-            return RolloutBatch(value.batch, converted, plain(dict(value.meta_info)))
-    return value
+    return dataclasses_to_dicts(value)
 
 
 def flatten(value: Any) -> dict[str, Any]:

@@ -19,7 +19,16 @@ from .batchfile import (
     save_batch,
 )
 from .directory import Transaction, listed_files, read_manifest, recover, remove_golden
-from .files import FORMAT, SCHEMA, atomic_write, checksum, format_error, read_bytes
+from .files import (
+    FORMAT,
+    SCHEMA,
+    TORCH_SAVE_HEAD,
+    atomic_write,
+    checksum,
+    format_error,
+    read_bytes,
+    torch_save_format,
+)
 from .jsonfile import MAX_JSON_DEPTH, encode_json, json_digest, parse_json, read_json
 from .lock import LOCK_TIMEOUT, LOCK_TIMEOUT_ENV, locked
 
@@ -30,6 +39,7 @@ __all__ = [
     "LOCK_TIMEOUT_ENV",
     "MAX_JSON_DEPTH",
     "SCHEMA",
+    "TORCH_SAVE_HEAD",
     "Transaction",
     "atomic_write",
     "canonical_header",
@@ -49,4 +59,5 @@ __all__ = [
     "recover",
     "remove_golden",
     "save_batch",
+    "torch_save_format",
 ]

@@ -24,6 +24,7 @@ from .files import (
     FORMAT,
     LFS_POINTER,
     SCHEMA,
+    TORCH_SAVE_HEAD,
     atomic_write,
     checksum,
     foreign_format,
@@ -33,6 +34,7 @@ from .files import (
 )
 from .jsonfile import CONTAINERS, MAX_JSON_DEPTH, is_json_int, parse_json, too_deep
 
+NO_LAYOUT: Any = object()  # a batch file without ``prg.layout`` (written by another tool)
 _HEADER_LIMIT = 100_000_000
 _MAX_NDIM = 64  # numpy's limit
 _ALLOC_FACTOR = 64  # a layout may make the loader allocate at most 1 MiB + 64x the file's size
@@ -134,20 +136,25 @@ def save_batch(path: str | os.PathLike[str], batch: Any) -> str:
 
 
 def _parse_header(
-    path: Path, size: int, head: bytes | bytearray, header_bytes: Callable[[int], bytes]
+    path: Path,
+    size: int,
+    head: bytes | bytearray,
+    header_bytes: Callable[[int], bytes],
+    first_bytes: Callable[[int], bytes | bytearray] | None = None,
 ) -> tuple[int, dict[str, Any], list[tuple]]:
     """``(header length, header, entries)`` of a safetensors file of ``size`` bytes.
 
     ``head`` is the file's first 8 bytes (fewer if it is shorter) and
     ``header_bytes(n)`` returns the ``n`` bytes of JSON that follow them. The file
     is taken for safetensors if its header parses; only if it does not is it
-    sniffed for a pickle, zip or ``.npy`` file, whose magic bytes can also be the
-    length of a valid header.
+    sniffed for a pickle, zip, legacy ``torch.save`` or ``.npy`` file, whose magic
+    bytes can also be the length of a valid header. ``first_bytes(n)`` returns the
+    file's first ``n`` bytes for that (``head`` if not given).
     """
     try:
         n, header = _header_object(path, size, head, header_bytes)
     except GoldenFormatError:
-        foreign = foreign_format(head)
+        foreign = foreign_format(first_bytes(TORCH_SAVE_HEAD) if first_bytes else head)
         if foreign is None:
             raise
         raise format_error(path, foreign) from None
@@ -270,8 +277,10 @@ def _check_layout(path: Path, layout: Any, arrays: Mapping[str, Any], size: int)
         tag = n.get("t")
         field = _LAYOUT_KEYS.get(tag) if isinstance(tag, str) else None
         if field is None:
-            if tag == "dataproto" and not isinstance(n.get("cls"), str):
+            if tag in ("dataproto", "batchproxy") and not isinstance(n.get("cls"), str):
                 raise format_error(path, "has a corrupted layout (class name is not a string)")
+            if tag == "batchproxy" and not is_json_int(n.get("batch_size")):
+                raise format_error(path, "has a corrupted layout (batch size is not an integer)")
             continue
         value = n.get(field)
         if not isinstance(value, str):
@@ -345,7 +354,10 @@ def read_safetensors(
 def _read(
     path: Path, *, expect_digest: str | None, want: str
 ) -> tuple[dict[str, Any], dict[str, str], Any]:
-    """:func:`read_safetensors`, plus the parsed and validated layout (``None`` if absent)."""
+    """:func:`read_safetensors`, plus the parsed and validated layout (:data:`NO_LAYOUT` if absent).
+
+    A layout that is JSON ``null`` is the batch ``None``, not an absent layout.
+    """
     import numpy as np
 
     try:
@@ -355,8 +367,13 @@ def _read(
             if head == LFS_POINTER[:8]:
                 refuse_lfs_pointer(path, head + read_exact(path, f, bytearray(min(size, 64) - 8)))
                 f.seek(8)
+
+            def first_bytes(n: int) -> bytearray:
+                f.seek(0)
+                return read_exact(path, f, bytearray(min(size, n)))
+
             _, header, entries = _parse_header(
-                path, size, head, lambda n: read_exact(path, f, bytearray(n))
+                path, size, head, lambda n: read_exact(path, f, bytearray(n)), first_bytes
             )
             chunks = {
                 e[0]: read_exact(path, f, np.empty(e[4] - e[3], dtype=np.uint8))
@@ -367,9 +384,9 @@ def _read(
     except OSError as exc:
         raise format_error(path, f"cannot be read ({exc})") from exc
     metadata = _verify(path, header, chunks.values(), expect_digest)
-    layout = metadata.get("prg.layout")
+    layout: Any = metadata.get("prg.layout", NO_LAYOUT)
     numpy_keys: set[str] = set()
-    if layout is not None:
+    if layout is not NO_LAYOUT:
         layout = parse_json(path, layout, "has a corrupted layout")
         numpy_keys = _check_layout(path, layout, chunks, size)
     arrays = {}
@@ -394,7 +411,7 @@ def load_batch(
     """
     path = Path(path)
     arrays, _, layout = _read(path, expect_digest=expect_digest, want="torch")
-    if layout is None:
+    if layout is NO_LAYOUT:
         return dict(arrays)
     try:
         return codec.unflatten(arrays, layout, rebuild=rebuild)

@@ -101,14 +101,39 @@ def refuse_lfs_pointer(path: Path, buf: bytes | bytearray) -> None:
         )
 
 
+ZIP_MAGIC = b"PK\x03\x04"
+# torch.save's legacy (non-zip) format: a pickle of this number starts the file.
+_TORCH_LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little") + b"."
+TORCH_SAVE_HEAD = 24  # bytes :func:`torch_save_format` needs to tell the formats apart
+
+
+def torch_save_format(buf: bytes | bytearray) -> str | None:
+    """``"zip"`` or ``"legacy"`` if a file starting with ``buf`` is a torch.save file, else None.
+
+    ``torch.save(..., _use_new_zipfile_serialization=False)`` writes a pickle
+    stream whose first pickle is torch's magic number; ``torch.load`` reads both.
+    """
+    buf = bytes(buf[:TORCH_SAVE_HEAD])
+    if buf.startswith(ZIP_MAGIC):
+        return "zip"
+    if buf[:1] != b"\x80" or len(buf) < 2 or not 2 <= buf[1] <= 5:
+        return None
+    body = buf[2:]
+    if body[:1] == b"\x95":  # protocol 4+: a FRAME opcode and its 8-byte length first
+        body = body[9:]
+    return "legacy" if body.startswith(_TORCH_LEGACY_MAGIC) else None
+
+
 def foreign_format(buf: bytes | bytearray) -> str | None:
-    """What a file starting with ``buf`` is if it is a pickle, zip or ``.npy`` file, else None.
+    """What a file starting with ``buf`` is if a pickle, zip, legacy torch.save or .npy, else None.
 
     The answer is worded to follow the file's name in an error. Magic bytes can
     also begin a valid file (a safetensors header of 640 bytes starts ``80 02``,
     like a protocol-2 pickle), so a reader that can parse its own format asks
     this only about a file that did not parse.
     """
+    if torch_save_format(buf) == "legacy":
+        return "is a legacy torch.save file, not a safetensors golden; it was not deserialized"
     if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
         return (
             "is a pickle file, not a safetensors golden; it was not unpickled "

@@ -27,8 +27,11 @@ def _no_constant(name: str) -> Any:
 
 
 def too_deep(value: Any) -> bool:
-    """Whether ``value`` nests lists/dicts more than :data:`MAX_JSON_DEPTH` levels deep."""
-    level, depth = [value], 1
+    """Whether ``value`` nests lists/dicts more than :data:`MAX_JSON_DEPTH` levels deep.
+
+    A scalar (a batch that is one number, string or None) nests zero levels.
+    """
+    level, depth = ([value] if type(value) in CONTAINERS else []), 1
     while level:
         if depth > MAX_JSON_DEPTH:
             return True
