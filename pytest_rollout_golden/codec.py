@@ -242,7 +242,7 @@ def unflatten(
 
             out = np.empty(len(n["v"]), dtype=np.dtype(n["dtype"]))
             for i, x in enumerate(n["v"]):
-                out[i] = node(x, [*path, str(i)])
+                out[i] = node(x, path)  # scalars: no path of their own (one per row is slow)
             return out.reshape(n["shape"])
         if tag == "npscalar":
             import numpy as np
