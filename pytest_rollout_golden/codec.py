@@ -19,6 +19,7 @@ import base64
 import dataclasses
 import inspect
 import math
+import re
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -336,20 +337,25 @@ def _items(pairs: Any, path: list[str], node: Callable[[Any, list[str]], Any]) -
 def unflatten(
     arrays: Mapping[str, Any], layout: Any, *, rebuild: Callable[..., Any] | None = None
 ) -> Any:
-    """Rebuild the value described by ``layout`` from ``arrays`` (inverse of :func:`flatten`)."""
+    """Rebuild the value described by ``layout`` from ``arrays`` (inverse of :func:`flatten`).
 
-    def node(n: Any) -> Any:
+    Every TensorDict's batch_size and device is checked against its entries whether or not
+    tensordict is imported, so what loads without it (``rollout-golden verify``) also loads
+    with it (replay). Raises :class:`~.errors.GoldenFormatError` naming the key at fault.
+    """
+
+    def node(n: Any, path: list[str]) -> Any:
         if n is None or isinstance(n, (bool, int, float, str)):
             return n
         if isinstance(n, list):
-            return [node(x) for x in n]
+            return [node(x, [*path, str(i)]) for i, x in enumerate(n)]
         if not isinstance(n, dict) or "t" not in n:
             raise GoldenFormatError(f"unknown layout node {str(n)[:80]!r}")
         tag = n["t"]
         if tag == "float":
             return float(n["v"])
         if tag == "torch":
-            return _to_device(arrays[n["k"]], n.get("device", "cpu"))
+            return _to_device(arrays[n["k"]], _device_here(n.get("device", "cpu"), path))
         if tag == "numpy":
             return arrays[n["k"]]
         if tag == "ndarray":
@@ -357,84 +363,204 @@ def unflatten(
 
             out = np.empty(len(n["v"]), dtype=np.dtype(n["dtype"]))
             for i, x in enumerate(n["v"]):
-                out[i] = node(x)
+                out[i] = node(x, path)  # scalars: no path of their own (one per row is slow)
             return out.reshape(n["shape"])
         if tag == "npscalar":
             import numpy as np
 
-            return np.array(node(n["v"]), dtype=np.dtype(n["dtype"]))[()]
+            return np.array(node(n["v"], path), dtype=np.dtype(n["dtype"]))[()]
         if tag == "bytes":
             return base64.b64decode(n["v"])
         if tag == "tuple":
-            return tuple(node(x) for x in n["v"])
+            return tuple(node(x, [*path, str(i)]) for i, x in enumerate(n["v"]))
         if tag == "dict":
-            return {k: node(v) for k, v in n["items"]}
+            return {k: node(v, [*path, str(k)]) for k, v in n["items"]}
         if tag == "tensordict":
-            items = {k: node(v) for k, v in n["items"]}
-            td = sys.modules.get("tensordict")
-            if td is None:
-                return items
-            if "device" in n:
-                device = _device_here(n["device"])
-                return td.TensorDict(items, batch_size=n["batch_size"], device=device)
-            return td.TensorDict(items, batch_size=n["batch_size"])
+            return tensordict(n, path)
         if tag == "nontensordata":
             td = sys.modules.get("tensordict")
-            data = node(n["v"])
-            return td.NonTensorData(data, batch_size=n["batch_size"]) if td else data
+            data = node(n["v"], path)
+            batch_size = _batch_size(n, path)
+            return td.NonTensorData(data, batch_size=batch_size) if td else data
         if tag == "nontensorstack":
             td = sys.modules.get("tensordict")
-            data = node(n["v"])
-            return _non_tensor_stack(td, data, len(n["batch_size"])) if td else data
+            data = node(n["v"], path)
+            batch_size = _batch_size(n, path)
+            if not batch_size or not _nests_as(data, batch_size):
+                raise GoldenFormatError(
+                    f"has a corrupted layout: the non-tensor stack at {_where(path)} records "
+                    f"batch_size {batch_size}, which its values do not fill"
+                )
+            return _non_tensor_stack(td, data, len(batch_size)) if td else data
         if tag == "jagged":
             import torch
 
+            device = _device_here(n["device"], path)
             parts = {p: arrays[n[p]] for p in ("values", "offsets", "lengths") if p in n}
             nt = torch.nested.nested_tensor_from_jagged(**parts, jagged_dim=n["ragged_idx"])
-            return _to_device(nt, n["device"])
+            return _to_device(nt, device)
         if tag == "nested":
             import torch
 
-            parts = [node(x) for x in n["v"]]
+            parts = [node(x, [*path, str(i)]) for i, x in enumerate(n["v"])]
             return torch.nested.as_nested_tensor(parts, layout=torch.strided)
         if tag == "dataproto":
-            parts = {p: node(n[p]) for p in ("batch", "non_tensor_batch", "meta_info")}
+            parts = {p: node(n[p], [*path, p]) for p in ("batch", "non_tensor_batch", "meta_info")}
             factory = rebuild or _already_imported_class(n["cls"], _DATAPROTO_ARGS)
             return factory(**parts) if factory else RolloutBatch(**parts, recorded_as=n["cls"])
         if tag == "batchproxy":
-            wrapped = node(n["v"])
+            wrapped = node(n["v"], [*path, "batch"])
             proxy = _already_imported_class(n["cls"], _PROXY_ARGS)
             if proxy is None:
                 return wrapped
             return proxy(batch=wrapped, remote_batch=None, batch_size=n["batch_size"])
         raise GoldenFormatError(f"unknown layout tag {tag!r}")
 
+    def tensordict(n: dict[str, Any], path: list[str]) -> Any:
+        batch_size = _batch_size(n, path)
+        device = _device_here(n["device"], path) if "device" in n else None
+        items = {}
+        for key, child in n["items"]:
+            items[key] = node(child, [*path, str(key)])
+            _check_batch_dims(child, items[key], batch_size, path, key)
+        td = sys.modules.get("tensordict")
+        if td is None:
+            return items
+        if "device" in n:
+            return td.TensorDict(items, batch_size=batch_size, device=device)
+        return td.TensorDict(items, batch_size=batch_size)
+
     try:
-        return node(layout)
+        return node(layout, [])
     except (KeyError, TypeError, ValueError) as exc:
         raise GoldenFormatError(f"layout does not match the stored arrays ({exc!r})") from exc
     finally:
-        node = None  # a recursive closure is a reference cycle: do not let it pin arrays until gc
+        node = tensordict = None  # recursive closures are a reference cycle: do not pin arrays
 
 
-def _device_here(device: str) -> str:
-    """The recorded device if this machine has it, else the closest one it has (CPU at worst)."""
-    if device.startswith("cuda"):
-        import torch
+def _batch_size(n: Mapping[str, Any], path: list[str]) -> list[int]:
+    """The recorded batch_size of a TensorDict or non-tensor node, if it is a list of sizes."""
+    batch_size = n["batch_size"]
+    if not (
+        isinstance(batch_size, list)
+        and len(batch_size) <= _MAX_BATCH_DIMS
+        and all(type(d) is int and d >= 0 for d in batch_size)
+    ):
+        raise GoldenFormatError(
+            f"has a corrupted layout: the {_container(n)} at {_where(path)} records "
+            f"batch_size {str(batch_size)[:80]}, which is not a list of sizes"
+        )
+    return batch_size
 
-        if not torch.cuda.is_available():
-            return "cpu"
-        index = device.partition(":")[2]
-        if index and int(index) >= torch.cuda.device_count():
-            return "cuda"
+
+_MAX_BATCH_DIMS = 64  # numpy's limit on dimensions
+
+# layout tags a TensorDict entry can have: what TensorDict.items() yields when recorded
+_ENTRY_TAGS = frozenset(
+    {"torch", "numpy", "jagged", "nested", "tensordict", "nontensordata", "nontensorstack"}
+)
+
+
+def _container(n: Mapping[str, Any]) -> str:
+    return "TensorDict" if n.get("t") == "tensordict" else "non-tensor value"
+
+
+def _check_batch_dims(
+    child: Any, value: Any, batch_size: list[int], path: list[str], key: Any
+) -> None:
+    """GoldenFormatError unless entry ``key`` (layout ``child``, decoded ``value``) of the
+    TensorDict at ``path`` has ``batch_size`` as its leading dimensions."""
+    where = (
+        f"the TensorDict at {_where(path)} records batch_size {batch_size}, but its entry {key!r}"
+    )
+    tag = child.get("t") if isinstance(child, dict) else None
+    if tag not in _ENTRY_TAGS:
+        raise GoldenFormatError(
+            f"has a corrupted layout: {where} is a {type(value).__name__}, "
+            "which a TensorDict never holds"
+        )
+    if tag == "nontensordata":
+        return  # tensordict gives a non-tensor value the batch size of its TensorDict
+    dims: list[int] | tuple[int, ...]
+    if tag in ("tensordict", "nontensorstack"):
+        what, dims, complete = "batch_size", list(child["batch_size"]), True
+    elif tag == "nested":
+        what, dims, complete = "rows", [len(child["v"])], False  # the other dims are ragged
+    else:
+        shape = tuple(value.shape)
+        known = next((i for i, d in enumerate(shape) if type(d) is not int), len(shape))
+        what, dims, complete = "shape", shape[:known], known == len(shape)  # jagged: symbolic
+    short = complete and len(dims) < len(batch_size)
+    if short or any(d != b for d, b in zip(dims, batch_size, strict=False)):
+        raise GoldenFormatError(f"has a corrupted layout: {where} has {what} {dims}")
+
+
+def _nests_as(data: Any, batch_size: list[int]) -> bool:
+    """Whether ``data`` is nested lists of the sizes ``batch_size``."""
+    if not batch_size:
+        return True
+    return (
+        isinstance(data, list)
+        and len(data) == batch_size[0]
+        and all(_nests_as(x, batch_size[1:]) for x in data)
+    )
+
+
+# Device types of torch (meta excepted: it holds no data) and of its common out-of-tree
+# backends; a golden may record any of them and load where that device is missing.
+_DEVICE_TYPES = frozenset(
+    {
+        *("cpu", "cuda", "xpu", "mps", "hip", "hpu", "npu", "mtia", "xla", "maia", "ipu"),
+        *("lazy", "ve", "fpga", "vulkan", "mkldnn", "opengl", "opencl", "ideep", "privateuseone"),
+    }
+)
+_DEVICE = re.compile(r"([a-z][a-z0-9_]*)(?::([0-9]{1,4}))?")
+
+
+def _device_here(device: Any, path: list[str]) -> str:
+    """The recorded device if this machine has it, else the closest one it has (CPU at worst).
+
+    Raises GoldenFormatError for anything but a device string of a known type.
+    """
+    match = _DEVICE.fullmatch(device) if isinstance(device, str) else None
+    if match is None or match[1] not in _DEVICE_TYPES:
+        why = "which holds no data" if device == "meta" else "not a device this package records"
+        raise GoldenFormatError(
+            f"has a corrupted layout: the value at {_where(path)} records the device "
+            f"{str(device)[:40]!r}, {why}"
+        )
+    kind, index = match[1], match[2]
+    if kind == "cpu":
+        return device
+    module = _device_module(kind)
+    if module is None or not _call(module, "is_available", False):
+        return "cpu"
+    if index is not None and int(index) >= _call(module, "device_count", 0):
+        return kind
     return device
 
 
+def _device_module(kind: str) -> types.ModuleType | None:
+    """``torch.<kind>`` (``torch.cuda``, ``torch.npu`` once torch_npu is imported), if loaded."""
+    import torch
+
+    module = vars(torch).get(kind)
+    return module if isinstance(module, types.ModuleType) else None
+
+
+def _call(module: types.ModuleType, name: str, default: Any) -> Any:
+    function = vars(module).get(name)
+    if not callable(function):
+        return default
+    try:
+        return function()
+    except Exception:  # a backend that cannot even say: it is not there
+        return default
+
+
 def _to_device(tensor: Any, device: str) -> Any:
-    if device.startswith("cuda"):
-        here = _device_here(device)
-        return tensor.to(here) if here != "cpu" else tensor
-    return tensor
+    """``tensor`` (read into CPU memory) on ``device``, a device of this machine."""
+    return tensor.to(device) if device != "cpu" else tensor
 
 
 def _non_tensor_stack(td: Any, data: Any, ndim: int) -> Any:

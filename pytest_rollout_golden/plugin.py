@@ -676,7 +676,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"UsageError: {excinfo.value}"
     elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
         hidden = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy, _pytest_internal))
-        hidden += (str(Path(__file__).parent),)
+        hidden += (str(Path(__file__).parent), contextlib.__file__)  # ours, and `with` glue
         excinfo.traceback = excinfo.traceback.filter(
             lambda entry: not str(entry.path).startswith(hidden)
         )

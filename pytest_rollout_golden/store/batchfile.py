@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import struct
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -254,7 +253,6 @@ def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> list[tu
     return entries
 
 
-_DEVICE = re.compile(r"[a-z_]+(:[0-9]+)?")  # "cpu", "cuda:0"; "cuda:-1" would fail in .to()
 _LAYOUT_KEYS = {"torch": "k", "numpy": "k", "ndarray": "dtype", "npscalar": "dtype"}
 
 
@@ -290,9 +288,6 @@ def _check_layout(path: Path, layout: Any, arrays: Mapping[str, Any], size: int)
                 raise format_error(path, f"has a layout naming a missing tensor {value!r}")
             if tag == "numpy":
                 numpy_keys.add(value)
-            device = n.get("device", "cpu")
-            if not isinstance(device, str) or not _DEVICE.fullmatch(device):
-                raise format_error(path, f"has a corrupted layout (device of {value!r})")
             continue
         import numpy as np
 

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from ..location import MANIFEST, backup_dir, leftover_kind, staging_dir
 from .batchfile import save_batch
-from .files import FORMAT, SCHEMA, atomic_write, format_error
+from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
 
 
@@ -137,7 +137,10 @@ class Transaction:
         shutil.rmtree(self.staging, ignore_errors=True)
         missing = [p for p in self.directory.parents if not p.exists()]
         self._created = missing[-1] if missing else None  # removed again by abort() if empty
-        self.staging.mkdir(parents=True)
+        try:
+            self.staging.mkdir(parents=True)
+        except OSError as exc:
+            raise unwritable_error(Path(directory), exc) from None
         self.files: dict[str, dict[str, Any]] = {}
 
     def write_batch(self, filename: str, batch: Any, **info: Any) -> None:
@@ -170,11 +173,16 @@ class Transaction:
         _fsync_dir(self.staging)
         backup = backup_dir(self.directory)
         had_old = self.directory.exists()
-        if had_old:
-            for entry in _unlisted(self.directory, extra=set(self.files)):
-                os.rename(entry, self.staging / entry.name)
-            os.rename(self.directory, backup)
-        os.rename(self.staging, self.directory)
+        try:
+            if had_old:
+                for entry in _unlisted(self.directory, extra=set(self.files)):
+                    os.rename(entry, self.staging / entry.name)
+                os.rename(self.directory, backup)
+            os.rename(self.staging, self.directory)
+        except OSError as exc:  # abort() puts back what was moved; recover() the rest
+            if exc.errno in READ_ONLY_ERRNOS:
+                raise unwritable_error(self.directory, exc) from None
+            raise
         _fsync_dir(self.directory.parent)
         if had_old:
             for entry in _unlisted(backup, extra=set(self.files)):  # arrived during the swap

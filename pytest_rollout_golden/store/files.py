@@ -52,6 +52,23 @@ def atomic_write(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
         raise
 
 
+# errno of a write refused by the filesystem or its permissions (a read-only checkout)
+READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_error(directory: Path, exc: OSError) -> GoldenError:
+    """A GoldenError saying the golden ``directory`` cannot be recorded (``exc`` refused a
+    write there, or creating it), and the remedy."""
+    what = "is not writable" if exc.errno in READ_ONLY_ERRNOS else "cannot be created"
+    where = f": {exc.filename}" if exc.filename else ""
+    return GoldenError(
+        f"{directory}: cannot record this golden: the golden directory {what} "
+        f"({exc.strerror or exc}{where}). Nothing was written. Make it writable, or set the "
+        "`golden_dir` ini option to a writable directory; on a read-only checkout, run "
+        "without --update-golden, as replay only reads goldens (it needs them recorded)."
+    )
+
+
 def checksum(chunks: Iterable[Any]) -> str:
     """The checksum of a golden file's content given in pieces (buffers): xxh3-128, hex."""
     hasher = xxhash.xxh3_128()

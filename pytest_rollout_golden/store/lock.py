@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from ..errors import GoldenError
 from ..location import lock_path
+from .files import READ_ONLY_ERRNOS, unwritable_error
 
 LOCK_TIMEOUT_ENV = "ROLLOUT_GOLDEN_LOCK_TIMEOUT"
 LOCK_TIMEOUT = 900.0  # seconds; a lock is held for a whole test, which may train for minutes
@@ -51,8 +51,8 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
                 continue  # a releasing holder removed the empty folder it had created
             raise
         except OSError as exc:
-            if exc.errno not in _READ_ONLY:
-                raise
+            if exc.errno not in READ_ONLY_ERRNOS:
+                raise unwritable_error(directory, exc) from None
             fd = None
         if fd is None:
             yield
@@ -126,9 +126,6 @@ def _lock_timeout() -> float:
         raise GoldenError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
 
 
-_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
 def _open_lock(path: Path) -> int | None:
     """A descriptor of the lock file, or ``None`` where it cannot be created (read-only)."""
     flags = os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
@@ -136,13 +133,13 @@ def _open_lock(path: Path) -> int | None:
         try:
             return os.open(path, os.O_RDWR | flags, 0o644)
         except OSError as exc:
-            if exc.errno not in _READ_ONLY:
+            if exc.errno not in READ_ONLY_ERRNOS:
                 raise
             return os.open(path, os.O_RDONLY | flags)  # another user's lock file locks too
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if exc.errno in _READ_ONLY and not path.is_symlink():
+        if exc.errno in READ_ONLY_ERRNOS and not path.is_symlink():
             return None
         what = "is a symbolic link, which is never followed" if path.is_symlink() else str(exc)
         raise GoldenError(
