@@ -222,7 +222,8 @@ def show(path: Path, *, as_json: bool = False) -> int:
                     padding,
                 )
             )
-        print("\n".join(table(rows)))
+        if entry["tensors"]:  # a batch of plain values only has no tensor table
+            print("\n".join(table(rows)))
         if entry["values"]:
             rows = [("value", "type", "content")]
             rows += [(key, v["type"], v["value"]) for key, v in entry["values"].items()]

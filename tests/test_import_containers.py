@@ -29,6 +29,7 @@ import torch
 
 from pytest_rollout_golden import Golden, Mode, codec
 from pytest_rollout_golden.cli import main
+from pytest_rollout_golden.store import save_batch
 
 INSTALL = "pip install --no-deps tensordict==0.10.0 verl==0.9.1 (see .ci/run)"
 HERE = Path(__file__).parent
@@ -399,3 +400,11 @@ def test_show_of_an_imported_golden(tmp_path, verl, capsys):
     values = document["files"]["rollout-rollout-step000003.safetensors"]["values"]
     assert values["meta_info/global_steps"] == {"type": "int", "value": "3"}
     assert values["non_tensor_batch/uid"]["type"] == "object[2]"
+
+
+def test_show_of_a_batch_of_plain_values_prints_no_empty_tensor_table(tmp_path, capsys):
+    save_batch(tmp_path / "b.safetensors", {"step": 1, "texts": ["a", "b"]})
+    assert main(["show", str(tmp_path / "b.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "dtype[shape]" not in out
+    assert "texts" in out and "'a'" in out
