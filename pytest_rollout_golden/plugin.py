@@ -48,7 +48,7 @@ from .presentation import (
 )
 from .profiles import NAMES, register_profiles
 from .prune import Unused, partial_project, unused_and_pruned
-from .results import Mode, Status
+from .results import Mode, Status, Verdict
 from .session import SessionState, UpdateMarks, write_report
 from .snapshot import RankSnapshot
 from .tolerance import Layer
@@ -725,17 +725,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def _recording_notes(plugin: GoldenPlugin) -> list[str]:
-    """Warnings about where and when this session recorded goldens."""
-    if not any(o.status in (Status.RECORDED, Status.UPDATED) for o in plugin.state.outcomes):
-        return []
+    """Warnings about where and when this session recorded goldens, or found none."""
+    outcomes = plugin.state.outcomes
+    recorded = any(o.status in (Status.RECORDED, Status.UPDATED) for o in outcomes)
+    missing = any(
+        o.status is Status.FAILED and any(c.verdict == Verdict.MISSING for c in o.comparisons)
+        for o in outcomes
+    )
     notes = []
-    if plugin.config.option.update_golden and _truthy_env("CI"):
+    if recorded and plugin.config.option.update_golden and _truthy_env("CI"):
         notes.append(CI_UPDATE)
-    if plugin.config.inipath is None and plugin.snapshot is None:
+    if (recorded or missing) and plugin.config.inipath is None and plugin.snapshot is None:
         rel = os.path.relpath(plugin.root, plugin.rootdir)
         other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
         if other is not None:
-            notes.append(rootdir_note(plugin.root, other, plugin.rootdir))
+            notes.append(rootdir_note(plugin.root, other, plugin.rootdir, recorded=recorded))
     return notes
 
 

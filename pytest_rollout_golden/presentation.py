@@ -28,6 +28,7 @@ ALLOW_NAN = (
 )
 DROPPED = f"if it was dropped on purpose, {REMEDY_UPDATE}"
 IF_RIGHT = f"If the new values are right, {REMEDY_UPDATE}."
+NO_GOLDEN = "no golden exists yet"
 CI_UPDATE = (
     "goldens were re-recorded under CI (the CI environment variable is set): "
     "--update-golden overrides CI's never-record rule; commit golden/ only if you meant it"
@@ -187,7 +188,7 @@ def never_recorded_metric(step_key: str, recorded: Mapping[str, Any] | None, rem
     """Why a checked metric has no recorded value: ``recorded`` holds the golden's metrics
     by step (``None``: no golden exists yet)."""
     if recorded is None:
-        where = "no golden exists yet"
+        where = NO_GOLDEN
     elif step_key not in recorded:
         where = f"step {step_key} was never recorded (recorded steps: {sorted(map(int, recorded))})"
     else:
@@ -258,6 +259,15 @@ def mismatch_message(
     ``recorder``: the test that records this golden when this one only replays it;
     ``remedy`` then says how to record it.
     """
+    missing = [c for c in failures if c.verdict == Verdict.MISSING]
+    no_golden = [c for c in missing if c.detail.startswith(NO_GOLDEN)]
+    if failures and len(no_golden) == len(failures) and recorder is None:
+        names = ", ".join(dict.fromkeys(c.name for c in no_golden))
+        remedy_text = no_golden[0].detail.removeprefix(NO_GOLDEN).removeprefix("; ")
+        return (
+            f"golden missing: {NO_GOLDEN} at {display(outcome.directory)} for the "
+            f"{len(no_golden)} value(s) this test checked ({names}); {remedy_text}"
+        )
     lines = [
         f"golden mismatch: {first_divergence(failures)}{len(failures)} of "
         f"{len(outcome.comparisons)} checks failed (golden {display(outcome.directory)})"
@@ -313,7 +323,7 @@ def mismatch_message(
             f"This test never records: fix it, or if the reference itself changed on purpose, "
             f"{remedy}."
         )
-    else:
+    elif len(missing) < len(failures):  # missing values' lines carry their own remedy
         lines.append(IF_RIGHT)
     return "\n".join(lines)
 
@@ -486,10 +496,12 @@ def unused_kept_note(count: int) -> str:
     )
 
 
-def rootdir_note(root: Path, other: Path, rootdir: Path) -> str:
-    """Goldens were recorded under ``root`` while ``other`` looks like the project's golden/."""
+def rootdir_note(root: Path, other: Path, rootdir: Path, *, recorded: bool = True) -> str:
+    """Goldens were recorded (or found missing) under ``root`` while ``other`` looks like
+    the project's golden/."""
+    what = f"recorded under {root}" if recorded else f"no golden under {root} for a failed test"
     return (
-        f"recorded under {root}, but {other} exists too: with no pytest config "
+        f"{what}, but {other} exists too: with no pytest config "
         f"file, rootdir is {rootdir} (where pytest was started); put one "
         "(pytest.ini, or [tool.pytest.ini_options] in pyproject.toml) at the project "
         "root so that every run finds the same golden/"

@@ -62,3 +62,31 @@ def test_an_unmatched_tolerance_suggests_across_xdist_workers(project):
     )
     result = project.run_subprocess("-n", "2", "--golden-tolerance", "gradnorm:rtol=1e-2")
     result.stdout.fnmatch_lines(["*--golden-tolerance 'gradnorm'*did you mean 'grad_norm'?*"])
+
+
+def test_a_missing_golden_under_ci_is_headlined_missing_with_one_remedy(project, monkeypatch):
+    project.write("def test_it(golden):\n    golden.check({'loss': 1.0, 'kl': 0.0})\n")
+    monkeypatch.setenv("CI", "true")
+    result = project.run()
+    out = result.stdout.str()
+    assert "golden mismatch" not in out
+    result.stdout.fnmatch_lines(["*golden missing: no golden exists yet*loss*kl*"])
+    failure = out.split("FAILURES")[1].split("rollout golden")[0]
+    assert failure.count("--update-golden") == 1, failure
+
+
+def test_a_missing_golden_names_the_golden_of_the_project_root(pytester, monkeypatch):
+    """`cd tests && CI=true pytest` without a config file: rootdir is tests/, and the golden
+    the project holds is ../golden."""
+    (pytester.path / "tests").mkdir()
+    (pytester.path / "tests" / "test_it.py").write_text(
+        "def test_it(golden):\n    golden.check({'loss': 1.0})\n"
+    )
+    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "tests").ret == 0
+    assert (pytester.path / "golden").is_dir()
+    monkeypatch.chdir(pytester.path / "tests")
+    monkeypatch.setenv("CI", "true")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--rootdir", ".")
+    assert result.ret == 1
+    here, there = pytester.path / "tests" / "golden", pytester.path / "golden"
+    result.stdout.fnmatch_lines([f"*no golden under {here}*{there} exists*"])
