@@ -18,7 +18,14 @@ from .batchfile import (
     read_safetensors,
     save_batch,
 )
-from .directory import Transaction, listed_files, read_manifest, recover, remove_golden
+from .directory import (
+    Transaction,
+    interrupted_commits,
+    listed_files,
+    read_manifest,
+    recover,
+    remove_golden,
+)
 from .files import FORMAT, SCHEMA, atomic_write, checksum, format_error, read_bytes
 from .jsonfile import MAX_JSON_DEPTH, encode_json, json_digest, parse_json, read_json
 from .lock import LOCK_TIMEOUT, LOCK_TIMEOUT_ENV, locked
@@ -37,6 +44,7 @@ __all__ = [
     "encode_json",
     "encode_safetensors",
     "format_error",
+    "interrupted_commits",
     "json_digest",
     "listed_files",
     "load_batch",
