@@ -8,6 +8,7 @@ golden's directory.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rollout_golden import store
+from pytest_rollout_golden.errors import GoldenFormatError
 from pytest_rollout_golden.golden_files import GoldenFiles
 
 
@@ -176,3 +178,16 @@ def test_two_xdist_workers_update_nested_goldens_with_slow_renames(project, monk
         ], f"trial {trial}: the inner golden does not hold what was reported"
         assert not list(project.golden.rglob(".*")), "staging, backup or lock left behind"
         assert time.monotonic() - start < 120
+
+
+def test_a_manifest_never_owns_a_hidden_name(tmp_path):
+    """A lock file or a staging directory of a nested golden is never a golden's file."""
+    outer = tmp_path / "golden" / "test_attention"
+    _commit(_open_and_stage(outer, 1), 1)
+    (outer / ".test_forward.lock").write_text("pid 1")
+    manifest = json.loads((outer / "manifest.json").read_text())
+    manifest["files"][".test_forward.lock"] = {"digest": "0" * 32}
+    (outer / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(GoldenFormatError, match=r"'\.test_forward\.lock': not a plain file name"):
+        store.read_manifest(outer)
+    assert ".test_forward.lock" not in (store.listed_files(outer) or set())

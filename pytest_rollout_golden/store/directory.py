@@ -53,7 +53,12 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 
 def _manifest_entry_problem(filename: str, info: Any) -> str | None:
     """What is wrong with one entry of a manifest's file table, or ``None``."""
-    if filename.startswith(".") or filename == MANIFEST or any(c in filename for c in "/\\\0"):
+    if (
+        not filename
+        or filename.startswith(".")
+        or filename == MANIFEST
+        or any(c in filename for c in "/\\\0")
+    ):
         return "not a plain file name inside the golden directory"
     if not isinstance(info, dict):
         return "not an object"
