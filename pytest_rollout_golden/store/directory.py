@@ -44,11 +44,27 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise format_error(path, "has no file table")
     if not isinstance(manifest.get("fingerprint", {}), (dict, type(None))):
         raise format_error(path, "has a malformed fingerprint (not an object)")
+    if not _stand_ins_valid(manifest.get("stand_ins", {})):
+        raise format_error(
+            path, "has malformed stand_ins (not {step: {rollout name: step standing in}})"
+        )
     for filename, info in manifest["files"].items():
         problem = _manifest_entry_problem(filename, info) or _not_a_file(directory / filename)
         if problem:
             raise format_error(path, f"has a malformed entry for {filename!r}: {problem}")
     return manifest
+
+
+def _stand_ins_valid(stand_ins: Any) -> bool:
+    """Whether a manifest's ``stand_ins`` is ``{step: {rollout name: step}}`` (the steps
+    whose values were recorded while another step's rollout stood in, see inputs.py)."""
+    return isinstance(stand_ins, dict) and all(
+        isinstance(step, str)
+        and step.isdigit()
+        and isinstance(names, dict)
+        and all(isinstance(n, str) and is_json_int(s) and s >= 0 for n, s in names.items())
+        for step, names in stand_ins.items()
+    )
 
 
 def _manifest_entry_problem(filename: str, info: Any) -> str | None:
