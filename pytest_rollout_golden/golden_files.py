@@ -46,7 +46,7 @@ class GoldenFiles:
     # ------------------------------------------------------------------ the recorded version
 
     def open(self, *, damaged_is_missing: bool = False) -> None:
-        """Lock the golden, finish or roll back an interrupted update, read the manifest.
+        """Lock the golden, finish (or drop, if undecided) an interrupted update, read the manifest.
 
         Raises :class:`~.errors.GoldenFormatError` for an unreadable manifest, unless
         ``damaged_is_missing`` (it is being re-recorded): then the golden counts as absent,

@@ -7,7 +7,7 @@
         golden.check({"pg_loss": loss}, step=0)
 
 Comparisons are collected while the test runs; :meth:`Golden.finish` commits
-new recordings as one atomic swap of the directory and raises
+new recordings as one transaction (:class:`~.store.Transaction`) and raises
 :class:`~.errors.GoldenMismatch` listing every mismatch at once.
 """
 

@@ -191,3 +191,23 @@ def test_a_manifest_never_owns_a_hidden_name(tmp_path):
     with pytest.raises(GoldenFormatError, match=r"'\.test_forward\.lock': not a plain file name"):
         store.read_manifest(outer)
     assert ".test_forward.lock" not in (store.listed_files(outer) or set())
+
+
+def test_a_commit_makes_its_directory_again_if_a_nested_lock_removed_it(tmp_path, monkeypatch):
+    """An outer golden recorded for the first time: the inner golden's lock, released,
+    removes the empty folder it created while the outer commit moves its first file in."""
+    outer = tmp_path / "golden" / "test_attention"
+    files = _open_and_stage(outer, 1)
+    real_replace = os.replace
+    removed = []
+
+    def racing(src, dst):
+        if Path(dst).parent == outer and not removed:
+            outer.rmdir()  # what the inner lock's release does to an empty folder it made
+            removed.append(dst)
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", racing)
+    _commit(files, 1)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert removed and _version(outer) == 1

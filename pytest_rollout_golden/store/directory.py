@@ -160,14 +160,30 @@ def _move_in(staged: Path, directory: Path) -> None:
     """
     new = listed_files(staged)
     assert new is not None
-    directory.mkdir(parents=True, exist_ok=True)
     for name in sorted(new - {MANIFEST}):
         if (staged / name).is_file():  # absent: kept from the old version, already in place
-            os.replace(staged / name, directory / name)
+            _replace_into(staged / name, directory)
     for name in sorted((listed_files(directory) or set()) - new):
         (directory / name).unlink(missing_ok=True)
-    os.replace(staged / MANIFEST, directory / MANIFEST)
+    _replace_into(staged / MANIFEST, directory)
     _fsync_dir(directory)
+
+
+def _replace_into(source: Path, directory: Path, tries: int = 10) -> None:
+    """Rename ``source`` to the same name in ``directory``, made if missing.
+
+    The directory of a golden not recorded yet may be created, found empty and removed
+    by a nested golden's lock (see :func:`locked`) while this commit moves its first file
+    in: it is made again.
+    """
+    for attempt in range(tries):
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(source, directory / source.name)
+            return
+        except FileNotFoundError:
+            if attempt == tries - 1 or not source.exists() or directory.is_dir():
+                raise
 
 
 def _return_unlisted(source: Path, home: Path, owned: set[str]) -> bool:
