@@ -211,3 +211,32 @@ def test_a_commit_makes_its_directory_again_if_a_nested_lock_removed_it(tmp_path
     _commit(files, 1)
     monkeypatch.setattr(os, "replace", real_replace)
     assert removed and _version(outer) == 1
+
+
+def test_updated_is_reported_only_for_a_commit_that_finished(tmp_path, monkeypatch):
+    """A commit whose files could not all be moved in is an error naming what happens
+    next, never 'updated'; the next open finishes it."""
+    from pytest_rollout_golden.errors import GoldenError
+    from pytest_rollout_golden.replay import Golden
+    from pytest_rollout_golden.results import Mode, Status
+
+    directory = tmp_path / "golden" / "test_attention"
+    with Golden(directory, test_id="t") as golden:
+        golden.check({"loss": 1.0})
+    real_replace = os.replace
+
+    def failing(src, dst):
+        if Path(dst) == directory / "metrics.json":
+            raise FileNotFoundError(2, "simulated slow filesystem", str(dst))
+        return real_replace(src, dst)
+
+    golden = Golden(directory, mode=Mode.UPDATE, test_id="t")
+    golden.check({"loss": 2.0})
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(GoldenError, match="finishes the update"):
+        golden.finish()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert golden.outcome.status is not Status.UPDATED
+    with Golden(directory, mode=Mode.STRICT, test_id="t") as golden:
+        golden.check({"loss": 2.0})
+    assert golden.outcome.status is Status.REPLAYED

@@ -417,7 +417,7 @@ def test_a_commit_failing_past_its_commit_point_leaves_nested_entries_alone(tmp_
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", failing)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(GoldenError, match="committed but moving its files into place failed"):
         tx.commit({})
     monkeypatch.setattr(os, "replace", real_replace)
     tx.abort()

@@ -262,7 +262,14 @@ class Transaction:
         atomic_write(self.staging / MANIFEST, [encode_json(manifest)])
         _fsync_dir(self.staging)
         self.decided = True
-        _move_in(self.staging, self.directory)
+        try:
+            _move_in(self.staging, self.directory)
+        except OSError as exc:
+            raise GoldenError(
+                f"{self.directory}: the new version was committed but moving its files into "
+                f"place failed ({exc}); it waits in {self.staging.name} beside it, and the next "
+                "run that opens this golden finishes the update"
+            ) from exc
         _fsync_dir(self.directory.parent)
         shutil.rmtree(self.staging, ignore_errors=True)
 
