@@ -26,8 +26,11 @@ def test_a_failure_against_a_key_golden_names_the_test_that_recorded_it(project)
     assert json.loads((golden / "manifest.json").read_text())["test"] == (
         "test_it.py::test_shared[b]"
     )
-    result = project.run()
+    result = project.run("--golden-report=r.json")
     result.assert_outcomes(passed=1, failed=1)
+    tests = json.loads((project.path / "r.json").read_text())["tests"]
+    by_test = {t["test"]: t.get("recorded_by") for t in tests}
+    assert by_test["test_it.py::test_shared[a]"] == "test_it.py::test_shared[b]"
     out = result.stdout.str()
     assert (
         "test_it.py::test_shared[a] replayed the golden recorded by test_it.py::test_shared[b]\n"
