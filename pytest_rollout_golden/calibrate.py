@@ -20,7 +20,7 @@ the tolerances below do not compare gets no entry.
 
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default. The result is ``tolerances.json`` inside the golden directory, listed
-in its manifest (so the atomic swap of an update keeps it), readable in review:
+in its manifest (so an update's commit keeps it), readable in review:
 each entry carries the spread it was derived from.
 
 Variants that gate against one golden (``same_math()``, ``parallel.variants()``) are

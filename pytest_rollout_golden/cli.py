@@ -30,7 +30,6 @@ from .location import (
     files_without_manifest,
     find_goldens,
     find_manifestless,
-    leftover_kind,
     leftover_name,
 )
 from .presentation import (
@@ -100,20 +99,18 @@ def verify(paths: Sequence[Path]) -> int:
 
 def _verify_one(directory: Path) -> tuple[str, str]:
     """``(status, what follows the directory in the report)`` of one golden."""
-    backups = sorted(
-        p.name for p in directory.parent.iterdir() if leftover_kind(directory.name, p.name) == "old"
-    )
+    interrupted = [p.name for p in store.interrupted_commits(directory)]
+    if interrupted:  # its files may be half moved in: say why before any checksum does
+        return "FAIL", (
+            f": half-committed, an interrupted update left {', '.join(interrupted)} beside "
+            "it; any pytest run of its test finishes the update; commit that"
+        )
     try:
         files = _load_dir(directory)
     except (GoldenError, OSError) as exc:
         return "FAIL", f": {exc}"
     except Exception as exc:  # a file this version cannot read: say so, check the rest
         return "ERROR", f": could not be checked ({type(exc).__name__}: {exc})"
-    if backups:
-        return "FAIL", (
-            f": half-committed, an interrupted update left {', '.join(backups)} beside it; "
-            "any pytest run of its test finishes or rolls back the update; commit that"
-        )
     return "ok", f" ({len(files)} files)"
 
 

@@ -46,7 +46,7 @@ class GoldenFiles:
     # ------------------------------------------------------------------ the recorded version
 
     def open(self, *, damaged_is_missing: bool = False) -> None:
-        """Lock the golden, finish or roll back an interrupted update, read the manifest.
+        """Lock the golden, finish (or drop, if undecided) an interrupted update, read the manifest.
 
         Raises :class:`~.errors.GoldenFormatError` for an unreadable manifest, unless
         ``damaged_is_missing`` (it is being re-recorded): then the golden counts as absent,
@@ -195,14 +195,36 @@ class GoldenFiles:
         assert self._tx is not None
         return self._tx.staging / filename
 
-    def new_manifest(self, test_id: str, *, fresh: bool) -> dict[str, Any]:
+    @property
+    def stand_ins(self) -> dict[str, dict[str, int]]:
+        """``{step: {rollout name: step}}``: the recorded steps whose values were computed
+        while another step's rollout stood in (``missing_step="repeat"``)."""
+        return self.manifest.get("stand_ins", {}) if self.manifest is not None else {}
+
+    def new_manifest(
+        self,
+        test_id: str,
+        *,
+        fresh: bool,
+        stand_ins: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> dict[str, Any]:
         """The manifest fields of a new version: a ``fresh`` recording (see
         :meth:`.ModePolicy.fresh`) takes this run's environment fingerprint, an addition
-        keeps the recorded one."""
+        keeps the recorded one. ``stand_ins`` (see :attr:`stand_ins`) is written only if
+        there are any, so a golden without stand-ins reads as before."""
         from .determinism import fingerprint
 
         recorded = self.manifest.get("fingerprint") if self.manifest is not None else None
-        return {"test": test_id, "fingerprint": fingerprint() if fresh else recorded}
+        fields = {"test": test_id, "fingerprint": fingerprint() if fresh else recorded}
+        if stand_ins:
+            fields["stand_ins"] = {k: dict(stand_ins[k]) for k in sorted(stand_ins, key=int)}
+        return fields
+
+    @property
+    def recorded_by(self) -> str | None:
+        """The id of the test that wrote the recorded version, if the manifest says."""
+        test = self.manifest.get("test") if self.manifest is not None else None
+        return test if isinstance(test, str) and test else None
 
     def commit(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,23 @@ def substitute_step(recorded: Iterable[int], step: int) -> int | None:
         return below[-1]
     above = [s for s in steps if s > step]
     return above[0] if above else None
+
+
+def stand_in_marks(
+    recorded: Mapping[str, Mapping[str, int]],
+    stood_in: Mapping[str, Mapping[str, int]],
+    written: Iterable[str],
+    *,
+    replace: bool,
+) -> dict[str, dict[str, int]]:
+    """The ``stand_ins`` a commit writes (``{step: {rollout name: step standing in}}``):
+    this run's stand-ins at the steps whose values it ``written``, added to the
+    ``recorded`` ones, or (``replace``, a re-recording) alone."""
+    marks = {} if replace else {step: dict(names) for step, names in recorded.items()}
+    for step in written:
+        if step in stood_in:
+            marks.setdefault(step, {}).update(stood_in[step])
+    return marks
 
 
 def step_seed(seed: int, name: str, step: int) -> int:
@@ -163,6 +180,8 @@ class RolloutInputs:
         self._kept: dict[str, set[int]] = {}  # rollout name -> steps kept under --update-golden
         self._damaged: set[str] = set()  # rollout files regenerated because unreadable
         self.not_recorded: dict[str, str] = {}  # step -> why its checks are not compared
+        # step -> {rollout name: the recorded step that stood in for it} (missing_step=repeat)
+        self.stood_in: dict[str, dict[str, int]] = {}
 
     def get(self, policy: ModePolicy, generate: Callable[[], Any], name: str, step: int) -> Any:
         """Rollout ``name`` at ``step`` (see :meth:`Golden.rollout`)."""
@@ -199,6 +218,10 @@ class RolloutInputs:
             self._note_regenerated(filename, name, step)
         # What replay will return, not the object generate() built (requires_grad, views, ...)
         return self._files.load_staged(filename)
+
+    def requested(self, name: str, step: int) -> bool:
+        """Whether this test asked for rollout ``name`` at ``step``."""
+        return (name, step) in self._requested
 
     def kept_notes(self) -> list[str]:
         """One line per rollout whose recorded steps were kept (``--update-golden``)."""
@@ -240,6 +263,7 @@ class RolloutInputs:
             assert substitute is not None
             sub_file = rollout_filename(name, substitute)
             self._touched.add(sub_file)
+            self.stood_in.setdefault(str(step), {})[name] = substitute
             self.notes.append(
                 f"rollout {name!r} step {step}: step {substitute} stood in for it "
                 f"(missing_step='repeat'; recorded steps {step_ranges(recorded)})"

@@ -17,8 +17,9 @@ Inside a golden directory: :data:`MANIFEST` (written last, it makes the director
 golden), :data:`METRICS`, :data:`TOLERANCES`, and one safetensors file per rollout
 (:func:`rollout_filename`) and per ``check_tensors`` call (:func:`tensors_filename`).
 Beside golden ``NAME``, only while it is being written: ``.NAME.new-PID`` (the staged
-version), ``.NAME.old-PID`` (the replaced one) and ``.NAME.lock``; a file being written
-is ``.FILE.tmp-PID`` until it is renamed into place.
+version) and ``.NAME.lock``; ``.NAME.old-PID`` (the replaced version) is left only by
+earlier versions of this plugin. A file being written is ``.FILE.tmp-PID`` until it is
+renamed into place. No file of a golden is a hidden name.
 
 Outside the golden root: the temporary folder in which a torchrun rank above 0 replays
 copies of goldens, ``rollout-golden-rankRANK-HOST-PID-XXXXXXXX`` (:func:`rank_snapshot_prefix`).
@@ -233,7 +234,8 @@ def staging_dir(directory: Path) -> Path:
 
 
 def backup_dir(directory: Path) -> Path:
-    """Where this process moves the version it replaces: ``.NAME.old-PID`` beside it."""
+    """Where earlier versions of this plugin moved the version they replaced:
+    ``.NAME.old-PID`` beside it (still recovered, see :func:`.store.recover`)."""
     return _leftover(directory, "old")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -253,11 +253,13 @@ def mismatch_message(
     *,
     recorder: str | None = None,
     remedy: str = "",
+    notes: Sequence[str] = (),
 ) -> str:
     """The text of a GoldenMismatch: one table of scalar rows, then tensor details.
 
     ``recorder``: the test that records this golden when this one only replays it;
-    ``remedy`` then says how to record it.
+    ``remedy`` then says how to record it. ``notes``: lines on what the recorded values
+    stand for (see :func:`stand_in_note`).
     """
     missing = [c for c in failures if c.verdict == Verdict.MISSING]
     no_golden = [c for c in missing if c.detail.startswith(NO_GOLDEN)]
@@ -274,6 +276,8 @@ def mismatch_message(
     ]
     if recorder is not None:
         lines.append(f"{outcome.test} against the golden of {recorder}")
+    elif outcome.recorded_by:
+        lines.append(f"{outcome.test} replayed the golden recorded by {outcome.recorded_by}")
     rows = by_severity(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
     if rows:
         cells = [
@@ -318,6 +322,7 @@ def mismatch_message(
             "note: replayed under another environment than recorded: "
             + "; ".join(outcome.environment_changes)
         )
+    lines += [f"note: {note}" for note in notes]
     if recorder is not None:
         lines.append(
             f"This test never records: fix it, or if the reference itself changed on purpose, "
@@ -326,6 +331,32 @@ def mismatch_message(
     elif len(missing) < len(failures):  # missing values' lines carry their own remedy
         lines.append(IF_RIGHT)
     return "\n".join(lines)
+
+
+def stand_in_note(
+    step: int,
+    recorded: Mapping[str, int],
+    this_run: Mapping[str, int],
+    requested: Callable[[str], bool],
+) -> str:
+    """Why the recorded values of ``step`` may differ: rollouts of other steps stood in for
+    its own when they were recorded (``recorded``: ``{rollout name: step}``), and what this
+    run used instead (``this_run``: its own stand-ins; ``requested(name)``: it asked for
+    the rollout of ``step`` itself)."""
+    parts = []
+    for name, substitute in recorded.items():
+        part = (
+            f"rollout {name!r} step {substitute} standing in for step {step} "
+            "(missing_step='repeat')"
+        )
+        if this_run.get(name) == substitute:
+            part += ", as in this run"
+        elif name in this_run:
+            part += f"; this run used step {this_run[name]}'s rollout {name!r}"
+        elif requested(name):
+            part += f"; this run used step {step}'s own rollout {name!r}"
+        parts.append(part)
+    return f"step {step}: its recorded values were computed with " + "; and ".join(parts)
 
 
 def recorded_lines(
@@ -457,6 +488,14 @@ def summary_lines(
         "replayed under another environment than recorded (exact lane not applied):", envs
     )
     lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
+    lines += _section(
+        "failed against a golden another test recorded:",
+        [
+            f"{o.test}: recorded by {o.recorded_by}"
+            for o in state.outcomes
+            if o.status is Status.FAILED and o.recorded_by
+        ],
+    )
     loosened = [
         f"{o.test}: {name}: {t['tolerance']} from {rel(Path(o.directory) / TOLERANCES)} "
         f"(without it: {t['without']})"

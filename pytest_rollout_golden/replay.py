@@ -7,7 +7,7 @@
         golden.check({"pg_loss": loss}, step=0)
 
 Comparisons are collected while the test runs; :meth:`Golden.finish` commits
-new recordings as one atomic swap of the directory and raises
+new recordings as one transaction (:class:`~.store.Transaction`) and raises
 :class:`~.errors.GoldenMismatch` listing every mismatch at once.
 """
 
@@ -29,7 +29,7 @@ from .errors import (
     GoldenToleranceWarning,
 )
 from .golden_files import GoldenFiles, merge_metrics
-from .inputs import RolloutInputs
+from .inputs import RolloutInputs, stand_in_marks
 from .location import TOLERANCES, tensors_filename
 from .modes import ModePolicy, ReplayOnly
 from .presentation import (
@@ -39,10 +39,13 @@ from .presentation import (
     never_recorded_metric,
     never_recorded_tensors,
     recorded_lines,
+    stand_in_note,
     unused_tolerance,
 )
 from .results import Comparison, Mode, Outcome, Verdict
 from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
+
+_WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
 
 
 class UpdateRegistry(Protocol):
@@ -142,6 +145,9 @@ class Golden:
         if calibrated is not None or lane is not None:
             unfiled = self._stack.replace(calibrated=None, calibrated_layout=None)
             self._without_files = unfiled.resolver()
+        recorder = self._files.recorded_by
+        if self._replaying and not only and recorder not in (None, self.test_id):
+            self._outcome.recorded_by = recorder  # a key=/shared= golden of another test
         if self._replaying:
             from .determinism import fingerprint, fingerprint_changes
 
@@ -385,7 +391,14 @@ class Golden:
             used, calibrated = filename in self._touched, filename == TOLERANCES
             return self.policy.keeps_file(used=used, calibrated=calibrated)
 
-        manifest = self._files.new_manifest(self.test_id, fresh=fresh)
+        written = {str(c.step) for c in self._outcome.comparisons if c.verdict in _WRITTEN}
+        stand_ins = stand_in_marks(
+            self._files.stand_ins,
+            self._rollouts.stood_in,
+            written,
+            replace=self.policy.rerecords,
+        )
+        manifest = self._files.new_manifest(self.test_id, fresh=fresh, stand_ins=stand_ins)
         files = self._files.commit(manifest, metrics=steps, keep=keep)
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
@@ -401,10 +414,26 @@ class Golden:
 
     def failure_message(self, failures: list[Comparison]) -> str:
         """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`)."""
-        only = self._replay_only
+        only, notes = self._replay_only, self._stand_in_notes(failures)
         if only is None:
-            return mismatch_message(self._outcome, failures)
-        return mismatch_message(self._outcome, failures, recorder=only.recorder, remedy=only.remedy)
+            return mismatch_message(self._outcome, failures, notes=notes)
+        return mismatch_message(
+            self._outcome, failures, recorder=only.recorder, remedy=only.remedy, notes=notes
+        )
+
+    def _stand_in_notes(self, failures: list[Comparison]) -> list[str]:
+        """A note per failed step whose recorded values were computed on a stand-in rollout."""
+        marks = self._files.stand_ins if self._replaying else {}
+        steps = sorted({c.step for c in failures if str(c.step) in marks})
+        return [
+            stand_in_note(
+                step,
+                marks[str(step)],
+                self._rollouts.stood_in.get(str(step), {}),
+                functools.partial(self._rollouts.requested, step=step),
+            )
+            for step in steps
+        ]
 
     # ------------------------------------------------------------------ context manager
 

@@ -132,6 +132,8 @@ class Outcome:
     # tolerances from the golden's tolerances.json looser than without it, by value name:
     # {"tolerance": ..., "without": ...} as described
     loosened: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    # the test that recorded the golden this test replayed, where another (key=, shared=)
+    recorded_by: str = ""
 
     def fail(self) -> None:
         """The golden failed: a mismatch, or it was missing or unreadable."""
@@ -153,6 +155,7 @@ class Outcome:
             "discarded": self.discarded,
             "rollouts": self.rollouts,
             "loosened": self.loosened,
+            **({"recorded_by": self.recorded_by} if self.recorded_by else {}),
         }
 
     @classmethod
@@ -168,4 +171,5 @@ class Outcome:
             discarded=bool(data.get("discarded", False)),
             rollouts=list(data.get("rollouts", [])),
             loosened=dict(data.get("loosened", {})),
+            recorded_by=str(data.get("recorded_by", "")),
         )

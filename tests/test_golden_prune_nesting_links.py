@@ -403,25 +403,33 @@ def _golden_with_an_inner_one(tmp_path):
     return outer
 
 
-def test_a_failed_swap_puts_what_it_moved_back(tmp_path, monkeypatch):
+def test_a_commit_failing_past_its_commit_point_leaves_nested_entries_alone(tmp_path, monkeypatch):
+    """The commit moves only the outer golden's files: a failure part-way touches neither
+    the inner golden nor the note, and the next recovery finishes the committed version."""
     outer = _golden_with_an_inner_one(tmp_path)
     tx = store.Transaction(outer)
     tx.write_json("metrics.json", {"v": 2})
-    real_rename = os.rename
+    real_replace = os.replace
 
-    def failing(src, dst):  # the swap fails after the inner golden was moved into staging
-        if str(dst).endswith(f".outer.old-{os.getpid()}"):
-            raise OSError("simulated failure of the swap")
-        return real_rename(src, dst)
+    def failing(src, dst):  # the staged manifest is written; moving the files in fails
+        if str(dst) == str(outer / "metrics.json"):
+            raise OSError("simulated failure of the move")
+        return real_replace(src, dst)
 
-    monkeypatch.setattr(os, "rename", failing)
-    with pytest.raises(OSError, match="simulated"):
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(GoldenError, match="committed but moving its files into place failed"):
         tx.commit({})
-    monkeypatch.setattr(os, "rename", real_rename)
+    monkeypatch.setattr(os, "replace", real_replace)
     tx.abort()
+    assert tx.staging.is_dir(), "a decided commit must be left for recovery, not dropped"
     assert (outer / "NOTES.txt").read_text() == "mine"
     assert store.read_json(outer / "inner" / "metrics.json") == {"v": "inner"}
+    with store.locked(outer):
+        store.recover(outer)
     assert not tx.staging.exists()
+    assert store.read_json(outer / "metrics.json") == {"v": 2}
+    assert (outer / "NOTES.txt").read_text() == "mine"
+    assert store.read_json(outer / "inner" / "metrics.json") == {"v": "inner"}
 
 
 def test_recovery_after_a_crash_mid_commit_puts_what_was_moved_back(tmp_path):

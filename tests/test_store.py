@@ -666,12 +666,15 @@ WRITER = textwrap.dedent(
                 time.sleep(600)
         setattr(os, name, wrapper)
 
-    if pause == "after-first-rename":  # the old golden moved aside, the new one not in place
-        pausing(os.rename, "rename", lambda src, dst: src == directory)
-    elif pause == "after-second-rename":  # the new golden in place, the old one not deleted
-        pausing(os.rename, "rename", lambda src, dst: dst == directory)
-    elif pause == "after-staged-manifest":  # everything staged, nothing renamed yet
-        pausing(os.replace, "replace", lambda src, dst: dst.name == location.MANIFEST)
+    staged = lambda dst: dst.parent != directory  # noqa: E731
+    if pause == "before-staged-manifest":  # every file staged, the manifest not yet
+        pausing(os.replace, "replace", lambda src, dst: dst.name == "metrics.json" and staged(dst))
+    elif pause == "after-staged-manifest":  # the commit point: nothing moved in yet
+        pausing(
+            os.replace, "replace", lambda src, dst: dst.name == location.MANIFEST and staged(dst)
+        )
+    elif pause == "after-first-file-moved":  # the new batch beside the old manifest
+        pausing(os.replace, "replace", lambda src, dst: dst.parent == directory)
 
     print("start", flush=True)
     with store.locked(directory):
@@ -733,9 +736,9 @@ def _intact_version(directory: Path) -> int:
 @pytest.mark.parametrize(
     ("pause", "survivor"),
     [
-        ("after-staged-manifest", "old"),
-        ("after-first-rename", "old"),
-        ("after-second-rename", "new"),
+        ("before-staged-manifest", "old"),
+        ("after-staged-manifest", "new"),  # the staged manifest is the commit point
+        ("after-first-file-moved", "new"),
     ],
 )
 def test_sigkill_at_each_step_of_a_commit(tmp_path, pause, survivor):
@@ -744,8 +747,9 @@ def test_sigkill_at_each_step_of_a_commit(tmp_path, pause, survivor):
     proc = _start_writer(directory, 2, pause)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "paused"
     _kill(proc)
-    if pause == "after-first-rename":
-        assert not directory.exists(), "the pause point was not where this test thinks it is"
+    if pause == "after-first-file-moved":
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert manifest["version"] == 1, "the pause point was not where this test thinks it is"
     assert _intact_version(directory) == {"old": 1, "new": 2}[survivor]
 
 

@@ -18,7 +18,14 @@ from .batchfile import (
     read_safetensors,
     save_batch,
 )
-from .directory import Transaction, listed_files, read_manifest, recover, remove_golden
+from .directory import (
+    Transaction,
+    interrupted_commits,
+    listed_files,
+    read_manifest,
+    recover,
+    remove_golden,
+)
 from .files import (
     FORMAT,
     SCHEMA,
@@ -47,6 +54,7 @@ __all__ = [
     "encode_json",
     "encode_safetensors",
     "format_error",
+    "interrupted_commits",
     "json_digest",
     "listed_files",
     "load_batch",

@@ -1,8 +1,13 @@
 """A golden directory as a whole: its manifest, the transaction that replaces it, the
 recovery of an interrupted one, and its removal.
 
-A golden directory is replaced as a whole (see :class:`Transaction`): an interrupted
-update leaves the previous golden intact and loadable.
+A golden is replaced by :class:`Transaction`: its files are staged beside it, the staged
+manifest is the commit point, and the commit then moves only the files the golden owns
+into place. An update interrupted before the commit point leaves the previous golden
+untouched; one interrupted after it is finished by :func:`recover`, which every writer and
+reader that locks the golden runs first. A commit never touches anything else in the
+directory, so a golden nested in another one (``.../test_attention/test_forward``) and
+its staging directory and lock file are never moved by the outer golden's commit.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from ..location import MANIFEST, backup_dir, leftover_kind, staging_dir
+from ..location import MANIFEST, leftover_kind, staging_dir
 from .batchfile import save_batch
 from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
@@ -39,6 +44,10 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise format_error(path, "has no file table")
     if not isinstance(manifest.get("fingerprint", {}), (dict, type(None))):
         raise format_error(path, "has a malformed fingerprint (not an object)")
+    if not _stand_ins_valid(manifest.get("stand_ins", {})):
+        raise format_error(
+            path, "has malformed stand_ins (not {step: {rollout name: step standing in}})"
+        )
     for filename, info in manifest["files"].items():
         problem = _manifest_entry_problem(filename, info) or _not_a_file(directory / filename)
         if problem:
@@ -46,9 +55,26 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     return manifest
 
 
+def _stand_ins_valid(stand_ins: Any) -> bool:
+    """Whether a manifest's ``stand_ins`` is ``{step: {rollout name: step}}`` (the steps
+    whose values were recorded while another step's rollout stood in, see inputs.py)."""
+    return isinstance(stand_ins, dict) and all(
+        isinstance(step, str)
+        and step.isdigit()
+        and isinstance(names, dict)
+        and all(isinstance(n, str) and is_json_int(s) and s >= 0 for n, s in names.items())
+        for step, names in stand_ins.items()
+    )
+
+
 def _manifest_entry_problem(filename: str, info: Any) -> str | None:
     """What is wrong with one entry of a manifest's file table, or ``None``."""
-    if filename in ("", ".", "..", MANIFEST) or any(c in filename for c in "/\\\0"):
+    if (
+        not filename
+        or filename.startswith(".")
+        or filename == MANIFEST
+        or any(c in filename for c in "/\\\0")
+    ):
         return "not a plain file name inside the golden directory"
     if not isinstance(info, dict):
         return "not an object"
@@ -78,7 +104,13 @@ def _not_a_file(path: Path) -> str | None:
 
 
 def recover(directory: Path) -> None:
-    """Finish or roll back an interrupted commit of ``directory`` (call under :func:`locked`)."""
+    """Finish an interrupted commit of ``directory``, or drop one that never reached its
+    commit point; call under :func:`locked`.
+
+    Also finishes what an earlier version of this plugin left: it swapped whole directories,
+    leaving a backup ``.NAME.old-PID`` and a staged ``.NAME.new-PID`` that may hold entries
+    it moved out of the golden (a nested golden, a user's file); those are put back.
+    """
     parent = directory.parent
     if not parent.is_dir():
         return
@@ -95,18 +127,71 @@ def recover(directory: Path) -> None:
     for leftover in backups:
         if _return_unlisted(leftover, directory, listed_files(leftover) or {MANIFEST}):
             _discard(leftover)
-    for leftover in staged:
-        owned = listed_files(leftover)  # None: its manifest was never written, nothing moved in
-        if owned is None or _return_unlisted(leftover, directory, owned):
-            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in sorted(staged, key=lambda p: p.stat().st_mtime):
+        owned = listed_files(leftover)  # None: the commit point was never reached
+        if owned is not None:
+            if not _return_unlisted(leftover, directory, owned):
+                continue  # something not ours could not be put back: keep it
+            _move_in(leftover, directory)
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def interrupted_commits(directory: Path) -> list[Path]:
+    """The leftovers beside ``directory`` of commits interrupted past their commit point
+    (a staged version with its manifest, or an earlier version's backup), which the next
+    :func:`recover` finishes."""
+    if not directory.parent.is_dir():
+        return []
+    return sorted(
+        p
+        for p in directory.parent.iterdir()
+        if leftover_kind(directory.name, p.name) == "old"
+        or (leftover_kind(directory.name, p.name) == "new" and (p / MANIFEST).is_file())
+    )
+
+
+def _move_in(staged: Path, directory: Path) -> None:
+    """Move the files of a staged version (its manifest written) into ``directory``.
+
+    Its files first (each rename replaces one file whole), then the files of the version
+    it replaces that it no longer lists are deleted, then its manifest replaces the old
+    one. Only names the old or the new manifest lists are touched. Repeating it after an
+    interruption at any point finishes the same version.
+    """
+    new = listed_files(staged)
+    assert new is not None
+    for name in sorted(new - {MANIFEST}):
+        if (staged / name).is_file():  # absent: kept from the old version, already in place
+            _replace_into(staged / name, directory)
+    for name in sorted((listed_files(directory) or set()) - new):
+        (directory / name).unlink(missing_ok=True)
+    _replace_into(staged / MANIFEST, directory)
+    _fsync_dir(directory)
+
+
+def _replace_into(source: Path, directory: Path, tries: int = 10) -> None:
+    """Rename ``source`` to the same name in ``directory``, made if missing.
+
+    The directory of a golden not recorded yet may be created, found empty and removed
+    by a nested golden's lock (see :func:`locked`) while this commit moves its first file
+    in: it is made again.
+    """
+    for attempt in range(tries):
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(source, directory / source.name)
+            return
+        except FileNotFoundError:
+            if attempt == tries - 1 or not source.exists() or directory.is_dir():
+                raise
 
 
 def _return_unlisted(source: Path, home: Path, owned: set[str]) -> bool:
     """Move what ``source`` holds beyond ``owned`` back into ``home`` before ``source`` goes.
 
-    A commit moves entries its golden does not own (a golden nested in this one, a user's
-    file) into the staged version; a crash or a failed swap must not delete them with it.
-    Returns False (keep ``source``) if something could not be put back.
+    An earlier version of this plugin moved entries its golden did not own (a golden nested
+    in this one, a user's file) into the staged version; a crash must not delete them with
+    it. Returns False (keep ``source``) if something could not be put back.
     """
     returned = True
     for entry in source.iterdir():
@@ -120,13 +205,28 @@ def _return_unlisted(source: Path, home: Path, owned: set[str]) -> bool:
 
 
 class Transaction:
-    """Stage a new version of a golden directory, then swap it in as a whole.
+    """Stage a new version of a golden, then commit it by moving only its own files in.
 
-    Files written through the transaction land in a hidden staging directory;
-    :meth:`commit` hard-links the kept files of the old version, writes the
-    manifest last, and renames the staging directory into place. Until that
-    rename the old golden is untouched; a crash between the two renames is
-    undone by :func:`recover`.
+    Files written through the transaction land in a hidden staging directory beside the
+    golden (``.NAME.new-PID``); files kept from the current version stay where they are.
+    :meth:`commit` writes the staged manifest (the commit point), then moves the staged
+    files into the golden directory, deletes the old files the new version drops, and
+    moves the manifest in last.
+
+    Why this is safe with nested goldens and without their locks: a commit renames,
+    replaces or deletes only (a) names listed by this golden's old or new manifest, which
+    are plain, non-hidden file names directly inside its directory (never a directory, a
+    link or a hidden entry; see :func:`read_manifest` and :func:`listed_files`), and (b)
+    its own staging directory, which lies beside the golden and is named after it. A
+    nested golden is a directory inside this one; its files, its staging directory
+    ``.INNER.new-PID`` and its lock ``.INNER.lock`` are a directory or hidden names inside
+    this directory, so no step of this commit ever touches them, whatever runs meanwhile.
+    Two commits of the same golden are excluded by its lock (:func:`locked`).
+
+    Until the staged manifest is written the golden is untouched and :meth:`abort` drops
+    the staging. Once it is written the commit is decided: a crash or an error after it
+    leaves the staging for :func:`recover` to finish (never for :meth:`abort` to drop), so
+    whoever locks the golden next sees the new version whole.
     """
 
     def __init__(self, directory: Path):
@@ -142,6 +242,7 @@ class Transaction:
         except OSError as exc:
             raise unwritable_error(Path(directory), exc) from None
         self.files: dict[str, dict[str, Any]] = {}
+        self.decided = False  # the staged manifest is written: only recover() may finish it
 
     def write_batch(self, filename: str, batch: Any, **info: Any) -> None:
         digest = save_batch(self.staging / filename, batch)
@@ -153,47 +254,35 @@ class Transaction:
         self.files[filename] = {**info, "digest": json_digest(data)}
 
     def keep(self, filename: str, info: Mapping[str, Any]) -> None:
-        """Carry a file of the current version over unchanged."""
-        target = self.staging / filename
-        try:
-            os.link(self.directory / filename, target)
-        except OSError:
-            shutil.copy2(self.directory / filename, target)
+        """Carry a file of the current version over unchanged (it stays where it is)."""
+        os.stat(self.directory / filename)  # FileNotFoundError: it cannot be kept
         self.files[filename] = dict(info)
 
     def commit(self, manifest: dict[str, Any]) -> None:
-        """Swap the staged version in; what the old version does not list stays in place.
-
-        Entries of the old directory that its manifest does not list (a golden nested
-        inside this one, a file a user put there) are moved into the new version, so the
-        swap replaces only this golden's own files.
-        """
+        """Write the staged manifest (the commit point), then move this golden's files in;
+        nothing in the directory that the old or the new version does not list is touched."""
         manifest = {"format": FORMAT, "schema": SCHEMA, **manifest, "files": self.files}
         atomic_write(self.staging / MANIFEST, [encode_json(manifest)])
         _fsync_dir(self.staging)
-        backup = backup_dir(self.directory)
-        had_old = self.directory.exists()
+        self.decided = True
         try:
-            if had_old:
-                for entry in _unlisted(self.directory, extra=set(self.files)):
-                    os.rename(entry, self.staging / entry.name)
-                os.rename(self.directory, backup)
-            os.rename(self.staging, self.directory)
-        except OSError as exc:  # abort() puts back what was moved; recover() the rest
+            _move_in(self.staging, self.directory)
+        except OSError as exc:
             if exc.errno in READ_ONLY_ERRNOS:
                 raise unwritable_error(self.directory, exc) from None
-            raise
+            raise GoldenError(
+                f"{self.directory}: the new version was committed but moving its files into "
+                f"place failed ({exc}); it waits in {self.staging.name} beside it, and the next "
+                "run that opens this golden finishes the update"
+            ) from exc
         _fsync_dir(self.directory.parent)
-        if had_old:
-            for entry in _unlisted(backup, extra=set(self.files)):  # arrived during the swap
-                os.rename(entry, self.directory / entry.name)
-            _discard(backup)
+        shutil.rmtree(self.staging, ignore_errors=True)
 
     def abort(self) -> None:
-        if self.staging.is_dir() and not _return_unlisted(
-            self.staging, self.directory, {*self.files, MANIFEST}
-        ):
-            return  # something not ours could not be put back: leave it for recover()
+        """Drop the staged version, unless it was committed (then :func:`recover` finishes
+        an interrupted commit)."""
+        if self.decided:
+            return
         shutil.rmtree(self.staging, ignore_errors=True)
         if self._created is not None:
             for folder in [self.staging.parent, *self.staging.parent.parents]:
@@ -248,16 +337,9 @@ def listed_files(directory: Path) -> set[str] | None:
 
 
 def _plain_name(name: str) -> bool:
-    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
-
-
-def _unlisted(directory: Path, *, extra: set[str]) -> list[Path]:
-    """Entries of ``directory`` that neither its golden nor the new version (``extra``) lists."""
-    owned = listed_files(directory)
-    if owned is None:  # no readable manifest of ours: only what the new version replaces
-        owned = {MANIFEST}
-    owned |= extra
-    return [e for e in directory.iterdir() if e.name not in owned]
+    """A non-hidden name directly inside the directory (hidden names beside and inside a
+    golden are staging directories, backups, lock files and temporary files)."""
+    return bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name
 
 
 def remove_golden(directory: Path, root: Path) -> list[str]:
