@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,10 +112,11 @@ def test_a_golden_root_that_cannot_be_created(project):
     assert "golden_dir" in out, out
 
 
-def test_a_golden_directory_that_cannot_be_moved_aside_keeps_the_recorded_version(
+def test_a_golden_directory_that_cannot_be_written_keeps_the_recorded_version(
     tmp_path, monkeypatch
 ):
-    """The parent is writable (staging works) but the golden itself is not: renaming it fails."""
+    """The parent is writable (staging works) but the golden itself is not: moving the new
+    files into it fails before any is replaced, so the update is dropped whole."""
     directory = tmp_path / "golden" / "test_x" / "test_y"
 
     def run(mode: Mode, value: float) -> None:
@@ -124,14 +126,14 @@ def test_a_golden_directory_that_cannot_be_moved_aside_keeps_the_recorded_versio
 
     run(Mode.AUTO, 0.5)
     recorded = {p.name: p.read_bytes() for p in directory.iterdir()}
-    real_rename = os.rename
+    real_replace = os.replace
 
-    def rename(src, dst, *args, **kwargs):
-        if os.fspath(src) == str(directory.resolve()):
-            raise OSError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(src))
-        return real_rename(src, dst, *args, **kwargs)
+    def replace(src, dst, *args, **kwargs):
+        if Path(dst).parent.resolve() == directory.resolve():
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(dst))
+        return real_replace(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(GoldenError) as exc:
         run(Mode.UPDATE, 0.75)
     message = str(exc.value)

@@ -242,16 +242,19 @@ class Transaction:
         except OSError as exc:
             raise unwritable_error(Path(directory), exc) from None
         self.files: dict[str, dict[str, Any]] = {}
+        self._staged: set[str] = set()  # the files written into the staging directory
         self.decided = False  # the staged manifest is written: only recover() may finish it
 
     def write_batch(self, filename: str, batch: Any, **info: Any) -> None:
         digest = save_batch(self.staging / filename, batch)
         self.files[filename] = {**info, "digest": digest}
+        self._staged.add(filename)
 
     def write_json(self, filename: str, obj: Any, **info: Any) -> None:
         data = encode_json(obj)
         atomic_write(self.staging / filename, [data])
         self.files[filename] = {**info, "digest": json_digest(data)}
+        self._staged.add(filename)
 
     def keep(self, filename: str, info: Mapping[str, Any]) -> None:
         """Carry a file of the current version over unchanged (it stays where it is)."""
@@ -269,6 +272,8 @@ class Transaction:
             _move_in(self.staging, self.directory)
         except OSError as exc:
             if exc.errno in READ_ONLY_ERRNOS:
+                if all((self.staging / name).exists() for name in self._staged):
+                    self.decided = False  # nothing moved in: abort() drops the whole update
                 raise unwritable_error(self.directory, exc) from None
             raise GoldenError(
                 f"{self.directory}: the new version was committed but moving its files into "
