@@ -103,49 +103,79 @@ class GoldenDiff:
         }
 
 
-def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
-    """Compare B against A: two golden directories, two golden roots or two batch files.
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A golden (or batch file) of side A and its counterpart in B (``None``: missing there).
 
-    Roots are paired by the goldens' paths relative to them; a golden found on
-    one side only is a difference. Raises :class:`GoldenError` for a path that is
-    missing, unreadable or not ours.
+    ``label`` names it: the golden's path relative to its root, or its directory or file name.
     """
-    for path in (a, b):
+
+    label: str
+    a: Path | None
+    b: Path | None
+
+
+def pair_paths(a: Path, b: Path | None) -> list[Pair]:
+    """What ``rollout-golden diff A B`` (and ``plot``) compares: two golden directories, two
+    golden roots or two batch files, paired; without ``b``, every golden at or under ``a``.
+
+    Roots are paired by the goldens' paths relative to them. Raises :class:`GoldenError` for
+    a path that is missing, a golden given with a root, or roots holding no golden.
+    """
+    paths = (a,) if b is None else (a, b)
+    for path in paths:
         if not path.exists():
             raise GoldenError(f"{path}: no such file or directory")
-    if a.is_file() != b.is_file():
+    if b is not None and a.is_file() != b.is_file():
         raise GoldenError(f"{a} and {b}: compare two batch files or two directories, not one each")
     if a.is_file():
-        return [_diff_batches(a, b, tolerances.resolver())]
-    a_golden, b_golden = (a / MANIFEST).is_file(), (b / MANIFEST).is_file()
+        return [Pair(a.name, a, b)]
+    a_golden = (a / MANIFEST).is_file()
+    b_golden = b is not None and (b / MANIFEST).is_file()
+    if b is None and a_golden:
+        return [Pair(a.name, a, None)]
     if a_golden and b_golden:
-        label = a.name if a.name == b.name else f"{a.name} vs {b.name}"
-        return [diff_goldens(a, b, tolerances, label=label)]
-    if a_golden != b_golden:
+        assert b is not None
+        return [Pair(a.name if a.name == b.name else f"{a.name} vs {b.name}", a, b)]
+    if b is not None and a_golden != b_golden:
         golden, root = (a, b) if a_golden else (b, a)
         raise GoldenError(
             f"{golden} is a golden directory but {root} is not (it has no {MANIFEST}); "
             "give two golden directories or two golden roots"
         )
     left = {str(d.relative_to(a)): d for d in find_goldens(a)}
-    right = {str(d.relative_to(b)): d for d in find_goldens(b)}
+    right = {} if b is None else {str(d.relative_to(b)): d for d in find_goldens(b)}
     if not left and not right:
-        raise GoldenError(f"no golden directory (no {MANIFEST}) under {a} or {b}")
-    out = []
-    for rel in sorted(left.keys() | right.keys()):
-        if rel in left and rel in right:
-            out.append(diff_goldens(left[rel], right[rel], tolerances, label=rel))
-        else:
-            side = "A" if rel in left else "B"
-            out.append(
-                GoldenDiff(
-                    rel,
-                    str(left[rel]) if rel in left else None,
-                    str(right[rel]) if rel in right else None,
-                    problems=[f"golden only in {side} ({left.get(rel) or right.get(rel)})"],
-                )
-            )
-    return out
+        where = a if b is None else f"{a} or {b}"
+        raise GoldenError(f"no golden directory (no {MANIFEST}) under {where}")
+    return [Pair(rel, left.get(rel), right.get(rel)) for rel in sorted(left.keys() | right.keys())]
+
+
+def one_sided(pair: Pair) -> GoldenDiff:
+    """A golden found on one side only: a difference."""
+    side, path = ("A", pair.a) if pair.a is not None else ("B", pair.b)
+    return GoldenDiff(
+        pair.label,
+        None if pair.a is None else str(pair.a),
+        None if pair.b is None else str(pair.b),
+        problems=[f"golden only in {side} ({path})"],
+    )
+
+
+def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
+    """Compare B against A: two golden directories, two golden roots or two batch files
+    (paired by :func:`pair_paths`); a golden found on one side only is a difference.
+    Raises :class:`GoldenError` for a path that is missing, unreadable or not ours.
+    """
+    pairs = pair_paths(a, b)
+    if a.is_file():
+        return [_diff_batches(a, b, tolerances.resolver())]
+    return [
+        diff_goldens(p.a, p.b, tolerances, label=p.label)
+        if p.a is not None and p.b is not None
+        else one_sided(p)
+        for p in pairs
+    ]
 
 
 def diff_goldens(a: Path, b: Path, tolerances: Stack, *, label: str) -> GoldenDiff:
