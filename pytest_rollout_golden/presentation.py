@@ -551,6 +551,22 @@ def diff_allowed(row: Row) -> str:
     return f"{row.allowed} ({row.source})" if row.source else row.allowed
 
 
+def diff_allow_nan(name: str) -> str:
+    """``diff``'s hint on NaN against NaN: the option that allows it there."""
+    return (
+        "NaN equals NaN only where the tolerance sets equal_nan "
+        f"(e.g. --tolerance {name}:equal_nan=true); fix the NaN, or allow it"
+    )
+
+
+def diff_mask_note(selected: int, positions: int) -> str:
+    """``diff``'s note on a tensor the plugin compared under a mask it did not store."""
+    return (
+        f"recorded under a mask of {selected} of {positions} positions; "
+        f"diff compares all {positions} (padding included)"
+    )
+
+
 def _shape(row: Row, side: int) -> str:
     shape, dtype = row.shape[side], row.dtype[side]
     return "missing" if shape is None else f"{dtype}{shape}"
@@ -652,9 +668,12 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
         if len(failing) > _ROWS_SHOWN:
             lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
         for r in failing[:_ROWS_SHOWN]:
+            block = [r.note] if r.note else []
             if r.detail and "\n" in r.detail:
+                block += r.detail.splitlines()
+            if block:
                 lines.append(f"    {r.name} (step {number(r.step)}):")
-                lines += ["      " + line for line in r.detail.splitlines()]
+                lines += ["      " + line for line in block]
     if tensors and len(failing) < len(tensors):
         lines.append(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
     ignored = sorted({r.name for r in d.rows if not r.compared})

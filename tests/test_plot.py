@@ -271,9 +271,7 @@ def test_plot_takes_golden_roots_as_diff_does_one_picture_per_pair(tmp_path, cap
     assert "is a golden directory but" in capsys.readouterr().err
 
 
-def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_so(
-    tmp_path, drawn
-):
+def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_so(tmp_path, drawn):
     """rtol=0 (a fraction's atol-only tolerance) still draws what it allows, per step; a
     metric the tolerances exclude is labelled "not compared", its bars not left unexplained."""
     from pytest_rollout_golden.plot import plot_outcome
