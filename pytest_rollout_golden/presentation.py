@@ -354,7 +354,12 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
     """The summary's table of one golden's calibrated tolerances (``--golden-calibrate``)."""
     if not entry["rows"]:
         return [f"not calibrated: {directory} ({entry['skipped']})"]
-    lines = [f"calibrated tolerances written to {directory}/tolerances.json:"]
+    lines = [f"calibrated tolerances written to {directory}/{TOLERANCES}:"]
+    if not entry.get("written", True):
+        removed = f" (the earlier {TOLERANCES} removed)" if entry.get("removed") else ""
+        lines = [
+            f"calibrated {directory}: every value keeps its default; nothing written{removed}:"
+        ]
     lanes = {row.get("lane", "same layout") for row in entry["rows"]} != {"same layout"}
     cells = [("metric", "rel spread", "abs spread", "at step", "rtol", "atol")]
     if lanes:

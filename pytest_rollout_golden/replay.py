@@ -427,13 +427,16 @@ class Golden:
         return metric_codec.numbers(self._metrics)
 
     def calibration_sample(self) -> dict[str, Any]:
-        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, and per tensor
-        its greatest distance to the golden (:func:`.calibrate.tensor_distances`)."""
+        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, per tensor
+        its greatest distance to the golden (:func:`.calibrate.tensor_distances`), and the
+        names its tolerances (the marker's included) do not compare."""
         from .calibrate import tensor_distances
 
+        comparisons = self._outcome.comparisons
         return {
             "metrics": self.checked_metrics(),
-            "tensors": tensor_distances(self._outcome.comparisons),
+            "tensors": tensor_distances(comparisons),
+            "ignored": sorted({c.name for c in comparisons if c.verdict == Verdict.IGNORED}),
         }
 
 
