@@ -19,9 +19,11 @@ the steps, adds to ``atol`` only: there a relative spread is meaningless (0 agai
 the tolerances below do not compare gets no entry.
 
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
-default. The result is ``tolerances.json`` inside the golden directory, listed
-in its manifest (so an update's commit keeps it), readable in review:
-each entry carries the spread it was derived from.
+default; nor does one whose measured tolerance equals the default. The result is
+``tolerances.json`` inside the golden directory, listed in its manifest (so an update's
+commit keeps it), readable in review: each entry carries the spread it was
+derived from. A golden where every value keeps its default gets no file, and loses the one
+an earlier calibration wrote: the defaults are what the measurement says.
 
 Variants that gate against one golden (``same_math()``, ``parallel.variants()``) are
 also measured *across* variants: the spread over every run of every variant becomes the
@@ -38,15 +40,16 @@ each element, under a tolerance without ``scale``)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import GoldenError, GoldenFormatError
 from .location import TOLERANCES
-from .tolerance import RECORDED, Layer, Resolver, Tolerance
+from .tolerance import IGNORE, RECORDED, Layer, Resolver, Tolerance
 
 if TYPE_CHECKING:
     from .golden_files import GoldenFiles
@@ -347,6 +350,9 @@ def _section(
             entry["kept"] = "not compared"
         elif tol is None:
             entry["kept"] = "spread 0: the default tolerance applies"
+        elif _same(tol, below):
+            entry["kept"] = "the measured tolerance is the default"
+            tol = None
         elif tol.rtol > MAX_RTOL:
             entry["kept"] = (
                 f"rtol {tol.rtol:.3g} is beyond what calibration writes ({MAX_RTOL}): the runs "
@@ -364,6 +370,11 @@ def _section(
             entry["relative_to"] = "the largest recorded magnitude"
         table[name] = entry
     return tolerances, table
+
+
+def _same(tol: Tolerance, base: Tolerance) -> bool:
+    """Whether ``tol`` allows what ``base`` allows, field by field that calibration writes."""
+    return all(getattr(tol, field) == getattr(base, field) for field in _WRITTEN)
 
 
 def document(
@@ -405,8 +416,14 @@ def document(
     return content
 
 
-def write(directory: Path, content: Mapping[str, Any]) -> None:
-    """Put ``tolerances.json`` into the golden ``directory``, listed in its manifest.
+def writes_nothing(content: Mapping[str, Any]) -> bool:
+    """Whether a :func:`document` keeps every default (no entry in either lane)."""
+    return not content["tolerances"] and not content.get("layout_tolerances")
+
+
+def write(directory: Path, content: Mapping[str, Any] | None) -> bool:
+    """Put ``tolerances.json`` into the golden ``directory``, listed in its manifest, or
+    with ``content`` ``None`` take away the one there; whether the golden changed.
 
     The golden is re-committed as a whole (its other files kept as they are),
     under its lock, like any other update of it.
@@ -421,21 +438,32 @@ def write(directory: Path, content: Mapping[str, Any]) -> None:
                 f"{directory}: no golden to calibrate (it was never recorded); record it "
                 "first (`pytest --update-golden` on its test), then calibrate"
             )
+        if content is None and TOLERANCES not in manifest["files"]:
+            return False
         tx = store.Transaction(directory)
         try:
             for filename, info in manifest["files"].items():
                 if filename != TOLERANCES:
                     tx.keep(filename, info)
-            # The environment whose noise this is: the golden's (runs differ only as perturbed).
-            content = {
-                **content,
-                "how": {**content["how"], "fingerprint": manifest.get("fingerprint")},
-            }
-            tx.write_json(TOLERANCES, content, kind="tolerances")
+            if content is not None:
+                # The environment whose noise this is: the golden's (runs differ only as
+                # perturbed).
+                content = {
+                    **content,
+                    "how": {**content["how"], "fingerprint": manifest.get("fingerprint")},
+                }
+                tx.write_json(TOLERANCES, content, kind="tolerances")
             tx.commit({k: v for k, v in manifest.items() if k not in ("format", "schema", "files")})
         except BaseException:
             tx.abort()
             raise
+    return True
+
+
+def _below(resolver: Resolver, ignored: Collection[str], name: str, dtype: str) -> Tolerance:
+    """The tolerance under the calibrated layer: ``resolver``'s, unless a run did not
+    compare ``name`` (``ignored``, its marker's tolerances included)."""
+    return IGNORE if name in ignored else resolver.resolve(name, (dtype,))[0]
 
 
 def calibrate_goldens(
@@ -457,8 +485,9 @@ def calibrate_goldens(
     test id -> the variant id of a ``same_math()`` or ``parallel.variants()`` test;
     ``replaying``: the test ids that replay another test's golden. ``resolver`` gives the
     tolerances below the calibrated layer, ``variant_resolver`` those of a variant (default
-    ``resolver``); a value they do not compare gets no entry. Returns one summary entry
-    per golden (what was written, or why nothing was).
+    ``resolver``); a value they do not compare, or a run did not (its marker's tolerances),
+    gets no entry. Returns one summary entry per golden (what was written, or why nothing
+    was; ``written`` False and ``removed`` when every value keeps its default).
     """
     out = []
     for directory, tests in sorted(samples.items()):
@@ -481,20 +510,21 @@ def calibrate_goldens(
             pooled = [run for test in sorted(of_layout) for run in usable[test]]
             across = spreads([run["metrics"] for run in pooled])
             across.update(tensor_spreads([run["tensors"] for run in pooled]))
+        ignored = {n for runs in usable.values() for run in runs for n in run.get("ignored", ())}
+
         content = document(
             found,
-            lambda name, dtype: resolver.resolve(name, (dtype,))[0],
+            functools.partial(_below, resolver, ignored),
             runs=runs,
             perturbations=perturbations,
             tests=sorted(usable),
             across_layouts=across,
             layouts=sorted(set(of_layout.values())),
-            across_base=lambda name, dtype: (variant_resolver or resolver).resolve(name, (dtype,))[
-                0
-            ],
+            across_base=functools.partial(_below, variant_resolver or resolver, ignored),
         )
+        nothing = writes_nothing(content)
         try:
-            write(Path(directory), content)
+            changed = write(Path(directory), None if nothing else content)
         except GoldenError as exc:  # e.g. never recorded: the other goldens still calibrate
             reason = str(exc).removeprefix(f"{directory}: ")
             out.append({"directory": directory, "skipped": reason, "rows": []})
@@ -517,6 +547,8 @@ def calibrate_goldens(
                 "directory": directory,
                 "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
                 "rows": rows,
+                "written": not nothing,
+                "removed": nothing and changed,
             }
         )
     return out

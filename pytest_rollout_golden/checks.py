@@ -97,6 +97,23 @@ def as_mask(name: str, mask: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
     return masks
 
 
+def mask_counts(masks: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Per tensor of ``tensors`` a mask of ``masks`` (:func:`as_mask`) applies to:
+    ``[positions it selects, positions]``, what a golden records of the mask (``diff``
+    reads it); tensors of another shape than the mask fits are left out."""
+    import torch
+
+    out = {}
+    for name, mask in masks.items():
+        shape = tuple(getattr(tensors.get(name), "shape", ()))
+        try:
+            selected = torch.broadcast_to(mask, shape)
+        except RuntimeError:
+            continue
+        out[name] = [int(selected.count_nonzero()), selected.numel()]
+    return out
+
+
 def require_first_call(
     name: str, called: bool, *, step: int, rank: int | None, micro: int | None
 ) -> None:

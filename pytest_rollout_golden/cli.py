@@ -4,6 +4,7 @@
     rollout-golden show PATH [--json]         steps x metrics, per-tensor statistics
     rollout-golden diff A B [--json] [...]    two goldens, golden roots or batch files
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
+    rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
@@ -342,18 +343,43 @@ def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: 
 
 
 def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
-    """Draw the metric curves of golden ``a`` (against ``b``) into ``out``."""
+    """Draw the metric curves of golden ``a`` (against ``b``) into the PNG ``out``.
+
+    Paths resolve as for ``diff`` (:func:`~.diff.pair_paths`). Given golden roots, ``out`` is
+    a directory: one PNG per golden (pair), at the golden's path relative to its root
+    (``OUT/REL.png``); a golden on one side only is named, not drawn.
+    """
+    from .diff import pair_paths
+
+    pairs = pair_paths(a, b)
+    if a.is_file():
+        raise GoldenError(f"{a}: a batch file holds no metric curves; plot takes goldens or roots")
+    if (a / MANIFEST).is_file():
+        return _plot_pair(pairs[0].a or a, pairs[0].b, out, tolerances)
+    if out.suffix.lower() == ".png":
+        raise GoldenError(
+            f"{out}: given golden roots, -o names a directory (one PNG per golden in it)"
+        )
+    for pair in pairs:
+        if pair.a is None or (b is not None and pair.b is None):
+            side, path = ("A", pair.a) if pair.a is not None else ("B", pair.b)
+            print(f"not drawn: {pair.label}: golden only in {side} ({path})")
+            continue
+        _plot_pair(pair.a, pair.b, out / f"{pair.label}.png", tolerances)
+    return 0
+
+
+def _plot_pair(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
+    """One picture: golden ``a``'s curves, against ``b``'s when given."""
     from .diff import diff_goldens
     from .golden_files import load_golden
     from .plot import plot_metrics, series
 
-    curves = []
-    for path in (a, b):
-        if path is None:
-            continue
-        if not (path / MANIFEST).is_file():
-            raise GoldenError(f"{path}: no {MANIFEST}; plot takes golden directories")
-        curves.append(series(load_golden(path)[1].get(METRICS, {}).get("steps", {})))
+    curves = [
+        series(load_golden(path)[1].get(METRICS, {}).get("steps", {}))
+        for path in (a, b)
+        if path is not None
+    ]
     first, allowed = None, None
     if b is not None:
         result = diff_goldens(a, b, tolerances, label=a.name)
@@ -363,6 +389,10 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
             if row.kind == "metric" and row.compared and row.allowed:
                 tol = tolerances.resolver().resolve(row.name)[0]
                 allowed[row.name] = (tol.rtol, tol.atol)
+        ignored = {r.name for r in result.rows if r.kind == "metric" and not r.compared}
+    else:
+        resolver = tolerances.resolver()
+        ignored = {n for n in curves[0] if resolver.resolve(n)[0].ignore}
     title = f"{a}" if b is None else f"{a} vs {b}"
     labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
     picture = plot_metrics(
@@ -373,6 +403,7 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
         title=title,
         first_divergence=first,
         allowed=allowed,
+        ignored=ignored,
     )
     print(f"wrote {out}")
     if picture.not_drawn_note:
@@ -456,10 +487,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_show = sub.add_parser("show", help="print a golden directory or a .safetensors batch")
     p_show.add_argument("path", type=Path)
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
-    p_plot = sub.add_parser("plot", help="draw metric curves of golden A (against B) to a PNG")
+    p_plot = sub.add_parser(
+        "plot", help="draw metric curves of golden A (against B) to a PNG (goldens or roots)"
+    )
     p_plot.add_argument("a", type=Path)
     p_plot.add_argument("b", type=Path, nargs="?")
-    p_plot.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
+    p_plot.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="PNG file to write; given golden roots, the directory to write one PNG per golden",
+    )
     p_import = sub.add_parser(
         "import",
         help="convert verl/ROLL/NexRL/AReaL/slime dumps into a golden directory",

@@ -6,6 +6,20 @@ the result lists, per metric and per tensor, every step (and rank and
 micro-batch) with its greatest and mean absolute and relative difference, the
 count of mismatched elements, shape and dtype problems and entries present on
 one side only, plus the first divergent step of each metric and tensor.
+
+NaN against NaN differs here as it fails the plugin, unless the tolerance sets
+``equal_nan``: diff is the plugin's gate run outside pytest, so a golden diffed against
+itself differs where it holds a NaN; the row says so and names the ``--tolerance`` that
+allows it.
+
+A tensor ``check_tensors(mask=)`` compared under a mask is compared here at every
+position, padding included: the golden does not store the mask, only how many positions
+it selected (``masked`` in the tensors file's manifest entry), and the row notes that
+(``mask_selected``, ``note``). The mask is an input of the run that checks, not of the
+recording: a replay compares under *its* mask and keeps the recorded tensors as they are,
+so a stored mask would describe one past run (the one that last re-recorded the file), and
+applying it would let diff pass padding the next run's mask selects. The count costs
+nothing and is enough to read the numbers right.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ from .compare import compare_named, dtype_name
 from .errors import GoldenError
 from .golden_files import load_golden
 from .location import MANIFEST, METRICS, TOLERANCES, find_goldens
+from .presentation import ALLOW_NAN, diff_allow_nan, diff_mask_note
 from .results import json_number
 from .tolerance import Layer, Resolver, Stack
 
@@ -49,6 +64,8 @@ class Row:
     allowed: str = ""
     source: str = ""
     detail: str = ""
+    mask_selected: int | None = None  # positions the recording's mask selected (of numel)
+    note: str = ""  # what the numbers do not say (a mask diff does not apply)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -103,49 +120,79 @@ class GoldenDiff:
         }
 
 
-def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
-    """Compare B against A: two golden directories, two golden roots or two batch files.
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A golden (or batch file) of side A and its counterpart in B (``None``: missing there).
 
-    Roots are paired by the goldens' paths relative to them; a golden found on
-    one side only is a difference. Raises :class:`GoldenError` for a path that is
-    missing, unreadable or not ours.
+    ``label`` names it: the golden's path relative to its root, or its directory or file name.
     """
-    for path in (a, b):
+
+    label: str
+    a: Path | None
+    b: Path | None
+
+
+def pair_paths(a: Path, b: Path | None) -> list[Pair]:
+    """What ``rollout-golden diff A B`` (and ``plot``) compares: two golden directories, two
+    golden roots or two batch files, paired; without ``b``, every golden at or under ``a``.
+
+    Roots are paired by the goldens' paths relative to them. Raises :class:`GoldenError` for
+    a path that is missing, a golden given with a root, or roots holding no golden.
+    """
+    paths = (a,) if b is None else (a, b)
+    for path in paths:
         if not path.exists():
             raise GoldenError(f"{path}: no such file or directory")
-    if a.is_file() != b.is_file():
+    if b is not None and a.is_file() != b.is_file():
         raise GoldenError(f"{a} and {b}: compare two batch files or two directories, not one each")
     if a.is_file():
-        return [_diff_batches(a, b, tolerances.resolver())]
-    a_golden, b_golden = (a / MANIFEST).is_file(), (b / MANIFEST).is_file()
+        return [Pair(a.name, a, b)]
+    a_golden = (a / MANIFEST).is_file()
+    b_golden = b is not None and (b / MANIFEST).is_file()
+    if b is None and a_golden:
+        return [Pair(a.name, a, None)]
     if a_golden and b_golden:
-        label = a.name if a.name == b.name else f"{a.name} vs {b.name}"
-        return [diff_goldens(a, b, tolerances, label=label)]
-    if a_golden != b_golden:
+        assert b is not None
+        return [Pair(a.name if a.name == b.name else f"{a.name} vs {b.name}", a, b)]
+    if b is not None and a_golden != b_golden:
         golden, root = (a, b) if a_golden else (b, a)
         raise GoldenError(
             f"{golden} is a golden directory but {root} is not (it has no {MANIFEST}); "
             "give two golden directories or two golden roots"
         )
     left = {str(d.relative_to(a)): d for d in find_goldens(a)}
-    right = {str(d.relative_to(b)): d for d in find_goldens(b)}
+    right = {} if b is None else {str(d.relative_to(b)): d for d in find_goldens(b)}
     if not left and not right:
-        raise GoldenError(f"no golden directory (no {MANIFEST}) under {a} or {b}")
-    out = []
-    for rel in sorted(left.keys() | right.keys()):
-        if rel in left and rel in right:
-            out.append(diff_goldens(left[rel], right[rel], tolerances, label=rel))
-        else:
-            side = "A" if rel in left else "B"
-            out.append(
-                GoldenDiff(
-                    rel,
-                    str(left[rel]) if rel in left else None,
-                    str(right[rel]) if rel in right else None,
-                    problems=[f"golden only in {side} ({left.get(rel) or right.get(rel)})"],
-                )
-            )
-    return out
+        where = a if b is None else f"{a} or {b}"
+        raise GoldenError(f"no golden directory (no {MANIFEST}) under {where}")
+    return [Pair(rel, left.get(rel), right.get(rel)) for rel in sorted(left.keys() | right.keys())]
+
+
+def one_sided(pair: Pair) -> GoldenDiff:
+    """A golden found on one side only: a difference."""
+    side, path = ("A", pair.a) if pair.a is not None else ("B", pair.b)
+    return GoldenDiff(
+        pair.label,
+        None if pair.a is None else str(pair.a),
+        None if pair.b is None else str(pair.b),
+        problems=[f"golden only in {side} ({path})"],
+    )
+
+
+def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
+    """Compare B against A: two golden directories, two golden roots or two batch files
+    (paired by :func:`pair_paths`); a golden found on one side only is a difference.
+    Raises :class:`GoldenError` for a path that is missing, unreadable or not ours.
+    """
+    pairs = pair_paths(a, b)
+    if a.is_file():
+        return [_diff_batches(a, b, tolerances.resolver())]
+    return [
+        diff_goldens(p.a, p.b, tolerances, label=p.label)
+        if p.a is not None and p.b is not None
+        else one_sided(p)
+        for p in pairs
+    ]
 
 
 def diff_goldens(a: Path, b: Path, tolerances: Stack, *, label: str) -> GoldenDiff:
@@ -278,12 +325,36 @@ def _tensor_rows(
             continue
         ea, eb = arrays_a[key], arrays_b[key]
         d, tol, source = compare_named(label, ea, eb, resolver, check_dtype=True)
-        rows.append(_row("tensor", label, ea, eb, d, tol, source, **where))
+        row = _row("tensor", label, ea, eb, d, tol, source, **where)
+        selected = _mask_selected(info, key, row.numel)
+        if selected is not None and row.compared:
+            row.mask_selected, row.note = selected, diff_mask_note(selected, row.numel)
+        rows.append(row)
     return rows
+
+
+def _mask_selected(info: Mapping[str, Any], key: str, numel: int) -> int | None:
+    """How many of tensor ``key``'s ``numel`` positions the recording's mask selected
+    (``None``: recorded without a mask, or the golden does not say)."""
+    masked = info.get("masked")
+    counts = masked.get(key) if isinstance(masked, dict) else None
+    if not isinstance(counts, list) or len(counts) != 2:
+        return None
+    selected, positions = counts
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+        return None
+    return selected if positions == numel and 0 <= selected <= numel else None
 
 
 def _row(kind: str, name: str, a: Any, b: Any, d: Any, tol: Any, source: str, **kw: Any) -> Row:
     """A row of two values compared (``kw``: step, rank, micro, expected, actual)."""
+    detail = d.detail if not d.ok else ""
+    if not d.ok and not tol.equal_nan and _nan_in_both(a, b):
+        hint = diff_allow_nan(name)
+        if ALLOW_NAN in detail:  # compare's hint names pytest's option
+            detail = detail.replace(ALLOW_NAN, hint)
+        else:
+            detail = "\n".join(filter(None, [detail, f"NaN in A and B (equal_nan is off): {hint}"]))
     return Row(
         kind,
         name,
@@ -299,9 +370,19 @@ def _row(kind: str, name: str, a: Any, b: Any, d: Any, tol: Any, source: str, **
         rel_mean=d.rel_mean,
         allowed=tol.describe(),
         source=source,
-        detail=d.detail if not d.ok else "",
+        detail=detail,
         **kw,
     )
+
+
+def _nan_in_both(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` hold a NaN at the same place."""
+    import torch
+
+    ta, tb = torch.as_tensor(a), torch.as_tensor(b)
+    if ta.shape != tb.shape or not (ta.is_floating_point() and tb.is_floating_point()):
+        return False
+    return bool((ta.isnan() & tb.isnan()).any())
 
 
 def _strip_arrays(layout: Any) -> Any:

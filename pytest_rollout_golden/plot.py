@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ MISSING_MATPLOTLIB = (
     "install it with: pip install 'pytest-rollout-golden[plot]'"
 )
 _A_COLOR, _B_COLOR, _BAD = "#1f77b4", "#ff7f0e", "#d62728"
+_IGNORED = "#bbbbbb"  # the difference bars of a metric the tolerances exclude
+NOT_COMPARED = "(not compared: ignored)"
 
 MAX_PANELS = 12
 """The most metric panels one picture draws (4 rows of 3). Drawing time and memory grow with
@@ -145,13 +147,15 @@ def plot_metrics(
     allowed: Mapping[str, tuple[float, float]] | None = None,
     excess: Mapping[str, float] | None = None,
     max_panels: int = MAX_PANELS,
+    ignored: Collection[str] = (),
 ) -> Picture:
     """Draw one panel per metric of ``a`` (and ``b``), at most ``max_panels``, into a PNG.
 
     ``first_divergence`` marks, per metric, the first step beyond tolerance;
     ``allowed`` gives ``(rtol, atol)`` per metric for the difference strip; ``excess``
     (greatest difference over the allowed one, per metric; computed from ``allowed`` where
-    not given) ranks the diverged metrics when not all fit. The metrics that diverged
+    not given) ranks the diverged metrics when not all fit; ``ignored`` names the metrics
+    the tolerances exclude, whose panels say "not compared (ignored)". The metrics that diverged
     earliest come first, then the others by name; those past ``max_panels``
     (:data:`MAX_PANELS`) are not drawn but named in a note at the foot of the picture and
     in the returned :class:`Picture`. The grid is fixed (no constrained layout), so the
@@ -199,7 +203,8 @@ def plot_metrics(
         note_text = f"{prefix} {', '.join(items)}"
         note = _wrap(prefix, items, chars=int(width * 12.5), lines=_NOTE_LINES)
     title_lines = max(
-        _panel_title(n, first_divergence.get(n)).count("\n") + 1 for n in shown[:ncols]
+        _panel_title(n, first_divergence.get(n), n in ignored).count("\n") + 1
+        for n in shown[:ncols]
     )
     top = 0.2 + 0.22 * (heading.count("\n") + 1) + 0.2 * title_lines  # inches, for the titles
     bottom = 0.55 + (0.2 + 0.16 * len(note) if note else 0.0)  # tick labels, "step", the note
@@ -224,7 +229,8 @@ def plot_metrics(
         else:
             ax, ax_diff = fig.add_subplot(cell), None
         _panel(ax, ax_diff, name, a.get(name, {}), None if b is None else b.get(name, {}),
-               labels, first_divergence.get(name), allowed.get(name))  # fmt: skip
+               labels, first_divergence.get(name), allowed.get(name),
+               ignored=name in ignored)  # fmt: skip
     if b is not None:
         fig.axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(
@@ -319,12 +325,13 @@ def _mark_non_finite(ax: Any, points: Mapping[int, float], color: str, lane: int
                     fontsize=8, fontweight="bold", color=color)  # fmt: skip
 
 
-def _panel_title(name: str, first: int | None) -> str:
-    """The metric's name (middle elided when long) and where it diverges, in one or two lines."""
+def _panel_title(name: str, first: int | None, ignored: bool = False) -> str:
+    """The metric's name (middle elided when long) and where it diverges (or that it is not
+    compared), in one or two lines."""
     title = _short(name)
-    if first is None:
+    if first is None and not ignored:
         return title
-    suffix = f"(diverges at step {first})"
+    suffix = NOT_COMPARED if ignored else f"(diverges at step {first})"
     return title + ("\n" if len(title) + len(suffix) > 50 else "  ") + suffix
 
 
@@ -337,6 +344,8 @@ def _panel(
     labels: tuple[str, str],
     first: int | None,
     allowed: tuple[float, float] | None,
+    *,
+    ignored: bool = False,
 ) -> None:
     steps_a, values_a, odd_a = _split(a)
     dots = len(a) <= _BARS and (b is None or len(b) <= _BARS)  # a marker per step
@@ -348,12 +357,13 @@ def _panel(
         ax.plot(steps_b, values_b, "--x" if dots else "--", color=_B_COLOR, label=labels[1], ms=6)
         _mark_non_finite(ax, odd_b, _B_COLOR, 1)
     ax.margins(y=0.2 if odd_a or odd_b else 0.05)  # room for edge marks
-    title = _panel_title(name, first)
+    title = _panel_title(name, first, ignored)
     if first is not None:
         for axis in (ax, ax_diff):
             if axis is not None:
                 axis.axvline(first, color=_BAD, lw=1.2, ls=":")
-    ax.set_title(title, fontsize=10, color=_BAD if first is not None else "black", loc="left")
+    color = _BAD if first is not None else "#7f7f7f" if ignored else "black"
+    ax.set_title(title, fontsize=10, color=color, loc="left")
     ax.grid(alpha=0.3)
     ax.ticklabel_format(axis="y", useOffset=False)
     steps = sorted(set(a) | set(b or {}))
@@ -379,10 +389,14 @@ def _panel(
         else:
             rel[s] = diff / abs(a[s]) if a[s] else diff
     nonzero = {s: r for s, r in rel.items() if r > 0}
-    rtol = allowed[0] if allowed is not None and allowed[0] > 0 else None
+    limits = {} if ignored else _allowed_relative(a, shared, allowed)
+    rtol, atol = allowed or (0.0, 0.0)
+    if rtol > 0:  # atol adds little where the values are not ~0: one line at rtol
+        limits = dict.fromkeys(limits, rtol)
     if nonzero:
-        colors = [_BAD if first is not None and s >= first else "#7f7f7f" for s in nonzero]
-        values = [*nonzero.values(), *([rtol] if rtol else [])]
+        grey = _IGNORED if ignored else "#7f7f7f"
+        colors = [_BAD if first is not None and s >= first else grey for s in nonzero]
+        values = [*nonzero.values(), *limits.values()]
         ax_diff.set_yscale("log")
         if len(nonzero) <= _BARS:
             ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
@@ -415,9 +429,19 @@ def _panel(
                 ax_diff.text(s, 0.05, "=", transform=ax_diff.get_xaxis_transform(),
                              ha="center", fontsize=8, color="#2ca02c")  # fmt: skip
     label = "|B-A|/|A|"
-    if rtol is not None and nonzero:
-        ax_diff.axhline(rtol, color="black", lw=0.8, ls="--")
-        label += f"\n-- rtol {rtol:.0e}"
+    if limits and nonzero:
+        if rtol > 0:
+            ax_diff.axhline(rtol, color="black", lw=0.8, ls="--")
+            label += f"\n-- rtol {rtol:.0e}"
+        else:  # atol alone: its share of each step's |A|
+            ax_diff.plot(list(limits), list(limits.values()), color="black", lw=0.8, ls="--",
+                         drawstyle="steps-mid")  # fmt: skip
+            label += f"\n-- atol {atol:.0e}/|A|"
+    if ignored and (nonzero or odd):
+        ax_diff.text(0.5, 0.5, "not compared (ignored): differences not gated",
+                     transform=ax_diff.transAxes, ha="center", va="center", fontsize=8,
+                     color="#555555",
+                     bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
     ax_diff.set_ylabel(label, fontsize=7)
     ax_diff.set_xlabel("step")
     ax_diff.grid(alpha=0.3, axis="y")
@@ -431,6 +455,25 @@ def _panel(
             y = _edge(b[first])[0]
             ax.plot([first], [y], "o", mfc="none", mec=_BAD, ms=14, mew=1.5, clip_on=False,
                     transform=ax.get_xaxis_transform())  # fmt: skip
+
+
+def _allowed_relative(
+    a: Mapping[int, float], steps: Sequence[int], allowed: tuple[float, float] | None
+) -> dict[int, float]:
+    """Per step, the relative difference ``(rtol, atol)`` allows (as the strip measures it:
+    over ``|A|``, or absolute where A is 0); empty without a tolerance or where it allows 0."""
+    if allowed is None:
+        return {}
+    rtol, atol = allowed
+    out = {}
+    for s in steps:
+        x = abs(a[s])
+        if not math.isfinite(x):
+            continue
+        limit = (atol + rtol * x) / x if x else atol
+        if limit > 0:
+            out[s] = limit
+    return out
 
 
 def _integer_steps(ax: Any, steps: list[int]) -> None:
@@ -486,6 +529,11 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
         tol = c.get("tolerance") or {}
         if not tol.get("exact") and not tol.get("ignore") and "rtol" in tol:
             allowed[name] = (tol["rtol"], tol["atol"])
+    ignored = {
+        c["metric"]
+        for c in outcome["comparisons"]
+        if c["kind"] == "metric" and c["verdict"] == "not compared"
+    }
     failed_tensors = sorted(
         {
             c["metric"]
@@ -505,4 +553,5 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
         first_divergence=first,
         allowed=allowed,
         excess=excess,
+        ignored=ignored,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -507,15 +507,46 @@ def pytest_configure(config: pytest.Config) -> None:
         plugin = GoldenPlugin(config)
     config.stash[_PLUGIN] = plugin
     config.pluginmanager.register(plugin, "rollout-golden-session")
+    progress = _CalibrationProgress() if plugin.calibrate else None
+    if progress is not None:
+        config.pluginmanager.register(progress, "rollout-golden-calibration-progress")
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(plugin), "rollout-golden-xdist")
+        config.pluginmanager.register(_XdistHooks(plugin, progress), "rollout-golden-xdist")
     if "hypothesis" in sys.modules or config.getoption("hypothesis_profile", None) in NAMES:
         register_profiles()
 
 
+class _CalibrationProgress:
+    """``--golden-calibrate N``: the progress counts tests, each run N times, up to 100%.
+
+    pytest's terminal counts the distinct test ids it has reported against the items
+    collected; the N runs of a test share its id (its golden and report entries are keyed
+    on it), so the count of items becomes that of distinct ids."""
+
+    def __init__(self) -> None:
+        self.session: pytest.Session | None = None
+        self.tests = 0  # distinct test ids; 0: not known (yet)
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.tests = len({item.nodeid for item in session.items})
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reports the progress
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.tests and self.session is not None:
+            self.session.testscollected = self.tests
+
+
 class _XdistHooks:
-    def __init__(self, plugin: GoldenPlugin):
+    def __init__(self, plugin: GoldenPlugin, progress: _CalibrationProgress | None = None):
         self.plugin = plugin
+        self.progress = progress
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
+        if self.progress is not None:  # the controller collects nothing itself
+            self.progress.tests = len(set(ids))
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["rollout_golden_token"] = self.plugin.token

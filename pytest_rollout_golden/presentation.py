@@ -403,7 +403,12 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
     """The summary's table of one golden's calibrated tolerances (``--golden-calibrate``)."""
     if not entry["rows"]:
         return [f"not calibrated: {directory} ({entry['skipped']})"]
-    lines = [f"calibrated tolerances written to {directory}/tolerances.json:"]
+    lines = [f"calibrated tolerances written to {directory}/{TOLERANCES}:"]
+    if not entry.get("written", True):
+        removed = f" (the earlier {TOLERANCES} removed)" if entry.get("removed") else ""
+        lines = [
+            f"calibrated {directory}: every value keeps its default; nothing written{removed}:"
+        ]
     lanes = {row.get("lane", "same layout") for row in entry["rows"]} != {"same layout"}
     cells = [("metric", "rel spread", "abs spread", "at step", "rtol", "atol")]
     if lanes:
@@ -610,6 +615,22 @@ def diff_allowed(row: Row) -> str:
     return f"{row.allowed} ({row.source})" if row.source else row.allowed
 
 
+def diff_allow_nan(name: str) -> str:
+    """``diff``'s hint on NaN against NaN: the option that allows it there."""
+    return (
+        "NaN equals NaN only where the tolerance sets equal_nan "
+        f"(e.g. --tolerance {name}:equal_nan=true); fix the NaN, or allow it"
+    )
+
+
+def diff_mask_note(selected: int, positions: int) -> str:
+    """``diff``'s note on a tensor the plugin compared under a mask it did not store."""
+    return (
+        f"recorded under a mask of {selected} of {positions} positions; "
+        f"diff compares all {positions} (padding included)"
+    )
+
+
 def _shape(row: Row, side: int) -> str:
     shape, dtype = row.shape[side], row.dtype[side]
     return "missing" if shape is None else f"{dtype}{shape}"
@@ -711,9 +732,12 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
         if len(failing) > _ROWS_SHOWN:
             lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
         for r in failing[:_ROWS_SHOWN]:
+            block = [r.note] if r.note else []
             if r.detail and "\n" in r.detail:
+                block += r.detail.splitlines()
+            if block:
                 lines.append(f"    {r.name} (step {number(r.step)}):")
-                lines += ["      " + line for line in r.detail.splitlines()]
+                lines += ["      " + line for line in block]
     if tensors and len(failing) < len(tensors):
         lines.append(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
     ignored = sorted({r.name for r in d.rows if not r.compared})

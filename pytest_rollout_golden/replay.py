@@ -250,7 +250,9 @@ class Golden:
         ``mask`` (e.g. ``response_mask``; bool or 0/1) limits the comparison to the positions
         it selects; its dimensions line up with each tensor's leading ones (``[batch, tokens]``
         covers ``[batch, tokens, vocab]``). Values on padding are stored but never compared.
-        The mask itself is not stored: this run's mask decides.
+        The mask itself is not stored: this run's mask decides. A recording notes, per
+        tensor, how many positions its mask selected (``masked`` in the file's manifest
+        entry), so that ``rollout-golden diff`` can say it compares padding too.
         """
         key = checks.step_key(step)
         self._open()
@@ -276,7 +278,9 @@ class Golden:
             results += checks.dropped_tensors(name, old.keys() - tensors.keys(), **where)
         staged = checks.staged_tensors(old, tensors, results, self.policy)
         if staged is not None:
-            self._files.stage_batch(filename, staged, kind="tensors", name=name, **where)
+            counts = checks.mask_counts(masks, staged)
+            masked = {"masked": counts} if counts else {}
+            self._files.stage_batch(filename, staged, kind="tensors", name=name, **masked, **where)
         self._note_loosened(results)
         self._outcome.comparisons.extend(results)
         return results
@@ -452,13 +456,16 @@ class Golden:
         return metric_codec.numbers(self._metrics)
 
     def calibration_sample(self) -> dict[str, Any]:
-        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, and per tensor
-        its greatest distance to the golden (:func:`.calibrate.tensor_distances`)."""
+        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, per tensor
+        its greatest distance to the golden (:func:`.calibrate.tensor_distances`), and the
+        names its tolerances (the marker's included) do not compare."""
         from .calibrate import tensor_distances
 
+        comparisons = self._outcome.comparisons
         return {
             "metrics": self.checked_metrics(),
-            "tensors": tensor_distances(self._outcome.comparisons),
+            "tensors": tensor_distances(comparisons),
+            "ignored": sorted({c.name for c in comparisons if c.verdict == Verdict.IGNORED}),
         }
 
 

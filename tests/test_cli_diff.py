@@ -275,3 +275,63 @@ def test_changed_non_tensor_values_are_a_difference(tmp_path, capsys):
     assert code == 1
     assert doc["goldens"][0]["problems"] == ["a.safetensors: non-tensor values or structure differ"]
     assert run_json(capsys, a, c)[0] == 0
+
+
+def record_masked(directory: Path, pad: float) -> None:
+    """A golden whose log-probs were checked under a mask of 5 of 8 positions."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    lp = torch.where(mask.bool(), -torch.arange(8.0).view(2, 4) / 7, torch.tensor(pad))
+    with Golden(directory, mode=Mode.AUTO) as golden:
+        golden.check_tensors("actor", {"log_probs": lp, "unmasked": torch.ones(3)}, mask=None)
+        golden.check_tensors("ref", {"log_probs": lp}, mask=mask, step=1)
+
+
+def test_a_tensor_recorded_under_a_mask_says_diff_compares_its_padding(tmp_path, capsys):
+    """The golden records how many positions the mask selected; diff, which cannot apply
+    the mask (it is not stored), says it compares every position, padding included."""
+    record_masked(tmp_path / "a", pad=0.0)
+    record_masked(tmp_path / "b", pad=-7.5)  # padding garbage only
+    code, doc = run_json(capsys, str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 1
+    tensors = {(t["name"], t["step"]): t for t in doc["goldens"][0]["tensors"]}
+    masked = tensors[("ref/log_probs", 1)]
+    assert (masked["mismatched"], masked["numel"]) == (3, 8)
+    assert masked["mask_selected"] == 5
+    assert masked["note"] == (
+        "recorded under a mask of 5 of 8 positions; diff compares all 8 (padding included)"
+    )
+    plain = tensors[("actor/log_probs", 0)]
+    assert plain["mask_selected"] is None and plain["note"] == ""
+
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "    ref/log_probs (step 1):\n"
+        "      recorded under a mask of 5 of 8 positions; diff compares all 8 (padding included)\n"
+        "      Mismatched elements: 3 / 8 (37.5%)\n"
+    ) in out
+
+
+@pytest.mark.filterwarnings("ignore::pytest_rollout_golden.GoldenNaNWarning")
+def test_a_nan_in_both_goldens_names_equal_nan_and_the_option_that_sets_it(tmp_path, capsys):
+    """diff keeps the plugin's rule (NaN equals NaN only under equal_nan), so a golden
+    diffed against itself fails on its NaN; the failure says how to allow it."""
+    with Golden(tmp_path / "a", mode=Mode.AUTO) as golden:
+        golden.check({"pg_loss": float("nan"), "kl": 0.1})
+        golden.check_tensors("fwd", {"x": torch.tensor([1.0, float("nan")])})
+    a = str(tmp_path / "a")
+    hint = (
+        "NaN equals NaN only where the tolerance sets equal_nan "
+        "(e.g. --tolerance pg_loss:equal_nan=true)"
+    )
+    code, doc = run_json(capsys, a, a)
+    assert code == 1
+    (metric,) = [m for m in doc["goldens"][0]["metrics"] if not m["ok"]]
+    assert metric["name"] == "pg_loss" and hint in metric["detail"]
+    (tensor,) = doc["goldens"][0]["tensors"]
+    assert "(e.g. --tolerance fwd/x:equal_nan=true)" in tensor["detail"]
+    assert "--golden-tolerance" not in tensor["detail"]  # that is pytest's option, not diff's
+    assert main(["diff", a, a]) == 1
+    assert hint in capsys.readouterr().out
+    allow = ["--tolerance", "pg_loss:equal_nan=true", "--tolerance", "fwd/x:equal_nan=true"]
+    assert main(["diff", a, a, *allow]) == 0

@@ -238,3 +238,75 @@ def test_golden_plot_of_a_failure_draws_its_non_finite_values(tmp_path, drawn):
     [figure] = drawn
     assert {"inf", "nan", "-inf"} <= {t.get_text() for t in figure.axes[0].texts}
     assert picture.drawn == ("pg_loss",) and picture.not_drawn == ()
+
+
+def test_plot_takes_golden_roots_as_diff_does_one_picture_per_pair(tmp_path, capsys):
+    """Paths resolve as for diff: two roots pair their goldens by relative path; -o is then
+    a directory holding one PNG per pair; a golden on one side only is named, not drawn."""
+    record(tmp_path / "a" / "t" / "same")
+    record(tmp_path / "b" / "t" / "same")
+    record(tmp_path / "a" / "t" / "drift")
+    record(tmp_path / "b" / "t" / "drift", loss_drift=1e-3)
+    record(tmp_path / "b" / "t" / "new")
+    out = tmp_path / "pictures"
+    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"wrote {out / 't' / 'drift.png'}" in lines
+    assert f"wrote {out / 't' / 'same.png'}" in lines
+    assert f"not drawn: t/new: golden only in B ({tmp_path / 'b' / 't' / 'new'})" in lines
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")) == [
+        "t/drift.png",
+        "t/same.png",
+    ]
+    assert (out / "t" / "drift.png").read_bytes().startswith(PNG)
+    # One root alone: every golden under it.
+    assert main(["plot", str(tmp_path / "b"), "-o", str(tmp_path / "one")]) == 0
+    assert len(list((tmp_path / "one").rglob("*.png"))) == 3
+    # A root with -o naming a PNG: refused, saying -o is a directory there.
+    code = main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "x.png")])
+    assert code == 2
+    assert "-o names a directory" in capsys.readouterr().err
+    # A golden and a root: the same refusal as diff's.
+    assert main(["plot", str(tmp_path / "a" / "t" / "same"), str(tmp_path / "b"), "-o", "x"]) == 2
+    assert "is a golden directory but" in capsys.readouterr().err
+
+
+def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_so(tmp_path, drawn):
+    """rtol=0 (a fraction's atol-only tolerance) still draws what it allows, per step; a
+    metric the tolerances exclude is labelled "not compared", its bars not left unexplained."""
+    from pytest_rollout_golden.plot import plot_outcome
+
+    def comparison(metric, step, expected, actual, verdict, tolerance):
+        return {"kind": "metric", "metric": metric, "step": step, "expected": expected,
+                "actual": actual, "verdict": verdict, "excess": None,
+                "tolerance": tolerance}  # fmt: skip
+
+    fraction = {"rtol": 0.0, "atol": 1e-7, "exact": False, "ignore": False}
+    ignore = {"rtol": 0.0, "atol": 0.0, "exact": False, "ignore": True}
+    outcome = {
+        "test": "t.py::test_train",
+        "directory": str(tmp_path / "golden"),
+        "comparisons": [
+            comparison("pg_clipfrac", 0, 0.2, 0.2, "pass", fraction),
+            comparison("pg_clipfrac", 1, 0.25, 0.25 + 5e-8, "pass", fraction),
+            comparison("pg_clipfrac", 2, 0.1, 0.1 + 1e-3, "fail", fraction),
+            comparison("timing_s", 0, 1.0, 1.5, "not compared", ignore),
+            comparison("timing_s", 1, 1.0, 0.7, "not compared", ignore),
+        ],
+    }
+    plot_outcome(outcome, tmp_path / "t.png")
+    [figure] = drawn
+    panels = {ax.get_title(loc="left").split()[0]: i for i, ax in enumerate(figure.axes)
+              if ax.get_title(loc="left")}  # fmt: skip
+    strip = figure.axes[panels["pg_clipfrac"] + 1]
+    dashed = [line for line in strip.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == 1  # the allowed difference: atol / |A| at each step
+    assert list(dashed[0].get_xdata()) == [1, 2] or list(dashed[0].get_xdata()) == [0, 1, 2]
+    assert dashed[0].get_ydata()[-1] == pytest.approx(1e-7 / 0.1)
+    assert "atol 1e-07/|A|" in strip.get_ylabel()
+
+    timing = figure.axes[panels["timing_s"]]
+    assert "not compared" in timing.get_title(loc="left")
+    strip = figure.axes[panels["timing_s"] + 1]
+    assert "not compared (ignored): differences not gated" in [t.get_text() for t in strip.texts]
+    assert not any(line.get_linestyle() == "--" for line in strip.get_lines())

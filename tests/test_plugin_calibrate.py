@@ -186,9 +186,14 @@ def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(p
     module = project.copy_example()
     committed = EXAMPLES.parent / "golden" / "examples" / "test_tiny_rl_golden"
     shutil.copytree(committed, project.golden / module)
-    project.run("--golden-calibrate", "3").assert_outcomes(passed=12, xfailed=3)
+    result = project.run("--golden-calibrate", "3")
+    result.assert_outcomes(passed=12, xfailed=3)
     for golden in ("test_grpo_training_matches_golden", "grpo_layouts"):
         directory = project.golden / module / golden
+        if not (directory / "tolerances.json").exists():  # runs that agree bit for bit
+            kept = f"calibrated golden/{module}/{golden}: every value keeps its default; nothing"
+            assert kept in result.stdout.str()
+            continue
         doc = json.loads((directory / "tolerances.json").read_text())
         assert set(doc["spreads"]) == {
             "pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "response_length"
@@ -237,9 +242,9 @@ def test_xdist_workers_send_their_runs_and_the_controller_writes(project):
     project.write(NOISY)
     project.set_values()
     project.run().assert_outcomes(passed=1, xfailed=1)
-    project.run_subprocess("-n", "2", "--golden-calibrate", "3").assert_outcomes(
-        passed=3, xfailed=3
-    )
+    result = project.run_subprocess("-n", "2", "--golden-calibrate", "3")
+    result.assert_outcomes(passed=3, xfailed=3)
+    assert "[100%]" in result.stdout.str()  # progress counts tests, not their runs
     doc = tolerances(project)
     # All three runs were merged, whichever worker ran them: the spread covers 3 thread counts.
     counts = thread_counts(torch.get_num_threads())[:3]
@@ -314,3 +319,61 @@ def test_calibrating_a_selection_with_a_test_never_recorded_says_so_and_calibrat
     assert "not calibrated: golden/test_it/test_two (" in out
     assert "calibrated tolerances written to golden/test_it/test_one/tolerances.json" in out
     assert not (project.golden_dir("test_two") / "tolerances.json").exists()
+
+
+# "loss" moves with the thread count by V["noise"] per thread; "timing" is not compared.
+STEADY = """
+import json, pathlib
+import pytest
+import torch
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+@pytest.mark.golden(tolerances={"timing": {"ignore": True}})
+def test_steady(golden):
+    for step in range(2):
+        loss = 0.5 + step + V.get("noise", 0.0) * torch.get_num_threads()
+        golden.check({"loss": loss, "timing": 1.0 + torch.get_num_threads()}, step=step)
+"""
+
+
+def test_calibration_where_every_value_keeps_its_default_writes_nothing_and_removes_the_old(
+    project,
+):
+    """Progress counts tests (each run N times) to 100%; "not compared" is said once per
+    golden; a calibration that would write nothing but defaults writes no tolerances.json,
+    and takes away the one an earlier calibration wrote."""
+    project.write(STEADY)
+    project.set_values(noise=1e-7)
+    project.run().assert_outcomes(passed=1)
+    path = project.golden_dir("test_steady") / "tolerances.json"
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=3)
+    assert "loss" in json.loads(path.read_text())["tolerances"]
+
+    project.set_values(noise=0.0)  # the runs now agree bit for bit: every default stays
+    result = project.run("--golden-calibrate", "3")
+    result.assert_outcomes(passed=3)
+    out = result.stdout.str()
+    assert "[100%]" in out and "33%" not in out
+    assert out.count("timing (steps 0-1;") == 1
+    assert not path.exists()
+    manifest = json.loads((project.golden_dir("test_steady") / "manifest.json").read_text())
+    assert "tolerances.json" not in manifest["files"]
+    result.stdout.fnmatch_lines(
+        [
+            "calibrated golden/test_it/test_steady: every value keeps its default; nothing "
+            "written (the earlier tolerances.json removed):",
+            "    metric  rel spread  abs spread  at step  rtol          atol",
+            "    loss    0           0           -        default kept  -",
+            "    timing  *  not compared  -",
+        ]
+    )
+    assert main(["verify", str(project.golden)]) == 0
+    project.run("--golden-strict").assert_outcomes(passed=1)
+
+    result = project.run("--golden-calibrate", "2")  # nothing to remove either
+    result.stdout.fnmatch_lines(
+        ["calibrated golden/test_it/test_steady: every value keeps its default; nothing written:"]
+    )
+    assert not path.exists()
