@@ -441,7 +441,192 @@ class GoldenPlugin:
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.registry.remove()
 
+    # ------------------------------------------------------------------ hooks
+
+    @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """Collection: calibration copies of golden tests; which files and goldens this run
+        covers."""
+        if self.calibrate:
+            items[:] = [
+                copy
+                for item in items
+                for copy in (
+                    _calibration_copies(item, self.calibrate)
+                    if "golden" in getattr(item, "fixturenames", ())
+                    else [item]
+                )
+            ]
+        for arg in config.args:
+            if "::" in arg:
+                # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
+                named = Path(config.invocation_params.dir) / arg.split("::")[0]
+                self.state.partial_files.add(os.path.abspath(named))
+        for item in items:
+            self.state.collected_files.add(str(Path(item.path)))
+            if "golden" in getattr(item, "fixturenames", ()):
+                try:
+                    self.state.expected_dirs.add(str(self.directory_of(item)))
+                except pytest.UsageError:
+                    # xdist reports a worker's usage error at collection as "no tests ran", with
+                    # no message: there the test's golden fixture raises it again, as its error.
+                    if not self.is_worker:
+                        raise
+
+    @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        """Collection: every test a file or class produced, before any filter trims them."""
+        report = yield
+        if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
+            self.state.skipped_files.add(str(Path(collector.path)))
+        if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
+            produced = self.state.produced
+            ids = produced.setdefault(str(Path(collector.path)), set())
+            ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
+        return report
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Collection done: the tests left to run; a torchrun rank copies their goldens."""
+        self.state.selected.update(i.nodeid for i in session.items)
+        if self.snapshot is not None:  # early: as at collection, before rank 0 re-records any
+            for item in session.items:
+                if "golden" in getattr(item, "fixturenames", ()):
+                    with contextlib.suppress(pytest.UsageError):  # its test reports it
+                        self.snapshot.copy_of(self.directory_of(item))
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Collection: a bad marker ``seed=`` stops the run before any test."""
+        # A bad seed= stops the run before any test; xdist hides a worker's usage error at
+        # collection, so there each such test fails its setup with it instead.
+        if item.get_closest_marker("golden") is not None and not self.is_worker:
+            self.seed_of(item)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """Collection: files with deselected tests are not run whole."""
+        for item in items:
+            self.state.partial_files.add(str(Path(item.path)))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        """Setup (outermost): the deterministic settings and calibration perturbations, before the
+        test's first fixture."""
+        self.failed_ids.discard(item.nodeid)
+        stack = contextlib.ExitStack()
+        bad_seed = None
+        try:
+            wanted = self.wants_determinism(item)
+            seed = self.seed_of(item) if wanted else None
+        except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
+            wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
+        if wanted:
+            from .determinism import deterministic
+
+            stack.enter_context(deterministic(seed))
+            item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+        if _CALIBRATION_RUN in item.stash:
+            from .calibrate import perturbed
+
+            how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], self.perturb))
+            item.user_properties.append(("golden_calibration_run", how))
+            item.stash[_SETTINGS] = stack
+        result = yield
+        if bad_seed is not None:
+            raise bad_seed
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        """Call: finish the test's golden (commit, or raise the mismatch)."""
+        try:
+            result = yield
+        except BaseException as exc:
+            unusable = isinstance(
+                exc, (GoldenMissingError, GoldenFormatError, GoldenNotFetchedError)
+            )
+            self.finish(item, error=True, golden_error=unusable)
+            raise
+        self.finish(item, error=item.nodeid in self.failed_ids)  # e.g. a failed subtest
+        return result
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        """Teardown (innermost): finish a golden the call did not; restore the settings after the
+        last fixture."""
+        try:
+            return (yield)
+        finally:
+            self.finish(item, error=True)  # no-op once finished
+            stack = item.stash.get(_SETTINGS, item.stash.get(_DETERMINISM, None))
+            if stack is not None:
+                stack.close()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        """Report: a mismatch as its table; a golden error with the user's frames only."""
+        report = yield
+        excinfo = call.excinfo
+        if not report.failed or excinfo is None:
+            return report
+        if excinfo.errisinstance(GoldenMismatch):
+            report.longrepr = str(excinfo.value)  # the table says it all; no traceback
+        elif excinfo.errisinstance(pytest.UsageError) and str(
+            excinfo.traceback[-1].path
+        ).startswith(
+            str(Path(__file__).parent)
+        ):  # a marker or option mistake found by this plugin: the message names the fix
+            report.longrepr = f"UsageError: {excinfo.value}"
+        elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
+            hidden = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy, _pytest_internal))
+            hidden += (str(Path(__file__).parent), contextlib.__file__)  # ours, and `with` glue
+            excinfo.traceback = excinfo.traceback.filter(
+                lambda entry: not str(entry.path).startswith(hidden)
+            )
+            style = item.config.getoption("tbstyle", "auto")
+            report.longrepr = excinfo.getrepr(
+                style="long" if style == "auto" else style,
+                tbfilter=False,
+                showlocals=item.config.getoption("showlocals", False),
+            )
+        return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Session end: workers hand their state over; the controller merges, prunes, writes;
+        worker pools stop."""
+        if self.is_worker:
+            session.config.workeroutput[_WORKER_OUTPUT] = self.state.to_json()  # type: ignore[attr-defined]
+        else:
+            self.close(session)
+        launcher = sys.modules.get("pytest_rollout_golden.parallel.launcher")
+        if launcher is not None:  # worker pools of parallel.launch(): stop them with the session
+            launcher.shutdown()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Summary: the ``rollout golden`` section."""
+        if self.is_worker:
+            return
+        lines = summary_lines(
+            self.state,
+            unused=self.unused.goldens,
+            pruned=self.unused.pruned.deleted,
+            unused_tolerances=self.unused_tolerances(),
+            report_path=None
+            if self.report_error or terminalreporter.config.option.collectonly
+            else terminalreporter.config.option.golden_report,
+            relative_to=self.rootdir,
+        )
+        lines.extend(self.unused.notes())
+        lines.extend(_recording_notes(self))
+        if self.report_error:
+            lines.append(self.report_error)
+        if lines:
+            terminalreporter.write_sep("=", "rollout golden")
+            for line in lines:
+                terminalreporter.write_line(line)
+
     def pytest_unconfigure(self) -> None:
+        """The end: a torchrun rank's copies of goldens are removed."""
         if self.snapshot is not None:
             self.snapshot.remove()
 
@@ -575,184 +760,6 @@ def _calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
     for run, copy in enumerate(copies):
         copy.stash[_CALIBRATION_RUN] = run
     return copies
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    plugin = config.stash[_PLUGIN]
-    if plugin.calibrate:
-        items[:] = [
-            copy
-            for item in items
-            for copy in (
-                _calibration_copies(item, plugin.calibrate)
-                if "golden" in getattr(item, "fixturenames", ())
-                else [item]
-            )
-        ]
-    for arg in config.args:
-        if "::" in arg:
-            # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
-            named = Path(config.invocation_params.dir) / arg.split("::")[0]
-            plugin.state.partial_files.add(os.path.abspath(named))
-    for item in items:
-        plugin.state.collected_files.add(str(Path(item.path)))
-        if "golden" in getattr(item, "fixturenames", ()):
-            try:
-                plugin.state.expected_dirs.add(str(plugin.directory_of(item)))
-            except pytest.UsageError:
-                # xdist reports a worker's usage error at collection as "no tests ran", with
-                # no message: there the test's golden fixture raises it again, as its error.
-                if not plugin.is_worker:
-                    raise
-
-
-@pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
-def pytest_make_collect_report(collector: pytest.Collector) -> Any:
-    report = yield
-    if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
-        collector.config.stash[_PLUGIN].state.skipped_files.add(str(Path(collector.path)))
-    if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
-        produced = collector.config.stash[_PLUGIN].state.produced
-        ids = produced.setdefault(str(Path(collector.path)), set())
-        ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
-    return report
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    plugin = session.config.stash[_PLUGIN]
-    plugin.state.selected.update(i.nodeid for i in session.items)
-    if plugin.snapshot is not None:  # early: as at collection, before rank 0 re-records any
-        for item in session.items:
-            if "golden" in getattr(item, "fixturenames", ()):
-                with contextlib.suppress(pytest.UsageError):  # its test reports it
-                    plugin.snapshot.copy_of(plugin.directory_of(item))
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    plugin = item.config.stash[_PLUGIN]
-    # A bad seed= stops the run before any test; xdist hides a worker's usage error at
-    # collection, so there each such test fails its setup with it instead.
-    if item.get_closest_marker("golden") is not None and not plugin.is_worker:
-        plugin.seed_of(item)
-
-
-def pytest_deselected(items: list[pytest.Item]) -> None:
-    for item in items:
-        item.config.stash[_PLUGIN].state.partial_files.add(str(Path(item.path)))
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    plugin = item.config.stash[_PLUGIN]
-    plugin.failed_ids.discard(item.nodeid)
-    stack = contextlib.ExitStack()
-    bad_seed = None
-    try:
-        wanted = plugin.wants_determinism(item)
-        seed = plugin.seed_of(item) if wanted else None
-    except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
-        wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
-    if wanted:
-        from .determinism import deterministic
-
-        stack.enter_context(deterministic(seed))
-        item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
-    if _CALIBRATION_RUN in item.stash:
-        from .calibrate import perturbed
-
-        how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], plugin.perturb))
-        item.user_properties.append(("golden_calibration_run", how))
-        item.stash[_SETTINGS] = stack
-    result = yield
-    if bad_seed is not None:
-        raise bad_seed
-    return result
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    plugin = item.config.stash[_PLUGIN]
-    try:
-        result = yield
-    except BaseException as exc:
-        unusable = isinstance(exc, (GoldenMissingError, GoldenFormatError, GoldenNotFetchedError))
-        plugin.finish(item, error=True, golden_error=unusable)
-        raise
-    plugin.finish(item, error=item.nodeid in plugin.failed_ids)  # e.g. a failed subtest
-    return result
-
-
-@pytest.hookimpl(wrapper=True, trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    try:
-        return (yield)
-    finally:
-        item.config.stash[_PLUGIN].finish(item, error=True)  # no-op once finished
-        stack = item.stash.get(_SETTINGS, item.stash.get(_DETERMINISM, None))
-        if stack is not None:
-            stack.close()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
-    excinfo = call.excinfo
-    if not report.failed or excinfo is None:
-        return report
-    if excinfo.errisinstance(GoldenMismatch):
-        report.longrepr = str(excinfo.value)  # the table says it all; no traceback
-    elif excinfo.errisinstance(pytest.UsageError) and str(excinfo.traceback[-1].path).startswith(
-        str(Path(__file__).parent)
-    ):  # a marker or option mistake found by this plugin: the message names the fix
-        report.longrepr = f"UsageError: {excinfo.value}"
-    elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
-        hidden = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy, _pytest_internal))
-        hidden += (str(Path(__file__).parent), contextlib.__file__)  # ours, and `with` glue
-        excinfo.traceback = excinfo.traceback.filter(
-            lambda entry: not str(entry.path).startswith(hidden)
-        )
-        style = item.config.getoption("tbstyle", "auto")
-        report.longrepr = excinfo.getrepr(
-            style="long" if style == "auto" else style,
-            tbfilter=False,
-            showlocals=item.config.getoption("showlocals", False),
-        )
-    return report
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    plugin = session.config.stash[_PLUGIN]
-    if plugin.is_worker:
-        session.config.workeroutput[_WORKER_OUTPUT] = plugin.state.to_json()  # type: ignore[attr-defined]
-    else:
-        plugin.close(session)
-    launcher = sys.modules.get("pytest_rollout_golden.parallel.launcher")
-    if launcher is not None:  # worker pools of parallel.launch(): stop them with the session
-        launcher.shutdown()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    plugin = terminalreporter.config.stash[_PLUGIN]
-    if plugin.is_worker:
-        return
-    lines = summary_lines(
-        plugin.state,
-        unused=plugin.unused.goldens,
-        pruned=plugin.unused.pruned.deleted,
-        unused_tolerances=plugin.unused_tolerances(),
-        report_path=None
-        if plugin.report_error or terminalreporter.config.option.collectonly
-        else terminalreporter.config.option.golden_report,
-        relative_to=plugin.rootdir,
-    )
-    lines.extend(plugin.unused.notes())
-    lines.extend(_recording_notes(plugin))
-    if plugin.report_error:
-        lines.append(plugin.report_error)
-    if lines:
-        terminalreporter.write_sep("=", "rollout golden")
-        for line in lines:
-            terminalreporter.write_line(line)
 
 
 def _recording_notes(plugin: GoldenPlugin) -> list[str]:
