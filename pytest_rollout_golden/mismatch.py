@@ -13,8 +13,8 @@ unless a name says ``seq``. Formulas and their sources:
                                   ``calculate_kl(logprobs=gen, logprobs_reference=train,
                                   kl_type="k3", no clamps)``, ``logr = reference - logprobs``
                                   (``nemo_rl/algorithms/utils.py``); equal to Prime-RL's
-                                  mismatch KL ``r - log r - 1`` with ``r = exp(train -
-                                  inference)``
+                                  ``mismatch_kl``: ``r - log r - 1`` with ``r = exp(train -
+                                  inference)`` (``prime_rl/trainer/rl/loss.py``)
 ``policy_kl_error``               ``mean(exp(-d) - 1 + d)``: KL(P_train ‖ P_gen), k3; NeMo-RL
                                   ``calculate_kl(logprobs=train, logprobs_reference=gen)``
 ``k3_kl``                         verl ``rollout_corr/k3_kl``: ``gen_kl_error`` with ``d``

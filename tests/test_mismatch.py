@@ -125,6 +125,22 @@ def test_the_nemo_rl_metrics_are_those_of_its_code(batch):
         assert ours[name] == pytest.approx(float(value), rel=2e-8), name
 
 
+def prime_rl(trainer_logprobs, inference_logprobs, loss_mask):
+    """Prime-RL's mismatch KL, transcribed (prime_rl/trainer/rl/loss.py, token_mismatch_kl)."""
+    loss_mask = loss_mask.bool()
+    log_importance_ratio = trainer_logprobs - inference_logprobs
+    token_mismatch_kl = torch.exp(log_importance_ratio) - log_importance_ratio - 1
+    return token_mismatch_kl[loss_mask].sum() / torch.clamp_min(loss_mask.sum(), 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rollout_batches(dtype=torch.float64))
+def test_gen_kl_error_is_prime_rl_s_mismatch_kl(batch):
+    train, engine, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+    ours = mismatch.metrics(train, engine, mask)["gen_kl_error"]
+    assert ours == pytest.approx(float(prime_rl(train, engine, mask)), rel=1e-12)
+
+
 def test_the_sign_convention_is_prime_rl_s_r_minus_log_r_minus_1():
     # trainer log prob -1, engine -2: r = pi_train / pi_engine = e, d = log r = 1
     one = mismatch.metrics(torch.tensor([[-1.0]]), torch.tensor([[-2.0]]), torch.tensor([[1]]))

@@ -182,6 +182,19 @@ def test_each_seeded_bug_fails_naming_metric_bound_and_location(model, bug, tmp_
     assert not (tmp_path / "g").exists()  # a run beyond a bound records nothing
 
 
+def test_the_exact_lane_is_not_a_cpu_path(model, tmp_path):
+    """Why the exact lane skips here: KV-cache decode and one padded prefill round apart."""
+    batch = rollout_batch(engine(model, torch.float32))
+    exceeded = r"abs_logprob_diff_max = [\d.e-]+, bound .* <= 0\.0 "
+    with pytest.raises(GoldenMismatch, match=exceeded), Golden(tmp_path / "g") as golden:
+        golden.check_mismatch(
+            trainer(model, batch),
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            bounds={"abs_logprob_diff_max": 0.0},
+        )
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="exact lane (bitwise-equal engine and trainer log probs) is a GPU path: it needs "
@@ -189,6 +202,8 @@ def test_each_seeded_bug_fails_naming_metric_bound_and_location(model, bug, tmp_
     "CPU decode and prefill round differently",
 )
 def test_the_exact_lane_demands_bitwise_equal_log_probs_on_gpu(model, tmp_path):
+    """The exact lane's mechanics on a GPU: an engine prefill and a trainer forward of the
+    same sequence with the same kernels pass ``abs_logprob_diff_max <= 0``."""
     cuda = model.to("cuda")
     try:
         with torch.no_grad():
