@@ -39,6 +39,13 @@ LOG_RATIO = Tolerance(rtol=1e-4, atol=5e-7, scale=RECORDED)
 # Fractions of counted tokens (clip fractions): they move in steps of 1/tokens, so either
 # no token flipped (bit-equal) or one did (a real change of >= 1/N).
 FRACTION = Tolerance(rtol=0.0, atol=1e-7)
+# Train–inference mismatch metrics (golden.check_mismatch, "mismatch/*"): means, maxima and
+# k3 KLs of d = train - engine log probs. A same-math change on either side moves a float32
+# log prob by up to 1.4e-5 (verl remove-padding, docs/numerics.md), so |d|, its mean and its
+# maximum move by as much, exp(|d|) by e^|d| times that, k3 ~ d^2/2 by |d| times that:
+# atol 2e-5 absorbs it, rtol 1e-4 against the largest recorded value covers large ones. A
+# real growth of the mismatch (a kernel, a dtype, a temperature) moves them by 1e-3 and more.
+MISMATCH = Tolerance(rtol=1e-4, atol=2e-5, scale=RECORDED)
 # Per-token tensors, compared normwise: every element against the tensor's largest
 # recorded magnitude, as the error of a reduction is bounded by the size of its terms.
 PER_TOKEN = Tolerance(rtol=1e-4, atol=1e-6, scale=RECORDED)
@@ -51,11 +58,15 @@ FAMILIES: dict[str, Tolerance] = {
     "positive": POSITIVE,
     "log_ratio": LOG_RATIO,
     "fraction": FRACTION,
+    "mismatch": MISMATCH,
     "per_token": PER_TOKEN,
     "training": TRAINING,
 }
 
 BUILTIN_NAMES: dict[str, str] = {
+    # first: the first matching glob of a layer answers
+    "mismatch/*fraction": "fraction",
+    "mismatch/*": "mismatch",
     **dict.fromkeys(
         [
             "pg_loss",

@@ -21,17 +21,19 @@ from .tolerance import Layer, Stack, level
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
     "seed=None, rebuild=None, regenerate=False, missing_step=None, variant=None, reference=None, "
-    "layout_tolerances=None): configure "
+    "layout_tolerances=None, mismatch_bounds=None): configure "
     "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
     "metrics/tensors not compared; regenerate= re-runs generate under --update-golden; "
     "missing_step= record|error|repeat|generate for a rollout step never recorded; "
     "variant/reference: a layout variant that replays the "
-    "reference's golden (see parallel.variants())"
+    "reference's golden (see parallel.variants()); mismatch_bounds={metric: bound} for "
+    "golden.check_mismatch"
 )
 _OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
+_MISMATCH_OPTIONS = {"mismatch_bounds"}  # golden.check_mismatch (mismatch_bounds.py)
 _INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
-MARKER_OPTIONS = frozenset(_OPTIONS | _INPUT_OPTIONS | _LAYOUT_OPTIONS)
+MARKER_OPTIONS = frozenset(_OPTIONS | _INPUT_OPTIONS | _LAYOUT_OPTIONS | _MISMATCH_OPTIONS)
 """Every keyword ``@pytest.mark.golden`` accepts."""
 _FLAGS = ("exact", "deterministic", "regenerate")  # True or False, nothing that merely converts
 

@@ -17,7 +17,7 @@ import _pytest as _pytest_internal
 import pluggy
 import pytest
 
-from . import markers
+from . import markers, mismatch_bounds
 from .errors import (
     GoldenError,
     GoldenFormatError,
@@ -115,6 +115,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="do not compare this metric or tensor (glob; repeatable); listed as 'not compared'",
     )
     group.addoption(
+        "--golden-mismatch-bound",
+        action="append",
+        default=[],
+        metavar="METRIC<=VALUE",
+        help="bound of golden.check_mismatch, e.g. gen_kl_error<=0.001 (inf: none; repeatable)",
+    )
+    group.addoption(
         "--golden-exact",
         action="store_true",
         help="demand bit equality for every metric and tensor",
@@ -176,6 +183,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "how a framework names its metrics: verl, openrlhf, trl, slime or megatron",
         default="",
     )
+    parser.addini(
+        "golden_mismatch_bounds",
+        "bounds of golden.check_mismatch, one METRIC<=VALUE per line",
+        type="linelist",
+        default=[],
+    )
     parser.addini("golden_seed", "seed of the deterministic settings", default="0")
     parser.addini(
         "golden_missing_step",
@@ -234,6 +247,10 @@ class GoldenPlugin:
                 config.getini("golden_tolerances"),
                 config.getini("golden_ignore"),
                 config.getini("golden_metric_profile"),
+            )
+        with _usage():  # checked at start-up; each test's marker adds its own layer
+            mismatch_bounds.session_bounds(
+                None, opt.golden_mismatch_bound, config.getini("golden_mismatch_bounds")
             )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         with _usage():  # a bad ini policy stops the run here, not each test at its setup
@@ -300,8 +317,21 @@ class GoldenPlugin:
             rebuild=options.get("rebuild"),
             registry=self.registry,
             replay_only=replay_only,
+            mismatch_bounds=self._mismatch_bounds(item, options),
             **self._input_options(item, options),
         )
+
+    def _mismatch_bounds(self, item: pytest.Item, options: dict[str, Any]) -> Any:
+        """The bounds of ``golden.check_mismatch``: marker, then flag, then ini."""
+        with _usage():
+            try:
+                return mismatch_bounds.session_bounds(
+                    options.get("mismatch_bounds"),
+                    self.config.option.golden_mismatch_bound,
+                    self.config.getini("golden_mismatch_bounds"),
+                )
+            except ValueError as exc:
+                raise ValueError(f"{item.nodeid}: {exc}") from None
 
     def _input_options(self, item: pytest.Item, options: dict[str, Any]) -> dict[str, Any]:
         """``regenerate`` and the missing-step policy: marker, then flag, then ini."""

@@ -155,6 +155,49 @@ def first_divergence(failures: list[Comparison]) -> str:
     return f"first divergence at step {step}: {', '.join(names)}; "
 
 
+BOUND_REMEDY = (
+    "A mismatch bound holds whatever the golden says (--update-golden does not lift it): "
+    "fix the trainer or the engine, or set the bound for this test with "
+    "@pytest.mark.golden(mismatch_bounds={metric: bound}) (or --golden-mismatch-bound, "
+    "ini golden_mismatch_bounds; inf drops one)."
+)
+BOUND_KIND = "mismatch bound"
+"""The kind of a :class:`Comparison` against an absolute train–inference mismatch bound."""
+
+
+def mismatch_bound_exceeded(
+    name: str,
+    value: float,
+    bound: float,
+    source: str,
+    step: int,
+    sequences: Sequence[tuple[int, float, int]],
+    tokens: Sequence[tuple[int, int, float, float, float]],
+) -> str:
+    """The failure of a mismatch metric beyond its bound: the metric, the bound and its
+    source, then where the batch disagrees most (see :class:`.mismatch.Locations`)."""
+    lines = [
+        f"train-inference mismatch beyond its bound at step {step}: {name} = {number(value, 6)}"
+        f", bound {name} <= {number(bound)} ({source})"
+    ]
+    if sequences:
+        parts = [
+            f"row {b}: {number(mean, 4)} over {n} token{'s' if n != 1 else ''}"
+            for b, mean, n in sequences
+        ]
+        lines.append(
+            "    worst sequences (mean |log_probs - rollout_log_probs|): " + "; ".join(parts)
+        )
+    if tokens:
+        parts = [
+            f"(row {b}, position {t}): trainer {number(lp, 6)}, engine {number(rp, 6)}, "
+            f"difference {number(d, 4)}"
+            for b, t, lp, rp, d in tokens
+        ]
+        lines.append("    worst tokens: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def close_match(name: str, candidates: Iterable[str]) -> str:
     """``" (did you mean 'grad_norm'?)"`` when one of ``candidates`` looks like ``name``."""
     import difflib  # only on a mistake
@@ -303,10 +346,16 @@ def mismatch_message(
                     f"{c.kind} {c.name!r} ({where(c)}): recorded NaN, "
                     f"got NaN (equal_nan is off): {ALLOW_NAN}"
                 )
+    located: list[str] = []  # the bounds of one batch share their location lines
     for c in by_severity(failures):
-        if c.verdict == Verdict.FAIL and c.detail:
+        if c.verdict == Verdict.FAIL and c.kind == BOUND_KIND:
+            first, *rest = c.detail.splitlines()
+            lines.append(first)
+            located += [d for d in rest if d not in located]
+        elif c.verdict == Verdict.FAIL and c.detail:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
             lines += ["    " + d for d in c.detail.splitlines()]
+    lines += located
     for c in failures:
         if c.verdict == Verdict.MISSING:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")
@@ -323,6 +372,10 @@ def mismatch_message(
             + "; ".join(outcome.environment_changes)
         )
     lines += [f"note: {note}" for note in notes]
+    if any(c.kind == BOUND_KIND for c in failures):
+        lines.append(BOUND_REMEDY)
+    if all(c.kind == BOUND_KIND for c in failures):
+        return "\n".join(lines)
     if recorder is not None:
         lines.append(
             f"This test never records: fix it, or if the reference itself changed on purpose, "

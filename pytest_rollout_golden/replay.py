@@ -31,8 +31,11 @@ from .errors import (
 from .golden_files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .location import TOLERANCES, tensors_filename
+from .mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from .modes import ModePolicy, ReplayOnly
 from .presentation import (
+    BOUND_KIND,
+    mismatch_bound_exceeded,
     mismatch_message,
     missing_input,
     missing_recording,
@@ -78,12 +81,15 @@ class Golden:
         regenerate: bool = False,
         missing_step: str | None = None,
         missing_step_source: str = "missing_step=",
+        mismatch_bounds: Mapping[str, Bound] | None = None,
     ):
         """``regenerate``: under ``--update-golden``, call ``generate`` again instead of
         keeping the recorded rollouts. ``missing_step``: the policy for a rollout step
         never recorded (:data:`~.modes.MISSING_STEP_POLICIES`; default ``record``,
         ``error`` in strict mode). ``tolerances``: the test's tolerance layers (built-in
-        defaults only if ``None``); ``usage`` notes which entries named a checked value."""
+        defaults only if ``None``); ``usage`` notes which entries named a checked value.
+        ``mismatch_bounds``: the bounds :meth:`check_mismatch` enforces (default: the
+        published ones, :data:`~.mismatch_bounds.DEFAULT_BOUNDS`)."""
         self.directory = Path(directory)
         self.policy = ModePolicy.of(
             mode,
@@ -107,6 +113,7 @@ class Golden:
         self._magnitudes: dict[str, float | None] = {}
         self._without_files: Resolver | None = None  # tolerances without tolerances.json
         self._finished = False
+        self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
         self._rollouts = RolloutInputs(
             self._files,
             notes=self._outcome.rollouts,
@@ -233,6 +240,58 @@ class Golden:
             self._warn_unused(layer, always=True)
         self._note_loosened(results)
         self._outcome.comparisons.extend(results)
+        return results
+
+    def check_mismatch(
+        self,
+        log_probs: Any,
+        rollout_log_probs: Any,
+        response_mask: Any,
+        *,
+        step: int = 0,
+        bounds: Mapping[str, float] | None = None,
+    ) -> list[Comparison]:
+        """Gate the train–inference mismatch of one batch: record or compare its metrics
+        (:func:`.mismatch.metrics`, as ``mismatch/<name>``) like :meth:`check`, and hold
+        each to its absolute bound (``metric <= bound``), recording or not.
+
+        ``log_probs``: the trainer's log probs of the sampled tokens ``[B, T]``;
+        ``rollout_log_probs``: the engine's; ``response_mask``: the valid tokens (bool,
+        int or float). ``bounds`` (``{metric: value}``, ``inf`` drops one) come before the
+        marker's, the command line's, the ini's and the defaults. A metric beyond its bound
+        fails the test when it ends, naming the bound, its source and the worst sequences
+        and tokens.
+        """
+        from . import mismatch
+
+        if bounds is not None and not isinstance(bounds, Mapping):
+            raise TypeError(f"check_mismatch(bounds=) takes {{metric: bound}}, got {bounds!r}")
+        in_force = resolve(layer(bounds, CALL_SOURCE), base=self._mismatch_bounds)
+        values = mismatch.metrics(log_probs, rollout_log_probs, response_mask)
+        results = self.check({PREFIX + name: v for name, v in values.items()}, step=step)
+        beyond = {name: b for name, b in in_force.items() if not b.holds(values[name])}
+        if not beyond:
+            return results
+        where = mismatch.locate(log_probs, rollout_log_probs, response_mask)
+        for name, bound in beyond.items():
+            value = values[name]
+            finite = value == value and abs(value) != float("inf")
+            text = mismatch_bound_exceeded(
+                PREFIX + name, value, bound.value, bound.source, step, where.sequences, where.tokens
+            )
+            results.append(
+                Comparison(
+                    PREFIX + name,
+                    step,
+                    Verdict.FAIL,
+                    kind=BOUND_KIND,
+                    actual=value,
+                    detail=text,
+                    tolerance_source=bound.source,
+                    excess=value / bound.value if finite and bound.value > 0 else float("inf"),
+                )
+            )
+        self._outcome.comparisons.extend(results[-len(beyond) :])
         return results
 
     def check_tensors(

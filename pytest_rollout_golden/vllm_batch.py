@@ -18,6 +18,18 @@ be the first). Ask vLLM for it with ``SamplingParams(logprobs=0)``; without
 ``logprobs`` vLLM returns ``None`` and :func:`vllm_rollout` raises. Set
 ``SamplingParams(seed=...)`` too, so that regenerating the rollout on the same
 machine and vLLM version gives the same tokens.
+
+Which log probs these are is the engine's choice, not the request's: vLLM's engine
+argument ``logprobs_mode`` (``LLM(..., logprobs_mode=...)``) is ``"raw_logprobs"`` by
+default, the log softmax of the model's logits *before* temperature, penalties and
+top-k/top-p, i.e. at temperature 1; ``"processed_logprobs"`` gives them after the logits
+processors, penalties and temperature scaling, i.e. of the distribution actually sampled
+from. A trainer comparing its log probs with ``rollout_log_probs`` must compute them at
+the same temperature, or every run at temperature ≠ 1 shows a spurious mismatch (TRL
+#4159). :func:`vllm_generate` stores the sampling ``temperature`` and, where the engine
+exposes it, its ``logprobs_mode`` in ``meta_info``; :func:`log_prob_temperature` reads the
+temperature the recorded log probs are at, for
+:func:`pytest_rollout_golden.mismatch.sampled_log_probs`.
 """
 
 from __future__ import annotations
@@ -29,7 +41,10 @@ from typing import Any
 
 from .codec import RolloutBatch
 
-__all__ = ["VllmSamplingWarning", "vllm_generate", "vllm_rollout"]
+__all__ = ["VllmSamplingWarning", "log_prob_temperature", "vllm_generate", "vllm_rollout"]
+
+RAW_MODES = ("raw_logprobs", "raw_logits")
+"""vLLM ``logprobs_mode`` values reported before temperature scaling."""
 
 _LOGPROBS_HINT = (
     "pass SamplingParams(logprobs=0) (the sampled token's log prob; logprobs=k adds the top k)"
@@ -47,6 +62,8 @@ def vllm_rollout(
     prompt_length: int | None = None,
     response_length: int | None = None,
     uids: Sequence[str] | None = None,
+    temperature: float | None = None,
+    logprobs_mode: str | None = None,
 ) -> RolloutBatch:
     """The verl rollout batch of ``outputs``, the ``RequestOutput`` list of ``LLM.generate``.
 
@@ -65,7 +82,9 @@ def vllm_rollout(
       padding.
 
     ``non_tensor_batch`` holds ``uid`` and ``finish_reason`` (numpy object arrays);
-    ``meta_info`` holds ``pad_token_id``. For a verl ``DataProto``:
+    ``meta_info`` holds ``pad_token_id``, and ``temperature`` / ``logprobs_mode`` when
+    given (the sampling temperature; the engine's ``logprobs_mode``, see the module
+    docstring). For a verl ``DataProto``:
     ``DataProto.from_dict(b.batch, b.non_tensor_batch, b.meta_info)``.
     """
     import numpy as np
@@ -133,7 +152,37 @@ def vllm_rollout(
         "uid": _objects([r[3] for r in rows], np),
         "finish_reason": _objects([r[4] for r in rows], np),
     }
-    return RolloutBatch(batch, non_tensor_batch, {"pad_token_id": pad_token_id})
+    meta_info: dict[str, Any] = {"pad_token_id": pad_token_id}
+    if temperature is not None:
+        meta_info["temperature"] = float(temperature)
+    if logprobs_mode is not None:
+        meta_info["logprobs_mode"] = str(logprobs_mode)
+    return RolloutBatch(batch, non_tensor_batch, meta_info)
+
+
+def log_prob_temperature(meta_info: Any) -> float:
+    """The temperature ``rollout_log_probs`` were computed at: 1.0 for vLLM's default
+    ``raw_logprobs``, the sampling temperature for ``processed_logprobs``.
+
+    ``meta_info``: a batch's (``RolloutBatch``, verl ``DataProto``) or the batch itself.
+    ValueError when it does not say (a batch from :func:`vllm_rollout` without
+    ``logprobs_mode``): then state it with ``LLM(..., logprobs_mode=...)`` knowledge of your
+    own.
+    """
+    meta = getattr(meta_info, "meta_info", meta_info)
+    mode = meta.get("logprobs_mode")
+    if mode is None:
+        raise ValueError(
+            "the batch does not say which log probs the engine reported (no logprobs_mode in "
+            "meta_info): vLLM's default raw_logprobs are at temperature 1, processed_logprobs "
+            "at the sampling temperature"
+        )
+    if mode in RAW_MODES:
+        return 1.0
+    temperature = meta.get("temperature")
+    if temperature is None:
+        raise ValueError(f"logprobs_mode {mode!r} is at the sampling temperature, not in meta_info")
+    return float(temperature)
 
 
 def vllm_generate(
@@ -167,6 +216,10 @@ def vllm_generate(
                 VllmSamplingWarning,
                 stacklevel=2,
             )
+    temperatures = {
+        getattr(p, "temperature", None)
+        for p in (sampling_params if isinstance(sampling_params, Sequence) else [sampling_params])
+    }
     return functools.partial(
         _generate,
         llm,
@@ -176,7 +229,21 @@ def vllm_generate(
         prompt_length=prompt_length,
         response_length=response_length,
         uids=uids,
+        temperature=temperatures.pop() if len(temperatures) == 1 else None,
+        logprobs_mode=engine_logprobs_mode(llm),
     )
+
+
+def engine_logprobs_mode(llm: Any) -> str | None:
+    """``llm``'s ``logprobs_mode`` engine argument, where the engine exposes it."""
+    for path in ("llm_engine.model_config", "llm_engine.vllm_config.model_config"):
+        obj = llm
+        for attr in path.split("."):
+            obj = getattr(obj, attr, None)
+        mode = getattr(obj, "logprobs_mode", None)
+        if mode is not None:
+            return str(getattr(mode, "value", mode))
+    return None
 
 
 def _generate(llm: Any, prompts: Any, sampling_params: Any, **convert: Any) -> RolloutBatch:

@@ -20,7 +20,12 @@ import vllm_outputs
 from vllm_outputs import EOS, Logprob, SamplingParams, outputs
 
 from pytest_rollout_golden import RolloutBatch
-from pytest_rollout_golden.vllm_batch import VllmSamplingWarning, vllm_generate, vllm_rollout
+from pytest_rollout_golden.vllm_batch import (
+    VllmSamplingWarning,
+    log_prob_temperature,
+    vllm_generate,
+    vllm_rollout,
+)
 
 # ----------------------------------------------------------------------- conversion
 
@@ -163,6 +168,35 @@ def test_vllm_generate_refuses_params_without_logprobs_before_running():
 def test_vllm_generate_warns_without_a_seed():
     with pytest.warns(VllmSamplingWarning, match=r"seed=None: regenerating this rollout gives"):
         vllm_generate(FakeLLM(), ["a"], SamplingParams(logprobs=0), pad_token_id=0)
+
+
+class Engine:  # the path to vLLM's engine argument: LLM.llm_engine.model_config
+    def __init__(self, mode):
+        self.model_config = type("ModelConfig", (), {"logprobs_mode": mode})()
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("raw_logprobs", 1.0), ("processed_logprobs", 0.7), (None, None)],
+)
+def test_the_batch_says_at_which_temperature_its_log_probs_are(mode, expected):
+    llm = FakeLLM()
+    if mode is not None:
+        llm.llm_engine = Engine(mode)
+    params = SamplingParams(n=2, seed=0, logprobs=0)
+    params.temperature = 0.7
+    batch = vllm_generate(llm, [{"prompt_token_ids": [5]}] * 2, params, pad_token_id=0)()
+    assert batch.meta_info["temperature"] == 0.7
+    if expected is None:
+        assert "logprobs_mode" not in batch.meta_info
+        with pytest.raises(ValueError, match="raw_logprobs are at temperature 1"):
+            log_prob_temperature(batch)
+    else:
+        assert batch.meta_info["logprobs_mode"] == mode
+        assert log_prob_temperature(batch) == expected
+        assert log_prob_temperature(batch.meta_info) == expected
+    with pytest.raises(ValueError, match="not in meta_info"):
+        log_prob_temperature({"logprobs_mode": "processed_logprobs"})
 
 
 VLLM_IN_GOLDEN = """

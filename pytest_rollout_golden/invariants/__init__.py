@@ -43,6 +43,7 @@ from .losses import (
     check_zero_advantage,
 )
 from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
+from .mismatch import check_mismatch_metrics
 
 __all__ = [
     "IS_METRICS",
@@ -50,6 +51,7 @@ __all__ = [
     "check_advantages",
     "check_is_weights",
     "check_linear_in_advantages",
+    "check_mismatch_metrics",
     "check_packing_invariance",
     "check_padding_invariance",
     "check_permutation_invariance",
