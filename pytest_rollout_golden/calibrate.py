@@ -45,14 +45,11 @@ import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import GoldenError, GoldenFormatError
 from .location import TOLERANCES
 from .tolerance import IGNORE, RECORDED, Layer, Resolver, Tolerance
-
-if TYPE_CHECKING:
-    from .golden_files import GoldenFiles
 
 FORMAT = "pytest-rollout-golden-tolerances"
 # The largest spread seen in N runs underestimates the spread of the next run
@@ -129,26 +126,6 @@ def _unwritable(entries: Any, key: str) -> str:
         if not isinstance(entry.get("equal_nan", False), bool):
             return f"{where}: equal_nan must be true or false"
     return ""
-
-
-def recorded_layers(
-    files: GoldenFiles, *, layout_variant: bool = False
-) -> tuple[Layer | None, Layer | None]:
-    """The tolerances ``--golden-calibrate`` wrote into an open golden, if any.
-
-    A replay-only golden (a ``layout_variant``) also takes the lane calibrated across
-    layouts. A damaged file that is being re-recorded counts as absent, and is dropped
-    (:meth:`.GoldenFiles.unless_damaged`).
-    """
-    if TOLERANCES not in files.recorded:
-        return None, None
-    path = files.directory / TOLERANCES
-
-    def read() -> tuple[Layer | None, Layer | None]:
-        document = files.load(TOLERANCES)
-        return calibrated_layers(document, path, layout_variant=layout_variant)
-
-    return files.unless_damaged(TOLERANCES, read, (None, None))
 
 
 # --------------------------------------------------------------------------- perturbations

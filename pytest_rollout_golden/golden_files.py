@@ -25,6 +25,7 @@ from . import store
 from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
 from .presentation import manifestless
+from .tolerance import Layer
 
 _RAISE = object()  # load() without a fallback: a damaged file raises
 
@@ -167,6 +168,28 @@ class GoldenFiles:
 
                 calibrated_layers(out[filename], self.directory / filename, layout_variant=True)
         return self.manifest, out
+
+    def calibrated_layers(
+        self, *, layout_variant: bool = False
+    ) -> tuple[Layer | None, Layer | None]:
+        """The tolerance layers ``--golden-calibrate`` wrote into this golden, if any
+        (:func:`.calibrate.calibrated_layers`).
+
+        A replay-only golden (a ``layout_variant``) also takes the lane calibrated across
+        layouts. A damaged file that is being re-recorded counts as absent, and is dropped
+        (:meth:`unless_damaged`).
+        """
+        if TOLERANCES not in self.recorded:
+            return None, None
+        from .calibrate import calibrated_layers
+
+        path = self.directory / TOLERANCES
+
+        def read() -> tuple[Layer | None, Layer | None]:
+            document = self.load(TOLERANCES)
+            return calibrated_layers(document, path, layout_variant=layout_variant)
+
+        return self.unless_damaged(TOLERANCES, read, (None, None))
 
     # ------------------------------------------------------------------ the new version
 

@@ -12,15 +12,22 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import REMEDY_UPDATE
 from .location import MANIFEST, TOLERANCES
-from .results import Comparison, Outcome, Status, Verdict, json_number
+from .results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
 
-if TYPE_CHECKING:
-    from .diff import GoldenDiff, Row
-    from .session import SessionState
+
+class SessionView(Protocol):
+    """What the summary and the report read of a session (:class:`.session.SessionState`)."""
+
+    outcomes: list[Outcome]
+    plots: list[str]
+    calibrated: list[dict[str, Any]]
+
+    def counts(self) -> dict[str, int]: ...
+
 
 ALLOW_NAN = (
     "NaN equals NaN only where the tolerance sets equal_nan "
@@ -506,7 +513,7 @@ def not_compared(outcomes: Iterable[Outcome]) -> list[str]:
 
 
 def summary_lines(
-    state: SessionState,
+    state: SessionView,
     *,
     unused: Iterable[Path],
     pruned: Iterable[Path],
@@ -609,7 +616,7 @@ def rootdir_note(root: Path, other: Path, rootdir: Path, *, recorded: bool = Tru
 
 
 def report_document(
-    state: SessionState, *, mode: str, unused: list[Path], pruned: list[Path]
+    state: SessionView, *, mode: str, unused: list[Path], pruned: list[Path]
 ) -> dict[str, Any]:
     """The ``--golden-report`` document: every comparison with its verdict."""
     outcomes = [o.to_json() for o in state.outcomes]

@@ -144,10 +144,9 @@ class Golden:
         updated = self._registry is not None and self._registry.contains(self.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
         self._files.replaces_damaged = self.policy.replaces_damaged
-        from .calibrate import recorded_layers
 
         only = self._replay_only is not None
-        calibrated, lane = recorded_layers(self._files, layout_variant=only)
+        calibrated, lane = self._files.calibrated_layers(layout_variant=only)
         self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
         if calibrated is not None or lane is not None:
             unfiled = self._stack.replace(calibrated=None, calibrated_layout=None)

@@ -173,3 +173,86 @@ class Outcome:
             loosened=dict(data.get("loosened", {})),
             recorded_by=str(data.get("recorded_by", "")),
         )
+
+
+# ------------------------------------------------------------- rollout-golden diff
+
+
+@dataclasses.dataclass
+class Row:
+    """One metric or tensor at one step (rank, micro-batch) of one golden."""
+
+    kind: str  # "metric" | "tensor"
+    name: str
+    step: int | None
+    ok: bool
+    rank: int | None = None
+    micro: int | None = None
+    compared: bool = True
+    expected: Any = None  # a scalar metric's values; tensors: None
+    actual: Any = None
+    shape: tuple[list[int] | None, list[int] | None] = (None, None)
+    dtype: tuple[str | None, str | None] = (None, None)
+    numel: int = 0
+    mismatched: int = 0
+    abs_max: float = 0.0
+    abs_mean: float = 0.0
+    rel_max: float = 0.0
+    rel_mean: float = 0.0
+    allowed: str = ""
+    source: str = ""
+    detail: str = ""
+    mask_selected: int | None = None  # positions the recording's mask selected (of numel)
+    note: str = ""  # what the numbers do not say (a mask diff does not apply)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("expected", "actual", "abs_max", "abs_mean", "rel_max", "rel_mean"):
+            out[key] = json_number(out[key])
+        out["shape"], out["dtype"] = list(self.shape), list(self.dtype)
+        return out
+
+
+@dataclasses.dataclass
+class GoldenDiff:
+    """The comparison of one golden (or batch file) of side A with its counterpart in B."""
+
+    label: str
+    a: str | None
+    b: str | None
+    rows: list[Row] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)  # structure, one-sided files
+
+    @property
+    def one_sided(self) -> bool:
+        return self.a is None or self.b is None
+
+    @property
+    def differences(self) -> int:
+        return (
+            len(self.problems)
+            + sum(not r.ok for r in self.rows)
+            + (1 if self.one_sided and not self.problems else 0)
+        )
+
+    def first_divergence(self) -> dict[str, int | None]:
+        """Per metric or tensor name: the first step beyond tolerance (``None``: none)."""
+        first: dict[str, int | None] = {}
+        for row in self.rows:
+            first.setdefault(row.name, None)
+            if not row.ok and row.step is not None:
+                step = first[row.name]
+                first[row.name] = row.step if step is None else min(step, row.step)
+        return first
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "golden": self.label,
+            "a": self.a,
+            "b": self.b,
+            "differences": self.differences,
+            "first_divergence": self.first_divergence(),
+            "problems": self.problems,
+            "metrics": [r.to_json() for r in self.rows if r.kind == "metric"],
+            "tensors": [r.to_json() for r in self.rows if r.kind == "tensor"],
+        }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,79 @@ def test_no_module_reaches_into_the_private_names_of_another(tmp_path):
         "from .store import _x",
         "line 3: codec._is_torch_tensor",
     ]
+
+
+PACKAGE = Path(__file__).parents[1] / "pytest_rollout_golden"
+
+
+def _module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _imports(module: str, path: Path, names: Mapping[str, Path]) -> set[str]:
+    """The package modules ``module`` imports anywhere: at the top, in functions and under
+    ``TYPE_CHECKING`` alike."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: None if path.name == "__init__.py" else -1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                found.add(full if full in names else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name in names and name != module}
+
+
+def _cycles(graph: Mapping[str, set[str]]) -> list[set[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return groups
+
+
+# The resolver's built-in layers come from families.py, whose families are Tolerances: the
+# one pair of modules that import each other (tolerance.py does it inside two functions).
+KNOWN_CYCLE = {"pytest_rollout_golden.families", "pytest_rollout_golden.tolerance"}
+
+
+def test_modules_import_each_other_in_one_direction_only():
+    names = _module_names()
+    graph = {m: _imports(m, p, names) for m, p in names.items()}
+    assert [g for g in _cycles(graph) if g != KNOWN_CYCLE] == []
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}  # control
+    assert _cycles(planted) == [{"a", "b", "c"}]

@@ -395,7 +395,7 @@ def test_cli_rows():
 
 
 def test_golden_diff_lines_from_hand_built_rows():
-    from pytest_rollout_golden.diff import GoldenDiff, Row
+    from pytest_rollout_golden.results import GoldenDiff, Row
 
     allowed = {"allowed": "rtol=1e-05, atol=1e-08", "source": "built-in default"}
     d = GoldenDiff("t", "a/t", "b/t")

@@ -460,12 +460,11 @@ def test_load_with_a_damaged_fallback_returns_it_only_while_re_recording(tmp_pat
 def test_commit_drops_a_damaged_file_even_if_keep_accepts_it(tmp_path):
     directory = tmp_path / "g"
     _with_tolerances(directory, {"format": "something else"})
-    from pytest_rollout_golden.calibrate import recorded_layers
 
     files = GoldenFiles(directory)
     files.open(damaged_is_missing=True)
     try:
-        assert recorded_layers(files) == (None, None)
+        assert files.calibrated_layers() == (None, None)
         assert files.damaged == {"tolerances.json"}
         written = files.commit(files.new_manifest("t", fresh=False), metrics={}, keep=bool)
     finally:
@@ -475,7 +474,7 @@ def test_commit_drops_a_damaged_file_even_if_keep_accepts_it(tmp_path):
 
 
 def test_recorded_layers_of_a_golden(tmp_path):
-    from pytest_rollout_golden.calibrate import LAYOUT_SOURCE, SOURCE, recorded_layers
+    from pytest_rollout_golden.calibrate import LAYOUT_SOURCE, SOURCE
 
     plain, calibrated = tmp_path / "plain", tmp_path / "calibrated"
     _record(plain, metrics={"0": {"kl": 0.5}})
@@ -488,7 +487,7 @@ def test_recorded_layers_of_a_golden(tmp_path):
         files = GoldenFiles(directory)
         files.open()
         try:
-            layers = recorded_layers(files, layout_variant=layout_variant)
+            layers = files.calibrated_layers(layout_variant=layout_variant)
         finally:
             files.close()
         assert tuple(None if x is None else x.source for x in layers) == sources
@@ -496,7 +495,6 @@ def test_recorded_layers_of_a_golden(tmp_path):
 
 
 def test_a_calibrated_file_of_another_format_raises_unless_re_recording(tmp_path):
-    from pytest_rollout_golden.calibrate import recorded_layers
 
     directory = tmp_path / "g"
     _with_tolerances(directory, {"format": "something else"})
@@ -504,7 +502,7 @@ def test_a_calibrated_file_of_another_format_raises_unless_re_recording(tmp_path
     files.open()
     try:
         with pytest.raises(GoldenFormatError, match="not a calibrated-tolerances file of ours"):
-            recorded_layers(files)
+            files.calibrated_layers()
     finally:
         files.close()
 
