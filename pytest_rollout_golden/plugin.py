@@ -292,7 +292,7 @@ class GoldenPlugin:
             )
 
     def golden_for(self, item: pytest.Item) -> Golden:
-        from .replay import Golden
+        from .replay import Golden, SessionLinks
 
         options = self.marker_options(item)
         with _usage():
@@ -308,17 +308,22 @@ class GoldenPlugin:
             raise GoldenError(link_outside_root(directory, link, self.root))
         if self.snapshot is not None:
             directory = self.snapshot.copy_of(directory)
+        inputs = self._input_options(item, options)
+        links = SessionLinks(
+            usage=self.state.tolerance_usage,
+            registry=self.registry,
+            replay_only=replay_only,
+            missing_step_source=inputs.pop("missing_step_source"),
+        )
         return Golden(
             directory,
             mode=self.mode,
             tolerances=tolerances,
-            usage=self.state.tolerance_usage,
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
-            registry=self.registry,
-            replay_only=replay_only,
             mismatch_bounds=self._mismatch_bounds(item, options),
-            **self._input_options(item, options),
+            session=links,
+            **inputs,
         )
 
     def _mismatch_bounds(self, item: pytest.Item, options: dict[str, Any]) -> Any:

@@ -13,6 +13,7 @@ new recordings as one transaction (:class:`~.store.Transaction`) and raises
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -59,6 +60,19 @@ class UpdateRegistry(Protocol):
     def add(self, directory: Path) -> None: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class SessionLinks:
+    """How the pytest plugin ties a :class:`Golden` into its session: the session's
+    tolerance usage tracker, its record of goldens updated so far, the reference a layout
+    variant replays (``None``: this test records its own golden), and where the
+    missing-step policy was set (for messages)."""
+
+    usage: ToleranceUsage | None = None
+    registry: UpdateRegistry | None = None
+    replay_only: ReplayOnly | None = None
+    missing_step_source: str = "missing_step="
+
+
 class Golden:
     """Record/replay/compare for one golden directory.
 
@@ -72,24 +86,28 @@ class Golden:
         directory: Path,
         *,
         mode: Mode = Mode.AUTO,
-        tolerances: Stack | None = None,
-        usage: ToleranceUsage | None = None,
+        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Stack | None = None,
         test_id: str = "",
         rebuild: Callable[..., Any] | None = None,
-        registry: UpdateRegistry | None = None,
-        replay_only: ReplayOnly | None = None,
         regenerate: bool = False,
         missing_step: str | None = None,
-        missing_step_source: str = "missing_step=",
         mismatch_bounds: Mapping[str, Bound] | None = None,
+        session: SessionLinks | None = None,
     ):
-        """``regenerate``: under ``--update-golden``, call ``generate`` again instead of
-        keeping the recorded rollouts. ``missing_step``: the policy for a rollout step
-        never recorded (:data:`~.modes.MISSING_STEP_POLICIES`; default ``record``,
-        ``error`` in strict mode). ``tolerances``: the test's tolerance layers (built-in
-        defaults only if ``None``); ``usage`` notes which entries named a checked value.
-        ``mismatch_bounds``: the bounds :meth:`check_mismatch` enforces (default: the
-        published ones, :data:`~.mismatch_bounds.DEFAULT_BOUNDS`)."""
+        """``tolerances``: per-metric tolerances (name or glob -> :class:`Tolerance` or
+        dict) above the built-in defaults. ``test_id``: the name recorded in the manifest.
+        ``rebuild``: the factory of DataProto-like batches on replay. ``regenerate``: under
+        ``--update-golden``, call ``generate`` again instead of keeping the recorded
+        rollouts. ``missing_step``: the policy for a rollout step never recorded
+        (:data:`~.modes.MISSING_STEP_POLICIES`; default ``record``, ``error`` in strict
+        mode). ``mismatch_bounds``: the bounds :meth:`check_mismatch` enforces (default:
+        the published ones, :data:`~.mismatch_bounds.DEFAULT_BOUNDS`). ``session``: how
+        the pytest plugin ties this golden into its session; scripts leave it out."""
+        links = session or SessionLinks()
+        usage, registry, replay_only = links.usage, links.registry, links.replay_only
+        missing_step_source = links.missing_step_source
+        if tolerances is not None and not isinstance(tolerances, Stack):
+            tolerances = Stack(marker=[Layer("Golden(tolerances=)", tolerances)])
         self.directory = Path(directory)
         self.policy = ModePolicy.of(
             mode,

@@ -27,7 +27,7 @@ from pytest_rollout_golden.modes import (
     REPLAY,
     ModePolicy,
 )
-from pytest_rollout_golden.replay import Golden
+from pytest_rollout_golden.replay import Golden, SessionLinks
 from pytest_rollout_golden.results import Mode, Status, Verdict
 
 AUTO, UPDATE, STRICT = Mode.AUTO, Mode.UPDATE, Mode.STRICT
@@ -400,11 +400,12 @@ def test_a_golden_updated_earlier_this_session_is_replayed_not_rerecorded(tmp_pa
     registry, directory = _Registry(), tmp_path / "g"
     with Golden(directory) as golden:
         golden.check({"kl": 0.5})
-    first = Golden(directory, mode=UPDATE, registry=registry)
+    first = Golden(directory, mode=UPDATE, session=SessionLinks(registry=registry))
     first.check({"kl": 0.25})
     assert first.finish().status == Status.UPDATED
     assert registry.updated == {directory}
-    second = Golden(directory, mode=UPDATE, registry=registry)  # e.g. a second test, same key
+    links = SessionLinks(registry=registry)  # e.g. a second test, same key
+    second = Golden(directory, mode=UPDATE, session=links)
     second.check({"kl": 0.125})
     assert second.mode is AUTO
     with pytest.raises(GoldenMismatch, match="kl"):
@@ -618,3 +619,14 @@ def test_numbers_keeps_the_scalar_numbers_of_metric_nodes():
     assert numbers(steps) == {
         "0": {"kl": (0.5, "float64"), "n": (3, "float64"), "f32": (0.25, "float32")}
     }
+
+
+def test_a_script_gives_tolerances_as_a_mapping(tmp_path):
+    directory = tmp_path / "g"
+    with Golden(directory) as golden:
+        golden.check({"pg_loss": 1.0})
+    with Golden(directory, tolerances={"pg_*": {"rtol": 0.1}}) as golden:
+        golden.check({"pg_loss": 1.05})  # 5%: inside the script's 10%
+    assert "rtol from Golden(tolerances=)" in golden.outcome.comparisons[0].tolerance_source
+    with pytest.raises(GoldenMismatch), Golden(directory) as golden:
+        golden.check({"pg_loss": 1.05})  # beyond the built-in default
