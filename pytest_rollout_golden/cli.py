@@ -131,8 +131,7 @@ def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
 
 def show(path: Path, *, as_json: bool = False) -> int:
     """Print a golden (structure, steps × metrics, per-tensor statistics) or one batch file."""
-    from . import codec
-    from . import metrics as metric_codec
+    from . import codec, metrics as metric_codec
     from .stats import tensor_stats
 
     if path.is_file():

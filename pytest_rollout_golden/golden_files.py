@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import metrics as metric_codec
-from . import store
+from . import metrics as metric_codec, store
 from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
 from .presentation import manifestless

@@ -36,8 +36,8 @@ from .options import (
     report_path,
     session_mode,
     session_tolerances,
+    truthy_env as _truthy_env,
 )
-from .options import truthy_env as _truthy_env
 from .parallel.environment import torchrun_rank
 from .presentation import (
     CI_UPDATE,

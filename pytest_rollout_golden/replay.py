@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import checks
-from . import metrics as metric_codec
+from . import checks, metrics as metric_codec
 from .errors import (
     REMEDY_UPDATE,
     GoldenError,

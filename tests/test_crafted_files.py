@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pytest_rollout_golden import location, store
 from pytest_rollout_golden.errors import (

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_rollout_golden import UnsupportedValueError
-from pytest_rollout_golden import metrics as metric_codec
+from pytest_rollout_golden import UnsupportedValueError, metrics as metric_codec
 
 
 def round_trip(value):

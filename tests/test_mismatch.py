@@ -9,8 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from pytest_rollout_golden import mismatch
 from pytest_rollout_golden.invariants import check_mismatch_metrics

@@ -13,8 +13,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from pytest_rollout_golden.parallel import Layout
 from pytest_rollout_golden.parallel.policy import (

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pytest_rollout_golden import load_batch, save_batch
 from pytest_rollout_golden.errors import GoldenFormatError

@@ -8,64 +8,48 @@
 * :mod:`.lock`: the inter-process lock of a golden directory.
 
 The names of everything on disk are in :mod:`..location`.
+
+The public API is ``save_batch`` and ``load_batch``; the other names are re-exported for
+the package's own modules (their ``as`` says so) and may change without notice.
 """
 
 from .batchfile import (
-    DTYPES,
-    canonical_header,
-    encode_safetensors,
+    DTYPES as DTYPES,
+    canonical_header as canonical_header,
+    encode_safetensors as encode_safetensors,
     load_batch,
-    read_safetensors,
+    read_safetensors as read_safetensors,
     save_batch,
 )
 from .directory import (
-    Transaction,
-    interrupted_commits,
-    listed_files,
-    read_manifest,
-    recover,
-    remove_golden,
+    Transaction as Transaction,
+    interrupted_commits as interrupted_commits,
+    listed_files as listed_files,
+    read_manifest as read_manifest,
+    recover as recover,
+    remove_golden as remove_golden,
 )
 from .files import (
-    FORMAT,
-    SCHEMA,
-    TORCH_SAVE_HEAD,
-    atomic_write,
-    checksum,
-    format_error,
-    read_bytes,
-    torch_save_format,
+    FORMAT as FORMAT,
+    SCHEMA as SCHEMA,
+    TORCH_SAVE_HEAD as TORCH_SAVE_HEAD,
+    atomic_write as atomic_write,
+    checksum as checksum,
+    format_error as format_error,
+    read_bytes as read_bytes,
+    torch_save_format as torch_save_format,
 )
-from .jsonfile import MAX_JSON_DEPTH, encode_json, json_digest, parse_json, read_json
-from .lock import LOCK_TIMEOUT, LOCK_TIMEOUT_ENV, locked
+from .jsonfile import (
+    MAX_JSON_DEPTH as MAX_JSON_DEPTH,
+    encode_json as encode_json,
+    json_digest as json_digest,
+    parse_json as parse_json,
+    read_json as read_json,
+)
+from .lock import (
+    LOCK_TIMEOUT as LOCK_TIMEOUT,
+    LOCK_TIMEOUT_ENV as LOCK_TIMEOUT_ENV,
+    locked as locked,
+)
 
-__all__ = [
-    "DTYPES",
-    "FORMAT",
-    "LOCK_TIMEOUT",
-    "LOCK_TIMEOUT_ENV",
-    "MAX_JSON_DEPTH",
-    "SCHEMA",
-    "TORCH_SAVE_HEAD",
-    "Transaction",
-    "atomic_write",
-    "canonical_header",
-    "checksum",
-    "encode_json",
-    "encode_safetensors",
-    "format_error",
-    "interrupted_commits",
-    "json_digest",
-    "listed_files",
-    "load_batch",
-    "locked",
-    "parse_json",
-    "read_bytes",
-    "read_json",
-    "read_manifest",
-    "read_safetensors",
-    "recover",
-    "remove_golden",
-    "save_batch",
-    "torch_save_format",
-]
+__all__ = ["load_batch", "save_batch"]

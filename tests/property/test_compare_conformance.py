@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 import torch.testing._comparison as torch_comparison
-from hypothesis import assume, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, event, given, settings, strategies as st
 
 from pytest_rollout_golden.compare import compare_values
 from pytest_rollout_golden.tolerance import DTYPE_DEFAULTS, Tolerance

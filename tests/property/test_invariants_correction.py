@@ -6,10 +6,8 @@ import math
 
 import pytest
 import torch
-from hunting import finds, hunt
-from hunting import passes as passes_settings
-from hypothesis import find, given, settings
-from hypothesis import strategies as st
+from hunting import finds, hunt, passes as passes_settings
+from hypothesis import find, given, settings, strategies as st
 
 from pytest_rollout_golden import reference as ref
 from pytest_rollout_golden.invariants import check_is_weights, check_rs_mask

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from pytest_rollout_golden import parallel
-from pytest_rollout_golden import reference as ref
+from pytest_rollout_golden import parallel, reference as ref
 
 F64 = torch.float64
 

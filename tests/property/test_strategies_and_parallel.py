@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hunting import passes
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from pytest_rollout_golden import parallel
 from pytest_rollout_golden.reference.correction import parse_is_threshold, parse_rs_criteria

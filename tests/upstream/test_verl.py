@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from hypothesis import assume, given, strategies as st
 from lane import (
     DTYPES,
     MASKS,
@@ -20,8 +19,7 @@ from lane import (
     mask_dtype,
 )
 
-from pytest_rollout_golden import invariants
-from pytest_rollout_golden import reference as ref
+from pytest_rollout_golden import invariants, reference as ref
 from pytest_rollout_golden.reference.masking import as_bool_mask
 from pytest_rollout_golden.strategies import (
     is_thresholds,
