@@ -18,6 +18,7 @@ import pytest
 from pytest_rollout_golden import store
 from pytest_rollout_golden.errors import GoldenFormatError
 from pytest_rollout_golden.golden_files import GoldenFiles
+from pytest_rollout_golden.location import MANIFEST
 
 
 def _open_and_stage(directory: Path, version: int) -> GoldenFiles:
@@ -240,3 +241,22 @@ def test_updated_is_reported_only_for_a_commit_that_finished(tmp_path, monkeypat
     with Golden(directory, mode=Mode.STRICT, test_id="t") as golden:
         golden.check({"loss": 2.0})
     assert golden.outcome.status is Status.REPLAYED
+
+
+def test_a_no_op_update_after_a_regeneration_leaves_the_manifest_as_it_was(project):
+    """The file table is written in name order, whatever order this run staged or kept the
+    files in: an update that changed nothing changes no byte of manifest.json."""
+    project.write(
+        "import torch\n\n"
+        "def test_it(golden):\n"
+        "    for step in range(2):\n"
+        "        batch = golden.rollout(lambda: {'x': torch.arange(4.0)}, step=step)\n"
+        "        golden.check({'loss': float(batch['x'].sum())}, step=step)\n"
+        "        golden.check_tensors('fwd', {'y': batch['x'] * 2}, step=step)\n"
+    )
+    project.run().assert_outcomes(passed=1)
+    project.run("--golden-regenerate").assert_outcomes(passed=1)
+    manifest = next(project.golden.rglob(MANIFEST))
+    before = manifest.read_bytes()
+    project.run("--update-golden").assert_outcomes(passed=1)
+    assert manifest.read_bytes() == before

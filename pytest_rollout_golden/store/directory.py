@@ -264,7 +264,8 @@ class Transaction:
     def commit(self, manifest: dict[str, Any]) -> None:
         """Write the staged manifest (the commit point), then move this golden's files in;
         nothing in the directory that the old or the new version does not list is touched."""
-        manifest = {"format": FORMAT, "schema": SCHEMA, **manifest, "files": self.files}
+        files = dict(sorted(self.files.items()))  # name order: a no-op update changes no byte
+        manifest = {"format": FORMAT, "schema": SCHEMA, **manifest, "files": files}
         atomic_write(self.staging / MANIFEST, [encode_json(manifest)])
         _fsync_dir(self.staging)
         self.decided = True
