@@ -21,7 +21,7 @@ from pytest_rollout_golden import location
 from pytest_rollout_golden.parallel import Layout
 from pytest_rollout_golden.parallel.policy import PolicyConfig, make_rollout, run
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.slow
@@ -29,7 +29,8 @@ def test_gate_runs_under_torchrun_with_two_ranks():
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
     env["CI"] = "1"  # replay only
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    command += ["-m", "pytest", "tests/test_parallel_gate.py", "-q", "-p", "no:cacheprovider"]
+    gate = "tests/parallel/test_parallel_gate.py"
+    command += ["-m", "pytest", gate, "-q", "-p", "no:cacheprovider"]
     command += ["-p", "no:xdist", "-k", "mb1 or dp2 or tp2-pp1"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from pytest_rollout_golden.parallel import LaunchError, LaunchTimeout, Layout, launch, launcher
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def rank_sum(rank: int, offset: float) -> tuple[int, int, float]:

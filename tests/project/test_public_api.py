@@ -43,7 +43,7 @@ def test_every_public_module_is_in_the_api_reference_with_docstrings(module: str
     import inspect
     from pathlib import Path
 
-    api = (Path(__file__).parents[1] / "docs" / "reference" / "api.md").read_text()
+    api = (Path(__file__).parents[2] / "docs" / "reference" / "api.md").read_text()
     assert f"::: pytest_rollout_golden.{module}\n" in api
     mod = importlib.import_module(f"pytest_rollout_golden.{module}")
     bare = [

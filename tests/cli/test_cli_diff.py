@@ -12,7 +12,7 @@ import torch
 from pytest_rollout_golden import Golden, Mode, save_batch
 from pytest_rollout_golden.cli import main
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def record(directory: Path, *, losses=(0.5, 0.6, 0.7), kl=(0.01, 0.02, 0.03), bump=0.0) -> None:

@@ -165,7 +165,7 @@ def test_each_wrong_variant_fails_against_the_committed_golden_naming_metric_and
     project,
 ):
     """The real reference golden of test_parallel_gate.py, the real model, four real bugs."""
-    committed = Path(__file__).parents[1] / "golden" / "@shared" / "parallel-policy-float32"
+    committed = Path(__file__).parents[2] / "golden" / "@shared" / "parallel-policy-float32"
     shutil.copytree(committed, project.golden / "@shared" / "parallel-policy-float32")
     project.write(FAULTS_FILE)
     result = project.run()

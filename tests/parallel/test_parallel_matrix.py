@@ -1,5 +1,6 @@
 """The full variant matrix (32 layouts, world size up to 8) against the shared golden of
-test_parallel_gate.py. Slow on 2 cores: ``pytest tests/test_parallel_matrix.py -m slow``."""
+test_parallel_gate.py. Slow on 2 cores:
+``pytest tests/parallel/test_parallel_matrix.py -m slow``."""
 
 from __future__ import annotations
 

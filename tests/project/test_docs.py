@@ -12,7 +12,7 @@ import pytest
 
 from pytest_rollout_golden.markers import MARKER_OPTIONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CONFIGURATION = DOCS / "reference" / "configuration.md"

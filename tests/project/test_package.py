@@ -73,7 +73,7 @@ def _private_uses(path: Path) -> list[str]:
 
 
 def test_no_module_reaches_into_the_private_names_of_another(tmp_path):
-    package = Path(__file__).parents[1] / "pytest_rollout_golden"
+    package = Path(__file__).parents[2] / "pytest_rollout_golden"
     uses = {str(p.relative_to(package)): _private_uses(p) for p in package.rglob("*.py")}
     assert {p: u for p, u in uses.items() if u} == {}
     planted = tmp_path / "planted.py"  # control: the check sees both kinds of reach
@@ -84,7 +84,7 @@ def test_no_module_reaches_into_the_private_names_of_another(tmp_path):
     ]
 
 
-PACKAGE = Path(__file__).parents[1] / "pytest_rollout_golden"
+PACKAGE = Path(__file__).parents[2] / "pytest_rollout_golden"
 
 
 def _module_names() -> dict[str, Path]:

@@ -12,7 +12,7 @@ import torch
 from pytest_rollout_golden.calibrate import MARGIN, perturbed, spreads, thread_counts
 from pytest_rollout_golden.cli import main
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 # "loss" depends on the intra-op thread count by 1e-7 per thread, as a reduction
 # whose order follows the thread count would; "steady" does not.
