@@ -78,6 +78,7 @@ def test_a_missing_golden_under_ci_is_headlined_missing_with_one_remedy(project,
 def test_a_missing_golden_names_the_golden_of_the_project_root(pytester, monkeypatch):
     """`cd tests && CI=true pytest` without a config file: rootdir is tests/, and the golden
     the project holds is ../golden."""
+    monkeypatch.delenv("CI", raising=False)  # the first run records
     (pytester.path / "tests").mkdir()
     (pytester.path / "tests" / "test_it.py").write_text(
         "def test_it(golden):\n    golden.check({'loss': 1.0})\n"

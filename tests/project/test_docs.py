@@ -95,7 +95,8 @@ def shown_lines(block: list[str]) -> list[str]:
     ]
 
 
-def test_the_quickstart_prints_what_the_readme_shows(pytester: pytest.Pytester):
+def test_the_quickstart_prints_what_the_readme_shows(pytester: pytest.Pytester, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)  # the quickstart records on its first run
     source, (first, drifted, updated) = quickstart()
     pytester.makeini("[pytest]\n")
     pytester.mkpydir("tests")
