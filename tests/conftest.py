@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def placeholder_module(name: str) -> types.ModuleType:
+    """An empty package whose every attribute is a class of that name: stands in for a heavy
+    import (ray, transformers) that real framework code imports but a test never calls."""
+    module = types.ModuleType(name)
+    module.__path__ = []
+
+    def __getattr__(attribute: str) -> type:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return type(attribute, (), {"__module__": name})
+
+    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return module
+
+
+@pytest.fixture(scope="session")
+def placeholder() -> Callable[[str], types.ModuleType]:
+    """:func:`placeholder_module`, for fixtures that import real verl code."""
+    return placeholder_module

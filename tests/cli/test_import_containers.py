@@ -91,21 +91,8 @@ parts = types.ModuleType("import_containers_parts")
 exec(PARTS, parts.__dict__)
 
 
-def _placeholder_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__path__ = []
-
-    def __getattr__(attribute: str) -> type:
-        if attribute.startswith("__"):
-            raise AttributeError(attribute)
-        return type(attribute, (), {"__module__": name})
-
-    module.__getattr__ = __getattr__
-    return module
-
-
 @pytest.fixture(scope="module")
-def verl():
+def verl(placeholder):
     """The real ``verl.protocol`` (and tensordict)."""
     try:
         importlib.import_module("tensordict")
@@ -115,7 +102,7 @@ def verl():
         pytest.skip(f"verl is not installed; {INSTALL}")
     for name in ("ray", "transformers"):
         if name not in sys.modules and importlib.util.find_spec(name) is None:
-            sys.modules[name] = _placeholder_module(name)
+            sys.modules[name] = placeholder(name)
     try:
         return importlib.import_module("verl.protocol")
     except ImportError as error:

@@ -66,21 +66,8 @@ def accounted(out: str, root: Path) -> None:
 # --- verl: RolloutTqSkip (V1 trainer) ------------------------------------------------
 
 
-def _placeholder_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__path__ = []
-
-    def __getattr__(attribute: str) -> type:
-        if attribute.startswith("__"):
-            raise AttributeError(attribute)
-        return type(attribute, (), {"__module__": name})
-
-    module.__getattr__ = __getattr__
-    return module
-
-
 @pytest.fixture
-def verl_tq_skip(monkeypatch):
+def verl_tq_skip(monkeypatch, placeholder):
     """verl 0.9.1's RolloutTqSkip; ``transfer_queue`` (its data source) answers from a dict.
 
     ``ray`` and ``transformers`` are imported by verl.protocol only for annotations: empty
@@ -90,7 +77,7 @@ def verl_tq_skip(monkeypatch):
         pytest.skip("verl is not installed; pip install --no-deps verl==0.9.1 (see .ci/run)")
     for name in ("ray", "transformers"):
         if name not in sys.modules and importlib.util.find_spec(name) is None:
-            monkeypatch.setitem(sys.modules, name, _placeholder_module(name))
+            monkeypatch.setitem(sys.modules, name, placeholder(name))
     store: dict = {}
     tq = types.ModuleType("transfer_queue")
     tq.kv_batch_get = lambda keys, partition_id: store[tuple(keys)]

@@ -35,27 +35,14 @@ def td():
         pytest.skip(f"tensordict is not installed; {INSTALL}")
 
 
-def _placeholder_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__path__ = []
-
-    def __getattr__(attribute: str) -> type:
-        if attribute.startswith("__"):
-            raise AttributeError(attribute)
-        return type(attribute, (), {"__module__": name})
-
-    module.__getattr__ = __getattr__
-    return module
-
-
 @pytest.fixture(scope="module")
-def verl(td):
+def verl(td, placeholder):
     """``(verl.protocol, verl.utils.tensordict_utils, verl.workers.utils.padding)``."""
     if importlib.util.find_spec("verl") is None:
         pytest.skip(f"verl is not installed; {INSTALL}")
     for name in ("ray", "transformers"):
         if name not in sys.modules and importlib.util.find_spec(name) is None:
-            sys.modules[name] = _placeholder_module(name)
+            sys.modules[name] = placeholder(name)
     try:
         return types.SimpleNamespace(
             protocol=importlib.import_module("verl.protocol"),
