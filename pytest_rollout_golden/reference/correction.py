@@ -5,9 +5,12 @@ Notation: ``log_ratio = old_log_prob - rollout_log_prob`` = log(π_train / π_ro
 (``docs/numerics.md`` in this repository restates them with formulas):
 
 * IS, token level: ``w = exp(clamp(log ρ, -20, 20))``; sequence level:
-  ``w = exp(clamp(Σ_t m·log ρ, -20, 20))`` broadcast over the row; then ``w *= m``.
+  ``w = exp(clamp(Σ_t m·log ρ, -20, 20))`` broadcast over the row; geometric level:
+  ``w = exp(clamp(mean_t log ρ, -20, 20))`` (the geometric mean of the token ratios) broadcast
+  over the row; then ``w *= m``.
 * A float threshold truncates (``w = min(w, upper)``); a ``"lower_upper"`` string is IcePop
-  (``w`` is zeroed outside ``[lower, upper]``; the mask is untouched).
+  (``w`` is zeroed outside ``[lower, upper]``; the mask is untouched); a ``(lower, upper)``
+  pair is two-sided truncation (``w = clamp(w, lower, upper)`` on valid tokens).
 * Optional batch normalization (after the threshold) divides by the mean weight at the IS
   level: token level over valid tokens, sequence level over sequences with at least one valid
   token of their per-sequence mean weight; skipped when that mean is ≤ 1e-8.
@@ -49,8 +52,8 @@ NORMALIZE_MIN = 1e-8
 
 METRIC_PREFIX = "rollout_corr/"
 
-ISLevel = Literal["token", "sequence"]
-IS_LEVELS: tuple[str, ...] = ("token", "sequence")
+ISLevel = Literal["token", "sequence", "geometric"]
+IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 
 RS_CRITERIA: tuple[str, ...] = (
     "token_k1",
@@ -91,23 +94,36 @@ def _bounds(text: str, where: str) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class ISThreshold:
-    """A parsed IS threshold: truncation (``lower is None``) or IcePop bounds."""
+    """A parsed IS threshold: truncation (``lower is None``), IcePop bounds, or two-sided
+    truncation (``two_sided``: ``clamp(w, lower, upper)``)."""
 
     upper: float | None
     lower: float | None = None
+    two_sided: bool = False
 
     @property
     def icepop(self) -> bool:
-        return self.lower is not None
+        return self.lower is not None and not self.two_sided
 
 
-def parse_is_threshold(spec: float | str | None) -> ISThreshold:
+ISThresholdSpec = float | str | tuple[float, float] | None
+"""What :func:`parse_is_threshold` accepts."""
+
+
+def parse_is_threshold(spec: ISThresholdSpec) -> ISThreshold:
     """Parse an IS threshold: ``None`` (none), ``2.0`` / ``"2.0"`` (truncation),
-    ``"0.5_2.0"`` (IcePop)."""
+    ``"0.5_2.0"`` (IcePop), ``(0.5, 2.0)`` (two-sided truncation, TIS with a lower clamp)."""
     if spec is None:
         return ISThreshold(upper=None)
     if isinstance(spec, bool):
         raise TypeError("IS threshold must be a number or a string, not a bool")
+    if isinstance(spec, tuple | list):
+        if len(spec) != 2 or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in spec
+        ):
+            raise TypeError(f"a two-sided IS threshold is a pair of numbers, got {spec!r}")
+        lower, upper = _bounds(f"{float(spec[0])!r}_{float(spec[1])!r}", f"IS threshold {spec!r}")
+        return ISThreshold(upper=upper, lower=lower, two_sided=True)
     if isinstance(spec, int | float):
         return ISThreshold(upper=_positive_number(repr(float(spec)), "IS threshold"))
     if not isinstance(spec, str):
@@ -272,18 +288,20 @@ def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
 
 def _check_level(level: str) -> None:
     if level not in IS_LEVELS:
-        raise ValueError(f"IS level must be 'token' or 'sequence', got {level!r}")
+        raise ValueError(f"IS level must be one of {IS_LEVELS}, got {level!r}")
 
 
 def is_log_weights(
     old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, level: ISLevel
 ) -> Tensor:
-    """Unclamped log IS weight: ``log ρ`` per token, or ``Σ_t m·log ρ`` broadcast per row."""
+    """Unclamped log IS weight: ``log ρ`` per token, ``Σ_t m·log ρ`` (sequence) or
+    ``mean_t log ρ`` over valid tokens (geometric) broadcast per row."""
     _check_level(level)
     log_ratio = old_log_prob - rollout_log_prob
     if level == "token":
         return log_ratio
-    return masked_sum(log_ratio, response_mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
+    reduce = masked_sum if level == "sequence" else masked_mean
+    return reduce(log_ratio, response_mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
 
 
 def raw_is_weights(
@@ -295,14 +313,22 @@ def raw_is_weights(
     return masked_fill_zero(weights, response_mask)
 
 
-def apply_is_threshold(weights: Tensor, threshold: float | str | None) -> Tensor:
-    """Truncate (float) or IcePop-zero (``"lower_upper"``) masked IS weights."""
+def apply_is_threshold(
+    weights: Tensor, threshold: ISThresholdSpec, response_mask: Tensor | None = None
+) -> Tensor:
+    """Truncate (float), IcePop-zero (``"lower_upper"``) or clamp to ``[lower, upper]``
+    (a pair) masked IS weights. Two-sided truncation keeps padding at zero: through
+    ``response_mask``, or, without one, by leaving zero weights at zero."""
     parsed = parse_is_threshold(threshold)
     if parsed.upper is None:
         return weights
     if parsed.icepop:
         inside = (weights >= parsed.lower) & (weights <= parsed.upper)
         return torch.where(inside, weights, torch.zeros_like(weights))
+    if parsed.two_sided:
+        clamped = weights.clamp(parsed.lower, parsed.upper)
+        keep = weights != 0 if response_mask is None else as_bool_mask(response_mask)
+        return torch.where(keep, clamped, torch.zeros_like(weights))
     return weights.clamp(max=parsed.upper)
 
 
@@ -312,7 +338,7 @@ def is_normalizer(weights: Tensor, response_mask: Tensor, *, level: ISLevel) -> 
     if level == "token":
         return masked_mean(weights, response_mask)
     per_row = masked_mean(weights, response_mask, dim=-1)
-    return masked_mean(per_row, valid_rows(response_mask))
+    return masked_mean(per_row, valid_rows(response_mask))  # sequence and geometric levels
 
 
 def normalize_is_weights(
@@ -334,7 +360,7 @@ def compute_is_weights(
     response_mask: Tensor,
     *,
     level: ISLevel = "token",
-    threshold: float | str | None = 2.0,
+    threshold: ISThresholdSpec = 2.0,
     batch_normalize: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """IS weights ``[B, T]`` (detached, zero on padding) and their ``rollout_corr/`` metrics.
@@ -344,7 +370,7 @@ def compute_is_weights(
     parsed = parse_is_threshold(threshold)
     with torch.no_grad():
         raw = raw_is_weights(old_log_prob, rollout_log_prob, response_mask, level=level)
-        weights = apply_is_threshold(raw, threshold)
+        weights = apply_is_threshold(raw, threshold, response_mask)
         metrics = _is_metrics(
             weights,
             raw,
@@ -519,7 +545,7 @@ def rollout_correction(
     response_mask: Tensor,
     *,
     is_level: ISLevel | None = None,
-    is_threshold: float | str | None = 2.0,
+    is_threshold: ISThresholdSpec = 2.0,
     is_batch_normalize: bool = False,
     rs: str | None = None,
     rs_threshold: float | str | None = None,
