@@ -230,25 +230,25 @@ def reward_batches(
 
 
 def is_thresholds(
-    *, truncation: bool = True, icepop: bool = True
-) -> st.SearchStrategy[float | str]:
-    """IS thresholds: truncation floats in ``[1.125, 6]`` and/or IcePop ``"lower_upper"``
-    strings with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``."""
-    options: list[st.SearchStrategy[float | str]] = []
+    *, truncation: bool = True, icepop: bool = True, two_sided: bool = False
+) -> st.SearchStrategy[float | str | tuple[float, float]]:
+    """IS thresholds: truncation floats in ``[1.125, 6]``, IcePop ``"lower_upper"`` strings
+    with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``, and (``two_sided``)
+    two-sided truncation pairs ``(lower, upper)`` from the same ranges."""
+    options: list[st.SearchStrategy[float | str | tuple[float, float]]] = []
+    bounds = st.tuples(st.integers(1, 15), st.integers(9, 48))
     if truncation:
         options.append(st.integers(9, 48).map(lambda k: k / 8))
     if icepop:
-        options.append(
-            st.tuples(st.integers(1, 15), st.integers(9, 48)).map(
-                lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"
-            )
-        )
+        options.append(bounds.map(lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"))
+    if two_sided:
+        options.append(bounds.map(lambda p: (p[0] / 16, p[1] / 8)))
     if not options:
-        raise ValueError("enable truncation, icepop or both")
+        raise ValueError("enable truncation, icepop, two_sided or several")
     return st.one_of(options)
 
 
-def _threshold_part(name: str) -> st.SearchStrategy[str]:
+def _threshold_part(name: str, one_sided: bool = False) -> st.SearchStrategy[str]:
     if name.endswith("k1"):
         # Deliberately asymmetric bounds (lower != 1/upper): reciprocal-symmetric bounds
         # would hide a criterion that keeps 1/upper <= ratio <= 1/lower instead.
@@ -256,18 +256,23 @@ def _threshold_part(name: str) -> st.SearchStrategy[str]:
             lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"
         )
         bare = st.integers(9, 32).map(lambda k: repr(k / 8))
-        return st.one_of(bounds, bare)
+        if not one_sided:
+            return st.one_of(bounds, bare)
+        upper_only = st.integers(9, 32).map(lambda k: f"0_{k / 8!r}")
+        lower_only = st.integers(2, 15).map(lambda k: f"{k / 16!r}_inf")
+        return st.one_of(bounds, bare, upper_only, lower_only)
     return st.integers(1, 64).map(lambda k: repr(k / 16))
 
 
-def rs_thresholds(criterion: str) -> st.SearchStrategy[str]:
+def rs_thresholds(criterion: str, *, one_sided: bool = False) -> st.SearchStrategy[str]:
     """One threshold per comma-separated part of ``criterion``, comma-joined.
 
-    k1 parts get ``"lower_upper"`` ratio bounds (asymmetric) or a bare upper bound ≥ 1.125;
-    k2/k3 parts a positive upper bound in ``[1/16, 4]``.
+    k1 parts get ``"lower_upper"`` ratio bounds (asymmetric) or a bare upper bound ≥ 1.125,
+    and with ``one_sided`` also ``"0_upper"`` and ``"lower_inf"``; k2/k3 parts a positive
+    upper bound in ``[1/16, 4]``.
     """
     names = [part.strip() for part in criterion.split(",")]
-    return st.tuples(*(_threshold_part(name) for name in names)).map(",".join)
+    return st.tuples(*(_threshold_part(name, one_sided) for name in names)).map(",".join)
 
 
 def rs_criteria(*, max_parts: int = 2) -> st.SearchStrategy[str]:
@@ -277,10 +282,14 @@ def rs_criteria(*, max_parts: int = 2) -> st.SearchStrategy[str]:
     )
 
 
-def rs_configs(*, max_parts: int = 2) -> st.SearchStrategy[tuple[str, str]]:
+def rs_configs(
+    *, max_parts: int = 2, one_sided: bool = False
+) -> st.SearchStrategy[tuple[str, str]]:
     """``(criterion, threshold)`` pairs drawn from :func:`rs_criteria` / :func:`rs_thresholds`."""
     return rs_criteria(max_parts=max_parts).flatmap(
-        lambda criterion: rs_thresholds(criterion).map(lambda threshold: (criterion, threshold))
+        lambda criterion: rs_thresholds(criterion, one_sided=one_sided).map(
+            lambda threshold: (criterion, threshold)
+        )
     )
 
 

@@ -537,8 +537,12 @@ def _reciprocal_hint(
     """Explain a disagreement that verl's reciprocal k1 bounds reproduce exactly."""
     if not any(item.estimator == "k1" for item in criteria):
         return ""
+
+    def inverse(x: float) -> float:
+        return math.inf if x == 0 else 1.0 / x
+
     swapped = [
-        corr.RSCriterion(item.name, upper=1.0 / item.lower, lower=1.0 / item.upper)
+        corr.RSCriterion(item.name, upper=inverse(item.lower), lower=inverse(item.upper))
         if item.lower is not None
         else item
         for item in criteria

@@ -17,9 +17,10 @@ Notation: ``log_ratio = old_log_prob - rollout_log_prob`` = log(π_train / π_ro
 * RS criteria ``token_k*``, ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k2|k3`` with
   ``k1 = -log ρ``, ``k2 = ½ (log ρ)²``, ``k3 = ρ - 1 - log ρ`` (log ρ clamped to ±20 first).
   A k1 criterion keeps ``lower ≤ ρ ≤ upper`` (on the token ratio, the sequence ratio Π ρ, or the
-  geometric mean ratio), as the math states. verl's code compares ``-log ρ`` with
-  ``[log lower, log upper]`` and so keeps ``1/upper ≤ ρ ≤ 1/lower`` instead; the two agree only
-  for reciprocal-symmetric bounds such as ``"0.5_2.0"``.
+  geometric mean ratio), as the math states; ``"0_upper"`` / ``"lower_inf"`` are one-sided.
+  verl's code compares ``-log ρ`` with ``[log lower, log upper]`` and so keeps
+  ``1/upper ≤ ρ ≤ 1/lower`` instead; the two agree only for reciprocal-symmetric bounds such
+  as ``"0.5_2.0"``.
 
 Every metric is returned under its logged name, ``rollout_corr/<name>``, as a Python float
 computed in float64.
@@ -83,13 +84,26 @@ def _positive_number(text: str, where: str) -> float:
     return value
 
 
-def _bounds(text: str, where: str) -> tuple[float, float]:
+def _bounds(text: str, where: str, *, open_ended: bool = False) -> tuple[float, float]:
+    """Parse ``"lower_upper"``; ``open_ended`` allows ``lower = 0`` or ``upper = inf``."""
     lower_text, upper_text = text.split("_", 1)
-    lower = _positive_number(lower_text.strip(), f"{where} (lower bound)")
-    upper = _positive_number(upper_text.strip(), f"{where} (upper bound)")
+    lower_text, upper_text = lower_text.strip(), upper_text.strip()
+    no_lower = open_ended and _is_number(lower_text, 0.0)
+    no_upper = open_ended and _is_number(upper_text, math.inf)
+    if no_lower and no_upper:
+        raise ValueError(f"{where}: a one-sided k1 bound needs one finite side (got {text!r})")
+    lower = 0.0 if no_lower else _positive_number(lower_text, f"{where} (lower bound)")
+    upper = math.inf if no_upper else _positive_number(upper_text, f"{where} (upper bound)")
     if lower > upper:
         raise ValueError(f"{where}: lower bound {lower} is greater than upper bound {upper}")
     return lower, upper
+
+
+def _is_number(text: str, value: float) -> bool:
+    try:
+        return float(text) == value
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -141,8 +155,8 @@ def parse_is_threshold(spec: ISThresholdSpec) -> ISThreshold:
 class RSCriterion:
     """One rejection criterion with its bound(s).
 
-    ``lower``/``upper`` are ratio bounds for k1 criteria; for k2/k3 ``upper`` bounds the
-    statistic itself and ``lower`` is ``None``.
+    ``lower``/``upper`` are ratio bounds for k1 criteria (one-sided: ``lower = 0`` or
+    ``upper = inf``); for k2/k3 ``upper`` bounds the statistic itself and ``lower`` is ``None``.
     """
 
     name: str
@@ -166,7 +180,9 @@ class RSCriterion:
         """Closed interval ``[lo, hi]`` the statistic must lie in for the item to be kept."""
         if self.estimator == "k1":
             assert self.lower is not None
-            return -math.log(self.upper), -math.log(self.lower)
+            lo = -math.inf if math.isinf(self.upper) else -math.log(self.upper)
+            hi = math.inf if self.lower == 0 else -math.log(self.lower)
+            return lo, hi
         return -math.inf, self.upper
 
     def statistic(self, log_ratio: Tensor, response_mask: Tensor) -> Tensor:
@@ -197,7 +213,10 @@ class RSCriterion:
 
 
 def parse_rs_criteria(criterion: str, threshold: float | str) -> tuple[RSCriterion, ...]:
-    """Parse ``"token_k1,seq_max_k2"`` with ``"0.6_1.6,2.5"`` (or one shared threshold)."""
+    """Parse ``"token_k1,seq_max_k2"`` with ``"0.6_1.6,2.5"`` (or one shared threshold).
+
+    A k1 part ``"0_2.0"`` keeps ``ρ ≤ 2`` only and ``"0.5_inf"`` keeps ``ρ ≥ 0.5`` only
+    (one-sided; a bare ``"2.0"`` means ``"0.5_2.0"``)."""
     if not isinstance(criterion, str):
         raise TypeError(f"RS criterion must be a string, got {type(criterion).__name__}")
     names = [part.strip() for part in criterion.split(",")]
@@ -229,7 +248,7 @@ def parse_rs_criteria(criterion: str, threshold: float | str) -> tuple[RSCriteri
             raise ValueError(f"{where}: empty")
         if name.endswith("k1"):
             if "_" in text:
-                lower, upper = _bounds(text, where)
+                lower, upper = _bounds(text, where, open_ended=True)
             else:
                 upper = _positive_number(text, where)
                 lower = 1.0 / upper
