@@ -25,6 +25,7 @@ from .comparison import (
     fail,
     first_item,
     fmt,
+    holds_garbage,
     padding_hint,
     positions,
     regarble,
@@ -89,6 +90,7 @@ class _Evaluation:
     """Loss value and gradient w.r.t. ``log_probs`` (both float64) of one loss call."""
 
     def __init__(self, name: str, loss_fn: Callable[..., Any], batch: Batch, **extra: Any):
+        extra.setdefault("n_micro_batches", 1)  # the whole batch in one piece
         global_tokens, global_seqs = batch_counts(batch)
         full, leaf = _leaf_batch(batch)
         loss = _scalar(
@@ -205,7 +207,10 @@ def check_split_invariance(
     """Micro-batch (and data-parallel) pieces must add up to the full-batch loss and gradient.
 
     ``loss_fn(micro_batch, *, global_tokens, global_seqs)`` is called on each piece with the
-    counts of the whole batch. The pieces of a rank are summed (gradient accumulation).
+    counts of the whole batch. The pieces of a rank are summed (gradient accumulation). If
+    ``loss_fn`` accepts ``n_micro_batches=``, it is told how many pieces its rank's batch was
+    cut into (1 for the full batch), as a trainer scaling by ``1/gradient_accumulation_steps``
+    knows it.
     Several partitions are tried — contiguous by row count, greedy by token budget, and
     interleaved — so micro-batches hold different token counts whenever rows have different
     lengths; a per-micro-batch token mean, however it is weighted, cannot pass.
@@ -245,12 +250,15 @@ def check_split_invariance(
         lines = []
         for rank, pieces in enumerate(ranks):
             for rows in pieces:
+                kwargs = _loss_kwargs(
+                    loss_fn,
+                    global_tokens,
+                    global_seqs,
+                    dp_size=dp_size,
+                    n_micro_batches=len(pieces),
+                )
                 piece = _scalar(
-                    "split_invariance",
-                    loss_fn(
-                        parallel.select_rows(work, rows),
-                        **_loss_kwargs(loss_fn, global_tokens, global_seqs, dp_size=dp_size),
-                    ),
+                    "split_invariance", loss_fn(parallel.select_rows(work, rows), **kwargs)
                 )
                 total = total + piece
                 where = f"rank {rank} " if dp_size > 1 else ""
@@ -330,7 +338,9 @@ def check_padding_invariance(
 ) -> None:
     """Padding must not matter: different garbage in the padding positions, and ``extra``
     more padding columns filled with garbage (on the batch's padding side), leave the loss
-    and the gradient of every valid token unchanged; padding gets zero gradient.
+    and the gradient of every valid token unchanged; padding gets zero gradient. A field
+    whose padding holds only zeros (``rollout_batches(garbage=...)`` without it) keeps zeros
+    there and in the extra columns.
 
     Note: ``seq-mean-token-sum-norm`` with its default normalizer (the padded length ``T``)
     is *not* padding invariant by definition; give it a fixed ``loss_scale_factor``.
@@ -358,6 +368,11 @@ def check_padding_invariance(
     )
     side = "left" if parallel.padding_side(batch["response_mask"]) == "left" else "right"
     wider = parallel.pad_columns(batch, extra, side=side, fill=57.5)
+    for key in parallel.token_keys(batch):  # fields without garbage get zero columns
+        if key != "response_mask" and not holds_garbage(batch[key], valid):
+            value = batch[key]
+            zeros = value.new_zeros((value.shape[0], extra))
+            wider[key] = torch.cat([zeros, value] if side == "left" else [value, zeros], dim=-1)
     widened = _Evaluation("padding_invariance", loss_fn, wider)
     keep = slice(extra, None) if side == "left" else slice(0, valid.shape[-1])
     extra_cols = slice(0, extra) if side == "left" else slice(valid.shape[-1], None)
