@@ -156,8 +156,7 @@ def check_is_weights(
     raws = [raw]
     beyond = valid & (log_w.abs() > corr.SAFETY_BOUND)
     if bool(beyond.any()):
-        exact = corr.masked_fill_zero(log_w.clamp(-_EXP_LIMIT, _EXP_LIMIT).exp(), mask)
-        raws.append(exact)
+        raws.append(corr.raw_is_weights(old64, rollout64, mask, level=level, clamp=False))
     candidates: list[tuple[Tensor, float]] = []
     for base in raws:
         candidates += _is_candidates(
@@ -198,10 +197,6 @@ def check_is_weights(
         f"reference weight exp(clamp(log w, ±20)){both})",
         [describe(b, t, expected) for b, t in positions(off)],
     )
-
-
-_EXP_LIMIT = 700.0
-"""Log weights are clamped here before the exact ``exp`` so that float64 stays finite."""
 
 
 def _is_candidates(

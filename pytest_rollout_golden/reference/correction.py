@@ -48,6 +48,9 @@ from .masking import (
 SAFETY_BOUND = 20.0
 """Log-space clamp applied before every exponentiation of a log ratio."""
 
+EXACT_BOUND = 700.0
+"""With ``clamp=False`` (exact weights), the only clamp left: where float64 ``exp`` overflows."""
+
 NORMALIZE_MIN = 1e-8
 """Batch normalization is skipped when the mean weight is at or below this value."""
 
@@ -324,12 +327,19 @@ def is_log_weights(
 
 
 def raw_is_weights(
-    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, level: ISLevel
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    response_mask: Tensor,
+    *,
+    level: ISLevel,
+    clamp: bool = True,
 ) -> Tensor:
-    """IS weights before any threshold: ``exp(clamp(log w, ±20))``, zero on padding."""
+    """IS weights before any threshold: ``exp(clamp(log w, ±20))`` (verl), or the exact
+    ``exp(log w)`` with ``clamp=False`` (TRL, AReaL, slime, ROLL), zero on padding."""
     log_w = is_log_weights(old_log_prob, rollout_log_prob, response_mask, level=level)
-    weights = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
-    return masked_fill_zero(weights, response_mask)
+    bound = SAFETY_BOUND if clamp else EXACT_BOUND
+    weights = log_w.where(as_bool_mask(response_mask), torch.zeros_like(log_w))
+    return masked_fill_zero(weights.clamp(-bound, bound).exp(), response_mask)
 
 
 def apply_is_threshold(
@@ -381,14 +391,18 @@ def compute_is_weights(
     level: ISLevel = "token",
     threshold: ISThresholdSpec = 2.0,
     batch_normalize: bool = False,
+    clamp: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """IS weights ``[B, T]`` (detached, zero on padding) and their ``rollout_corr/`` metrics.
 
     The metrics describe the weights after the threshold and before batch normalization.
+    ``clamp=False`` computes exact weights (no ±20 clamp of the log weight).
     """
     parsed = parse_is_threshold(threshold)
     with torch.no_grad():
-        raw = raw_is_weights(old_log_prob, rollout_log_prob, response_mask, level=level)
+        raw = raw_is_weights(
+            old_log_prob, rollout_log_prob, response_mask, level=level, clamp=clamp
+        )
         weights = apply_is_threshold(raw, threshold, response_mask)
         metrics = _is_metrics(
             weights,
@@ -520,13 +534,16 @@ def _masked_fractions(keep: Tensor, valid: Tensor, rows: Tensor, prefix: str) ->
 
 
 def offpolicy_metrics(
-    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
+    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, clamp: bool = True
 ) -> dict[str, float]:
-    """Off-policy diagnostics (kl, k3_kl, perplexities, log_ppl_diff, chi2_token, chi2_seq)."""
+    """Off-policy diagnostics (kl, k3_kl, perplexities, log_ppl_diff, chi2_token, chi2_seq);
+    ``clamp=False``: no ±20 clamp of the log ratios in k3_kl and chi2."""
     old, rollout = _f64(old_log_prob), _f64(rollout_log_prob)
     rows = valid_rows(response_mask)
     log_ratio = old - rollout
-    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    bound = SAFETY_BOUND if clamp else EXACT_BOUND
+    safe = log_ratio.where(as_bool_mask(response_mask), torch.zeros_like(log_ratio))
+    safe = safe.clamp(-bound, bound)
     mean_old = masked_mean(old, response_mask, dim=-1)[rows]
     mean_rollout = masked_mean(rollout, response_mask, dim=-1)[rows]
     diff = mean_rollout - mean_old
@@ -551,7 +568,7 @@ def offpolicy_metrics(
         "chi2_token": float(masked_mean(torch.exp(2 * safe), response_mask)) - 1.0
         if has_tokens
         else 0.0,
-        "chi2_seq": row_mean(torch.exp(2 * seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))) - 1.0
+        "chi2_seq": row_mean(torch.exp(2 * seq_log_ratio.clamp(-bound, bound))) - 1.0
         if has_tokens
         else 0.0,
     }

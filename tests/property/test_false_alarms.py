@@ -93,3 +93,34 @@ def test_row_order_compares_with_the_reference_not_with_itself():
         atol=0.0,
         variant=ref.grpo_advantages,
     )
+
+
+@passes
+@given(rollout_batches(dtype=DTYPES), st.sampled_from(["token", "sequence"]), is_thresholds())
+def test_metrics_of_exact_weights_pass(batch, level, threshold):
+    def fn(old, rollout, mask):
+        _, metrics = ref.compute_is_weights(
+            old, rollout, mask, level=level, threshold=threshold, clamp=False
+        )
+        metrics.update(ref.offpolicy_metrics(old, rollout, mask, clamp=False))
+        return metrics
+
+    invariants.check_rollout_corr_metrics(
+        fn, batch, level=level, threshold=threshold, degenerate=False
+    )
+
+
+def test_metrics_of_exact_weights_at_log_weight_25():
+    batch = {
+        "old_log_probs": torch.tensor([[-0.5, -1.0]], dtype=torch.float64),
+        "rollout_log_probs": torch.tensor([[-25.5, -1.0]], dtype=torch.float64),
+        "response_mask": torch.tensor([[True, True]]),
+    }
+
+    def fn(old, rollout, mask):
+        w = (old - rollout).exp()
+        return {"rollout_is_max": float(w.max()), "rollout_is_mean": float(w.mean())}
+
+    invariants.check_rollout_corr_metrics(
+        fn, batch, level="token", threshold=None, degenerate=False
+    )
