@@ -138,8 +138,9 @@ def rollout_batches(
             for position, up in spikes:
                 ratio[position] = _EXTREME if up else -_EXTREME
         scale = draw(st.integers(1, 1000)) / 4 if dirty else 0.0
-        uid = ints(0, max_groups - 1, size) if group_size is None else []
-        if group_size is not None:
+        if group_size is None:
+            uid = ints(0, max_groups - 1, size)
+        else:
             uid = [row // group_size for row in range(size)]
 
         # Valid token k of the batch: the larger of (old, rollout) is -base, the other one is

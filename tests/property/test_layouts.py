@@ -148,3 +148,16 @@ def test_the_loss_is_told_the_number_of_micro_batches():
     ragged = dict(uniform, response_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]]))
     with finds("split_invariance"):
         invariants.check_split_invariance(per_micro_batch_mean, ragged, n_splits=2)
+
+
+@passes
+@given(rollout_batches(group_size=3, max_batch=9))
+def test_rollout_batches_in_contiguous_groups(batch):
+    size = batch["uid"].shape[0]
+    assert size % 3 == 0
+    assert batch["uid"].tolist() == [row // 3 for row in range(size)]
+
+
+def test_group_size_without_a_multiple_in_bounds_is_an_error():
+    with pytest.raises(ValueError, match="no multiple of group_size=4"):
+        rollout_batches(group_size=4, min_batch=5, max_batch=7)
