@@ -12,7 +12,7 @@ re-registering is harmless). Select one with ``--hypothesis-profile``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 import torch
@@ -24,12 +24,14 @@ from .reference.correction import RS_CRITERIA
 __all__ = [
     "GRID",
     "is_thresholds",
+    "kl_batches",
     "register_profiles",
     "reward_batches",
     "rollout_batches",
     "rs_configs",
     "rs_criteria",
     "rs_thresholds",
+    "value_batches",
 ]
 
 GRID = 16
@@ -63,8 +65,9 @@ def rollout_batches(
     allow_empty_rows: bool = True,
     advantages: Literal["token", "sequence", "either"] = "either",
     max_groups: int = 3,
-    garbage: bool = True,
+    garbage: bool | Collection[str] = True,
     device: str | torch.device = "cpu",
+    group_size: int | None = None,
 ) -> st.SearchStrategy[dict[str, torch.Tensor]]:
     """Rollout batches: dicts of ``old_log_probs``, ``rollout_log_probs``, ``log_probs``,
     ``response_mask``, ``advantages`` (all ``[B, T]``) and ``uid`` (int64 ``[B]``).
@@ -80,9 +83,14 @@ def rollout_batches(
     * Padding positions hold **garbage**: non-zero finite values of either sign, up to a few
       thousand in magnitude (positive "log-probs" included), different in every tensor, as
       real batches do. Only valid positions are meaningful (valid log-probs are ≤ 0; garbage
-      is not). ``garbage=False`` puts zeros there instead.
+      is not). ``garbage=False`` puts zeros there instead; a collection of field names puts
+      garbage in those fields only (``garbage={"advantages"}`` keeps the log-probs' padding at
+      zero, for code that exponentiates before masking). The checkers vary the garbage only
+      in fields that hold some.
     * ``advantages`` are multiples of 1/4 in ``[-3, 3]``, per token or constant per sequence.
-    * ``uid`` holds group ids in ``[0, max_groups)``.
+    * ``uid`` holds group ids in ``[0, max_groups)``; with ``group_size=n`` the groups are
+      contiguous blocks of ``n`` rows instead (``uid = row // n``, the ``view(-1, n)`` layout
+      of TRL, slime and ROLL) and ``B`` is a multiple of ``n`` within the bounds.
     * ``dtype`` is the float dtype of the token tensors (or a list to draw from);
       ``mask_dtype`` that of the mask (default: drawn from bool, int64 and ``dtype``).
 
@@ -99,12 +107,14 @@ def rollout_batches(
         raise ValueError(f"advantages must be 'token', 'sequence' or 'either', got {advantages!r}")
     ratio_steps = round(off_policy * GRID)
     drift_steps = round(policy_drift * GRID)
+    dirty = _garbage_fields(garbage, _FIELDS)
+    sizes = _batch_sizes(min_batch, max_batch, group_size)
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
         float_dtype = draw(_one_of(dtype, ()))
         mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
-        size = draw(st.integers(min_batch, max_batch))
+        size = draw(sizes)
         width = draw(st.integers(min_len, max_len))
         side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
         shortest = 0 if allow_empty_rows else 1
@@ -127,8 +137,11 @@ def rollout_batches(
             spikes = draw(st.lists(st.tuples(st.integers(0, n - 1), st.booleans()), max_size=2))
             for position, up in spikes:
                 ratio[position] = _EXTREME if up else -_EXTREME
-        scale = draw(st.integers(1, 1000)) / 4 if garbage else 0.0
-        uid = ints(0, max_groups - 1, size)
+        scale = draw(st.integers(1, 1000)) / 4 if dirty else 0.0
+        if group_size is None:
+            uid = ints(0, max_groups - 1, size)
+        else:
+            uid = [row // group_size for row in range(size)]
 
         # Valid token k of the batch: the larger of (old, rollout) is -base, the other one is
         # |ratio| lower, so old - rollout == ratio exactly and both stay <= 0.
@@ -164,7 +177,7 @@ def rollout_batches(
         for field, key in enumerate(_FIELDS):
             cycle = torch.tensor(_GARBAGE_CYCLE, dtype=torch.float64)
             junk = cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)] * scale * (1 + field)
-            values = junk.clone()
+            values = junk.clone() if key in dirty else torch.zeros_like(junk)
             values[mask] = torch.tensor(valid_values[key], dtype=torch.float64)
             out[key] = values.to(dtype=float_dtype, device=device)
         out["response_mask"] = mask.to(dtype=mask_type, device=device)
@@ -172,6 +185,33 @@ def rollout_batches(
         return out
 
     return build()
+
+
+def _garbage_fields(garbage: bool | Collection[str], fields: Sequence[str]) -> frozenset[str]:
+    """The fields that get garbage in their padding."""
+    if isinstance(garbage, bool):
+        return frozenset(fields) if garbage else frozenset()
+    if isinstance(garbage, str):
+        garbage = [garbage]
+    chosen = frozenset(garbage)
+    unknown = sorted(chosen - set(fields))
+    if unknown:
+        raise ValueError(f"garbage names unknown fields {unknown}; the fields are {list(fields)}")
+    return chosen
+
+
+def _batch_sizes(min_batch: int, max_batch: int, group_size: int | None) -> st.SearchStrategy[int]:
+    """Row counts in the bounds; multiples of ``group_size`` when it is given."""
+    if group_size is None:
+        return st.integers(min_batch, max_batch)
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    low, high = -(-min_batch // group_size), max_batch // group_size
+    if low > high:
+        raise ValueError(
+            f"no multiple of group_size={group_size} in [{min_batch}, {max_batch}] rows"
+        )
+    return st.integers(low, high).map(lambda groups: groups * group_size)
 
 
 REWARD_VALUES = (0.0, 0.1, 0.2, 0.5, 1.0, -0.3, 0.7)
@@ -190,14 +230,99 @@ def reward_batches(
     rewards: Literal["outcome", "dense", "either"] = "either",
     max_groups: int = 3,
     padding: Literal["right", "left", "either"] = "either",
+    allow_empty_rows: bool = False,
+    garbage: bool = False,
+    group_size: int | None = None,
 ) -> st.SearchStrategy[dict[str, torch.Tensor]]:
     """Inputs of an advantage estimator: ``token_level_rewards`` and ``response_mask``
     (``[B, T]``) and ``uid`` (int64 ``[B]``, group ids in ``[0, max_groups)``, so some groups
     are singletons and some labels unused).
 
-    Every row has at least one valid token. ``"outcome"`` rewards put one value from
-    :data:`REWARD_VALUES` on the row's last valid token; ``"dense"`` put one on every valid
-    token. Padding rewards are exactly zero (estimators such as verl's sum the whole row).
+    Every row has at least one valid token, unless ``allow_empty_rows`` (then rows may have
+    none, as :func:`rollout_batches` and RS-filtered batches do; such a row scores 0).
+    ``"outcome"`` rewards put one value from :data:`REWARD_VALUES` on the row's last valid
+    token; ``"dense"`` put one on every valid token. Padding rewards are exactly zero
+    (estimators such as verl's sum the whole row), or garbage with ``garbage=True``.
+    ``group_size=n``: groups are contiguous blocks of ``n`` rows (``uid = row // n``) and
+    ``B`` is a multiple of ``n``.
+    """
+    if not 1 <= min_batch <= max_batch:
+        raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
+    sizes = _batch_sizes(min_batch, max_batch, group_size)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+        float_dtype = draw(_one_of(dtype, ()))
+        mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
+        size = draw(sizes)
+        width = draw(st.integers(1, max_len))
+        side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
+        kind = draw(st.sampled_from(["outcome", "dense"] if rewards == "either" else [rewards]))
+        shortest = 0 if allow_empty_rows else 1
+        lengths = draw(st.lists(st.integers(shortest, width), min_size=size, max_size=size))
+        values = torch.zeros(size, width, dtype=torch.float64)
+        mask = torch.zeros(size, width, dtype=torch.bool)
+        for row, length in enumerate(lengths):
+            cols = range(length) if side == "right" else range(width - length, width)
+            mask[row, list(cols)] = True
+            targets = list(cols) if kind == "dense" else list(cols)[-1:]
+            for col in targets:
+                values[row, col] = draw(st.sampled_from(REWARD_VALUES))
+        if garbage:
+            values = torch.where(mask, values, _junk(size, width, draw(st.integers(1, 1000)) / 4))
+        if group_size is None:
+            uid = draw(st.lists(st.integers(0, max_groups - 1), min_size=size, max_size=size))
+        else:
+            uid = [row // group_size for row in range(size)]
+        return {
+            "token_level_rewards": values.to(float_dtype),
+            "response_mask": mask.to(mask_type),
+            "uid": torch.tensor(uid, dtype=torch.int64),
+        }
+
+    return build()
+
+
+def _junk(size: int, width: int, scale: float, field: int = 0) -> torch.Tensor:
+    """Float64 garbage ``[size, width]``: non-zero, either sign, up to ``5·scale·(1 + field)``."""
+    rows = torch.arange(size).unsqueeze(-1)
+    cols = torch.arange(width).unsqueeze(0)
+    cycle = torch.tensor(_GARBAGE_CYCLE, dtype=torch.float64)
+    return cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)] * scale * (1 + field)
+
+
+def kl_batches(**options: Any) -> st.SearchStrategy[dict[str, torch.Tensor]]:
+    """:func:`rollout_batches` (same options) with ``ref_log_probs``, the reference policy's
+    log-probs: the rollout log-probs, so ``log_probs - ref_log_probs`` spans a few nats, with
+    spikes of about 25 (beyond k3's clamp at 10 and the ±20 log clamp)."""
+    return rollout_batches(**options).map(
+        lambda batch: {**batch, "ref_log_probs": batch["rollout_log_probs"].clone()}
+    )
+
+
+def value_batches(
+    *,
+    min_batch: int = 1,
+    max_batch: int = 6,
+    max_len: int = 10,
+    dtype: torch.dtype | Sequence[torch.dtype] = torch.float64,
+    mask_dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    padding: Literal["right", "left", "either"] = "either",
+    rewards: Literal["outcome", "dense", "either"] = "either",
+    holes: bool = True,
+    allow_empty_rows: bool = True,
+    garbage: bool = True,
+    bootstrap: bool = False,
+) -> st.SearchStrategy[dict[str, torch.Tensor]]:
+    """Inputs of GAE: ``token_level_rewards``, ``values`` and ``response_mask`` (``[B, T]``),
+    and with ``bootstrap`` ``last_values`` (``[B]``, the value after the last token of a
+    truncated response).
+
+    Values are multiples of 1/8 in ``[-2, 2]``; rewards come from :data:`REWARD_VALUES`, on the
+    last valid token (``"outcome"``) or on every valid token (``"dense"``). With ``holes`` the
+    span of a row may contain masked tokens (tool observations of a multi-turn response),
+    which GAE must skip. Padding and holes hold garbage in rewards and values (zeros with
+    ``garbage=False``).
     """
     if not 1 <= min_batch <= max_batch:
         raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
@@ -210,45 +335,59 @@ def reward_batches(
         width = draw(st.integers(1, max_len))
         side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
         kind = draw(st.sampled_from(["outcome", "dense"] if rewards == "either" else [rewards]))
-        lengths = draw(st.lists(st.integers(1, width), min_size=size, max_size=size))
-        values = torch.zeros(size, width, dtype=torch.float64)
+        shortest = 0 if allow_empty_rows else 1
+        lengths = draw(st.lists(st.integers(shortest, width), min_size=size, max_size=size))
+        if sum(lengths) == 0:
+            lengths[0] = 1
         mask = torch.zeros(size, width, dtype=torch.bool)
+        reward = torch.zeros(size, width, dtype=torch.float64)
+        value = torch.zeros(size, width, dtype=torch.float64)
         for row, length in enumerate(lengths):
-            cols = range(length) if side == "right" else range(width - length, width)
-            mask[row, list(cols)] = True
-            targets = list(cols) if kind == "dense" else [max(cols)]
-            for col in targets:
-                values[row, col] = draw(st.sampled_from(REWARD_VALUES))
-        uid = draw(st.lists(st.integers(0, max_groups - 1), min_size=size, max_size=size))
-        return {
-            "token_level_rewards": values.to(float_dtype),
-            "response_mask": mask.to(mask_type),
-            "uid": torch.tensor(uid, dtype=torch.int64),
+            cols = list(range(length) if side == "right" else range(width - length, width))
+            if holes and length > 2:
+                dropped = draw(st.lists(st.booleans(), min_size=length - 2, max_size=length - 2))
+                middle = [c for c, d in zip(cols[1:-1], dropped, strict=True) if not d]
+                cols = [cols[0], *middle, cols[-1]]
+            mask[row, cols] = True
+            for col in cols if kind == "dense" else cols[-1:]:
+                reward[row, col] = draw(st.sampled_from(REWARD_VALUES))
+            for col in cols:
+                value[row, col] = draw(st.integers(-16, 16)) / 8
+        scale = draw(st.integers(1, 1000)) / 4 if garbage else 0.0
+        out = {
+            "token_level_rewards": torch.where(mask, reward, _junk(size, width, scale, 1)),
+            "values": torch.where(mask, value, _junk(size, width, scale, 2)),
         }
+        out = {key: tensor.to(float_dtype) for key, tensor in out.items()}
+        out["response_mask"] = mask.to(mask_type)
+        if bootstrap:
+            last = draw(st.lists(st.integers(-16, 16), min_size=size, max_size=size))
+            out["last_values"] = torch.tensor(last, dtype=torch.float64).div(8).to(float_dtype)
+        return out
 
     return build()
 
 
 def is_thresholds(
-    *, truncation: bool = True, icepop: bool = True
-) -> st.SearchStrategy[float | str]:
-    """IS thresholds: truncation floats in ``[1.125, 6]`` and/or IcePop ``"lower_upper"``
-    strings with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``."""
-    options: list[st.SearchStrategy[float | str]] = []
+    *, truncation: bool = True, icepop: bool = True, two_sided: bool = False
+) -> st.SearchStrategy[float | str | tuple[float, float]]:
+    """IS thresholds: truncation floats in ``[1.125, 6]``, IcePop ``"lower_upper"`` strings
+    with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``, and (``two_sided``)
+    two-sided truncation pairs ``(lower, upper)`` from the same ranges."""
+    options: list[st.SearchStrategy[float | str | tuple[float, float]]] = []
+    bounds = st.tuples(st.integers(1, 15), st.integers(9, 48))
     if truncation:
         options.append(st.integers(9, 48).map(lambda k: k / 8))
     if icepop:
-        options.append(
-            st.tuples(st.integers(1, 15), st.integers(9, 48)).map(
-                lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"
-            )
-        )
+        options.append(bounds.map(lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"))
+    if two_sided:
+        options.append(bounds.map(lambda p: (p[0] / 16, p[1] / 8)))
     if not options:
-        raise ValueError("enable truncation, icepop or both")
+        raise ValueError("enable truncation, icepop, two_sided or several")
     return st.one_of(options)
 
 
-def _threshold_part(name: str) -> st.SearchStrategy[str]:
+def _threshold_part(name: str, one_sided: bool = False) -> st.SearchStrategy[str]:
     if name.endswith("k1"):
         # Deliberately asymmetric bounds (lower != 1/upper): reciprocal-symmetric bounds
         # would hide a criterion that keeps 1/upper <= ratio <= 1/lower instead.
@@ -256,18 +395,23 @@ def _threshold_part(name: str) -> st.SearchStrategy[str]:
             lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"
         )
         bare = st.integers(9, 32).map(lambda k: repr(k / 8))
-        return st.one_of(bounds, bare)
+        if not one_sided:
+            return st.one_of(bounds, bare)
+        upper_only = st.integers(9, 32).map(lambda k: f"0_{k / 8!r}")
+        lower_only = st.integers(2, 15).map(lambda k: f"{k / 16!r}_inf")
+        return st.one_of(bounds, bare, upper_only, lower_only)
     return st.integers(1, 64).map(lambda k: repr(k / 16))
 
 
-def rs_thresholds(criterion: str) -> st.SearchStrategy[str]:
+def rs_thresholds(criterion: str, *, one_sided: bool = False) -> st.SearchStrategy[str]:
     """One threshold per comma-separated part of ``criterion``, comma-joined.
 
-    k1 parts get ``"lower_upper"`` ratio bounds (asymmetric) or a bare upper bound ≥ 1.125;
-    k2/k3 parts a positive upper bound in ``[1/16, 4]``.
+    k1 parts get ``"lower_upper"`` ratio bounds (asymmetric) or a bare upper bound ≥ 1.125,
+    and with ``one_sided`` also ``"0_upper"`` and ``"lower_inf"``; k2/k3 parts a positive
+    upper bound in ``[1/16, 4]``.
     """
     names = [part.strip() for part in criterion.split(",")]
-    return st.tuples(*(_threshold_part(name) for name in names)).map(",".join)
+    return st.tuples(*(_threshold_part(name, one_sided) for name in names)).map(",".join)
 
 
 def rs_criteria(*, max_parts: int = 2) -> st.SearchStrategy[str]:
@@ -277,10 +421,14 @@ def rs_criteria(*, max_parts: int = 2) -> st.SearchStrategy[str]:
     )
 
 
-def rs_configs(*, max_parts: int = 2) -> st.SearchStrategy[tuple[str, str]]:
+def rs_configs(
+    *, max_parts: int = 2, one_sided: bool = False
+) -> st.SearchStrategy[tuple[str, str]]:
     """``(criterion, threshold)`` pairs drawn from :func:`rs_criteria` / :func:`rs_thresholds`."""
     return rs_criteria(max_parts=max_parts).flatmap(
-        lambda criterion: rs_thresholds(criterion).map(lambda threshold: (criterion, threshold))
+        lambda criterion: rs_thresholds(criterion, one_sided=one_sided).map(
+            lambda threshold: (criterion, threshold)
+        )
     )
 
 

@@ -32,7 +32,10 @@ sequence-level IS weight over 12 tokens is only known to a few percent).
 
 from .advantages import check_advantages
 from .correction import check_is_weights, check_rs_mask
+from .gae import check_gae
+from .kl import check_kl_penalty
 from .losses import (
+    check_cispo,
     check_linear_in_advantages,
     check_packing_invariance,
     check_padding_invariance,
@@ -49,7 +52,10 @@ __all__ = [
     "IS_METRICS",
     "PPO_METRICS",
     "check_advantages",
+    "check_cispo",
+    "check_gae",
     "check_is_weights",
+    "check_kl_penalty",
     "check_linear_in_advantages",
     "check_mismatch_metrics",
     "check_packing_invariance",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -54,6 +55,7 @@ def _row_values(advantages: Tensor, valid: Tensor) -> Tensor:
 
 def _row_tolerance(
     batch: Batch,
+    uid: Tensor,
     estimator: str,
     epsilon: float,
     expected: Tensor,
@@ -63,7 +65,7 @@ def _row_tolerance(
 ) -> Tolerance:
     """Per-row tolerance ``[B]`` (the default rule of :func:`check_advantages`)."""
     rewards = f64(batch["token_level_rewards"])
-    mask, uid = batch["response_mask"], batch["uid"]
+    mask = batch["response_mask"]
     valid = as_bool_mask(mask)
     acc = accumulation_roundoff(eps)
     scores = sequence_scores(rewards, mask)
@@ -83,7 +85,7 @@ def _row_tolerance(
     elif estimator == "reinforce_baseline":
         total = int(valid.sum())
         row_c = _row_values(expected, valid)
-        token_mean, token_std = _token_moments(batch, epsilon)
+        token_mean, token_std = _token_moments(batch, uid, epsilon)
         # Whitening mixes every row into the batch mean: each row inherits the worst error.
         spread = 8 * (eps + acc * total) * float(scores.abs().max() + row_c.abs().max())
         centered = torch.full_like(scores, float(centered.max()) + spread)
@@ -96,9 +98,9 @@ def _row_tolerance(
     return resolve_tolerance(relative, centered / denominator + 1e-300, rtol, atol)
 
 
-def _token_moments(batch: Batch, epsilon: float) -> tuple[float, float]:
+def _token_moments(batch: Batch, uid: Tensor, epsilon: float) -> tuple[float, float]:
     """Token mean ``μ`` and ``sqrt(v + ε)`` of the group-centered scores (REINFORCE++ baseline)."""
-    rewards, mask, uid = f64(batch["token_level_rewards"]), batch["response_mask"], batch["uid"]
+    rewards, mask = f64(batch["token_level_rewards"]), batch["response_mask"]
     valid = as_bool_mask(mask)
     scores = sequence_scores(rewards, mask)
     mean, _, _ = group_mean_std(scores, uid)
@@ -108,15 +110,49 @@ def _token_moments(batch: Batch, epsilon: float) -> tuple[float, float]:
     return float(centered.mean()), (variance + epsilon) ** 0.5
 
 
-def _call(fn: Callable[..., Any], batch: Batch) -> Tensor:
+def _call(fn: Callable[..., Any], batch: Batch, uid: Any) -> Tensor:
     mask = batch["response_mask"]
-    output = fn(batch["token_level_rewards"], mask, batch["uid"])
+    output = fn(batch["token_level_rewards"], mask, uid)
     return f64(token_tensor("advantages", output, mask.shape, batch))
 
 
+def _rows(value: Any, rows: list[int], size: int) -> Any:
+    """``value`` restricted to ``rows`` when it has one entry per row, else unchanged."""
+    if isinstance(value, Tensor) and value.dim() and value.shape[0] == size:
+        return value[torch.tensor(rows, dtype=torch.long, device=value.device)]
+    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == size:
+        return value[np.asarray(rows, dtype=np.int64)]
+    if isinstance(value, list | tuple) and len(value) == size:
+        return type(value)(value[i] for i in rows)
+    return value
+
+
 def _select(batch: Batch, rows: list[int]) -> dict[str, Any]:
-    index = torch.tensor(rows, dtype=torch.long)
-    return {key: value[index] for key, value in batch.items()}
+    size = batch["response_mask"].shape[0]
+    return {key: _rows(value, rows, size) for key, value in batch.items()}
+
+
+def group_index(labels: Any) -> Tensor:
+    """Int64 ``[B]`` group ids from group labels: a tensor, a numpy array (verl keeps ``uid``
+    as an object array of strings) or a list; equal labels, equal ids."""
+    if isinstance(labels, Tensor):
+        return labels.long()
+    ids: dict[Any, int] = {}
+    items = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
+    return torch.tensor([ids.setdefault(label, len(ids)) for label in items], dtype=torch.long)
+
+
+def _relabel(labels: Any) -> Any:
+    """Other names for the same groups, in the container and type of ``labels``."""
+    if isinstance(labels, Tensor):
+        return labels.max() - labels + 5
+    items = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in items)
+    top = max(items) if numbers and items else 0
+    renamed = [top - x + 5 if numbers else f"relabeled-{x}" for x in items]
+    if isinstance(labels, np.ndarray):
+        return np.array(renamed, dtype=labels.dtype if numbers else object)
+    return type(labels)(renamed)
 
 
 def check_advantages(
@@ -128,12 +164,20 @@ def check_advantages(
     rtol: float | None = None,
     atol: float | None = None,
     variant: Callable[..., Any] | None = None,
+    group_size: int | None = None,
 ) -> None:
     """Check ``fn(token_level_rewards, response_mask, uid) -> advantages [B, T]``.
 
     ``batch`` holds ``token_level_rewards`` and ``response_mask`` (``[B, T]``, rewards zero
     on padding: see :func:`pytest_rollout_golden.strategies.reward_batches`) and ``uid``
-    (int64 ``[B]`` group ids). A tuple return is allowed (first item). ``estimator`` is one of
+    (``[B]`` group labels: an int tensor, a numpy array such as verl's object array of
+    strings, or a list). Other entries, tensors or not, are carried along (and cut with the
+    rows when they have one entry per row). ``group_size=n`` declares the contiguous layout
+    of TRL, slime and ROLL instead: rows ``[k·n, (k+1)·n)`` form group ``k`` (a last, shorter
+    block is a group of its own) and ``uid`` may be absent (``fn`` then gets ``row // n``).
+    A row without a valid token scores 0 and counts in its group (verl's convention); its
+    advantages must be 0 (all padding). A tuple return is allowed (first item).
+    ``estimator`` is one of
     ``"grpo"`` (``(s - mean_g) / (std_g + ε)``, unbiased std), ``"grpo_no_std"`` and its
     alias ``"drgrpo"`` (``s - mean_g``), ``"rloo"`` (``s - mean of the others``),
     ``"reinforce_baseline"`` (``s - mean_g``, then whitened over the batch's valid tokens with
@@ -147,7 +191,9 @@ def check_advantages(
     * ``advantages.group_mean_zero`` (GRPO, Dr.GRPO, RLOO, groups of two or more);
     * ``advantages.reference_agreement``: equal to the float64 reference within tolerance;
     * ``advantages.row_order`` / ``advantages.group_labels``: reversing the rows reverses
-      the result; renaming the groups changes nothing;
+      the result (with ``group_size``, only when ``B`` is a multiple of it: the blocks stay
+      blocks); renaming the groups changes nothing (not with ``group_size``). Both compare
+      with the reference;
     * ``advantages.variant_agreement``: with ``variant`` (a second implementation, e.g. a
       vectorized one), both agree on every row, singleton groups included.
 
@@ -159,11 +205,18 @@ def check_advantages(
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    mask, uid = batch["response_mask"], batch["uid"]
+    mask = batch["response_mask"]
     valid = as_bool_mask(mask)
-    if not bool(valid.any(dim=-1).all()):
-        raise ValueError("check_advantages needs at least one valid token in every row")
-    got = _call(fn, batch)
+    size_b = mask.shape[0]
+    if group_size is not None:
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        uid = torch.arange(size_b) // group_size
+        labels = batch.get("uid", uid)
+    else:
+        labels = batch["uid"]
+        uid = group_index(labels)
+    got = _call(fn, batch, labels)
     # The input dtype sets the accuracy owed: float64 in, float64-accurate out.
     eps = unit_roundoff(batch["token_level_rewards"].dtype)
 
@@ -191,14 +244,20 @@ def check_advantages(
     expected_row = _row_values(expected, valid)
     scores = sequence_scores(rewards64, mask)
     _, _, size = group_mean_std(scores, uid)
-    tolerance = _row_tolerance(batch, estimator, epsilon, expected, eps, rtol, atol)
+    tolerance = _row_tolerance(batch, uid, estimator, epsilon, expected, eps, rtol, atol)
     off = tolerance.exceeded(row, expected_row)
 
-    def lines(bad: Tensor, reference: Tensor = expected_row, name: str = "reference") -> list:
+    def lines(
+        bad: Tensor,
+        reference: Tensor = expected_row,
+        name: str = "reference",
+        got: Tensor = row,
+        got_name: str = "fn",
+    ) -> list[str]:
         return [
             f"row {b} (uid={int(uid[b])}, group of {int(size[b])}, "
             f"score {float(scores[b])!r}): "
-            + versus("fn", float(row[b]), name, float(reference[b]))
+            + versus(got_name, float(got[b]), name, float(reference[b]))
             for (b,) in positions(bad)
         ]
 
@@ -210,7 +269,7 @@ def check_advantages(
             lines(single),
         )
     if bool(off.any()) and eps == F64_EPS and rtol is None and atol is None:
-        loose = _row_tolerance(batch, estimator, epsilon, expected, F32_EPS, None, None)
+        loose = _row_tolerance(batch, uid, estimator, epsilon, expected, F32_EPS, None, None)
         if not bool(loose.exceeded(row, expected_row).any()):
             fail(
                 "advantages.precision",
@@ -224,7 +283,9 @@ def check_advantages(
         allowed = torch.zeros_like(sums).index_add(
             0, inverse, tolerance.atol + tolerance.rtol * expected_row.abs()
         )
-        biased = (counts > 1) & (sums.abs() > allowed)
+        # A row without valid tokens shows 0, not its advantage: its group is not judged.
+        empty = torch.zeros_like(sums).index_add(0, inverse, (~valid.any(dim=-1)).double())
+        biased = (counts > 1) & (sums.abs() > allowed) & (empty == 0)
         if bool(biased.any()):
             fail(
                 "advantages.group_mean_zero",
@@ -245,26 +306,40 @@ def check_advantages(
         )
 
     reversed_rows = list(range(len(row)))[::-1]
-    moved = _row_values(_call(fn, _select(batch, reversed_rows)), valid.flip(0)).flip(0)
-    off = tolerance.exceeded(moved, row)
+    blocks_kept = group_size is None or size_b % group_size == 0
+    # Each value is compared with the reference, not with fn's own first answer: two
+    # low-precision results, each within tolerance of the reference, may differ by twice it.
+    flipped = _select(batch, reversed_rows)
+    flipped_labels = flipped.get("uid", uid) if group_size is not None else flipped["uid"]
+    moved = _row_values(_call(fn, flipped, flipped_labels), valid.flip(0)).flip(0)
+    off = tolerance.exceeded(moved, expected_row) & blocks_kept
     if bool(off.any()):
         fail(
             "advantages.row_order",
-            "reversing the rows changed the advantages",
-            lines(off, moved, "reversed"),
+            "reversing the rows changed the advantages (reversed rows, compared with the "
+            "reference)",
+            lines(off, got=moved, got_name="fn on reversed rows"),
         )
-    relabeled = dict(batch, uid=uid.max() - uid + 5)
-    moved = _row_values(_call(fn, relabeled), valid)
-    off = tolerance.exceeded(moved, row)
+    if group_size is None:
+        relabeled = dict(batch, uid=_relabel(labels))
+        moved = _row_values(_call(fn, relabeled, relabeled["uid"]), valid)
+        off = tolerance.exceeded(moved, expected_row)
+    else:
+        off = torch.zeros_like(expected_row, dtype=torch.bool)
     if bool(off.any()):
         fail(
             "advantages.group_labels",
-            "renaming the groups (uid → max(uid) - uid + 5) changed the advantages",
-            lines(off, moved, "relabeled"),
+            "renaming the groups (uid → max(uid) - uid + 5, or a prefix) changed the advantages "
+            "(relabeled, "
+            "compared with the reference)",
+            lines(off, got=moved, got_name="fn on relabeled groups"),
         )
     if variant is not None:
-        other = _row_values(_call(variant, batch), valid)
-        off = tolerance.exceeded(other, row)
+        other = _row_values(_call(variant, batch, labels), valid)
+        # Both are held to the same tolerance around the reference, so they may differ by
+        # twice it.
+        doubled = Tolerance(rtol=2 * tolerance.rtol, atol=2 * tolerance.atol)
+        off = doubled.exceeded(other, row)
         if bool(off.any()):
             fail(
                 "advantages.variant_agreement",

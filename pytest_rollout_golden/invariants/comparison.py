@@ -18,7 +18,15 @@ Batch = Mapping[str, Any]
 MAX_SHOWN = 8
 F32_EPS = torch.finfo(torch.float32).eps
 F64_EPS = torch.finfo(torch.float64).eps
-TOKEN_FLOATS = ("old_log_probs", "rollout_log_probs", "log_probs", "advantages")
+TOKEN_FLOATS = (
+    "old_log_probs",
+    "rollout_log_probs",
+    "log_probs",
+    "ref_log_probs",
+    "advantages",
+    "token_level_rewards",
+    "values",
+)
 
 GUARD_RTOL = 4e-6
 """Relative allowance for epsilon guards: ``x / (n + δ)`` with ``δ ≤ 1e-6`` and ``n ≥ 1``
@@ -141,12 +149,19 @@ def replace_valid(values: Tensor, valid: Tensor, new: Tensor) -> Tensor:
     return torch.where(valid, new.to(values.dtype), values)
 
 
+def holds_garbage(values: Tensor, valid: Tensor) -> bool:
+    """Whether a token tensor holds anything but zeros on its padding positions."""
+    return bool((values.detach()[~valid] != 0).any())
+
+
 def regarble(batch: Batch) -> dict[str, Any]:
-    """The batch with different (still finite) garbage in every padding position."""
+    """The batch with different (still finite) garbage in the padding positions of every token
+    field that holds garbage there. A field whose padding is all zeros (a batch drawn with
+    ``garbage=False`` for that field) keeps its zeros: the batch promised none there."""
     valid = valid_mask(batch)
     out = dict(batch)
     for key in TOKEN_FLOATS:
-        if key in batch:
+        if key in batch and holds_garbage(batch[key], valid):
             values = batch[key]
             out[key] = torch.where(valid, values, values + 37.0 + values.abs())
     return out
@@ -155,7 +170,7 @@ def regarble(batch: Batch) -> dict[str, Any]:
 def padding_hint(batch: Batch) -> str:
     """Name the likely cause of a non-finite result when the padding holds large garbage."""
     valid = valid_mask(batch)
-    keys = [k for k in TOKEN_FLOATS if k in batch and k != "advantages"]
+    keys = [k for k in TOKEN_FLOATS if k in batch and k.endswith("log_probs")]
     if not keys or bool(valid.all()):
         return ""
     largest = max(float(f64(batch[k])[~valid].abs().max()) for k in keys)
@@ -179,6 +194,6 @@ def token_tensor(name: str, output: Any, shape: torch.Size, batch: Batch | None 
         fail(
             f"{name}.finite",
             f"{int(bad.sum())} non-finite entries" + (padding_hint(batch) if batch else ""),
-            [f"(b={b}, t={t}): {fmt(float(output[b, t]))}" for b, t in positions(bad)],
+            [f"(b={b}, t={t}): {fmt(float(output.detach()[b, t]))}" for b, t in positions(bad)],
         )
     return output

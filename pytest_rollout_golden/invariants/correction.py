@@ -41,24 +41,30 @@ def check_is_weights(
     batch: Batch,
     *,
     level: corr.ISLevel,
-    threshold: float | str | None,
+    threshold: corr.ISThresholdSpec,
     batch_normalize: bool = False,
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
     """Check ``fn(old_log_prob, rollout_log_prob, response_mask) -> weights [B, T]``.
 
-    ``level``, ``threshold`` and ``batch_normalize`` describe what ``fn`` is configured to
-    compute (a tuple return is allowed; its first item is the weights). Invariants:
+    ``level`` (``"token"``, ``"sequence"`` or ``"geometric"``), ``threshold`` (truncation,
+    IcePop ``"lower_upper"`` or a two-sided ``(lower, upper)`` clamp) and ``batch_normalize``
+    describe what ``fn`` is configured to compute (a tuple return is allowed; its first item
+    is the weights). Where a log weight lies beyond ±20, both the clamped weight
+    ``exp(±20)`` (verl) and the exact ``exp(log w)`` are accepted: the whole batch must agree
+    with one of the two references. Invariants:
 
     * ``is_weights.nonnegative``; ``is_weights.zero_on_padding``;
-    * ``is_weights.sequence_constant`` (sequence level): one weight per sequence;
+    * ``is_weights.sequence_constant`` (sequence and geometric levels): one weight per
+      sequence;
     * ``is_weights.padding_independence``: other garbage on padding, same weights;
     * ``is_weights.normalized_mean`` (batch_normalize): mean 1 at the IS level — over valid
       tokens, or over sequences of their mean weight — unless the reference skips
       normalization (mean ≤ 1e-8);
     * ``is_weights.truncation`` / ``is_weights.icepop_bounds``: before normalization, weights
-      are ≤ upper (truncation) or 0 or inside ``[lower, upper]`` (IcePop). With
+      are ≤ upper (truncation), inside ``[lower, upper]`` (two-sided truncation) or 0 or
+      inside ``[lower, upper]`` (IcePop). With
       ``batch_normalize`` the checker undoes the normalization with the reference normalizer
       (if your normalizer is wrong, ``normalized_mean`` or ``reference_agreement`` says so);
     * ``is_weights.reference_agreement``: equal to the reference within tolerance.
@@ -84,11 +90,14 @@ def check_is_weights(
     if level == "token":
         magnitude = token_magnitude
     else:
-        per_row = corr.masked_sum(token_magnitude, mask, dim=-1)
-        magnitude = per_row.unsqueeze(-1).expand_as(w)
+        reduce = corr.masked_sum if level == "sequence" else masked_mean
+        magnitude = reduce(token_magnitude, mask, dim=-1).unsqueeze(-1).expand_as(w)
     n_row = valid.sum(dim=-1, keepdim=True).expand_as(w).to(torch.float64)
-    spread = n_row if level == "sequence" else torch.ones_like(w)
+    spread = torch.ones_like(w) if level == "token" else n_row
     elem_rtol = 4 * eps * (1 + magnitude) + 4 * acc * spread * magnitude
+    if level == "geometric":
+        # A guarded token count in the mean moves the exponent by up to 1e-6 relative.
+        elem_rtol = elem_rtol + GUARD_RTOL * log_w.abs()
     norm_rtol = float(elem_rtol[valid].max()) if bool(valid.any()) else 0.0
     norm_rtol += 4 * acc * int(valid.sum()) + GUARD_RTOL
     tiny = 4 * torch.finfo(weights_out.dtype).tiny
@@ -115,7 +124,7 @@ def check_is_weights(
             "non-zero IS weights on padding positions",
             [describe(*p) for p in positions(on_padding)],
         )
-    if level == "sequence":
+    if level != "token":
         first = w.gather(-1, valid.long().argmax(dim=-1, keepdim=True)).expand_as(w)
         uneven = valid & ((w - first).abs() > 2 * elem_rtol * first.abs() + tiny)
         if bool(uneven.any()):
@@ -141,8 +150,73 @@ def check_is_weights(
             ],
         )
 
-    # The reference, with IcePop decisions on near-boundary weights resolved as fn did.
-    thresholded = corr.apply_is_threshold(raw, threshold)
+    # The reference, with IcePop decisions on near-boundary weights resolved as fn did. Where a
+    # log weight lies beyond ±20, the clamped weight (verl) and the exact one (most other
+    # frameworks) are both correct: each is a whole candidate reference.
+    raws = [raw]
+    beyond = valid & (log_w.abs() > corr.SAFETY_BOUND)
+    if bool(beyond.any()):
+        raws.append(corr.raw_is_weights(old64, rollout64, mask, level=level, clamp=False))
+    candidates: list[tuple[Tensor, float]] = []
+    for base in raws:
+        candidates += _is_candidates(
+            base, w, mask, threshold, level, batch_normalize, elem_rtol, norm_rtol
+        )
+    normalized = [factor for _, factor in candidates if factor != 1.0]
+    if batch_normalize and len(normalized) == len(candidates):
+        fn_mean = float(corr.is_normalizer(w, mask, level=level))
+        if resolve_tolerance(0.0, 2 * norm_rtol + 8 * acc, None, atol).exceeded(fn_mean, 1.0):
+            token_mean = float(masked_mean(w, mask))
+            rows = valid_rows(mask)
+            seq_mean = float(masked_mean(masked_mean(w, mask, dim=-1), rows))
+            fail(
+                "is_weights.normalized_mean",
+                f"batch-normalized {level}-level weights have mean "
+                f"{fmt(fn_mean, digits_to_separate(fn_mean, 1.0))} at the {level} level, "
+                f"expected 1 (difference {fn_mean - 1:.3g})",
+                [
+                    f"mean over {int(valid.sum())} valid tokens: {fmt(token_mean)}",
+                    f"mean over {int(rows.sum())} sequences of their mean weight: {fmt(seq_mean)}",
+                ],
+            )
+    if thr.upper is not None:
+        _check_bounds(w, valid, thr, candidates, elem_rtol, norm_rtol, describe)
+    tolerance = resolve_tolerance((elem_rtol + 2 * norm_rtol) * 2, tiny, rtol, atol)
+    failures = []
+    for expected, _ in candidates:
+        off = valid & tolerance.exceeded(w, expected)
+        if not bool(off.any()):
+            return
+        failures.append((off, expected))
+    off, expected = failures[0]
+    both = " or the exact exp(log w) where |log w| > 20" if len(raws) > 1 else ""
+    fail(
+        "is_weights.reference_agreement",
+        f"{int(off.sum())} of {int(valid.sum())} valid weights differ from the reference "
+        f"(level={level!r}, threshold={threshold!r}, batch_normalize={batch_normalize}; "
+        f"reference weight exp(clamp(log w, ±20)){both})",
+        [describe(b, t, expected) for b, t in positions(off)],
+    )
+
+
+def _is_candidates(
+    raw: Tensor,
+    w: Tensor,
+    mask: Tensor,
+    threshold: corr.ISThresholdSpec,
+    level: corr.ISLevel,
+    batch_normalize: bool,
+    elem_rtol: Tensor,
+    norm_rtol: float,
+) -> list[tuple[Tensor, float]]:
+    """Reference weights ``(expected, normalizer)`` acceptable for one choice of raw weights.
+
+    IcePop decisions within rounding of a bound are taken as ``fn`` took them; a normalizer
+    within rounding of the 1e-8 skip bound gives two candidates (normalized and not).
+    """
+    valid = as_bool_mask(mask)
+    thr = corr.parse_is_threshold(threshold)
+    thresholded = corr.apply_is_threshold(raw, threshold, mask)
     if thr.icepop:
         assert thr.lower is not None and thr.upper is not None
         near = valid & (
@@ -152,72 +226,64 @@ def check_is_weights(
         inside = (raw >= thr.lower) & (raw <= thr.upper)
         inside = torch.where(near, w != 0, inside)
         thresholded = torch.where(inside & valid, raw, torch.zeros_like(raw))
-    candidates: list[tuple[Tensor, float]] = [(thresholded, 1.0)]
-    if batch_normalize:
-        mean = float(corr.is_normalizer(thresholded, mask, level=level))
-        if mean > corr.NORMALIZE_MIN * (1 + norm_rtol):
-            candidates = [(thresholded / mean, mean)]
-        elif mean > corr.NORMALIZE_MIN * (1 - norm_rtol):
-            candidates = [(thresholded / mean, mean), (thresholded, 1.0)]
-        if candidates[0][1] != 1.0 and len(candidates) == 1:
-            fn_mean = float(corr.is_normalizer(w, mask, level=level))
-            if resolve_tolerance(0.0, 2 * norm_rtol + 8 * acc, None, atol).exceeded(fn_mean, 1.0):
-                token_mean = float(masked_mean(w, mask))
-                rows = valid_rows(mask)
-                seq_mean = float(masked_mean(masked_mean(w, mask, dim=-1), rows))
-                fail(
-                    "is_weights.normalized_mean",
-                    f"batch-normalized {level}-level weights have mean "
-                    f"{fmt(fn_mean, digits_to_separate(fn_mean, 1.0))} at the {level} level, "
-                    f"expected 1 (difference {fn_mean - 1:.3g})",
-                    [
-                        f"mean over {int(valid.sum())} valid tokens: {fmt(token_mean)}",
-                        f"mean over {int(rows.sum())} sequences of their mean weight: "
-                        f"{fmt(seq_mean)}",
-                    ],
-                )
-    if len(candidates) == 1 and thr.upper is not None:
-        factor = candidates[0][1]
+    if not batch_normalize:
+        return [(thresholded, 1.0)]
+    mean = float(corr.is_normalizer(thresholded, mask, level=level))
+    if mean > corr.NORMALIZE_MIN * (1 + norm_rtol):
+        return [(thresholded / mean, mean)]
+    if mean > corr.NORMALIZE_MIN * (1 - norm_rtol):
+        return [(thresholded / mean, mean), (thresholded, 1.0)]
+    return [(thresholded, 1.0)]
+
+
+def _check_bounds(
+    w: Tensor,
+    valid: Tensor,
+    thr: corr.ISThreshold,
+    candidates: Sequence[tuple[Tensor, float]],
+    elem_rtol: Tensor,
+    norm_rtol: float,
+    describe: Callable[..., str],
+) -> None:
+    """Truncation / IcePop bounds on ``w`` times a candidate normalizer (any one will do)."""
+    assert thr.upper is not None
+    slack = elem_rtol + 2 * norm_rtol
+    found = []
+    for factor in dict.fromkeys(factor for _, factor in candidates):
         before = w * factor
         if thr.icepop:
             assert thr.lower is not None
-            slack = elem_rtol + 2 * norm_rtol
             outside = (
                 valid
                 & (before != 0)
                 & ((before < thr.lower * (1 - slack)) | (before > thr.upper * (1 + slack)))
             )
-            name, what = (
-                "is_weights.icepop_bounds",
-                f"neither 0 nor inside [{thr.lower}, {thr.upper}]",
-            )
         else:
-            outside = valid & (before > thr.upper * (1 + elem_rtol + 2 * norm_rtol))
-            name, what = "is_weights.truncation", f"above the truncation threshold {thr.upper}"
-        if bool(outside.any()):
-            note = f" (weights × reference normalizer {fmt(factor)})" if factor != 1.0 else ""
-            fail(
-                name,
-                f"weights before normalization{note} are {what}",
-                [
-                    f"{describe(b, t)}, before normalization "
-                    f"{fmt(float(before[b, t]), _digits_near(float(before[b, t]), thr))}"
-                    for b, t in positions(outside)
-                ],
-            )
-    tolerance = resolve_tolerance((elem_rtol + 2 * norm_rtol) * 2, tiny, rtol, atol)
-    failures = []
-    for expected, _ in candidates:
-        off = valid & tolerance.exceeded(w, expected)
-        if not bool(off.any()):
+            outside = valid & (before > thr.upper * (1 + slack))
+            if thr.lower is not None:
+                outside |= valid & (before < thr.lower * (1 - slack))
+        if not bool(outside.any()):
             return
-        failures.append((off, expected))
-    off, expected = failures[0]
+        found.append((factor, before, outside))
+    factor, before, outside = found[0]
+    if thr.icepop:
+        name, what = "is_weights.icepop_bounds", f"neither 0 nor inside [{thr.lower}, {thr.upper}]"
+    elif thr.lower is not None:
+        name, what = (
+            "is_weights.truncation",
+            f"outside the truncation bounds [{thr.lower}, {thr.upper}]",
+        )
+    else:
+        name, what = "is_weights.truncation", f"above the truncation threshold {thr.upper}"
+    note = f" (weights × reference normalizer {fmt(factor)})" if factor != 1.0 else ""
     fail(
-        "is_weights.reference_agreement",
-        f"{int(off.sum())} of {int(valid.sum())} valid weights differ from the reference "
-        f"(level={level!r}, threshold={threshold!r}, batch_normalize={batch_normalize})",
-        [describe(b, t, expected) for b, t in positions(off)],
+        name,
+        f"weights before normalization{note} are {what}",
+        [
+            f"{describe(b, t)}, before normalization "
+            f"{fmt(float(before[b, t]), _digits_near(float(before[b, t]), thr))}"
+            for b, t in positions(outside)
+        ],
     )
 
 
@@ -466,8 +532,12 @@ def _reciprocal_hint(
     """Explain a disagreement that verl's reciprocal k1 bounds reproduce exactly."""
     if not any(item.estimator == "k1" for item in criteria):
         return ""
+
+    def inverse(x: float) -> float:
+        return math.inf if x == 0 else 1.0 / x
+
     swapped = [
-        corr.RSCriterion(item.name, upper=1.0 / item.lower, lower=1.0 / item.upper)
+        corr.RSCriterion(item.name, upper=inverse(item.lower), lower=inverse(item.upper))
         if item.lower is not None
         else item
         for item in criteria

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from .. import parallel
 from ..reference import correction as corr
-from ..reference.losses import AggMode, policy_loss
+from ..reference.losses import AggMode, RatioLevel, policy_loss, sequence_log_ratio
+from ..reference.masking import masked_mean
 from .comparison import (
     GUARD_RTOL,
     TOKEN_FLOATS,
@@ -24,6 +25,7 @@ from .comparison import (
     fail,
     first_item,
     fmt,
+    holds_garbage,
     padding_hint,
     positions,
     regarble,
@@ -35,6 +37,7 @@ from .comparison import (
 )
 
 __all__ = [
+    "check_cispo",
     "check_linear_in_advantages",
     "check_packing_invariance",
     "check_padding_invariance",
@@ -87,6 +90,7 @@ class _Evaluation:
     """Loss value and gradient w.r.t. ``log_probs`` (both float64) of one loss call."""
 
     def __init__(self, name: str, loss_fn: Callable[..., Any], batch: Batch, **extra: Any):
+        extra.setdefault("n_micro_batches", 1)  # the whole batch in one piece
         global_tokens, global_seqs = batch_counts(batch)
         full, leaf = _leaf_batch(batch)
         loss = _scalar(
@@ -203,7 +207,10 @@ def check_split_invariance(
     """Micro-batch (and data-parallel) pieces must add up to the full-batch loss and gradient.
 
     ``loss_fn(micro_batch, *, global_tokens, global_seqs)`` is called on each piece with the
-    counts of the whole batch. The pieces of a rank are summed (gradient accumulation).
+    counts of the whole batch. The pieces of a rank are summed (gradient accumulation). If
+    ``loss_fn`` accepts ``n_micro_batches=``, it is told how many pieces its rank's batch was
+    cut into (1 for the full batch), as a trainer scaling by ``1/gradient_accumulation_steps``
+    knows it.
     Several partitions are tried — contiguous by row count, greedy by token budget, and
     interleaved — so micro-batches hold different token counts whenever rows have different
     lengths; a per-micro-batch token mean, however it is weighted, cannot pass.
@@ -243,12 +250,15 @@ def check_split_invariance(
         lines = []
         for rank, pieces in enumerate(ranks):
             for rows in pieces:
+                kwargs = _loss_kwargs(
+                    loss_fn,
+                    global_tokens,
+                    global_seqs,
+                    dp_size=dp_size,
+                    n_micro_batches=len(pieces),
+                )
                 piece = _scalar(
-                    "split_invariance",
-                    loss_fn(
-                        parallel.select_rows(work, rows),
-                        **_loss_kwargs(loss_fn, global_tokens, global_seqs, dp_size=dp_size),
-                    ),
+                    "split_invariance", loss_fn(parallel.select_rows(work, rows), **kwargs)
                 )
                 total = total + piece
                 where = f"rank {rank} " if dp_size > 1 else ""
@@ -328,7 +338,9 @@ def check_padding_invariance(
 ) -> None:
     """Padding must not matter: different garbage in the padding positions, and ``extra``
     more padding columns filled with garbage (on the batch's padding side), leave the loss
-    and the gradient of every valid token unchanged; padding gets zero gradient.
+    and the gradient of every valid token unchanged; padding gets zero gradient. A field
+    whose padding holds only zeros (``rollout_batches(garbage=...)`` without it) keeps zeros
+    there and in the extra columns.
 
     Note: ``seq-mean-token-sum-norm`` with its default normalizer (the padded length ``T``)
     is *not* padding invariant by definition; give it a fixed ``loss_scale_factor``.
@@ -356,6 +368,11 @@ def check_padding_invariance(
     )
     side = "left" if parallel.padding_side(batch["response_mask"]) == "left" else "right"
     wider = parallel.pad_columns(batch, extra, side=side, fill=57.5)
+    for key in parallel.token_keys(batch):  # fields without garbage get zero columns
+        if key != "response_mask" and not holds_garbage(batch[key], valid):
+            value = batch[key]
+            zeros = value.new_zeros((value.shape[0], extra))
+            wider[key] = torch.cat([zeros, value] if side == "left" else [value, zeros], dim=-1)
     widened = _Evaluation("padding_invariance", loss_fn, wider)
     keep = slice(extra, None) if side == "left" else slice(0, valid.shape[-1])
     extra_cols = slice(0, extra) if side == "left" else slice(valid.shape[-1], None)
@@ -433,16 +450,20 @@ def check_ppo_clip(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float | None = 3.0,
     agg_mode: AggMode | None = None,
     loss_scale_factor: float | None = None,
+    ratio_level: RatioLevel = "token",
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
     """Check a dual-clip PPO policy loss through its gradient pattern (and values).
 
     The checker sets ``rollout_log_probs = old_log_probs`` so that IS weights are 1 and RS
-    keeps every token, then computes ``r = exp(log_probs - old_log_probs)``. Per token, the
+    keeps every token, then computes ``r = exp(log_probs - old_log_probs)`` per token, or,
+    with ``ratio_level="sequence"`` (GSPO), the sequence ratio
+    ``s_i = exp(mean over the row's valid tokens of (log_probs - old_log_probs))`` for every
+    token of the row. ``clip_ratio_c=None`` means no dual clip (GSPO has none). Per token, the
     gradient must be zero where the objective is clipped and non-zero with the sign of
     ``-A`` elsewhere, whatever the aggregation:
 
@@ -452,29 +473,47 @@ def check_ppo_clip(
       ``-A·clip_ratio_c``);
     * ``ppo_clip.unclipped_gradient``: every other token with ``A != 0``.
 
-    Tokens whose ratio is within rounding of a clip boundary are not judged. With
-    ``agg_mode`` the value and gradient must also match the reference
-    (``ppo_clip.reference_agreement``), using the batch's global counts.
+    Tokens whose ratio is within rounding of a clip boundary are not judged, nor tokens whose
+    log ratio is beyond ±20 (±10 for sequence ratios, where verl clamps). With ``agg_mode``
+    the value and gradient must also match the reference (``ppo_clip.reference_agreement``),
+    using the batch's global counts.
     """
     high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
     work = dict(batch)
     work["rollout_log_probs"] = batch["old_log_probs"].clone()
     result = _Evaluation("ppo_clip", loss_fn, work)
     valid = valid_mask(batch)
+    mask = batch["response_mask"]
     eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
-    log_ratio = f64(batch["log_probs"]) - f64(batch["old_log_probs"])
+    log_probs64, old64 = f64(batch["log_probs"]), f64(batch["old_log_probs"])
+    log_ratio = log_probs64 - old64
+    if ratio_level == "sequence":
+        # The row mean carries the rounding of a sum over the row and possibly a count guard.
+        acc = accumulation_roundoff(eps)
+        magnitude = masked_mean(log_probs64.abs() + old64.abs(), mask, dim=-1)
+        n_row = valid.sum(dim=-1).to(torch.float64)
+        seq = sequence_log_ratio(log_probs64, old64, mask)
+        log_ratio = seq.unsqueeze(-1).expand_as(log_ratio)
+        spread = (8 * acc * n_row * magnitude + GUARD_RTOL * seq.abs()).unsqueeze(-1)
+        limit = 10.0
+    elif ratio_level == "token":
+        spread = torch.zeros_like(log_ratio)
+        limit = corr.SAFETY_BOUND
+    else:
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
     ratio = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND).exp()
     advantages = f64(batch["advantages"])
-    band = 8 * eps * (1 + log_ratio.abs()) * ratio
-    edges = (1 + high, 1 - clip_ratio_low, clip_ratio_c)
+    band = (8 * eps * (1 + log_ratio.abs()) + spread) * ratio
+    edges = tuple(e for e in (1 + high, 1 - clip_ratio_low, clip_ratio_c) if e is not None)
     near = torch.zeros_like(valid)
     for edge in edges:
         near |= (ratio - edge).abs() <= band * edge + 8 * eps
-    near |= log_ratio.abs() >= corr.SAFETY_BOUND
+    near |= log_ratio.abs() >= limit
     judged = valid & ~near
     positive, negative = advantages > 0, advantages < 0
+    dual_c = math.inf if clip_ratio_c is None else clip_ratio_c
     regions = {
-        "ppo_clip.dual_clip": judged & negative & (ratio > clip_ratio_c),
+        "ppo_clip.dual_clip": judged & negative & (ratio > dual_c),
         "ppo_clip.upper_clip": judged & positive & (ratio > 1 + high),
         "ppo_clip.lower_clip": judged & negative & (ratio < 1 - clip_ratio_low),
     }
@@ -533,12 +572,13 @@ def check_ppo_clip(
                 clip_ratio_low=clip_ratio_low,
                 clip_ratio_high=clip_ratio_high,
                 clip_ratio_c=clip_ratio_c,
+                ratio_level=ratio_level,
             )[0]
 
         expected = _Evaluation("ppo_clip", reference, _as_float64(work))
         _compare(
             "ppo_clip.reference_agreement",
-            f"PPO-clip with agg_mode={agg_mode!r}",
+            f"PPO-clip with agg_mode={agg_mode!r}, ratio_level={ratio_level!r}",
             _Tolerance(batch, [result.dtype], expected, rtol=rtol, atol=atol),
             result,
             expected,
@@ -689,4 +729,130 @@ def check_linear_in_advantages(
             combined,
             got_name="sum of parts",
             expected_name="combined",
+        )
+
+
+# --------------------------------------------------------------------------- CISPO
+
+
+def check_cispo(
+    loss_fn: Callable[..., Any],
+    batch: Batch,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float | None = None,
+    agg_mode: AggMode | None = None,
+    loss_scale_factor: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Check a CISPO policy loss ``-sg(clamp(r, 1-ε_low, 1+ε_high))·A·log π`` through its
+    gradient (and, with ``agg_mode``, its value).
+
+    As in :func:`check_ppo_clip` the checker sets ``rollout_log_probs = old_log_probs`` and
+    computes ``r = exp(log_probs - old_log_probs)`` and the clipped weight ``w``. With ``c_t``
+    the aggregation's coefficient of token ``t``, the gradient is ``-A_t·w_t·c_t``:
+
+    * ``cispo.clipped_tokens_learn``: tokens whose ratio is outside the interval keep a
+      gradient of sign ``-A`` (PPO-clip would zero it);
+    * ``cispo.gradient_sign``: every other token with ``A != 0`` has a gradient of sign ``-A``;
+    * ``cispo.stop_gradient``: ``gradient / (-A·w)`` is the same for every judged token of a
+      row (whatever the aggregation, ``c_t`` depends on the row at most). A weight that is
+      not detached adds ``-A·log π·∂w``; an unclipped weight gives ``r`` instead of ``w``;
+    * ``cispo.reference_agreement`` (with ``agg_mode``): value and gradient.
+
+    Tokens within rounding of a clip bound, or with a log ratio beyond ±20, are not judged.
+    """
+    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
+    work = dict(batch)
+    work["rollout_log_probs"] = batch["old_log_probs"].clone()
+    result = _Evaluation("cispo", loss_fn, work)
+    valid = valid_mask(batch)
+    eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
+    log_probs64, old64 = f64(batch["log_probs"]), f64(batch["old_log_probs"])
+    log_ratio = log_probs64 - old64
+    ratio = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND).exp()
+    weight = ratio.clamp(1 - clip_ratio_low, 1 + high)
+    advantages = f64(batch["advantages"])
+    band = 8 * eps * (1 + log_ratio.abs()) * ratio
+    near = log_ratio.abs() >= corr.SAFETY_BOUND
+    for edge in (1 + high, 1 - clip_ratio_low):
+        near |= (ratio - edge).abs() <= band * edge + 8 * eps
+    judged = valid & ~near & (advantages != 0)
+    clipped = (ratio > 1 + high) | (ratio < 1 - clip_ratio_low)
+    grad = result.grad
+
+    def line(b: int, t: int) -> str:
+        return (
+            f"(b={b}, t={t}): A={fmt(float(advantages[b, t]))}, ratio={fmt(float(ratio[b, t]))}, "
+            f"clipped weight={fmt(float(weight[b, t]))}, log_prob={fmt(float(log_probs64[b, t]))}, "
+            f"gradient={fmt(float(grad[b, t]))}"
+        )
+
+    wrong = judged & ~(grad * -advantages.sign() > 0)
+    for name, region, what in (
+        (
+            "cispo.clipped_tokens_learn",
+            wrong & clipped,
+            "tokens outside the clip interval must keep a gradient of sign -A (CISPO clips "
+            "the detached weight, not the objective)",
+        ),
+        ("cispo.gradient_sign", wrong, "tokens must have a gradient with the sign of -A"),
+    ):
+        if bool(region.any()):
+            fail(name, what, [line(*p) for p in positions(region)])
+
+    # gradient / (-A·w) is the aggregation coefficient: one value per row.
+    coefficient = grad / (-advantages * weight).where(judged, torch.ones_like(weight))
+    slack = 16 * eps * (2 + log_probs64.abs() + old64.abs()) + 2 * GUARD_RTOL
+    lines = []
+    uneven = torch.zeros_like(valid)
+    for b in range(valid.shape[0]):
+        columns = judged[b].nonzero().flatten().tolist()
+        if len(columns) < 2:
+            continue
+        first = columns[0]
+        for t in columns[1:]:
+            allowed = (slack[b, first] + slack[b, t]) * abs(float(coefficient[b, first]))
+            if abs(float(coefficient[b, t] - coefficient[b, first])) > allowed:
+                uneven[b, t] = True
+                lines.append(
+                    f"{line(b, t)}: gradient/(-A·w)={fmt(float(coefficient[b, t]))}, at "
+                    f"t={first} {fmt(float(coefficient[b, first]))}"
+                )
+    if lines:
+        fail(
+            "cispo.stop_gradient",
+            "the gradient is not -A·w times one coefficient per row: the clipped weight w is "
+            "not detached, or not clipped",
+            lines,
+        )
+    if agg_mode is not None:
+        global_tokens, global_seqs = batch_counts(batch)
+
+        def reference(b: Batch, **_: Any) -> Tensor:
+            return policy_loss(
+                b["log_probs"],
+                b["old_log_probs"],
+                b["advantages"],
+                b["response_mask"],
+                loss_type="cispo",
+                agg_mode=agg_mode,
+                global_tokens=global_tokens,
+                global_seqs=global_seqs,
+                loss_scale_factor=loss_scale_factor,
+                clip_ratio_low=clip_ratio_low,
+                clip_ratio_high=clip_ratio_high,
+            )[0]
+
+        expected = _Evaluation("cispo", reference, _as_float64(work))
+        _compare(
+            "cispo.reference_agreement",
+            f"CISPO with agg_mode={agg_mode!r}",
+            _Tolerance(batch, [result.dtype], expected, rtol=rtol, atol=atol),
+            result,
+            expected,
+            got_name="fn",
+            expected_name="reference",
+            grad_mask=~near,
         )

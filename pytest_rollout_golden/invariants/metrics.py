@@ -254,21 +254,36 @@ def check_rollout_corr_metrics(
     args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
     got = _evaluate("metrics", fn, args, batch, metrics)
     old, rollout = f64(args[0]), f64(args[1])
-    _, expected = corr.compute_is_weights(old, rollout, args[2], level=level, threshold=threshold)
-    expected.update(corr.offpolicy_metrics(old, rollout, args[2]))
-    expected = {k.removeprefix(corr.METRIC_PREFIX): v for k, v in expected.items()}
     eps = unit_roundoff(args[0].dtype)
     tolerances = _is_tolerances(batch, level, threshold, eps)
-    _compare(
-        "metrics",
-        got,
-        expected,
-        tolerances,
-        metrics,
-        rtol,
-        atol,
-        f"level={level!r}, threshold={threshold!r}",
-    )
+    # Beyond ±20 nats, metrics of the clamped (verl) and of the exact weights are both right.
+    log_w = corr.is_log_weights(old, rollout, args[2], level=level)
+    far = (log_w.abs() > corr.SAFETY_BOUND) | ((old - rollout).abs() > corr.SAFETY_BOUND)
+    beyond = bool((as_bool_mask(args[2]) & far).any())
+    failures = []
+    for clamp in (True, False) if beyond else (True,):
+        _, expected = corr.compute_is_weights(
+            old, rollout, args[2], level=level, threshold=threshold, clamp=clamp
+        )
+        expected.update(corr.offpolicy_metrics(old, rollout, args[2], clamp=clamp))
+        expected = {k.removeprefix(corr.METRIC_PREFIX): v for k, v in expected.items()}
+        try:
+            _compare(
+                "metrics",
+                got,
+                expected,
+                tolerances,
+                metrics,
+                rtol,
+                atol,
+                f"level={level!r}, threshold={threshold!r}"
+                + ("" if clamp else "; metrics of the exact weights exp(log w)"),
+            )
+            break
+        except AssertionError as error:
+            failures.append(error)
+    else:
+        raise failures[0]
     for what, reduced in _degenerate_is_batches(batch, threshold) if degenerate else []:
         inputs = (reduced["old_log_probs"], reduced["rollout_log_probs"], reduced["response_mask"])
         _evaluate("metrics", fn, inputs, reduced, metrics, what)

@@ -113,3 +113,54 @@ def outcome_advantages(
             token_level_rewards, response_mask, uid, epsilon=epsilon
         )
     raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ESTIMATORS}")
+
+
+def masked_whiten(values: Tensor, response_mask: Tensor, *, epsilon: float = 1e-8) -> Tensor:
+    """``(x - μ) / sqrt(v + ε)`` over every valid token of the batch (``μ`` the token mean,
+    ``v`` the unbiased token variance; 0 with a single valid token), zero on padding."""
+    valid = as_bool_mask(response_mask)
+    n = int(valid.sum())
+    mean = masked_sum(values, response_mask) / max(n, 1)
+    deviation = masked_fill_zero(values - mean, response_mask)
+    variance = deviation.square().sum() / max(n - 1, 1)
+    return masked_fill_zero(deviation / (variance + epsilon).sqrt(), response_mask)
+
+
+def gae_advantages(
+    token_level_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    last_values: Tensor | None = None,
+    whiten: bool = False,
+    epsilon: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation: ``(advantages, returns)``, both ``[B, T]``.
+
+    Over each row's valid tokens in order (masked tokens, e.g. tool observations inside a
+    multi-turn response, are skipped: the recursion passes through them unchanged),
+    ``δ_t = r_t + γ·V_next - V_t`` and ``A_t = δ_t + γλ·A_next``, where ``next`` is the next
+    *valid* token; after the last valid token ``V_next = last_values`` (a bootstrap value per
+    row for a truncated response; 0, a terminal state, by default) and ``A_next = 0``.
+    ``returns = A + V``, taken before the optional whitening of the advantages
+    (:func:`masked_whiten`, as verl's ``compute_gae_advantage_return`` does). Both are zero on
+    masked positions.
+    """
+    valid = as_bool_mask(response_mask)
+    rows = token_level_rewards.shape[0]
+    zeros = torch.zeros(rows, dtype=values.dtype, device=values.device)
+    next_value = zeros if last_values is None else last_values.to(values.dtype)
+    running = zeros
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(token_level_rewards.shape[-1])):
+        here = valid[:, t]
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(here, delta + gamma * lam * running, running)
+        next_value = torch.where(here, values[:, t], next_value)
+        advantages[:, t] = torch.where(here, running, torch.zeros_like(running))
+    returns = masked_fill_zero(advantages + values, response_mask)
+    if whiten:
+        advantages = masked_whiten(advantages, response_mask, epsilon=epsilon)
+    return advantages, returns

@@ -5,18 +5,22 @@ Notation: ``log_ratio = old_log_prob - rollout_log_prob`` = log(π_train / π_ro
 (``docs/numerics.md`` in this repository restates them with formulas):
 
 * IS, token level: ``w = exp(clamp(log ρ, -20, 20))``; sequence level:
-  ``w = exp(clamp(Σ_t m·log ρ, -20, 20))`` broadcast over the row; then ``w *= m``.
+  ``w = exp(clamp(Σ_t m·log ρ, -20, 20))`` broadcast over the row; geometric level:
+  ``w = exp(clamp(mean_t log ρ, -20, 20))`` (the geometric mean of the token ratios) broadcast
+  over the row; then ``w *= m``.
 * A float threshold truncates (``w = min(w, upper)``); a ``"lower_upper"`` string is IcePop
-  (``w`` is zeroed outside ``[lower, upper]``; the mask is untouched).
+  (``w`` is zeroed outside ``[lower, upper]``; the mask is untouched); a ``(lower, upper)``
+  pair is two-sided truncation (``w = clamp(w, lower, upper)`` on valid tokens).
 * Optional batch normalization (after the threshold) divides by the mean weight at the IS
   level: token level over valid tokens, sequence level over sequences with at least one valid
   token of their per-sequence mean weight; skipped when that mean is ≤ 1e-8.
 * RS criteria ``token_k*``, ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k2|k3`` with
   ``k1 = -log ρ``, ``k2 = ½ (log ρ)²``, ``k3 = ρ - 1 - log ρ`` (log ρ clamped to ±20 first).
   A k1 criterion keeps ``lower ≤ ρ ≤ upper`` (on the token ratio, the sequence ratio Π ρ, or the
-  geometric mean ratio), as the math states. verl's code compares ``-log ρ`` with
-  ``[log lower, log upper]`` and so keeps ``1/upper ≤ ρ ≤ 1/lower`` instead; the two agree only
-  for reciprocal-symmetric bounds such as ``"0.5_2.0"``.
+  geometric mean ratio), as the math states; ``"0_upper"`` / ``"lower_inf"`` are one-sided.
+  verl's code compares ``-log ρ`` with ``[log lower, log upper]`` and so keeps
+  ``1/upper ≤ ρ ≤ 1/lower`` instead; the two agree only for reciprocal-symmetric bounds such
+  as ``"0.5_2.0"``.
 
 Every metric is returned under its logged name, ``rollout_corr/<name>``, as a Python float
 computed in float64.
@@ -44,13 +48,16 @@ from .masking import (
 SAFETY_BOUND = 20.0
 """Log-space clamp applied before every exponentiation of a log ratio."""
 
+EXACT_BOUND = 700.0
+"""With ``clamp=False`` (exact weights), the only clamp left: where float64 ``exp`` overflows."""
+
 NORMALIZE_MIN = 1e-8
 """Batch normalization is skipped when the mean weight is at or below this value."""
 
 METRIC_PREFIX = "rollout_corr/"
 
-ISLevel = Literal["token", "sequence"]
-IS_LEVELS: tuple[str, ...] = ("token", "sequence")
+ISLevel = Literal["token", "sequence", "geometric"]
+IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 
 RS_CRITERIA: tuple[str, ...] = (
     "token_k1",
@@ -80,34 +87,60 @@ def _positive_number(text: str, where: str) -> float:
     return value
 
 
-def _bounds(text: str, where: str) -> tuple[float, float]:
+def _bounds(text: str, where: str, *, open_ended: bool = False) -> tuple[float, float]:
+    """Parse ``"lower_upper"``; ``open_ended`` allows ``lower = 0`` or ``upper = inf``."""
     lower_text, upper_text = text.split("_", 1)
-    lower = _positive_number(lower_text.strip(), f"{where} (lower bound)")
-    upper = _positive_number(upper_text.strip(), f"{where} (upper bound)")
+    lower_text, upper_text = lower_text.strip(), upper_text.strip()
+    no_lower = open_ended and _is_number(lower_text, 0.0)
+    no_upper = open_ended and _is_number(upper_text, math.inf)
+    if no_lower and no_upper:
+        raise ValueError(f"{where}: a one-sided k1 bound needs one finite side (got {text!r})")
+    lower = 0.0 if no_lower else _positive_number(lower_text, f"{where} (lower bound)")
+    upper = math.inf if no_upper else _positive_number(upper_text, f"{where} (upper bound)")
     if lower > upper:
         raise ValueError(f"{where}: lower bound {lower} is greater than upper bound {upper}")
     return lower, upper
 
 
+def _is_number(text: str, value: float) -> bool:
+    try:
+        return float(text) == value
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class ISThreshold:
-    """A parsed IS threshold: truncation (``lower is None``) or IcePop bounds."""
+    """A parsed IS threshold: truncation (``lower is None``), IcePop bounds, or two-sided
+    truncation (``two_sided``: ``clamp(w, lower, upper)``)."""
 
     upper: float | None
     lower: float | None = None
+    two_sided: bool = False
 
     @property
     def icepop(self) -> bool:
-        return self.lower is not None
+        return self.lower is not None and not self.two_sided
 
 
-def parse_is_threshold(spec: float | str | None) -> ISThreshold:
+ISThresholdSpec = float | str | tuple[float, float] | None
+"""What :func:`parse_is_threshold` accepts."""
+
+
+def parse_is_threshold(spec: ISThresholdSpec) -> ISThreshold:
     """Parse an IS threshold: ``None`` (none), ``2.0`` / ``"2.0"`` (truncation),
-    ``"0.5_2.0"`` (IcePop)."""
+    ``"0.5_2.0"`` (IcePop), ``(0.5, 2.0)`` (two-sided truncation, TIS with a lower clamp)."""
     if spec is None:
         return ISThreshold(upper=None)
     if isinstance(spec, bool):
         raise TypeError("IS threshold must be a number or a string, not a bool")
+    if isinstance(spec, tuple | list):
+        if len(spec) != 2 or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in spec
+        ):
+            raise TypeError(f"a two-sided IS threshold is a pair of numbers, got {spec!r}")
+        lower, upper = _bounds(f"{float(spec[0])!r}_{float(spec[1])!r}", f"IS threshold {spec!r}")
+        return ISThreshold(upper=upper, lower=lower, two_sided=True)
     if isinstance(spec, int | float):
         return ISThreshold(upper=_positive_number(repr(float(spec)), "IS threshold"))
     if not isinstance(spec, str):
@@ -125,8 +158,8 @@ def parse_is_threshold(spec: float | str | None) -> ISThreshold:
 class RSCriterion:
     """One rejection criterion with its bound(s).
 
-    ``lower``/``upper`` are ratio bounds for k1 criteria; for k2/k3 ``upper`` bounds the
-    statistic itself and ``lower`` is ``None``.
+    ``lower``/``upper`` are ratio bounds for k1 criteria (one-sided: ``lower = 0`` or
+    ``upper = inf``); for k2/k3 ``upper`` bounds the statistic itself and ``lower`` is ``None``.
     """
 
     name: str
@@ -150,7 +183,9 @@ class RSCriterion:
         """Closed interval ``[lo, hi]`` the statistic must lie in for the item to be kept."""
         if self.estimator == "k1":
             assert self.lower is not None
-            return -math.log(self.upper), -math.log(self.lower)
+            lo = -math.inf if math.isinf(self.upper) else -math.log(self.upper)
+            hi = math.inf if self.lower == 0 else -math.log(self.lower)
+            return lo, hi
         return -math.inf, self.upper
 
     def statistic(self, log_ratio: Tensor, response_mask: Tensor) -> Tensor:
@@ -181,7 +216,10 @@ class RSCriterion:
 
 
 def parse_rs_criteria(criterion: str, threshold: float | str) -> tuple[RSCriterion, ...]:
-    """Parse ``"token_k1,seq_max_k2"`` with ``"0.6_1.6,2.5"`` (or one shared threshold)."""
+    """Parse ``"token_k1,seq_max_k2"`` with ``"0.6_1.6,2.5"`` (or one shared threshold).
+
+    A k1 part ``"0_2.0"`` keeps ``ρ ≤ 2`` only and ``"0.5_inf"`` keeps ``ρ ≥ 0.5`` only
+    (one-sided; a bare ``"2.0"`` means ``"0.5_2.0"``)."""
     if not isinstance(criterion, str):
         raise TypeError(f"RS criterion must be a string, got {type(criterion).__name__}")
     names = [part.strip() for part in criterion.split(",")]
@@ -213,7 +251,7 @@ def parse_rs_criteria(criterion: str, threshold: float | str) -> tuple[RSCriteri
             raise ValueError(f"{where}: empty")
         if name.endswith("k1"):
             if "_" in text:
-                lower, upper = _bounds(text, where)
+                lower, upper = _bounds(text, where, open_ended=True)
             else:
                 upper = _positive_number(text, where)
                 lower = 1.0 / upper
@@ -272,37 +310,54 @@ def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
 
 def _check_level(level: str) -> None:
     if level not in IS_LEVELS:
-        raise ValueError(f"IS level must be 'token' or 'sequence', got {level!r}")
+        raise ValueError(f"IS level must be one of {IS_LEVELS}, got {level!r}")
 
 
 def is_log_weights(
     old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, level: ISLevel
 ) -> Tensor:
-    """Unclamped log IS weight: ``log ρ`` per token, or ``Σ_t m·log ρ`` broadcast per row."""
+    """Unclamped log IS weight: ``log ρ`` per token, ``Σ_t m·log ρ`` (sequence) or
+    ``mean_t log ρ`` over valid tokens (geometric) broadcast per row."""
     _check_level(level)
     log_ratio = old_log_prob - rollout_log_prob
     if level == "token":
         return log_ratio
-    return masked_sum(log_ratio, response_mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
+    reduce = masked_sum if level == "sequence" else masked_mean
+    return reduce(log_ratio, response_mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
 
 
 def raw_is_weights(
-    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, level: ISLevel
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    response_mask: Tensor,
+    *,
+    level: ISLevel,
+    clamp: bool = True,
 ) -> Tensor:
-    """IS weights before any threshold: ``exp(clamp(log w, ±20))``, zero on padding."""
+    """IS weights before any threshold: ``exp(clamp(log w, ±20))`` (verl), or the exact
+    ``exp(log w)`` with ``clamp=False`` (TRL, AReaL, slime, ROLL), zero on padding."""
     log_w = is_log_weights(old_log_prob, rollout_log_prob, response_mask, level=level)
-    weights = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
-    return masked_fill_zero(weights, response_mask)
+    bound = SAFETY_BOUND if clamp else EXACT_BOUND
+    weights = log_w.where(as_bool_mask(response_mask), torch.zeros_like(log_w))
+    return masked_fill_zero(weights.clamp(-bound, bound).exp(), response_mask)
 
 
-def apply_is_threshold(weights: Tensor, threshold: float | str | None) -> Tensor:
-    """Truncate (float) or IcePop-zero (``"lower_upper"``) masked IS weights."""
+def apply_is_threshold(
+    weights: Tensor, threshold: ISThresholdSpec, response_mask: Tensor | None = None
+) -> Tensor:
+    """Truncate (float), IcePop-zero (``"lower_upper"``) or clamp to ``[lower, upper]``
+    (a pair) masked IS weights. Two-sided truncation keeps padding at zero: through
+    ``response_mask``, or, without one, by leaving zero weights at zero."""
     parsed = parse_is_threshold(threshold)
     if parsed.upper is None:
         return weights
     if parsed.icepop:
         inside = (weights >= parsed.lower) & (weights <= parsed.upper)
         return torch.where(inside, weights, torch.zeros_like(weights))
+    if parsed.two_sided:
+        clamped = weights.clamp(parsed.lower, parsed.upper)
+        keep = weights != 0 if response_mask is None else as_bool_mask(response_mask)
+        return torch.where(keep, clamped, torch.zeros_like(weights))
     return weights.clamp(max=parsed.upper)
 
 
@@ -312,7 +367,7 @@ def is_normalizer(weights: Tensor, response_mask: Tensor, *, level: ISLevel) -> 
     if level == "token":
         return masked_mean(weights, response_mask)
     per_row = masked_mean(weights, response_mask, dim=-1)
-    return masked_mean(per_row, valid_rows(response_mask))
+    return masked_mean(per_row, valid_rows(response_mask))  # sequence and geometric levels
 
 
 def normalize_is_weights(
@@ -334,17 +389,21 @@ def compute_is_weights(
     response_mask: Tensor,
     *,
     level: ISLevel = "token",
-    threshold: float | str | None = 2.0,
+    threshold: ISThresholdSpec = 2.0,
     batch_normalize: bool = False,
+    clamp: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """IS weights ``[B, T]`` (detached, zero on padding) and their ``rollout_corr/`` metrics.
 
     The metrics describe the weights after the threshold and before batch normalization.
+    ``clamp=False`` computes exact weights (no ±20 clamp of the log weight).
     """
     parsed = parse_is_threshold(threshold)
     with torch.no_grad():
-        raw = raw_is_weights(old_log_prob, rollout_log_prob, response_mask, level=level)
-        weights = apply_is_threshold(raw, threshold)
+        raw = raw_is_weights(
+            old_log_prob, rollout_log_prob, response_mask, level=level, clamp=clamp
+        )
+        weights = apply_is_threshold(raw, threshold, response_mask)
         metrics = _is_metrics(
             weights,
             raw,
@@ -475,13 +534,16 @@ def _masked_fractions(keep: Tensor, valid: Tensor, rows: Tensor, prefix: str) ->
 
 
 def offpolicy_metrics(
-    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
+    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *, clamp: bool = True
 ) -> dict[str, float]:
-    """Off-policy diagnostics (kl, k3_kl, perplexities, log_ppl_diff, chi2_token, chi2_seq)."""
+    """Off-policy diagnostics (kl, k3_kl, perplexities, log_ppl_diff, chi2_token, chi2_seq);
+    ``clamp=False``: no ±20 clamp of the log ratios in k3_kl and chi2."""
     old, rollout = _f64(old_log_prob), _f64(rollout_log_prob)
     rows = valid_rows(response_mask)
     log_ratio = old - rollout
-    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    bound = SAFETY_BOUND if clamp else EXACT_BOUND
+    safe = log_ratio.where(as_bool_mask(response_mask), torch.zeros_like(log_ratio))
+    safe = safe.clamp(-bound, bound)
     mean_old = masked_mean(old, response_mask, dim=-1)[rows]
     mean_rollout = masked_mean(rollout, response_mask, dim=-1)[rows]
     diff = mean_rollout - mean_old
@@ -506,7 +568,7 @@ def offpolicy_metrics(
         "chi2_token": float(masked_mean(torch.exp(2 * safe), response_mask)) - 1.0
         if has_tokens
         else 0.0,
-        "chi2_seq": row_mean(torch.exp(2 * seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))) - 1.0
+        "chi2_seq": row_mean(torch.exp(2 * seq_log_ratio.clamp(-bound, bound))) - 1.0
         if has_tokens
         else 0.0,
     }
@@ -519,7 +581,7 @@ def rollout_correction(
     response_mask: Tensor,
     *,
     is_level: ISLevel | None = None,
-    is_threshold: float | str | None = 2.0,
+    is_threshold: ISThresholdSpec = 2.0,
     is_batch_normalize: bool = False,
     rs: str | None = None,
     rs_threshold: float | str | None = None,

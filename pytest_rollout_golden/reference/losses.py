@@ -1,4 +1,5 @@
-"""Policy losses (PPO-clip with dual clip, REINFORCE, bypass mode), aggregation, KL estimators.
+"""Policy losses (PPO-clip with dual clip and token- or sequence-level (GSPO) ratios, CISPO,
+REINFORCE, bypass mode), aggregation, KL estimators.
 
 Aggregation is written with explicit global normalizers so that the losses of micro-batches
 and data-parallel shards, each computed with the counts of the *whole* step, add up to the
@@ -29,7 +30,9 @@ AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-LossType = Literal["ppo_clip", "reinforce"]
+LossType = Literal["ppo_clip", "reinforce", "cispo"]
+RatioLevel = Literal["token", "sequence"]
+RATIO_LEVELS: tuple[str, ...] = ("token", "sequence")
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 
 
@@ -91,6 +94,35 @@ def aggregate_loss(
     return loss
 
 
+def sequence_log_ratio(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor) -> Tensor:
+    """``[B]`` mean over each row's valid tokens of ``logp - old``: the log of GSPO's sequence
+    ratio ``s_i = (π_θ(y_i)/π_old(y_i))^(1/|y_i|)`` (0 for a row without valid tokens)."""
+    return masked_mean(log_prob - old_log_prob, response_mask, dim=-1)
+
+
+def policy_log_ratio(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    response_mask: Tensor | None = None,
+    *,
+    ratio_level: RatioLevel = "token",
+) -> Tensor:
+    """Per-token log ratio ``[B, T]`` of the policy loss.
+
+    ``"token"``: ``logp - old``. ``"sequence"`` (GSPO): ``sg(log s_i) + logp - sg(logp)``,
+    whose value is the row's sequence log ratio and whose derivative w.r.t. ``logp_t`` is 1,
+    so that aggregating with ``seq-mean-token-mean`` gives GSPO's gradient ``s_i/|y_i|``.
+    """
+    if ratio_level == "token":
+        return log_prob - old_log_prob
+    if ratio_level != "sequence":
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    if response_mask is None:
+        raise ValueError("a sequence-level ratio needs the response mask")
+    seq = sequence_log_ratio(log_prob.detach(), old_log_prob, response_mask)
+    return seq.unsqueeze(-1) + log_prob - log_prob.detach()
+
+
 def ppo_clip_token_losses(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -98,26 +130,54 @@ def ppo_clip_token_losses(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float | None = 3.0,
+    ratio_level: RatioLevel = "token",
+    response_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token dual-clip PPO loss and two bool flags: clipped, dual-clipped.
 
-    ``r = exp(clamp(logp - old, ±20))``, ``l1 = -A·r``, ``l2 = -A·clamp(r, 1-ε_low, 1+ε_high)``,
-    ``c1 = max(l1, l2)``, ``c2 = min(-A·clip_ratio_c, c1)``, loss ``= c2 if A < 0 else c1``.
-    ``clip_ratio_high`` defaults to ``clip_ratio_low``; ``clip_ratio_c`` must exceed 1.
+    ``r = exp(clamp(log ratio, ±20))`` (:func:`policy_log_ratio`: per token, or GSPO's sequence
+    ratio with ``ratio_level="sequence"``, which needs ``response_mask``), ``l1 = -A·r``,
+    ``l2 = -A·clamp(r, 1-ε_low, 1+ε_high)``, ``c1 = max(l1, l2)``,
+    ``c2 = min(-A·clip_ratio_c, c1)``, loss ``= c2 if A < 0 else c1``. ``clip_ratio_high``
+    defaults to ``clip_ratio_low``; ``clip_ratio_c`` must exceed 1, or be ``None`` (no dual
+    clip, as in GSPO).
     """
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (or None), got {clip_ratio_c}")
     high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
-    ratio = (log_prob - old_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    log_ratio = policy_log_ratio(log_prob, old_log_prob, response_mask, ratio_level=ratio_level)
+    ratio = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + high)
     upper = torch.maximum(unclipped, clipped)
+    if clip_ratio_c is None:
+        return upper, clipped > unclipped, torch.zeros_like(clipped > unclipped)
     dual_bound = -advantages * clip_ratio_c
     dual = torch.minimum(dual_bound, upper)
     negative = advantages < 0
     loss = torch.where(negative, dual, upper)
     return loss, clipped > unclipped, negative & (upper > dual_bound)
+
+
+def cispo_token_losses(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-token CISPO loss ``-sg(clamp(r, 1-ε_low, 1+ε_high))·A·log π`` and the bool flag
+    "clipped" (``r`` outside the interval), with ``r = exp(clamp(logp - old, ±20))``.
+
+    The clipped IS weight is detached: every token keeps the gradient ``-w·A`` (unlike
+    PPO-clip, which zeroes the gradient of clipped tokens).
+    """
+    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
+    ratio = (log_prob - old_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + high).detach()
+    return -weight * advantages * log_prob, weight != ratio.detach()
 
 
 def reinforce_token_losses(
@@ -143,14 +203,18 @@ def policy_loss(
     cu_seqlens: Tensor | None = None,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float | None = 3.0,
+    ratio_level: RatioLevel = "token",
 ) -> tuple[Tensor, dict[str, float]]:
     """Aggregated policy loss and ``actor/`` metrics (pg_clipfrac, pg_clipfrac_lower, ppo_kl).
 
-    ``ppo_clip`` multiplies the per-token PPO loss by ``is_weights`` when given (decoupled
-    mode); ``reinforce`` uses ``-A·log π·w``. Metrics are means over this batch's valid tokens.
+    ``ppo_clip`` (token ratios, or GSPO's sequence ratios with ``ratio_level="sequence"``)
+    and ``cispo`` multiply the per-token loss by ``is_weights`` when given (decoupled mode);
+    ``reinforce`` uses ``-A·log π·w``. Metrics are means over this batch's valid tokens.
     """
     if loss_type == "ppo_clip":
+        if ratio_level == "sequence" and cu_seqlens is not None:
+            raise ValueError("sequence-level ratios are computed on padded [B, T] input")
         per_token, clipped, dual = ppo_clip_token_losses(
             log_prob,
             old_log_prob,
@@ -158,14 +222,29 @@ def policy_loss(
             clip_ratio_low=clip_ratio_low,
             clip_ratio_high=clip_ratio_high,
             clip_ratio_c=clip_ratio_c,
+            ratio_level=ratio_level,
+            response_mask=response_mask,
         )
+        if is_weights is not None:
+            per_token = per_token * is_weights.detach()
+    elif loss_type == "cispo":
+        per_token, clipped = cispo_token_losses(
+            log_prob,
+            old_log_prob,
+            advantages,
+            clip_ratio_low=clip_ratio_low,
+            clip_ratio_high=clip_ratio_high,
+        )
+        dual = torch.zeros_like(clipped)
         if is_weights is not None:
             per_token = per_token * is_weights.detach()
     elif loss_type == "reinforce":
         per_token = reinforce_token_losses(log_prob, advantages, is_weights)
         clipped = dual = torch.zeros_like(as_bool_mask(response_mask))
     else:
-        raise ValueError(f"unknown loss_type {loss_type!r}; expected 'ppo_clip' or 'reinforce'")
+        raise ValueError(
+            f"unknown loss_type {loss_type!r}; expected 'ppo_clip', 'reinforce' or 'cispo'"
+        )
     loss = aggregate_loss(
         per_token,
         response_mask,
@@ -241,16 +320,19 @@ def bypass_policy_loss(
     return loss, metrics
 
 
-def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "low_var_kl") -> Tensor:
+def kl_penalty(
+    log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "low_var_kl", *, clamp: bool = True
+) -> Tensor:
     """Per-token KL estimate between the policy and the reference.
 
     ``k1``/``kl``: ``logp - ref``; ``abs``: ``|logp - ref|``; ``k2``/``mse``:
     ``½(logp - ref)²``; ``k3``/``low_var_kl``: ``clamp(e^d - d - 1, -10, 10)`` with
-    ``d = clamp(ref - logp, ±20)``. A ``+`` suffix (``"k3+"``) keeps the estimator's value and
-    takes the gradient of k2 (straight-through).
+    ``d = clamp(ref - logp, ±20)`` (verl); ``clamp=False`` gives the exact ``e^d - d - 1``
+    (TRL). A ``+`` suffix (``"k3+"``) keeps the estimator's value and takes the gradient of
+    k2 (straight-through), ``sg(k) + k2 - sg(k2)``.
     """
     if estimator.endswith("+"):
-        forward = kl_penalty(log_prob, ref_log_prob, estimator[:-1])
+        forward = kl_penalty(log_prob, ref_log_prob, estimator[:-1], clamp=clamp)
         backward = kl_penalty(log_prob, ref_log_prob, "k2")
         return forward.detach() + (backward - backward.detach())
     diff = log_prob - ref_log_prob
@@ -261,6 +343,8 @@ def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "low_var
     if estimator in ("k2", "mse"):
         return 0.5 * diff.square()
     if estimator in ("k3", "low_var_kl"):
+        if not clamp:
+            return torch.expm1(-diff) + diff
         d = (-diff).clamp(-SAFETY_BOUND, SAFETY_BOUND)
         return (torch.expm1(d) - d).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")

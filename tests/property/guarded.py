@@ -21,17 +21,28 @@ def guarded_mean(values, mask, dim=None, *, delta):
     return (values * mask).sum(dim=dim) / (mask.sum(dim=dim) + delta)
 
 
-def is_weights(level, threshold, normalize, *, delta):
+def is_weights(level, threshold, normalize, *, delta, clamp=True):
+    """IS weights with guarded means; ``clamp=False`` computes the exact weight ``exp(log w)``
+    (no ±20 clamp, as TRL, AReaL, slime and ROLL do), masking the log ratio first."""
     parsed = ref.parse_is_threshold(threshold)
 
     def fn(old, rollout, mask):
         log_ratio = old - rollout
         if level == "sequence":
             log_ratio = (log_ratio * mask).sum(dim=-1, keepdim=True).expand_as(old)
-        weights = log_ratio.clamp(-20, 20).exp() * mask
+        elif level == "geometric":
+            log_ratio = guarded_mean(log_ratio, mask, -1, delta=delta).unsqueeze(-1)
+            log_ratio = log_ratio.expand_as(old)
+        if clamp:
+            log_ratio = log_ratio.clamp(-20, 20)
+        else:
+            log_ratio = torch.where(as_bool_mask(mask), log_ratio, torch.zeros_like(log_ratio))
+        weights = log_ratio.exp() * mask
         if parsed.icepop:
             inside = (weights >= parsed.lower) & (weights <= parsed.upper)
             weights = torch.where(inside, weights, torch.zeros_like(weights))
+        elif parsed.two_sided:
+            weights = weights.clamp(parsed.lower, parsed.upper) * mask
         elif parsed.upper is not None:
             weights = weights.clamp(max=parsed.upper)
         if normalize:

@@ -189,17 +189,32 @@ def test_finds_icepop_weights_outside_bounds():
         run()
 
 
-def test_finds_missing_safety_clamp():
+def test_exact_weights_without_the_safety_clamp_pass():
+    # exp(25) instead of exp(20): the exact weight, as most frameworks compute it (issue 18).
     def fn(old, rollout, mask):
         return ref.masked_fill_zero((old - rollout).exp(), mask).clamp(max=1e12)
 
-    @hunt
+    @passes
     @given(rollout_batches())
     def run(batch):
         check_is_weights(fn, batch, level="token", threshold=1e12)
 
-    with finds("is_weights.reference_agreement"):
+    run()
+
+
+def test_finds_exp_of_unmasked_padding():
+    # Without the clamp, exponentiating garbage before masking overflows: inf · 0 is nan.
+    def fn(old, rollout, mask):
+        return (old - rollout).exp() * mask
+
+    @hunt
+    @given(rollout_batches())
+    def run(batch):
+        check_is_weights(fn, batch, level="token", threshold=None)
+
+    with finds("is_weights.finite") as caught:
         run()
+    assert "likely cause: exp of unmasked padding" in str(caught.value)
 
 
 def test_finds_weights_left_on_padding():

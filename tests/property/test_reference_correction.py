@@ -253,7 +253,8 @@ def test_rs_mask_keeps_mask_dtype_and_ignores_garbage(mask_dtype):
         ("token_k4", 2.0, r"part 1 \('token_k4'\)"),
         ("token_k1,", 2.0, r"part 2 \(''\)"),
         ("token_k1,token_k2", "1.5,2,3", "3 parts"),
-        ("token_k1", "0_2", r"\(lower bound\).*'0'"),
+        ("token_k1", "-1_2", r"\(lower bound\).*'-1'"),
+        ("token_k1", "0_inf", "one finite side"),  # "0_2" and "0.5_inf" are one-sided bounds
         ("token_k1", "2_1", "lower bound 2.0 is greater than upper bound 1.0"),
         ("token_k1", "0.5", "must be >= 1"),
         ("token_k2", "0.1_0.5", "one upper bound"),

@@ -1,4 +1,4 @@
-"""The upstream conformance lane: the checkers against the real verl and OpenRLHF code.
+"""The upstream conformance lane: the checkers against the real verl, OpenRLHF and TRL code.
 
 Skipped, with the reason, when the pinned packages are not installed (``.ci/run`` installs
 them).
@@ -24,5 +24,14 @@ def openrlhf_loss():
     """``openrlhf.models.loss`` of OpenRLHF 0.11.2."""
     try:
         return upstream.openrlhf_loss()
+    except upstream.Missing as missing:
+        pytest.skip(str(missing))
+
+
+@pytest.fixture(scope="session")
+def trl_grpo():
+    """``trl.trainer.grpo_trainer.GRPOTrainer`` of TRL 1.16.0."""
+    try:
+        return upstream.trl_grpo_trainer()
     except upstream.Missing as missing:
         pytest.skip(str(missing))

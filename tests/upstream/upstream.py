@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 VERL_VERSION = "0.9.1"
+TRL_VERSION = "1.16.0"
 OPENRLHF_VERSION = "0.11.2"
 
 _STUBS = {
@@ -114,3 +115,20 @@ def openrlhf_loss() -> types.ModuleType:
     package.__path__ = [str(Path(root.__file__).parent / "models")]
     sys.modules["openrlhf.models"] = package
     return importlib.import_module("openrlhf.models.loss")
+
+
+def trl_grpo_trainer() -> type:
+    """TRL's ``GRPOTrainer`` class (its ``_compute_loss`` is called on a stand-in trainer).
+
+    TRL needs the real transformers, accelerate and datasets (``tests/realtrainer/
+    requirements-trl.txt``); nothing is stubbed for it.
+    """
+    _require("trl", TRL_VERSION)
+    try:
+        module = importlib.import_module("trl.trainer.grpo_trainer")
+    except ModuleNotFoundError as error:
+        raise Missing(
+            f"TRL needs {error.name!r} (pip install --no-deps -r "
+            "tests/realtrainer/requirements-trl.txt)"
+        ) from error
+    return module.GRPOTrainer
