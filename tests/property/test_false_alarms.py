@@ -6,11 +6,9 @@ from __future__ import annotations
 import guarded
 import torch
 from hunting import passes as passes_settings
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from pytest_rollout_golden import invariants
-from pytest_rollout_golden import reference as ref
+from pytest_rollout_golden import invariants, reference as ref
 from pytest_rollout_golden.strategies import is_thresholds, rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]

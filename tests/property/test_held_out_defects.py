@@ -8,8 +8,7 @@ import torch
 from hunting import finds, hunt
 from hypothesis import given
 
-from pytest_rollout_golden import invariants
-from pytest_rollout_golden import reference as ref
+from pytest_rollout_golden import invariants, reference as ref
 from pytest_rollout_golden.reference.masking import as_bool_mask
 from pytest_rollout_golden.strategies import reward_batches, rollout_batches, rs_thresholds
 

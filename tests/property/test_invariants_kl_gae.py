@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hunting import finds, hunt
-from hunting import passes as passes_settings
-from hypothesis import given
-from hypothesis import strategies as st
+from hunting import finds, hunt, passes as passes_settings
+from hypothesis import given, strategies as st
 
 from pytest_rollout_golden import reference as ref
 from pytest_rollout_golden.invariants import check_gae, check_kl_penalty

@@ -7,13 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hunting import finds, hunt
-from hunting import passes as passes_settings
-from hypothesis import given
-from hypothesis import strategies as st
+from hunting import finds, hunt, passes as passes_settings
+from hypothesis import given, strategies as st
 
-from pytest_rollout_golden import invariants
-from pytest_rollout_golden import reference as ref
+from pytest_rollout_golden import invariants, reference as ref
 from pytest_rollout_golden.strategies import reward_batches, rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]

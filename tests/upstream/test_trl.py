@@ -14,8 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from lane import (
     DTYPES,
     MASKS,
