@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import _pytest as _pytest_internal
 import pluggy
 import pytest
 
@@ -613,8 +612,13 @@ class GoldenPlugin:
         ):  # a marker or option mistake found by this plugin: the message names the fix
             report.longrepr = f"UsageError: {excinfo.value}"
         elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
-            hidden = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy, _pytest_internal))
-            hidden += (str(Path(__file__).parent), contextlib.__file__)  # ours, and `with` glue
+            # Golden's methods re-raise with the user's frames only (replay.user_facing); an
+            # error raised by this plugin's own hooks (a commit at the end of the call) has
+            # hook-runner frames above it instead.
+            pytest_dir = Path(pytest.__file__).parent
+            hidden = (str(pytest_dir), str(pytest_dir.parent / "_pytest"))
+            hidden += (str(Path(pluggy.__file__).parent), str(Path(__file__).parent))
+            hidden += (contextlib.__file__,)  # `with` glue
             excinfo.traceback = excinfo.traceback.filter(
                 lambda entry: not str(entry.path).startswith(hidden)
             )
@@ -822,6 +826,7 @@ def _recording_notes(plugin: GoldenPlugin) -> list[str]:
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Golden:
     """The golden of this test: ``rollout()``, ``check()``, ``check_tensors()``."""
+    __tracebackhide__ = True
     golden = request.config.stash[_PLUGIN].golden_for(request.node)
     request.node.stash[_GOLDEN] = golden
     return golden

@@ -59,6 +59,21 @@ class UpdateRegistry(Protocol):
     def add(self, directory: Path) -> None: ...
 
 
+def user_facing(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A method users call: a golden error it raises shows the user's frames, not this
+    package's (pytest hides the frame of ``__tracebackhide__``)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            return method(*args, **kwargs)
+        except GoldenError as exc:
+            raise exc.with_traceback(None) from exc.__cause__
+
+    return wrapper
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionLinks:
     """How the pytest plugin ties a :class:`Golden` into its session: the session's
@@ -203,6 +218,7 @@ class Golden:
 
     # ------------------------------------------------------------------ public API
 
+    @user_facing
     def rollout(self, generate: Callable[[], Any], *, step: int = 0, name: str = "rollout") -> Any:
         """Rollout batch ``name`` at ``step``: replayed if recorded, else generated and recorded.
 
@@ -219,6 +235,7 @@ class Golden:
         self._open()
         return self._rollouts.get(self.policy, generate, name, int(key))
 
+    @user_facing
     def check(
         self,
         metrics: Mapping[str, Any],
@@ -258,6 +275,7 @@ class Golden:
         self._outcome.comparisons.extend(results)
         return results
 
+    @user_facing
     def check_mismatch(
         self,
         log_probs: Any,
@@ -310,6 +328,7 @@ class Golden:
         self._outcome.comparisons.extend(results[-len(beyond) :])
         return results
 
+    @user_facing
     def check_tensors(
         self,
         name: str,
@@ -404,12 +423,13 @@ class Golden:
         for name in self._usage.unused(layer):
             warning = GoldenToleranceWarning(unused_tolerance(self.test_id, layer.source, name))
             if at is None:
-                warnings.warn(warning, stacklevel=3)
+                warnings.warn(warning, stacklevel=4)
             else:
                 warnings.warn_explicit(warning, GoldenToleranceWarning, at[0], at[1])
 
     # ------------------------------------------------------------------ finishing
 
+    @user_facing
     def finish(
         self,
         *,
