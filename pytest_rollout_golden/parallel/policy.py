@@ -25,16 +25,31 @@ layout computes the same step as one process, up to the order of floating-point 
   into one row; position ids restart at every sequence and attention is block-diagonal
   causal (from ``cu_seqlens``), so each token sees exactly what it sees when padded.
 
+* **Context parallelism, ring** (``cp`` ranks). Every sequence is cut into ``2 * cp``
+  chunks and rank ``r`` holds chunks ``r`` and ``2 * cp - 1 - r`` (Megatron's causal load
+  balance); keys and values travel around the ring (:func:`.attention.ring_attention`).
+* **Sequence parallelism, Ulysses** (``sp`` ranks). Rank ``r`` holds the ``r``-th of ``sp``
+  contiguous pieces of every sequence; attention trades the sequence split for a head split
+  by all-to-all (:func:`.attention.ulysses_attention`). A sequence split pads each row (or
+  the packed row) to a multiple of its chunk count; a pad attends to itself only.
+* **Mixture of experts, expert parallelism** (``cfg.experts > 0``; ``ep`` ranks). The MLP of
+  every layer becomes a top-k routed MoE (:mod:`.moe`); each EP rank holds ``experts / ep``
+  experts and is a data-parallel replica for everything else. The Switch load-balancing
+  loss over every token of the step is added (``aux_coef``) and reported as ``aux_loss``.
+* **Dynamic batch size** (``max_tokens``): micro-batches of at most that many response
+  tokens. Ranks whose experts exchange tokens run the same number of micro-batches (the
+  shorter lists get empty ones), as verl does by syncing the count over data ranks.
+
 One step (:func:`train_step`): PPO-clip loss (:func:`~..reference.losses.ppo_clip_token_losses`)
 plus a low-variance KL penalty against the reference log probs of the batch
 (:func:`~..reference.losses.kl_penalty`), token-mean over the step, SGD update. Metrics:
 ``pg_loss``, ``kl``, ``entropy`` (token means over the step) and ``grad_norm`` (before the
-update), plus per-token ``log_probs`` of the policy that took the step.
+update), ``aux_loss`` with experts, plus per-token ``log_probs`` of the policy that took
+the step.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +59,12 @@ from torch import Tensor
 
 from ..reference.advantages import grpo_advantages
 from ..reference.losses import aggregate_loss, kl_penalty, ppo_clip_token_losses
-from .batching import dp_shards, split_by_count
+from .attention import dense_attention, ring_attention, ulysses_attention
+from .batching import dp_shards, split_by_count, split_by_token_budget
+from .comm import Groups, all_reduce, copy_to_tp, make_groups, reduce_from_tp, world_sum
 from .launcher import device, launch
 from .layout import Layout
+from .moe import RouterStats, aux_loss, experts_of, moe_mlp
 
 METRICS = ("pg_loss", "kl", "entropy", "grad_norm")
 
@@ -68,6 +86,15 @@ class PolicyConfig:
     clip_high: float = 0.28
     kl_coef: float = 0.05
     seed: int = 0
+    experts: int = 0  # 0: dense MLP; else a top-k MoE in every layer
+    top_k: int = 2
+    expert_ffn: int = 32
+    capacity_factor: float | None = None  # None: dropless
+    aux_coef: float = 0.01
+
+    def metrics(self) -> tuple[str, ...]:
+        """The step's metrics: :data:`METRICS`, plus ``aux_loss`` with experts."""
+        return (*METRICS, "aux_loss") if self.experts else METRICS
 
     @property
     def seq_len(self) -> int:
@@ -98,8 +125,15 @@ def full_weights(cfg: PolicyConfig) -> dict[str, Tensor]:
         for name in ("wq", "wk", "wv", "wo"):
             weights[f"layers.{i}.{name}"] = draw(h, h, scale=h**-0.5)
         weights[f"layers.{i}.norm2"] = 1.0 + draw(h, scale=0.1)
-        weights[f"layers.{i}.w_up"] = draw(h, f, scale=h**-0.5)
-        weights[f"layers.{i}.w_down"] = draw(f, h, scale=f**-0.5)
+        if not cfg.experts:
+            weights[f"layers.{i}.w_up"] = draw(h, f, scale=h**-0.5)
+            weights[f"layers.{i}.w_down"] = draw(f, h, scale=f**-0.5)
+            continue
+        weights[f"layers.{i}.router"] = draw(h, cfg.experts, scale=h**-0.5)
+        for e in range(cfg.experts):
+            fe = cfg.expert_ffn
+            weights[f"layers.{i}.experts.{e}.e_up"] = draw(h, fe, scale=h**-0.5)
+            weights[f"layers.{i}.experts.{e}.e_down"] = draw(fe, h, scale=fe**-0.5)
     weights["norm_f"] = 1.0 + draw(h, scale=0.1)
     weights["head"] = draw(h, cfg.vocab, scale=h**-0.5)
     return {k: v.to(cfg.torch_dtype) for k, v in weights.items()}
@@ -116,11 +150,14 @@ def stage_layers(cfg: PolicyConfig, layout: Layout, stage: int) -> range:
 def shard_weights(
     weights: dict[str, Tensor], cfg: PolicyConfig, layout: Layout, rank: int
 ) -> dict[str, Tensor]:
-    """This rank's parameters: its stage's layers, column/row slices of the TP-split ones."""
-    _, stage, tp_rank = layout.coords(rank)
+    """This rank's parameters: its stage's layers, column/row slices of the TP-split ones,
+    the experts of its EP rank (experts are not split over TP)."""
+    place = layout.place(rank)
+    stage, tp_rank = place.pp, place.tp
     if cfg.heads % layout.tp or cfg.ffn % layout.tp or cfg.vocab % layout.tp:
         raise ValueError(f"heads, ffn and vocab must be divisible by tp={layout.tp}")
     layers = stage_layers(cfg, layout, stage)
+    mine_experts = experts_of(place.ep, cfg.experts, layout.ep) if cfg.experts else range(0)
     mine = {}
     for name, value in weights.items():
         if name.startswith("layers.") and int(name.split(".")[1]) not in layers:
@@ -128,6 +165,8 @@ def shard_weights(
         if name in ("embed", "pos") and stage != 0:
             continue
         if name in ("norm_f", "head") and stage != layout.pp - 1:
+            continue
+        if is_expert(name) and int(name.split(".")[3]) not in mine_experts:
             continue
         kind = name.rsplit(".", 1)[-1]
         if kind in COLUMN:
@@ -142,97 +181,8 @@ def is_tp_split(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in COLUMN + ROW
 
 
-# ---------------------------------------------------------------------- process groups
-
-
-@dataclass
-class Groups:
-    """This rank's coordinates and process groups (``None`` where the group has one rank)."""
-
-    layout: Layout
-    rank: int
-    tp: Any = None
-    dp: Any = None
-    model: Any = None  # the tp x pp ranks of one data-parallel replica
-    dp_rank: int = 0
-    stage: int = 0
-    tp_rank: int = 0
-    stage_ranks: list[int] = field(default_factory=list)  # global rank of each stage, my tp/dp
-
-
-_GROUPS: dict[tuple[int, int, int], dict[str, Any]] = {}
-
-
-def make_groups(layout: Layout, rank: int) -> Groups:
-    """Process groups of ``layout``; created once per (tp, pp, dp) and process (collectively)."""
-    dp_rank, stage, tp_rank = layout.coords(rank)
-    stage_ranks = [layout.rank_of(dp_rank, s, tp_rank) for s in range(layout.pp)]
-    groups = Groups(layout, rank, None, None, None, dp_rank, stage, tp_rank, stage_ranks)
-    if layout.world_size == 1:
-        return groups
-    key = (layout.tp, layout.pp, layout.dp)
-    if key not in _GROUPS:  # every rank creates every group, in the same order
-        made: dict[str, Any] = {}
-        for d in range(layout.dp):
-            for s in range(layout.pp):
-                ranks = [layout.rank_of(d, s, t) for t in range(layout.tp)]
-                made[f"tp{d}.{s}"] = dist.new_group(ranks) if layout.tp > 1 else None
-        for s in range(layout.pp):
-            for t in range(layout.tp):
-                ranks = [layout.rank_of(d, s, t) for d in range(layout.dp)]
-                made[f"dp{s}.{t}"] = dist.new_group(ranks) if layout.dp > 1 else None
-        for d in range(layout.dp):
-            ranks = [layout.rank_of(d, s, t) for s in range(layout.pp) for t in range(layout.tp)]
-            made[f"model{d}"] = dist.new_group(ranks) if len(ranks) > 1 else None
-        _GROUPS[key] = made
-    made = _GROUPS[key]
-    groups.tp = made[f"tp{dp_rank}.{stage}"]
-    groups.dp = made[f"dp{stage}.{tp_rank}"]
-    groups.model = made[f"model{dp_rank}"]
-    return groups
-
-
-def all_reduce(x: Tensor, group: Any, op: Any = None) -> Tensor:
-    """In-place all-reduce (sum by default); a no-op without a group."""
-    if group is not None:
-        dist.all_reduce(x, op=op or dist.ReduceOp.SUM, group=group)
-    return x
-
-
-class _CopyToTP(torch.autograd.Function):
-    """In front of a column-parallel layer: identity forward, all-reduce of the grad backward.
-
-    Each TP rank's slice contributes part of the input's gradient; the sum is the gradient.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return all_reduce(grad.contiguous().clone(), ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Behind a row-parallel layer: all-reduce of the partial sums forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
-        return all_reduce(x.contiguous().clone(), group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
-def copy_to_tp(x: Tensor, g: Groups) -> Tensor:
-    return x if g.tp is None else _CopyToTP.apply(x, g.tp)
-
-
-def reduce_from_tp(x: Tensor, g: Groups) -> Tensor:
-    return x if g.tp is None else _ReduceFromTP.apply(x, g.tp)
+def is_expert(name: str) -> bool:
+    return ".experts." in name
 
 
 # ---------------------------------------------------------------------- the model
@@ -240,7 +190,11 @@ def reduce_from_tp(x: Tensor, g: Groups) -> Tensor:
 
 @dataclass
 class MicroBatch:
-    """One micro-batch as the model sees it: ``[rows, L]`` token ids (one row when packed)."""
+    """One micro-batch as the model sees it: ``[rows, L]`` token ids (one row when packed).
+
+    ``L`` is padded to a multiple of the sequence split's chunk count; ``holds[r]`` lists
+    the positions rank ``r`` of the sequence group holds (``[arange(L)]`` without a split).
+    """
 
     input_ids: Tensor
     positions: Tensor
@@ -249,12 +203,25 @@ class MicroBatch:
     targets: Tensor  # the token predicted there
     rows: list[int]  # rows of the step's batch, in order
     response_mask: Tensor  # [rows, R] of those rows
+    real: Tensor  # [rows, L] bool: a token of the batch (not padding)
+    holds: list[Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
 
 
 def make_micro_batch(
-    batch: dict[str, Tensor], rows: list[int], cfg: PolicyConfig, *, packed: bool, leak: bool
+    batch: dict[str, Tensor],
+    rows: list[int],
+    cfg: PolicyConfig,
+    *,
+    packed: bool,
+    leak: bool,
+    layout: Layout | None = None,
 ) -> MicroBatch:
-    """Padded (``[rows, P + R]``) or packed (``[1, Σ lengths]``) input for ``rows``.
+    """Padded (``[rows, P + R]``) or packed (``[1, Σ lengths]``) input for ``rows``, split
+    over ``layout``'s sequence ranks.
 
     ``leak`` (fault ``packing-leak``) gives the packed row one causal mask over all of its
     sequences instead of one per sequence.
@@ -265,22 +232,56 @@ def make_micro_batch(
     lengths = p + mask.sum(-1)  # prompt + valid response tokens of each row
     row_of, k = mask.nonzero(as_tuple=True)  # valid response token k of row row_of
     targets = ids[row_of, p + k]
-    if not packed:
+    if not packed or not rows:
         positions = torch.arange(width).expand(len(rows), width)
         allowed = torch.ones(width, width, dtype=torch.bool).tril().expand(1, width, width)
         predict_at = row_of * width + p + k - 1
-        return MicroBatch(ids, positions, allowed, predict_at, targets, rows, mask)
-    cu_seqlens = torch.zeros(len(rows) + 1, dtype=torch.long)
-    cu_seqlens[1:] = lengths.cumsum(0)
-    tokens = int(cu_seqlens[-1])
-    flat = torch.cat([ids[i, : int(n)] for i, n in enumerate(lengths)]).unsqueeze(0)
-    segment = torch.repeat_interleave(torch.arange(len(rows)), lengths)
-    positions = (torch.arange(tokens) - cu_seqlens[segment]).unsqueeze(0)
-    causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
-    same_sequence = segment.unsqueeze(0) == segment.unsqueeze(1)
-    allowed = (causal if leak else causal & same_sequence).unsqueeze(0)
-    predict_at = cu_seqlens[row_of] + p + k - 1
-    return MicroBatch(flat, positions, allowed, predict_at, targets, rows, mask)
+        real = positions < lengths.unsqueeze(1)
+        mb = MicroBatch(ids, positions, allowed, predict_at, targets, rows, mask, real)
+    else:
+        cu_seqlens = torch.zeros(len(rows) + 1, dtype=torch.long)
+        cu_seqlens[1:] = lengths.cumsum(0)
+        tokens = int(cu_seqlens[-1])
+        flat = torch.cat([ids[i, : int(n)] for i, n in enumerate(lengths)]).unsqueeze(0)
+        segment = torch.repeat_interleave(torch.arange(len(rows)), lengths)
+        positions = (torch.arange(tokens) - cu_seqlens[segment]).unsqueeze(0)
+        causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        same_sequence = segment.unsqueeze(0) == segment.unsqueeze(1)
+        allowed = (causal if leak else causal & same_sequence).unsqueeze(0)
+        predict_at = cu_seqlens[row_of] + p + k - 1
+        real = torch.ones(1, tokens, dtype=torch.bool)
+        mb = MicroBatch(flat, positions, allowed, predict_at, targets, rows, mask, real)
+    return split_sequence(mb, layout or Layout())
+
+
+def split_sequence(mb: MicroBatch, layout: Layout) -> MicroBatch:
+    """Pad ``mb`` to a multiple of the sequence split's chunks and say who holds which.
+
+    Ring (``cp``): ``2 * cp`` chunks, rank ``r`` holds chunks ``r`` and ``2 * cp - 1 - r``.
+    Ulysses (``sp``): ``sp`` contiguous pieces. A pad (token 0, position 0) attends to
+    itself only, and nothing attends to it.
+    """
+    chunks = 2 * layout.cp if layout.cp > 1 else layout.sp
+    length = mb.length
+    padded = -(-length // chunks) * chunks
+    if padded != length:
+        extra = padded - length
+        rows = mb.input_ids.shape[0]
+        mb.input_ids = torch.cat([mb.input_ids, mb.input_ids.new_zeros(rows, extra)], 1)
+        mb.positions = torch.cat([mb.positions, mb.positions.new_zeros(rows, extra)], 1)
+        mb.real = torch.cat([mb.real, mb.real.new_zeros(mb.real.shape[0], extra)], 1)
+        allowed = torch.zeros(mb.allowed.shape[0], padded, padded, dtype=torch.bool)
+        allowed[:, :length, :length] = mb.allowed
+        allowed[:, torch.arange(length, padded), torch.arange(length, padded)] = True
+        mb.allowed = allowed
+        rows_of, at = mb.predict_at // length, mb.predict_at % length
+        mb.predict_at = rows_of * padded + at
+    pieces = torch.arange(padded).chunk(chunks)
+    if layout.cp > 1:
+        mb.holds = [torch.cat([pieces[r], pieces[chunks - 1 - r]]) for r in range(layout.cp)]
+    else:
+        mb.holds = list(pieces)
+    return mb
 
 
 def rms_norm(x: Tensor, weight: Tensor) -> Tensor:
@@ -288,27 +289,42 @@ def rms_norm(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def transformer_layer(
-    h: Tensor, w: dict[str, Tensor], i: int, cfg: PolicyConfig, mb: MicroBatch, g: Groups
+    h: Tensor,
+    w: dict[str, Tensor],
+    i: int,
+    cfg: PolicyConfig,
+    mb: MicroBatch,
+    g: Groups,
+    stats: RouterStats,
 ) -> Tensor:
-    """Pre-norm attention + MLP block; this rank computes ``heads / tp`` heads and
-    ``ffn / tp`` hidden units."""
+    """Pre-norm attention + MLP (or MoE) block over this rank's positions of ``mb``; this
+    rank computes ``heads / tp`` heads and ``ffn / tp`` hidden units (experts: whole)."""
     p = f"layers.{i}."
-    skip_reduce = g.layout.fault == "no-tp-allreduce"
+    layout = g.layout
+    skip_reduce = layout.fault == "no-tp-allreduce"
     reduce = (lambda x: x) if skip_reduce else (lambda x: reduce_from_tp(x, g))
     rows, length, _ = h.shape
     head_dim = cfg.hidden // cfg.heads
-    local_heads = cfg.heads // g.layout.tp
+    local_heads = cfg.heads // layout.tp
 
     x = copy_to_tp(rms_norm(h, w[p + "norm1"]), g)
     q, k, v = (
-        (x @ w[p + name]).view(rows, length, local_heads, head_dim).transpose(1, 2)
-        for name in ("wq", "wk", "wv")
+        (x @ w[p + name]).view(rows, length, local_heads, head_dim) for name in ("wq", "wk", "wv")
     )
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(head_dim)
-    scores = scores.masked_fill(~mb.allowed.to(h.device).unsqueeze(1), float("-inf"))
-    attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(rows, length, -1)
+    allowed = mb.allowed.to(h.device)
+    if layout.cp > 1:
+        causal = layout.fault != "ring-no-causal"
+        attended = ring_attention(q, k, v, allowed, mb.holds, g, causal_across_chunks=causal)
+    elif layout.sp > 1:
+        wrong = layout.fault == "ulysses-head-split"
+        attended = ulysses_attention(q, k, v, allowed, g, wrong_split=wrong)
+    else:
+        attended = dense_attention(q, k, v, allowed)
     h = h + reduce(attended @ w[p + "wo"])  # row-parallel: partial sums until reduced
 
+    if cfg.experts:  # experts are whole on every TP rank: no copy/reduce
+        real = mb.real[:, mb.holds[g.place.seq]]
+        return h + moe_mlp(rms_norm(h, w[p + "norm2"]), real, w, p, i, cfg, g, stats)
     x = copy_to_tp(rms_norm(h, w[p + "norm2"]), g)
     return h + reduce(torch.nn.functional.silu(x @ w[p + "w_up"]) @ w[p + "w_down"])
 
@@ -340,39 +356,65 @@ def vocab_parallel_log_probs(
 
 
 def stage_forward(
-    h_or_ids: Tensor, w: dict[str, Tensor], cfg: PolicyConfig, mb: MicroBatch, g: Groups
+    h_or_ids: Tensor,
+    w: dict[str, Tensor],
+    cfg: PolicyConfig,
+    mb: MicroBatch,
+    g: Groups,
+    stats: RouterStats,
 ) -> Tensor:
-    """This stage's part of the forward: embeddings (first stage) and its layers."""
+    """This stage's part of the forward: embeddings (first stage) and its layers, over the
+    positions this rank holds."""
     if g.stage == 0:
         on = w["embed"].device
-        h = w["embed"][h_or_ids.to(on)] + w["pos"][mb.positions.to(on)]
+        held = mb.holds[g.place.seq]
+        ids, positions = mb.input_ids[:, held], mb.positions[:, held]
+        h = w["embed"][ids.to(on)] + w["pos"][positions.to(on)]
     else:
         h = h_or_ids
     for i in stage_layers(cfg, g.layout, g.stage):
-        h = transformer_layer(h, w, i, cfg, mb, g)
+        h = transformer_layer(h, w, i, cfg, mb, g, stats)
     return h
+
+
+def predicted_here(mb: MicroBatch, g: Groups) -> tuple[Tensor, Tensor]:
+    """Which of ``mb``'s predicted tokens this rank's positions predict, and where those
+    positions lie in its ``[rows * held]`` activations."""
+    held = mb.holds[g.place.seq]
+    where = torch.full((mb.length,), -1, dtype=torch.long)
+    where[held] = torch.arange(len(held))
+    row, at = mb.predict_at // mb.length, mb.predict_at % mb.length
+    local = where[at]
+    mine = local >= 0
+    return mine, (row * len(held) + local)[mine]
 
 
 def head_log_probs(
     h: Tensor, w: dict[str, Tensor], mb: MicroBatch, g: Groups
-) -> tuple[Tensor, Tensor]:
-    """Last stage: final norm, vocab-parallel head at the predicting positions only."""
-    x = rms_norm(h, w["norm_f"]).reshape(-1, h.shape[-1])[mb.predict_at.to(h.device)]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Last stage: final norm, vocab-parallel head at this rank's predicting positions.
+
+    Returns log probs and entropies of those tokens and the mask of them among ``mb``'s.
+    """
+    mine, flat = predicted_here(mb, g)
+    x = rms_norm(h, w["norm_f"]).reshape(-1, h.shape[-1])[flat.to(h.device)]
     local_logits = copy_to_tp(x, g) @ w["head"]
-    return vocab_parallel_log_probs(local_logits, mb.targets.to(h.device), g)
+    log_probs, entropy = vocab_parallel_log_probs(local_logits, mb.targets[mine].to(h.device), g)
+    return log_probs, entropy, mine
 
 
 # ---------------------------------------------------------------------- one training step
 
 
 def _token_losses(
-    log_probs: Tensor, batch: dict[str, Tensor], mb: MicroBatch, cfg: PolicyConfig
+    log_probs: Tensor, batch: dict[str, Tensor], mb: MicroBatch, cfg: PolicyConfig, mine: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Per valid token: PPO-clip loss and k3 KL, from the batch's old/ref log probs."""
+    """Per valid token this rank predicts: PPO-clip loss and k3 KL, from the batch's old and
+    ref log probs."""
     index = torch.tensor(mb.rows, dtype=torch.long)
     valid = mb.response_mask
     old, ref, adv = (
-        batch[k][index][valid].to(log_probs)
+        batch[k][index][valid][mine].to(log_probs)
         for k in ("old_log_probs", "ref_log_prob", "advantages")
     )
     pg, _, _ = ppo_clip_token_losses(
@@ -381,12 +423,33 @@ def _token_losses(
     return pg, kl_penalty(log_probs, ref, "low_var_kl")
 
 
-def default_splits(layout: Layout, size: int) -> list[list[list[int]]]:
-    """Rows of each DP rank's micro-batches: contiguous shards, then contiguous micro-batches."""
-    return [
-        [[shard[i] for i in piece] for piece in split_by_count(len(shard), layout.micro_batches)]
-        for shard in dp_shards(size, layout.dp)
-    ]
+def default_splits(layout: Layout, response_mask: Tensor) -> list[list[list[int]]]:
+    """Rows of each data rank's micro-batches (data rank ``dp_rank * ep + ep_rank``):
+    contiguous shards, then ``micro_batches`` contiguous pieces or, with ``max_tokens``,
+    greedy pieces within the token budget."""
+    out = []
+    for shard in dp_shards(int(response_mask.shape[0]), layout.data_ranks):
+        if layout.max_tokens is None:
+            pieces = split_by_count(len(shard), layout.micro_batches)
+        else:
+            rows = torch.tensor(shard, dtype=torch.long)
+            pieces = split_by_token_budget(response_mask[rows], layout.max_tokens)
+        out.append([[shard[i] for i in piece] for piece in pieces])
+    return out
+
+
+def aligned(splits: list[list[list[int]]], layout: Layout) -> list[list[list[int]]]:
+    """Ranks of one expert-parallel group exchange tokens in every micro-batch, so they run
+    the same number: the shorter lists get empty micro-batches."""
+    if layout.ep == 1:
+        return splits
+    out = [list(micro) for micro in splits]
+    for start in range(0, layout.data_ranks, layout.ep):
+        group = range(start, start + layout.ep)
+        most = max(len(out[i]) for i in group)
+        for i in group:
+            out[i] += [[] for _ in range(most - len(out[i]))]
+    return out
 
 
 def gpipe_forward_backward(
@@ -396,82 +459,112 @@ def gpipe_forward_backward(
     g: Groups,
     micros: list[MicroBatch],
     global_tokens: Tensor,
-) -> tuple[Tensor, list[tuple[MicroBatch, Tensor]]]:
+) -> tuple[Tensor, list[tuple[MicroBatch, Tensor]], float]:
     """GPipe: every micro-batch's forward, then every backward in reverse order.
 
-    Gradients accumulate in ``w[...].grad``. The last stage returns the step's metric pieces
-    (``[pg, kl, entropy]`` sums over global tokens of this DP rank) and each micro-batch's
-    per-token log probs; other stages return zeros and nothing.
+    Gradients accumulate in ``w[...].grad``. Returns the step's metric pieces of this rank
+    (``[pg, kl, entropy]`` sums over global tokens; zeros but on the last stage), each
+    micro-batch's per-token log probs (last stage; every token, from every sequence rank)
+    and the load-balancing loss of this stage's layers (0.0 without experts).
     """
     layout = g.layout
     last = g.stage == layout.pp - 1
     prev_rank = g.stage_ranks[g.stage - 1] if g.stage > 0 else None
     next_rank = g.stage_ranks[g.stage + 1] if not last else None
-    saved: list[tuple[Tensor | None, Tensor]] = []  # (input activation, output or loss)
+    saved: list[tuple[Tensor | None, Tensor, bool]] = []  # (input, output or loss, empty)
     sums = torch.zeros(3, dtype=torch.float64, device=device())
     log_probs_out: list[tuple[MicroBatch, Tensor]] = []
+    stats = RouterStats(cfg.experts, cfg.top_k)
     for mb in micros:
+        empty = not mb.rows
         h_in = None
         if prev_rank is not None:  # activations of the previous stage
-            h_in = torch.empty((*mb.input_ids.shape, cfg.hidden), dtype=cfg.torch_dtype)
-            h_in = h_in.to(device())
-            dist.recv(h_in, src=prev_rank)
+            shape = (mb.input_ids.shape[0], len(mb.holds[g.place.seq]), cfg.hidden)
+            h_in = torch.zeros(shape, dtype=cfg.torch_dtype, device=device())
+            if not empty:
+                dist.recv(h_in, src=prev_rank)
             h_in.requires_grad_(True)
-        h = stage_forward(mb.input_ids if h_in is None else h_in, w, cfg, mb, g)
+        h = stage_forward(mb.input_ids if h_in is None else h_in, w, cfg, mb, g, stats)
         if not last:
-            dist.send(h.detach().contiguous(), dst=next_rank)
-            saved.append((h_in, h))
+            if not empty:
+                dist.send(h.detach().contiguous(), dst=next_rank)
+            saved.append((h_in, h, empty))
             continue
-        log_probs, entropy = head_log_probs(h, w, mb, g)
-        pg, kl = _token_losses(log_probs, batch, mb, cfg)
+        log_probs, entropy, mine = head_log_probs(h, w, mb, g)
+        pg, kl = _token_losses(log_probs, batch, mb, cfg, mine)
         per_token = (pg + cfg.kl_coef * kl).unsqueeze(0)
         ones = torch.ones_like(per_token)
         normalizer = global_tokens
         if layout.fault == "micro-mean":  # each micro-batch's own mean, averaged: wrong
-            normalizer = ones.sum() * len(micros) * layout.dp
+            normalizer = normalizer.new_tensor(mb.targets.numel() * len(micros) * layout.dp)
         loss = aggregate_loss(per_token, ones, "token-mean", global_tokens=normalizer)
         with torch.no_grad():
             pieces = torch.stack([pg.sum(), kl.sum(), entropy.sum()]).double()
-            sums += pieces / normalizer.double()
-        saved.append((h_in, loss))
-        log_probs_out.append((mb, log_probs.detach()))
+            sums += pieces / normalizer.double().clamp(min=1)
+        saved.append((h_in, loss, empty))
+        every = torch.zeros(mb.targets.numel(), dtype=log_probs.dtype, device=log_probs.device)
+        every[mine.to(every.device)] = log_probs.detach()
+        log_probs_out.append((mb, every))
 
-    for h_in, out in reversed(saved):
+    aux_value = 0.0
+    if cfg.experts:
+        share, aux_value = aux_loss(stats, g, per_ep_rank=layout.fault == "ep-local-aux")
+        (cfg.aux_coef / cfg.layers * share).backward(retain_graph=True)
+    for h_in, out, empty in reversed(saved):
         if last:
             out.backward()
         else:  # gradient of this stage's output, from the next stage
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=next_rank)
+            grad = torch.zeros_like(out)
+            if not empty:
+                dist.recv(grad, src=next_rank)
             out.backward(grad)
-        if h_in is not None:
+        if h_in is not None and not empty:
             dist.send(h_in.grad.contiguous(), dst=prev_rank)
-    return sums, log_probs_out
+    if log_probs_out and g.seq is not None:  # every sequence rank predicts some tokens
+        flat = all_reduce(torch.cat([values for _, values in log_probs_out]), g.seq)
+        sizes = [values.numel() for _, values in log_probs_out]
+        log_probs_out = list(zip([mb for mb, _ in log_probs_out], flat.split(sizes), strict=True))
+    return sums, log_probs_out, aux_value / cfg.layers
+
+
+def _grads(w: dict[str, Tensor], names: list[str]) -> list[Tensor]:
+    """Gradients of ``names`` (zero where a parameter took no part, e.g. an idle expert)."""
+    return [w[n].grad if w[n].grad is not None else torch.zeros_like(w[n]) for n in names]
 
 
 def reduce_gradients(w: dict[str, Tensor], g: Groups) -> None:
-    """Data parallelism: sum the replicas' gradients (one all-reduce of one flat buffer).
+    """Sum the gradients over the ranks holding the same parameters (one all-reduce of one
+    flat buffer each for dense and expert parameters).
 
-    Each replica's loss is already divided by the global token count, so the pieces add up
-    to the full batch's gradient: a sum, not a mean.
+    Each data rank's loss is already divided by the global token count, so the pieces add
+    up to the full batch's gradient: a sum, not a mean.
     """
-    flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in w.values()]), g.dp)
-    if g.layout.fault == "dp-double-norm":  # averaged on top of the global normalizer: wrong
-        flat /= g.layout.dp
-    for p, grad in zip(w.values(), flat.split([p.numel() for p in w.values()]), strict=True):
-        p.grad = grad.view_as(p)
+    dense = [n for n in w if not is_expert(n)]
+    experts = [n for n in w if is_expert(n)]
+    for names, group in ((dense, g.data), (experts, g.expert_data)):
+        if not names:
+            continue
+        flat = all_reduce(torch.cat([grad.reshape(-1) for grad in _grads(w, names)]), group)
+        if g.layout.fault == "dp-double-norm":  # averaged on top of the global normalizer
+            flat /= g.layout.dp
+        for n, grad in zip(names, flat.split([w[n].numel() for n in names]), strict=True):
+            w[n].grad = grad.view_as(w[n])
 
 
 def grad_norm(w: dict[str, Tensor], g: Groups) -> float:
-    """L2 norm of the whole model's gradient.
+    """L2 norm of the whole model's gradient, each parameter element counted once.
 
-    TP-split parameters count on every TP rank, replicated ones on TP rank 0 only; the
-    squares are then summed over the tp x pp ranks of this replica.
+    A rank counts a parameter when it is the first of the ranks holding a copy: dp and
+    sequence rank 0, TP rank 0 unless the parameter is TP-split, EP rank 0 unless it is an
+    expert's. The squares are then summed over every rank.
     """
     square = torch.zeros((), dtype=torch.float64, device=device())
-    for name, p in w.items():
-        if is_tp_split(name) or g.tp_rank == 0:
-            square += p.grad.double().square().sum()
-    return float(all_reduce(square, g.model).sqrt())
+    place = g.place
+    if place.dp == 0 and place.seq == 0:
+        for name, p in w.items():
+            if (is_tp_split(name) or place.tp == 0) and (is_expert(name) or place.ep == 0):
+                square += p.grad.double().square().sum()
+    return float(world_sum(square, g.layout).sqrt())
 
 
 def train_step(
@@ -483,29 +576,33 @@ def train_step(
 ) -> dict[str, Any]:
     """One PPO step of this rank's shard; returns metrics and per-token log probs (last stage).
 
-    ``splits[dp_rank]`` lists the rows of each of this rank's micro-batches (default:
-    :func:`default_splits`); every DP rank needs at least one row.
+    ``splits[data_rank]`` lists the rows of each of that data rank's micro-batches
+    (default: :func:`default_splits`).
     """
     layout = g.layout
-    size = int(batch["response_mask"].shape[0])
-    micro_rows = (splits or default_splits(layout, size))[g.dp_rank]
+    mask = batch["response_mask"]
+    micro_rows = aligned(splits or default_splits(layout, mask), layout)[g.data_rank]
     shard_rows = [row for rows in micro_rows for row in rows]
     leak = layout.fault == "packing-leak"
     micros = [
-        make_micro_batch(batch, rows, cfg, packed=layout.packing, leak=leak) for rows in micro_rows
+        make_micro_batch(batch, rows, cfg, packed=layout.packing, leak=leak, layout=layout)
+        for rows in micro_rows
     ]
-    # The token-mean's normalizer is the step's valid-token count over every DP replica.
-    tokens = batch["response_mask"][torch.tensor(shard_rows, dtype=torch.long)].sum()
-    global_tokens = all_reduce(tokens.to(device(), torch.float64), g.dp)
+    # The token-mean's normalizer is the step's valid-token count (every rank has the batch).
+    global_tokens = mask.sum().to(device(), torch.float64)
 
-    sums, log_probs = gpipe_forward_backward(w, batch, cfg, g, micros, global_tokens)
+    sums, log_probs, aux = gpipe_forward_backward(w, batch, cfg, g, micros, global_tokens)
     reduce_gradients(w, g)
     norm = grad_norm(w, g)
     with torch.no_grad():  # SGD
         for p in w.values():
             p -= cfg.lr * p.grad
             p.grad = None
-    all_reduce(sums, g.dp)
+    all_reduce(sums, g.data)
+    place = g.place
+    owner = place.dp == place.seq == place.tp == place.ep == 0
+    mine = torch.tensor(aux if owner else 0.0, dtype=torch.float64, device=device())
+    aux_total = world_sum(mine, layout)
 
     result: dict[str, Any] = {"rank": g.rank, "last_stage": g.stage == layout.pp - 1}
     if result["last_stage"]:
@@ -513,6 +610,8 @@ def train_step(
             **dict(zip(("pg_loss", "kl", "entropy"), sums.tolist(), strict=True)),
             "grad_norm": norm,
         }
+        if cfg.experts:
+            result["metrics"]["aux_loss"] = float(aux_total)
         result["rows"] = shard_rows
         result["log_probs"] = _padded(log_probs, cfg).cpu()
     return result
@@ -550,6 +649,7 @@ class StepResult:
 
     metrics: dict[str, float]
     log_probs: Tensor
+    response_mask: Tensor | None = None
 
 
 def run(
@@ -562,25 +662,27 @@ def run(
 ) -> list[StepResult]:
     """Train ``len(batches)`` steps on ``layout`` (real processes) and reassemble the results.
 
-    ``splits`` overrides how rows are cut into DP shards and micro-batches (every step).
+    ``splits`` overrides how rows are cut into data-rank shards and micro-batches (every
+    step).
     """
     per_rank = launch(train, layout, layout, cfg, batches, splits, timeout=timeout)
     out = []
-    for step in range(len(batches)):
+    for step, batch in enumerate(batches):
         shards = [r["steps"][step] for r in per_rank if r["steps"][step]["last_stage"]]
-        shards = [s for s in shards if layout.coords(s["rank"])[2] == 0]
-        size = int(batches[step]["response_mask"].shape[0])
-        log_probs = torch.zeros(size, cfg.response_len, dtype=cfg.torch_dtype)
+        shards = [s for s in shards if layout.place(s["rank"]).tp == 0]
+        shards = [s for s in shards if layout.place(s["rank"]).seq == 0]
+        mask = batch["response_mask"]
+        log_probs = torch.zeros(mask.shape[0], cfg.response_len, dtype=cfg.torch_dtype)
         for s in shards:
             log_probs[torch.tensor(s["rows"], dtype=torch.long)] = s["log_probs"]
-        out.append(StepResult(shards[0]["metrics"], log_probs))
+        out.append(StepResult(shards[0]["metrics"], log_probs, mask))
     return out
 
 
 def check_step(
     golden: Any, result: StepResult, *, step: int, reference: Layout | None = None
 ) -> None:
-    """Gate one step: every metric, and per-token log probs by (DP rank, micro-batch).
+    """Gate one step: every metric, and per-token log probs by (data rank, micro-batch).
 
     Ranks and micro-batches are those of the *reference* layout (one of each by default):
     a variant's log probs are reassembled into the whole batch first and cut the way the
@@ -588,15 +690,17 @@ def check_step(
     """
     reference = reference or Layout()
     golden.check(result.metrics, step=step)
-    size = result.log_probs.shape[0]
-    for dp_rank, shard in enumerate(dp_shards(size, reference.dp)):
-        for micro, piece in enumerate(split_by_count(len(shard), reference.micro_batches)):
-            rows = torch.tensor([shard[i] for i in piece], dtype=torch.long)
+    mask = result.response_mask
+    if mask is None:
+        mask = torch.ones(result.log_probs.shape, dtype=torch.bool)
+    for data_rank, micros in enumerate(default_splits(reference, mask)):
+        for micro, piece in enumerate(micros):
+            rows = torch.tensor(piece, dtype=torch.long)
             golden.check_tensors(
                 "policy",
                 {"log_probs": result.log_probs[rows]},
                 step=step,
-                rank=dp_rank,
+                rank=data_rank,
                 micro=micro,
             )
 
@@ -639,6 +743,8 @@ def single_process_log_probs(cfg: PolicyConfig, batch: dict[str, Tensor]) -> Ten
     w = shard_weights(full_weights(cfg), cfg, layout, 0)
     rows = list(range(int(batch["response_mask"].shape[0])))
     mb = make_micro_batch(batch, rows, cfg, packed=False, leak=False)
+    stats = RouterStats(cfg.experts, cfg.top_k)
     with torch.no_grad():
-        log_probs, _ = head_log_probs(stage_forward(mb.input_ids, w, cfg, mb, g), w, mb, g)
+        h = stage_forward(mb.input_ids, w, cfg, mb, g, stats)
+        log_probs, _, _ = head_log_probs(h, w, mb, g)
     return _padded([(mb, log_probs)], cfg)
