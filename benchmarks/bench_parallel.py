@@ -1,13 +1,16 @@
 """Cross-layout spread of the reference policy's metrics, and the cost of a variant test.
 
-    python benchmarks/bench_parallel.py [--seeds 5] [--dtype float32] [--cost]
+    python benchmarks/bench_parallel.py [--seeds 5] [--dtype float32] [--matrix round2] [--cost]
 
-Spread: for every layout of the full ``variants()`` matrix (32 layouts, world size <= 8) and
-every seed, train 3 steps on real torch.distributed processes and compare each metric with
-the single-process run of the same seed: the largest relative difference (where the
-reference value exceeds 1e-6 in magnitude) and the largest absolute difference. The
+Spread: for every layout of a matrix and every seed, train 3 steps on real
+torch.distributed processes and compare each metric with the single-process run of the
+same seed: the largest relative difference (where the reference value exceeds 1e-6 in
+magnitude) and the largest absolute difference. The
 shipped layout lane (``parallel.params.LAYOUT_TOLERANCES``) is this measurement times a
 margin; the deliberately wrong layouts are measured too, to show the lane still catches them.
+Matrices: ``standard`` is the full ``variants()`` matrix of the dense policy (32 layouts,
+world size <= 8); ``round2`` is the MoE policy (4 experts, top-2) over TP, ring (cp) and
+Ulysses (sp) sequence splits, EP, packing and a dynamic token budget (48 layouts).
 
 Cost (``--cost``): seconds per variant test body (3 training steps), cold (worker pool
 started for it) and warm (pool reused), as a ratio to the in-process single-process run.
@@ -21,7 +24,7 @@ import time
 
 from pytest_rollout_golden.parallel import FAULTS, Layout, launcher, variants
 from pytest_rollout_golden.parallel.params import LAYOUT_TOLERANCES
-from pytest_rollout_golden.parallel.policy import METRICS, PolicyConfig, make_rollout, run
+from pytest_rollout_golden.parallel.policy import PolicyConfig, make_rollout, run
 
 STEPS = 3
 FAULTY = {
@@ -29,15 +32,33 @@ FAULTY = {
     "micro-mean": Layout(micro_batches=4, fault="micro-mean"),
     "dp-double-norm": Layout(dp=2, micro_batches=4, fault="dp-double-norm"),
     "packing-leak": Layout(packing=True, micro_batches=4, fault="packing-leak"),
+    "ring-no-causal": Layout(cp=2, fault="ring-no-causal"),
+    "ulysses-head-split": Layout(sp=2, fault="ulysses-head-split"),
+    "ep-local-aux": Layout(ep=2, fault="ep-local-aux"),
+    "micro-mean (dynamic batch)": Layout(max_tokens=16, fault="micro-mean"),
 }
-assert set(FAULTY) == set(FAULTS)
+assert {layout.fault for layout in FAULTY.values()} == set(FAULTS)
+MATRICES = {
+    "standard": (0, lambda: variants()),
+    "round2": (
+        4,
+        lambda: variants(
+            tp=[1, 2],
+            cp=[1, 2],
+            sp=[1, 2],
+            ep=[1, 2],
+            packing=[False, True],
+            max_tokens=[None, 16],
+        ),
+    ),
+}
 
 
 def spread(results, reference) -> dict[str, tuple[float, float]]:
     """Per metric (and log_probs): (max relative, max absolute) difference over the steps."""
     out: dict[str, tuple[float, float]] = {}
     for a, e in zip(results, reference, strict=True):
-        pairs = {n: (a.metrics[n], e.metrics[n]) for n in METRICS}
+        pairs = {n: (a.metrics[n], e.metrics[n]) for n in e.metrics}
         for name, (x, y) in pairs.items():
             rel = abs(x - y) / abs(y) if abs(y) > 1e-6 else 0.0
             r, ab = out.get(name, (0.0, 0.0))
@@ -49,12 +70,13 @@ def spread(results, reference) -> dict[str, tuple[float, float]]:
     return out
 
 
-def measure_spread(dtype: str, seeds: int) -> None:
-    layouts = [p.values[0] for p in variants()][1:]
+def measure_spread(dtype: str, seeds: int, matrix: str = "standard") -> None:
+    experts, params = MATRICES[matrix]
+    layouts = [p.values[0] for p in params()][1:]
     worst: dict[str, tuple[float, float, str]] = {}
     faults: dict[str, dict[str, tuple[float, float]]] = {}
     for seed in range(seeds):
-        cfg = PolicyConfig(dtype=dtype, seed=seed)
+        cfg = PolicyConfig(dtype=dtype, seed=seed, experts=experts)
         batches = [make_rollout(cfg, step) for step in range(STEPS)]
         reference = run(Layout(), cfg, batches)
         for layout in layouts:
@@ -65,9 +87,11 @@ def measure_spread(dtype: str, seeds: int) -> None:
                     worst[name] = (worst[name][0], max(ab, worst[name][1]), worst[name][2])
         if seed == 0:
             for fault, layout in FAULTY.items():
+                if layout.fault == "ep-local-aux" and not experts:
+                    continue
                 faults[fault] = spread(run(layout, cfg, batches), reference)
     lane = LAYOUT_TOLERANCES[dtype]
-    print(f"\n{dtype}: {len(layouts)} layouts x {seeds} seeds x {STEPS} steps\n")
+    print(f"\n{dtype}, {matrix}: {len(layouts)} layouts x {seeds} seeds x {STEPS} steps\n")
     print("| metric | max rel spread | max abs spread | worst layout | shipped rtol | atol |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, (rel, ab, where) in worst.items():
@@ -120,9 +144,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--dtype", default="float32", choices=sorted(LAYOUT_TOLERANCES))
+    parser.add_argument("--matrix", default="standard", choices=sorted(MATRICES))
     parser.add_argument("--cost", action="store_true", help="per-variant cost, cold and warm")
     args = parser.parse_args()
     if args.cost:
         measure_cost()
     else:
-        measure_spread(args.dtype, args.seeds)
+        measure_spread(args.dtype, args.seeds, args.matrix)

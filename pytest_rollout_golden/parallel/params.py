@@ -82,25 +82,67 @@ def layout_params(
     ]
 
 
+STANDARD_MATRIX: dict[str, tuple[Any, ...]] = {
+    "tp": (1, 2),
+    "pp": (1, 2),
+    "dp": (1, 2),
+    "packing": (False, True),
+    "micro_batches": (1, 4),
+}
+"""What ``variants()`` sweeps when no dimension is named: 32 layouts, world size <= 8."""
+
+
 def variants(
-    tp: Iterable[int] = (1, 2),
-    pp: Iterable[int] = (1, 2),
-    dp: Iterable[int] = (1, 2),
-    packing: Iterable[bool] = (False, True),
-    micro_batches: Iterable[int] = (1, 4),
+    tp: Iterable[int] | None = None,
+    pp: Iterable[int] | None = None,
+    dp: Iterable[int] | None = None,
+    packing: Iterable[bool] | None = None,
+    micro_batches: Iterable[int] | None = None,
     *,
+    cp: Iterable[int] | None = None,
+    sp: Iterable[int] | None = None,
+    ep: Iterable[int] | None = None,
+    max_tokens: Iterable[int | None] | None = None,
     reference: Layout | None = None,
     dtype: str = "float32",
     tolerances: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     """Params over the product of the given sizes, reference first (it records the golden).
 
+    With no dimension named, the :data:`STANDARD_MATRIX` of TP, PP, DP, packing and
+    micro-batches. Otherwise the named dimensions are swept and every other one stays at the
+    reference's value: ``variants(cp=[1, 2], ep=[1, 2])`` gives four layouts. Combinations
+    a layout cannot have are left out: ``cp`` and ``sp`` both above 1, or a token budget
+    (``max_tokens``) with ``micro_batches`` above 1.
+
     The reference (default: everything 1, padded) is included even when it lies outside
-    the product. Ids read ``tp2-pp1-dp1-packed-mb4``. Share the golden across test files
-    with ``@pytest.mark.golden(shared="name")`` on each test function.
+    the product. Ids read ``tp2-pp1-dp1-packed-mb4`` (``-cp2``, ``-sp2``, ``-ep2`` appended
+    where above 1; ``dyn64`` in place of ``mb4`` for a token budget). Share the golden
+    across test files with ``@pytest.mark.golden(shared="name")`` on each test function.
     """
-    layouts = [
-        Layout(t, p, d, pk, mb)
-        for t, p, d, pk, mb in itertools.product(tp, pp, dp, packing, micro_batches)
-    ]
+    reference = reference or Layout()
+    named = {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "packing": packing,
+        "micro_batches": micro_batches,
+        "cp": cp,
+        "sp": sp,
+        "ep": ep,
+        "max_tokens": max_tokens,
+    }
+    if all(values is None for values in named.values()):
+        sweep: dict[str, tuple[Any, ...]] = dict(STANDARD_MATRIX)
+    else:
+        sweep = {k: tuple(v) for k, v in named.items() if v is not None}
+    dims = {name: sweep.get(name, (getattr(reference, name),)) for name in named}
+    layouts = []
+    for values in itertools.product(*dims.values()):
+        fields = dict(zip(dims, values, strict=True))
+        if fields["cp"] > 1 and fields["sp"] > 1:
+            continue
+        if fields["max_tokens"] is not None and fields["micro_batches"] != 1:
+            continue
+        layouts.append(Layout(**fields))
     return layout_params(layouts, reference=reference, dtype=dtype, tolerances=tolerances)
