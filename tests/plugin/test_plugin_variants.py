@@ -186,6 +186,60 @@ def test_each_wrong_variant_fails_against_the_committed_golden_naming_metric_and
         assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
 
 
+ROUND2_FAULTS_FILE = """
+import pytest
+from pytest_rollout_golden.parallel import Layout, layout_params
+from pytest_rollout_golden.parallel.policy import PolicyConfig, check_step, make_rollout, run
+
+DENSE, MOE = PolicyConfig(), PolicyConfig(experts=4)
+
+def gate(golden, layout, cfg):
+    batches = [golden.rollout(lambda s=s: make_rollout(cfg, s), step=s) for s in range(3)]
+    for step, result in enumerate(run(layout, cfg, batches)):
+        check_step(golden, result, step=step)
+
+DENSE_FAULTS = [
+    Layout(cp=2, fault="ring-no-causal"),
+    Layout(sp=2, fault="ulysses-head-split"),
+    Layout(max_tokens=16, fault="micro-mean"),
+]
+
+@pytest.mark.golden(shared="parallel-policy-float32")
+@pytest.mark.parametrize("layout", layout_params(DENSE_FAULTS)[1:])
+def test_gate(golden, layout):
+    gate(golden, layout, DENSE)
+
+@pytest.mark.golden(shared="parallel-moe-float32")
+@pytest.mark.parametrize("layout", layout_params([Layout(ep=2, fault="ep-local-aux")])[1:])
+def test_moe_gate(golden, layout):
+    gate(golden, layout, MOE)
+"""
+
+
+def test_round_two_wrong_variants_fail_against_the_committed_goldens_naming_the_metric(project):
+    """Ring attention without the causal mask across chunks, Ulysses scattering the wrong
+    dimension, a dynamic-batch loss weighted by 1/len(micro_batches), router statistics
+    per EP rank: each fails against the real reference golden, naming what moved."""
+    for name in ("parallel-policy-float32", "parallel-moe-float32"):
+        committed = Path(__file__).parents[2] / "golden" / "@shared" / name
+        shutil.copytree(committed, project.golden / "@shared" / name)
+    project.write(ROUND2_FAULTS_FILE)
+    result = project.run()
+    result.assert_outcomes(failed=4)
+    text = result.stdout.str()
+    sections = text.split("_ test_")[1:]
+    assert len(sections) == 4
+    for fault, metric in [
+        ("ring-no-causal", "pg_loss"),
+        ("ulysses-head-split", "pg_loss"),
+        ("dyn16-micro-mean", "pg_loss"),
+        ("ep-local-aux", "aux_loss"),
+    ]:
+        section = next(s for s in sections if s.split("]", 1)[0].endswith(fault))
+        rows = [line.split() for line in section.splitlines() if line.startswith("  ")]
+        assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
+
+
 def test_variant_checking_a_step_the_reference_never_recorded_names_the_reference(project):
     project.write(
         """
