@@ -1,10 +1,13 @@
 """Parallel training for golden tests: layouts, variants, a launcher, a reference policy.
 
 * :mod:`.batching` -- split, shard, re-pad and pack rollout batches in one process;
-* :mod:`.layout` -- :class:`Layout`, a frozen (tp, pp, dp, packing, micro_batches);
+* :mod:`.layout` -- :class:`Layout`, a frozen (tp, pp, dp, packing, micro_batches, cp, sp,
+  ep, max_tokens);
 * :mod:`.params` -- :func:`variants`, pytest params over layouts that share one golden;
 * :mod:`.launcher` -- :func:`launch`, run a function on N ``torch.distributed`` ranks;
-* :mod:`.policy` -- a small transformer trained with real TP / PP / DP / packing;
+* :mod:`.policy` -- a small transformer trained with real TP / PP / DP / CP / EP / packing,
+  built on :mod:`.comm` (groups, collectives), :mod:`.attention` (ring, Ulysses) and
+  :mod:`.moe` (experts, router, load-balancing loss);
 * :mod:`.environment` -- whether this process is a rank of a torchrun job.
 
 Names are loaded on first use: ``from pytest_rollout_golden.parallel import variants,
@@ -38,7 +41,7 @@ _LAZY = {
     **dict.fromkeys(("LaunchError", "LaunchTimeout", "launch", "shutdown"), "launcher"),
     **dict.fromkeys(("LAYOUT_TOLERANCES", "layout_params", "variant", "variants"), "params"),
 }
-_SUBMODULES = {"batching", "launcher", "params", "policy", "layout"}
+_SUBMODULES = {"attention", "batching", "comm", "launcher", "layout", "moe", "params", "policy"}
 
 __all__ = ["FAULTS", "Layout", *_LAZY]
 
