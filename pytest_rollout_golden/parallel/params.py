@@ -27,7 +27,10 @@ from .layout import Layout
 # seeds and 3 steps against the single-process run (float32: pg_loss 6.2e-6, kl 1.7e-6,
 # entropy 2.3e-7, grad_norm 3.1e-7, log_probs 6.7e-7 relative / 1.4e-6 absolute), times 10,
 # rounded up to 1-2-5 and never below the same-layout default (rtol 1e-5), which covers
-# replaying on another machine. The wrong layouts of docs/guide/parallel.md move them by >= 3e-3.
+# replaying on another machine. The MoE matrix over ring / Ulysses sequence splits, EP and
+# dynamic batch size (`--matrix round2`, 47 variants) stays inside the same rows (pg_loss
+# 8.6e-6, log_probs 1.9e-6 absolute) and adds aux_loss (9.2e-8). The wrong layouts of
+# docs/guide/parallel.md move them by >= 3e-3 (aux_loss under ep-local-aux: 6.4e-2).
 LAYOUT_TOLERANCES: dict[str, dict[str, dict[str, float]]] = {
     "float64": {"*": {"rtol": 1e-12, "atol": 1e-14}},
     "float32": {
@@ -35,6 +38,7 @@ LAYOUT_TOLERANCES: dict[str, dict[str, dict[str, float]]] = {
         "kl": {"rtol": 2e-5, "atol": 1e-8},
         "entropy": {"rtol": 1e-5, "atol": 1e-7},
         "grad_norm": {"rtol": 1e-5, "atol": 1e-7},
+        "aux_loss": {"rtol": 1e-5, "atol": 1e-7},
         "log_probs": {"rtol": 1e-5, "atol": 2e-5},
     },
 }
