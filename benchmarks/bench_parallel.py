@@ -90,7 +90,7 @@ def measure_spread(dtype: str, seeds: int, matrix: str = "standard") -> None:
                 if layout.fault == "ep-local-aux" and not experts:
                     continue
                 faults[fault] = spread(run(layout, cfg, batches), reference)
-    lane = LAYOUT_TOLERANCES[dtype]
+    lane = LAYOUT_TOLERANCES.get(dtype, {})  # none shipped for bfloat16 yet: measure first
     print(f"\n{dtype}, {matrix}: {len(layouts)} layouts x {seeds} seeds x {STEPS} steps\n")
     print("| metric | max rel spread | max abs spread | worst layout | shipped rtol | atol |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -143,7 +143,7 @@ def measure_cost(rounds: int = 3) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--dtype", default="float32", choices=sorted(LAYOUT_TOLERANCES))
+    parser.add_argument("--dtype", default="float32", choices=[*LAYOUT_TOLERANCES, "bfloat16"])
     parser.add_argument("--matrix", default="standard", choices=sorted(MATRICES))
     parser.add_argument("--cost", action="store_true", help="per-variant cost, cold and warm")
     args = parser.parse_args()
