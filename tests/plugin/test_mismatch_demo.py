@@ -10,6 +10,7 @@ each seeded bug fails ``golden.check_mismatch`` naming the metric, the bound and
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -52,7 +53,13 @@ def model():
 
 
 def _step(model, input_ids, cache):
-    kwargs = {} if cache is None else {"cache": cache}
+    """One decode step. The KV cache's keyword is ``cache`` in transformers 5.24 and
+    ``past_key_values`` in 5.17; the forward swallows an unknown keyword into ``**kwargs``
+    (and then decodes without context), so it is read off the signature."""
+    kwargs = {}
+    if cache is not None:
+        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else None
+        kwargs[keyword or "past_key_values"] = cache
     out = model(input_ids=input_ids, use_cache=True, **kwargs)
     return out.logits[:, -1], getattr(out, "cache", None) or out.past_key_values
 
