@@ -102,8 +102,20 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _runnable() -> int:
+    """Threads running or ready to run on the machine now (Linux), this one included; 1 if
+    unknown. A helper thread only pays off on an idle CPU: on a busy machine it waits for
+    one, and the load takes longer than hashing on the calling thread."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
+        return 1
+
+
 class ChunkHasher:
-    """Feeds buffers to ``hasher`` in the order given, on a helper thread if ``threaded``.
+    """Feeds buffers to ``hasher`` in the order given, on a helper thread if ``threaded``
+    and a CPU is idle.
 
     ``update`` takes a buffer that must stay unchanged until :meth:`hexdigest`
     (the caller's freshly read memory). Use as a context manager: leaving it
@@ -114,7 +126,7 @@ class ChunkHasher:
         self._hasher = hasher
         self._queue: queue.SimpleQueue[Any] | None = None
         self._error: BaseException | None = None
-        if threaded and _cpus() > 1:
+        if threaded and _runnable() < _cpus():
             q: queue.SimpleQueue[Any] = queue.SimpleQueue()
             thread = threading.Thread(target=self._run, args=(q,), name="prg-hash", daemon=True)
             try:

@@ -33,8 +33,13 @@ SMALL_CHUNK = 4096
 def hashing(request, monkeypatch) -> str:
     """Checksum on the calling thread, or on the helper thread even for small files."""
     monkeypatch.setattr(batchfile, "HASH_THREAD_MIN", 1 << 62 if request.param == "inline" else 0)
-    monkeypatch.setattr(files, "_cpus", lambda: 2)  # a one-core CI runner still gets the thread
+    idle_cpu(monkeypatch)  # a one-core or busy CI runner still gets the thread
     return request.param
+
+
+def idle_cpu(monkeypatch, idle: bool = True) -> None:
+    monkeypatch.setattr(files, "_cpus", lambda: 2)
+    monkeypatch.setattr(files, "_runnable", lambda: 1 if idle else 2)
 
 
 @pytest.fixture
@@ -315,7 +320,7 @@ def test_streamed_digest_is_the_digest_of_the_whole_file(tmp_path, hashing, smal
 
 @pytest.mark.parametrize("threaded", [False, True])
 def test_chunk_hasher_matches_the_one_shot_checksum(monkeypatch, threaded):
-    monkeypatch.setattr(files, "_cpus", lambda: 2)
+    idle_cpu(monkeypatch)
     data = np.random.default_rng(1).integers(0, 256, 100_003, dtype=np.uint8)
     view = memoryview(data)
     with files.ChunkHasher(files.new_hasher(b"head"), threaded=threaded) as feed:
@@ -327,7 +332,7 @@ def test_chunk_hasher_matches_the_one_shot_checksum(monkeypatch, threaded):
 
 
 def test_chunk_hasher_stops_its_thread_on_an_error(monkeypatch):
-    monkeypatch.setattr(files, "_cpus", lambda: 2)
+    idle_cpu(monkeypatch)
     with (
         pytest.raises(RuntimeError, match="boom"),
         files.ChunkHasher(files.new_hasher(), threaded=True) as feed,
@@ -337,9 +342,37 @@ def test_chunk_hasher_stops_its_thread_on_an_error(monkeypatch):
     assert no_helper_thread_left()
 
 
-def test_one_cpu_hashes_inline(monkeypatch):
-    monkeypatch.setattr(files, "_cpus", lambda: 1)
+@pytest.mark.parametrize("cpus, runnable", [(1, 1), (2, 2), (4, 9)])
+def test_no_idle_cpu_hashes_inline(monkeypatch, cpus, runnable):
+    """One CPU, or every CPU busy: a helper thread would wait for a core; hash inline."""
+    monkeypatch.setattr(files, "_cpus", lambda: cpus)
+    monkeypatch.setattr(files, "_runnable", lambda: runnable)
     with files.ChunkHasher(files.new_hasher(), threaded=True) as feed:
         feed.update(b"abc")
         assert no_helper_thread_left()
         assert feed.hexdigest() == store.checksum([b"abc"])
+
+
+def test_runnable_threads_include_this_one():
+    assert files._runnable() >= 1
+
+
+def test_large_files_are_hashed_on_the_helper_thread(tmp_path, monkeypatch):
+    idle_cpu(monkeypatch)
+    ran_on = []
+    run = files.ChunkHasher._run
+
+    def recording_run(self: Any, q: Any) -> None:
+        ran_on.append(threading.current_thread().name)
+        run(self, q)
+
+    monkeypatch.setattr(files.ChunkHasher, "_run", recording_run)
+    path = tmp_path / "big.safetensors"
+    small = tmp_path / "small.safetensors"
+    batch = {"a": random_tensor(torch.uint8, (batchfile.HASH_THREAD_MIN,))}
+    store.save_batch(path, batch)
+    store.save_batch(small, {"a": batch["a"][: batchfile.HASH_THREAD_MIN // 2]})
+    assert torch.equal(store.load_batch(small)["a"], batch["a"][: batchfile.HASH_THREAD_MIN // 2])
+    assert ran_on == []
+    assert torch.equal(store.load_batch(path)["a"], batch["a"])
+    assert ran_on == ["prg-hash"] and no_helper_thread_left()
