@@ -1,4 +1,5 @@
-"""Bytes on disk: the one writer, whole-file reading, the one checksum, and the error
+"""Bytes on disk: the one writer, whole-file reading, the one checksum (in one call, or
+fed chunk by chunk as a file is read, on a helper thread if a CPU is idle), and the error
 that names a bad file.
 
 Every write goes to a temporary file that is fsynced and renamed over the target, so a
