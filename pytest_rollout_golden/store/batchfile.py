@@ -12,7 +12,7 @@ import math
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,17 @@ from ..errors import GoldenFormatError, UnsupportedValueError
 from ..location import MANIFEST
 from .files import (
     FORMAT,
+    HASH_THREAD_MIN,
     LFS_POINTER,
+    READ_CHUNK,
     SCHEMA,
     TORCH_SAVE_HEAD,
+    ChunkHasher,
     atomic_write,
     checksum,
     foreign_format,
     format_error,
+    new_hasher,
     read_exact,
     refuse_lfs_pointer,
 )
@@ -192,21 +196,30 @@ def _header_object(
     return n, header
 
 
-def _verify(
-    path: Path, header: dict[str, Any], data: Iterable[Any], expect_digest: str | None
-) -> dict[str, str]:
-    """Check the digest of the header and ``data`` (the data region, in order); return metadata."""
+def _signature(path: Path, header: dict[str, Any]) -> Any:
+    """A hasher fed with the canonical header, to be fed the data region next.
+
+    None for a file without a digest that is not ours (written by another tool):
+    there is nothing to check. Ours without its digest is refused.
+    """
     metadata = header.get("__metadata__") or {}
     stored = metadata.get("prg.digest")
     if stored is None and "prg.format" in metadata:  # ours, but the digest's key was damaged
         raise format_error(path, "is corrupted: its header lost the checksum")
-    if stored is not None:
-        unsigned = {
-            **header,
-            "__metadata__": {k: v for k, v in metadata.items() if k != "prg.digest"},
-        }
-        if checksum([canonical_header(unsigned), *data]) != stored:
-            raise format_error(path, "is corrupted: its checksum does not match its content")
+    if stored is None:
+        return None
+    unsigned = {**header, "__metadata__": {k: v for k, v in metadata.items() if k != "prg.digest"}}
+    return new_hasher(canonical_header(unsigned))
+
+
+def _verify(
+    path: Path, header: dict[str, Any], digest: str | None, expect_digest: str | None
+) -> dict[str, str]:
+    """Check ``digest`` (of the header and data as read) against the file's; return metadata."""
+    metadata = header.get("__metadata__") or {}
+    stored = metadata.get("prg.digest")
+    if stored is not None and digest != stored:
+        raise format_error(path, "is corrupted: its checksum does not match its content")
     if expect_digest is not None and stored != expect_digest:
         raise format_error(path, f"differs from the file listed in {MANIFEST} (checksum mismatch)")
     return metadata
@@ -336,14 +349,36 @@ def read_safetensors(
 
     Arrays are torch tensors, or numpy arrays for ``want="numpy"`` and for the
     entries the layout records as numpy. The header is read first, then every
-    tensor straight into its own allocation, as torch.load does: a load is one
-    copy from the page cache plus the checksum. A single file-sized buffer would
-    be slower: past malloc's mmap threshold (32 MiB) it is fresh memory,
-    page-faulted 4 KiB at a time on every load. A tensor kept alive also does not
-    pin the rest of the file.
+    tensor straight into its own allocation, as torch.load does, and each
+    :data:`~.files.READ_CHUNK` of it is hashed as soon as it is read, while it is
+    in cache: a load is one copy from the page cache, plus the checksum of bytes
+    still in cache (on a helper thread for large files). Nothing is returned
+    before every byte is verified. A single file-sized buffer would be slower:
+    past malloc's mmap threshold (32 MiB) it is fresh memory, page-faulted 4 KiB
+    at a time on every load. A tensor kept alive also does not pin the rest of
+    the file.
     """
     arrays, metadata, _ = _read(path, expect_digest=expect_digest, want=want)
     return arrays, metadata
+
+
+def _read_data(path: Path, f: Any, entries: list[tuple], hasher: Any) -> dict[str, Any]:
+    """Each entry's bytes, from the data region that ``f`` is positioned at, in a fresh buffer.
+
+    Every chunk read is passed to ``hasher.update`` (if given) right away.
+    """
+    import numpy as np
+
+    buffers = {}
+    for name, _, _, begin, end in sorted(entries, key=lambda e: e[3]):
+        buf = np.empty(end - begin, dtype=np.uint8)  # numpy aligns it for every dtype (16 B)
+        view = memoryview(buf)
+        for start in range(0, end - begin, READ_CHUNK):
+            chunk = read_exact(path, f, view[start : start + READ_CHUNK])
+            if hasher is not None:
+                hasher.update(chunk)
+        buffers[name] = buf
+    return buffers
 
 
 def _read(
@@ -353,8 +388,6 @@ def _read(
 
     A layout that is JSON ``null`` is the batch ``None``, not an absent layout.
     """
-    import numpy as np
-
     try:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
@@ -367,18 +400,22 @@ def _read(
                 f.seek(0)
                 return read_exact(path, f, bytearray(min(size, n)))
 
-            _, header, entries = _parse_header(
+            n, header, entries = _parse_header(
                 path, size, head, lambda n: read_exact(path, f, bytearray(n)), first_bytes
             )
-            chunks = {
-                e[0]: read_exact(path, f, np.empty(e[4] - e[3], dtype=np.uint8))
-                for e in sorted(entries, key=lambda e: e[3])
-            }
+            hasher = _signature(path, header)
+            digest = None
+            if hasher is None:
+                chunks = _read_data(path, f, entries, None)
+            else:
+                with ChunkHasher(hasher, threaded=size - 8 - n >= HASH_THREAD_MIN) as feed:
+                    chunks = _read_data(path, f, entries, feed)
+                    digest = feed.hexdigest()
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise format_error(path, f"cannot be read ({exc})") from exc
-    metadata = _verify(path, header, chunks.values(), expect_digest)
+    metadata = _verify(path, header, digest, expect_digest)
     layout: Any = metadata.get("prg.layout", NO_LAYOUT)
     numpy_keys: set[str] = set()
     if layout is not NO_LAYOUT:
