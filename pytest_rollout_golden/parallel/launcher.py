@@ -44,6 +44,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from . import forkserver
 from .environment import torchrun_rank
 from .layout import Layout
 
@@ -144,16 +145,24 @@ def under_torchrun() -> bool:
     return torchrun_rank() is not None
 
 
-def shutdown() -> None:
-    """Stop every worker pool of this process (also done at exit and at the end of a session)."""
+def shutdown(*, keep_server: bool = False) -> None:
+    """Stop every worker pool of this process and its fork server (also done at exit and at
+    the end of a session); ``keep_server=True`` stops the pools only."""
     while _POOLS:
         _, pool = _POOLS.popitem()
         pool.close()
+    if not keep_server:
+        forkserver.stop()
 
 
 def pool_pids() -> dict[int, list[int]]:
     """Process ids of the live worker pools, by world size (to observe reuse)."""
-    return {n: [p.pid for p in pool.processes] for n, pool in _POOLS.items()}
+    return {n: list(pool.pids) for n, pool in _POOLS.items()}
+
+
+def server_pid() -> int | None:
+    """Process id of this process's fork server while it runs (see :mod:`.forkserver`)."""
+    return forkserver.server_pid()
 
 
 def device() -> Any:
@@ -185,11 +194,17 @@ def _free_port() -> int:
 
 
 class _Pool:
-    """N worker processes that joined one process group; runs one function at a time."""
+    """N worker processes that joined one process group; runs one function at a time.
+
+    Gloo ranks on Linux are forked by this process's fork server (:mod:`.forkserver`), which
+    reaps them; otherwise each rank is a fresh interpreter started here.
+    """
 
     def __init__(self, world_size: int):
         self.world_size = world_size
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.pids: list[int] = []
+        self.spawned: list[subprocess.Popen[bytes]] = []  # the ranks, unless forked
+        self.server: forkserver.Server | None = None  # the ranks' parent, if forked
         self.conns: list[_Channel] = []
         self.lifeline: int | None = None
         self.calls = itertools.count(1)  # call 0: the start
@@ -210,34 +225,58 @@ class _Pool:
         raise LaunchError(f"could not start {world_size} workers: {last_error}")
 
     def _start(self, backend: str, port: int) -> None:
-        # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the
-        # caller's __main__ in every worker, which an unguarded script does not survive.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         lifeline, self.lifeline = os.pipe()  # never written: end of file when this process dies
         try:
+            # NCCL ranks initialise CUDA, which a forked process cannot share: spawned.
+            self.server = forkserver.server() if backend == "gloo" else None
             for rank in range(self.world_size):
                 to_child, from_parent = os.pipe()[::-1]
                 from_child, to_parent = os.pipe()
-                command = [sys.executable, "-c", _WORKER_COMMAND]
-                command += [str(a) for a in (from_parent, to_parent, lifeline, os.getpid())]
-                command += [str(rank), str(self.world_size), backend, str(port)]
                 try:
-                    process = subprocess.Popen(
-                        command,
-                        env=env,
-                        pass_fds=(from_parent, to_parent, lifeline),
-                        start_new_session=True,  # its own process group, out of Ctrl-C's reach
-                    )
+                    pid = self._start_rank(rank, backend, port, (from_parent, to_parent, lifeline))
                 finally:
                     os.close(from_parent)
                     os.close(to_parent)
-                self.processes.append(process)
+                self.pids.append(pid)
                 self.conns.append(_Channel(to_child, from_child))
         finally:
             os.close(lifeline)
 
+    def _start_rank(self, rank: int, backend: str, port: int, fds: tuple[int, int, int]) -> int:
+        retry = True
+        while self.server is not None:
+            try:
+                return self.server.fork(rank, self.world_size, backend, port, fds)
+            except forkserver.ServerError as exc:
+                if rank:  # the ranks forked so far died with it
+                    raise LaunchError(f"lost the fork server while starting ranks: {exc}") from None
+                self.server = forkserver.replace(self.server, exc, retry=retry)  # or spawn
+                retry = False
+        # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the
+        # caller's __main__ in every worker, which an unguarded script does not survive.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        command = [sys.executable, "-c", _WORKER_COMMAND]
+        command += [str(a) for a in (*fds, os.getpid(), rank, self.world_size, backend, port)]
+        process = subprocess.Popen(
+            command,
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,  # its own process group, out of Ctrl-C's reach
+        )
+        self.spawned.append(process)
+        return process.pid
+
+    def _exit_codes(self) -> list[int | None]:
+        """Each rank's exit code (``-signal`` when killed), None while it runs."""
+        if self.server is None:
+            return [p.poll() for p in self.spawned]
+        try:
+            return self.server.poll(self.pids)
+        except forkserver.ServerError:  # the server died, and its ranks with it
+            return [-int(signal.SIGKILL)] * len(self.pids)
+
     def alive(self) -> bool:
-        return all(p.poll() is None for p in self.processes)
+        return all(code is None for code in self._exit_codes())
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> list[Any]:
         call = next(self.calls)
@@ -264,7 +303,7 @@ class _Pool:
                 try:
                     answered, status, payload = pickle.loads(self.conns[rank].recv())
                 except (EOFError, OSError):
-                    code = self.processes[rank].poll()
+                    code = self._exit_codes()[rank]
                     errors[rank] = f"the process exited (exit code {code}) without a result"
                     del pending[reader]
                     continue
@@ -309,8 +348,11 @@ class _Pool:
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(b"")  # stop request; a busy worker gets killed below
+        if self.server is not None and self.pids:
+            with contextlib.suppress(forkserver.ServerError):  # else its ranks died with it
+                self.server.stop(self.pids, grace=1.0)
         deadline = time.monotonic() + 1.0
-        for process in self.processes:
+        for process in self.spawned:
             try:
                 process.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -322,7 +364,7 @@ class _Pool:
             conn.close()
         if self.lifeline is not None:
             os.close(self.lifeline)
-        self.processes, self.conns, self.lifeline = [], [], None
+        self.pids, self.spawned, self.conns, self.lifeline = [], [], [], None
 
 
 class _Channel:

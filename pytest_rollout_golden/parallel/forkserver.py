@@ -1,0 +1,372 @@
+"""A fork server: one helper process per test process that has imported torch once and forks
+``torch.distributed`` ranks on request (Linux, gloo).
+
+A new worker pool then costs a ``fork`` and a gloo rendezvous instead of N interpreter starts
+and N torch imports. The server is a plain interpreter (started like the spawned workers, so
+an unguarded ``__main__`` is never re-run) that imports torch, ``torch.distributed``, pytest
+and the reference policy, checks it is still **single-threaded** (no OpenMP, OpenBLAS or
+gloo thread, no process group, no CUDA: it never computes anything) and then only forks.
+Its environment sets ``OPENBLAS_NUM_THREADS=1``, since numpy's OpenBLAS starts a thread pool
+at import otherwise; each rank restores the test process's environment, ``sys.path``,
+working directory and standard streams of the moment its pool starts, reseeds ``random``
+(and numpy's global generator), and runs exactly what a spawned worker runs.
+
+Lifetimes: the server dies with the test process (``PR_SET_PDEATHSIG``, and end of file on
+its socket, which it checks between requests); each rank dies with the server
+(``PR_SET_PDEATHSIG``) and with the test process (the pool's lifeline pipe, as a spawned
+worker does), and runs in a process group of its own that the server kills, together with
+anything the rank started, when told to stop it or when the server itself stops. The server
+is the ranks' parent, so it reaps them and reports their exit codes: no process id is ever
+signalled after it was reaped.
+
+Requests and replies are pickled tuples over a ``SOCK_SEQPACKET`` socket pair between the two
+processes; the pipes of a rank travel with the request (``SCM_RIGHTS``). Nothing read from
+disk is unpickled.
+
+``ROLLOUT_GOLDEN_FORKSERVER=0`` turns the server off (every rank is then a fresh interpreter,
+as on other systems than Linux and for NCCL, where each rank initialises CUDA itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from typing import Any
+
+ENV_VAR = "ROLLOUT_GOLDEN_FORKSERVER"
+PRELOAD = ("torch", "torch.distributed", "pytest", "pytest_rollout_golden.parallel.policy")
+"""Modules the server imports before it forks: what a rank of the reference policy needs."""
+MAX_MESSAGE = 1 << 20
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class ServerError(RuntimeError):
+    """The fork server could not start, died, did not answer (``lost``) or refused a request."""
+
+    def __init__(self, message: str, *, lost: bool = True):
+        super().__init__(message)
+        self.lost = lost
+
+
+def enabled() -> bool:
+    """Whether pools of gloo ranks are forked by the server (Linux, unless turned off)."""
+    return sys.platform.startswith("linux") and os.environ.get(ENV_VAR, "1") != "0"
+
+
+# ---------------------------------------------------------------------- the test process side
+
+_SERVER: Server | None = None
+_BROKEN: str | None = None  # why the server failed in this process: not started again
+_LOCK = threading.Lock()
+
+
+def server() -> Server | None:
+    """The running server of this process, started on first use; None when it is off or
+    failed to start once in this process (the launcher then spawns interpreters)."""
+    global _SERVER
+    if not enabled() or _BROKEN is not None:
+        return None
+    with _LOCK:
+        if _SERVER is None or not _SERVER.running():
+            if _SERVER is not None:
+                _SERVER.close()
+            _SERVER = Server()
+        return _SERVER
+
+
+def replace(failed: Server, error: ServerError, *, retry: bool) -> Server | None:
+    """After ``failed`` raised ``error``: a fresh server if ``retry`` and the failed one was
+    lost after it had started (killed since); else None for the rest of this process, with a
+    warning (the launcher then spawns interpreters)."""
+    global _BROKEN, _SERVER
+    failed.close()
+    with _LOCK:
+        if _SERVER is failed:
+            _SERVER = None
+    if retry and error.lost and failed.ready:
+        return server()
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    _BROKEN = lines[0].rstrip(":") + (f": {lines[-1]}" if len(lines) > 1 else "")
+    warnings.warn(
+        f"rollout-golden: the fork server failed ({_BROKEN}); every rank of this process is "
+        f"now a fresh interpreter (slower); set {ENV_VAR}=0 to skip the server",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return None
+
+
+def stop() -> None:
+    """Stop the server of this process (its ranks die with it)."""
+    global _SERVER
+    with _LOCK:
+        if _SERVER is not None:
+            _SERVER.close()
+            _SERVER = None
+
+
+def server_pid() -> int | None:
+    """Process id of the running server, if any (to observe it)."""
+    return _SERVER.pid if _SERVER is not None and _SERVER.running() else None
+
+
+class Server:
+    """The test process's handle on its fork server: start it, fork ranks, poll, stop."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env["OPENBLAS_NUM_THREADS"] = "1"  # else numpy's OpenBLAS starts threads at import
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _SERVER_COMMAND, str(theirs.fileno()), str(os.getpid())],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # out of Ctrl-C's reach: pytest stops it
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.pid = self.process.pid
+        self.sock = ours
+        self.ready = False
+        self.lock = threading.Lock()
+
+    def running(self) -> bool:
+        return self.sock is not None and self.process.poll() is None
+
+    def fork(
+        self, rank: int, world_size: int, backend: str, port: int, fds: tuple[int, int, int]
+    ) -> int:
+        """Fork one rank; ``fds`` are its ends of the task pipe, reply pipe and lifeline."""
+        stdio = [fd for fd in (0, 1, 2) if _is_open(fd)]
+        request = ("fork", rank, world_size, backend, port, dict(os.environ), list(sys.path))
+        request += (os.getcwd(), stdio)
+        return int(self.request(request, [*fds, *stdio]))
+
+    def poll(self, pids: list[int]) -> list[int | None]:
+        """Exit code of each rank (``-signal`` when killed), None while it runs."""
+        codes = self.request(("poll", pids))
+        return [codes[pid] for pid in pids]
+
+    def stop(self, pids: list[int], grace: float) -> None:
+        """Ask the server to stop these ranks: ``grace`` s to exit, then their groups are killed."""
+        self.request(("stop", pids, grace), timeout=grace + 15.0)
+
+    def request(self, message: tuple[Any, ...], fds: list[int] = (), timeout: float = 30.0) -> Any:
+        from .launcher import START_TIMEOUT
+
+        with self.lock:
+            if self.sock is None:
+                raise ServerError("the fork server was stopped")
+            try:
+                if not self.ready:
+                    status, payload = self._receive(START_TIMEOUT, "start")
+                    if status != "ready":
+                        raise ServerError(f"it could not start:\n{payload}")
+                    self.ready = True
+                socket.send_fds(self.sock, [pickle.dumps(message)], list(fds))
+                status, payload = self._receive(timeout, message[0])
+            except ServerError:
+                self.close()
+                raise
+            except OSError as exc:
+                self.close()
+                raise ServerError(f"lost the fork server: {type(exc).__name__}: {exc}") from None
+        if status != "ok":
+            raise ServerError(f"{message[0]} failed in the fork server:\n{payload}", lost=False)
+        return payload
+
+    def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
+        assert self.sock is not None
+        if not select.select([self.sock], [], [], timeout)[0]:
+            raise ServerError(f"the fork server did not answer {what!r} within {timeout:g} s")
+        data = self.sock.recv(MAX_MESSAGE)
+        if not data:
+            code = self.process.poll()
+            raise ServerError(f"the fork server exited (exit code {code}) during {what!r}")
+        return pickle.loads(data)
+
+    def close(self) -> None:
+        """Stop the server: end of file on its socket; killed if it lingers."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        try:
+            self.process.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5.0)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------- the server process
+
+_SERVER_COMMAND = "from pytest_rollout_golden.parallel.forkserver import _serve; _serve()"
+
+
+def thread_count() -> int:
+    """Threads of this process (Linux)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def _serve() -> None:
+    """Entry point of the server (arguments in ``sys.argv``, see :class:`Server`)."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    parent = int(sys.argv[2])
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:  # the test process died before the signal was armed
+        os._exit(1)
+    try:
+        for name in PRELOAD:
+            __import__(name)
+        problem = _unfit_to_fork()
+        if problem:
+            raise RuntimeError(problem)
+    except BaseException:
+        _reply(sock, "error", traceback.format_exc())
+        os._exit(1)
+    _reply(sock, "ready", os.getpid())
+    children: dict[int, int | None] = {}  # forked ranks: exit code once reaped
+    try:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
+            except OSError:
+                break
+            if not data:
+                break  # the test process closed its end, or died
+            request = pickle.loads(data)
+            try:
+                if request[0] == "fork":
+                    payload: Any = _fork(sock, request[1:], fds, children)
+                elif request[0] == "poll":
+                    payload = {pid: _reap(pid, children) for pid in request[1]}
+                else:
+                    payload = _stop(request[1], request[2], children)
+            except Exception:
+                _reply(sock, "error", traceback.format_exc())
+            else:
+                _reply(sock, "ok", payload)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        _stop(list(children), 0.0, children)
+        os._exit(0)
+
+
+def _reply(sock: socket.socket, status: str, payload: Any) -> None:
+    sock.send(pickle.dumps((status, payload)))
+
+
+def _unfit_to_fork() -> str:
+    """Why this process must not fork ranks, or ''."""
+    import torch
+    import torch.distributed as dist
+
+    threads = thread_count()
+    if threads != 1:
+        return f"the fork server runs {threads} threads (forking is safe from one only)"
+    if dist.is_available() and dist.is_initialized():
+        return "the fork server joined a process group"
+    if torch.cuda.is_initialized():
+        return "the fork server initialised CUDA"
+    return ""
+
+
+def _fork(
+    sock: socket.socket, args: tuple[Any, ...], fds: list[int], children: dict[int, int | None]
+) -> int:
+    rank, world_size, backend, port, env, path, cwd, stdio = args
+    problem = _unfit_to_fork()
+    if problem:
+        raise RuntimeError(problem)
+    server = os.getpid()
+    pid = os.fork()
+    if pid:
+        children[pid] = None
+        return pid
+    code = 1
+    try:  # the rank: never returns into the server's loop
+        sock.close()
+        os.setsid()  # a process group of its own, which the server kills with it
+        from_parent, to_parent, lifeline = fds[:3]
+        for target, fd in zip(stdio, fds[3:], strict=True):
+            os.dup2(fd, target)
+        for fd in fds[3:]:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path[:] = path
+        os.chdir(cwd)
+        random.seed()
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            numpy_random.seed()
+        from .launcher import _Channel, _die_with_parent, _worker_main
+
+        _die_with_parent(server, lifeline)
+        _worker_main(_Channel(to_parent, from_parent), rank, world_size, backend, port)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(pid: int, children: dict[int, int | None], block: bool = False) -> int | None:
+    """Exit code of child ``pid`` (reaped now if it exited), None while it runs."""
+    if pid not in children:  # reaped and forgotten, or never ours: gone
+        return -int(signal.SIGKILL)
+    if children[pid] is not None:
+        return children[pid]
+    try:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        children[pid] = -int(signal.SIGKILL)
+        return children[pid]
+    if done == 0:
+        return None
+    children[pid] = os.waitstatus_to_exitcode(status)
+    return children[pid]
+
+
+def _stop(pids: list[int], grace: float, children: dict[int, int | None]) -> dict[int, Any]:
+    """Wait up to ``grace`` s for the ranks to exit, then kill their process groups; forget
+    them once reaped."""
+    deadline = time.monotonic() + grace
+    while any(_reap(pid, children) is None for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for pid in pids:
+        if _reap(pid, children) is None:  # not reaped: its id is still its own group's
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _reap(pid, children, block=True)
+    return {pid: children.pop(pid, None) for pid in pids}
