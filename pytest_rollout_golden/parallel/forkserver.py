@@ -23,6 +23,9 @@ Requests and replies are pickled tuples over a ``SOCK_SEQPACKET`` socket pair be
 processes; the pipes of a rank travel with the request (``SCM_RIGHTS``). Nothing read from
 disk is unpickled.
 
+The last part of this module is what every rank runs, forked or spawned by the launcher:
+:func:`die_with_parent`, then :func:`worker_main` over a :class:`Channel`.
+
 ``ROLLOUT_GOLDEN_FORKSERVER=0`` turns the server off (every rank is then a fresh interpreter,
 as on other systems than Linux and for NCCL, where each rank initialises CUDA itself).
 """
@@ -43,12 +46,23 @@ import threading
 import time
 import traceback
 import warnings
+from datetime import timedelta
+from multiprocessing.connection import Connection
 from typing import Any
 
 ENV_VAR = "ROLLOUT_GOLDEN_FORKSERVER"
-PRELOAD = ("torch", "torch.distributed", "pytest", "pytest_rollout_golden.parallel.policy")
-"""Modules the server imports before it forks: what a rank of the reference policy needs."""
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.fx.experimental.symbolic_shapes",  # (and sympy) imported by backward(gradient)
+    "pytest",
+    "pytest_rollout_golden.parallel.policy",
+)
+"""Modules the server imports before it forks: what a rank of the reference policy needs
+(a pipeline stage's first ``backward(gradient)`` imports ``symbolic_shapes``: 0.6 s)."""
 MAX_MESSAGE = 1 << 20
+START_TIMEOUT = 120.0
+STATE: dict[str, Any] = {}  # in a rank: the backend it joined with
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -79,6 +93,8 @@ def server() -> Server | None:
     if not enabled() or _BROKEN is not None:
         return None
     with _LOCK:
+        if _SERVER is not None and _SERVER.owner != os.getpid():  # inherited by a fork of ours
+            _SERVER = None  # its parent's; this process starts its own
         if _SERVER is None or not _SERVER.running():
             if _SERVER is not None:
                 _SERVER.close()
@@ -112,14 +128,17 @@ def stop() -> None:
     """Stop the server of this process (its ranks die with it)."""
     global _SERVER
     with _LOCK:
-        if _SERVER is not None:
+        if _SERVER is not None and _SERVER.owner == os.getpid():
             _SERVER.close()
-            _SERVER = None
+        _SERVER = None
 
 
 def server_pid() -> int | None:
-    """Process id of the running server, if any (to observe it)."""
-    return _SERVER.pid if _SERVER is not None and _SERVER.running() else None
+    """Process id of this process's running server, if any (to observe it)."""
+    current = _SERVER
+    if current is None or current.owner != os.getpid() or not current.running():
+        return None
+    return current.pid
 
 
 class Server:
@@ -143,7 +162,8 @@ class Server:
         finally:
             theirs.close()
         self.pid = self.process.pid
-        self.sock = ours
+        self.owner = os.getpid()
+        self.sock: socket.socket | None = ours
         self.ready = False
         self.lock = threading.Lock()
 
@@ -169,8 +189,6 @@ class Server:
         self.request(("stop", pids, grace), timeout=grace + 15.0)
 
     def request(self, message: tuple[Any, ...], fds: list[int] = (), timeout: float = 30.0) -> Any:
-        from .launcher import START_TIMEOUT
-
         with self.lock:
             if self.sock is None:
                 raise ServerError("the fork server was stopped")
@@ -327,10 +345,8 @@ def _fork(
         numpy_random = sys.modules.get("numpy.random")
         if numpy_random is not None:
             numpy_random.seed()
-        from .launcher import _Channel, _die_with_parent, _worker_main
-
-        _die_with_parent(server, lifeline)
-        _worker_main(_Channel(to_parent, from_parent), rank, world_size, backend, port)
+        die_with_parent(server, lifeline)
+        worker_main(Channel(to_parent, from_parent), rank, world_size, backend, port)
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -370,3 +386,89 @@ def _stop(pids: list[int], grace: float, children: dict[int, int | None]) -> dic
                 os.killpg(pid, signal.SIGKILL)
             _reap(pid, children, block=True)
     return {pid: children.pop(pid, None) for pid in pids}
+
+
+# ---------------------------------------------------------------------- every rank, forked or not
+
+
+class Channel:
+    """Both directions of the pipe pair between the test process and one worker."""
+
+    def __init__(self, write_fd: int, read_fd: int):
+        self.writer = Connection(write_fd, readable=False)
+        self.reader = Connection(read_fd, writable=False)
+
+    def send(self, data: bytes) -> None:
+        self.writer.send_bytes(data)
+
+    def recv(self) -> bytes:
+        return self.reader.recv_bytes()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.reader.close()
+
+
+def die_with_parent(parent: int, lifeline: int) -> None:
+    """End this worker, and whatever it started, soon after process ``parent`` dies."""
+    if sys.platform.startswith("linux"):
+        # The kernel's signal works while a rank holds the GIL. It follows the parent
+        # *thread*: a pool started from a thread that ends dies with it and is restarted.
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    if os.getppid() != parent:  # it died before either watch began
+        _end_process_group()
+
+
+def _watch_lifeline(lifeline: int) -> None:
+    """Block until the parent's end of the pipe closes, then end this worker's group."""
+    with contextlib.suppress(OSError):
+        while os.read(lifeline, 1):
+            pass
+    _end_process_group()
+
+
+def _end_process_group() -> None:
+    if os.getpgrp() == os.getpid():  # a group of its own, as the pool starts it
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
+def worker_main(conn: Channel, rank: int, world_size: int, backend: str, port: int) -> None:
+    """Body of every rank, forked or spawned: join the process group, then run tasks until told
+    to stop."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share the machine's cores
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=START_TIMEOUT),
+        )
+        STATE["backend"] = backend
+    except BaseException:
+        conn.send(pickle.dumps((0, "error", traceback.format_exc())))
+        return
+    conn.send(pickle.dumps((0, "ok", pickle.dumps(os.getpid()))))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            break
+        if not task:
+            break
+        call, body = pickle.loads(task)
+        try:
+            fn, args = pickle.loads(body)
+            reply = (call, "ok", pickle.dumps(fn(rank, *args)))
+        except BaseException:
+            reply = (call, "error", traceback.format_exc())
+        conn.send(pickle.dumps(reply))
+    dist.destroy_process_group()

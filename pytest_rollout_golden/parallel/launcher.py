@@ -2,7 +2,11 @@
 
 Worker processes are started once per world size and reused by every later :func:`launch`
 of the session: starting a Python process and importing torch costs seconds, training the
-tiny reference policy milliseconds. At most :data:`MAX_WORKERS` idle workers are kept (the
+tiny reference policy milliseconds. On Linux the gloo ranks of a new pool are forked by this
+process's fork server (:mod:`.forkserver`, started by the first launch), which imported
+torch once, so a new pool costs a fork and a rendezvous; NCCL ranks (each initialises CUDA,
+which a fork cannot share), other systems and ``ROLLOUT_GOLDEN_FORKSERVER=0`` start one
+fresh interpreter per rank. At most :data:`MAX_WORKERS` idle workers are kept (the
 least recently used pool is stopped first). A pool whose ranks failed or hung, whose replies
 could not be read, or whose call was interrupted (a timeout plugin, Ctrl-C) is killed and
 started afresh on the next launch, since its process group is in an unknown state; every
@@ -16,7 +20,8 @@ and exchanges the results, so every process sees the results of all ranks.
 
 Workers die with the process that started them, even while a rank is stuck: each runs in
 its own process group, which it kills when a pipe from that process reaches end of file,
-and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``).
+and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``): the test
+process, or for a forked rank the fork server, which itself dies with the test process.
 
 ``fn`` and ``args`` travel to the workers, and results back, through pickle over a pipe
 between processes of this session (by reference for ``fn``: it must be importable). Nothing
@@ -27,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import functools
 import itertools
 import os
@@ -36,12 +40,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from . import forkserver
@@ -49,7 +52,7 @@ from .environment import torchrun_rank
 from .layout import Layout
 
 DEFAULT_TIMEOUT = 120.0
-START_TIMEOUT = 120.0
+START_TIMEOUT = forkserver.START_TIMEOUT
 GRACE_AFTER_FAILURE = 3.0  # other ranks may finish, or sit in a collective forever
 MAX_WORKERS = int(os.environ.get("ROLLOUT_GOLDEN_MAX_WORKERS", "6"))
 """Idle worker processes kept per pytest process (each xdist worker has its own); beyond
@@ -145,13 +148,14 @@ def under_torchrun() -> bool:
     return torchrun_rank() is not None
 
 
-def shutdown(*, keep_server: bool = False) -> None:
-    """Stop every worker pool of this process and its fork server (also done at exit and at
-    the end of a session); ``keep_server=True`` stops the pools only."""
+def shutdown(*, server: bool = False) -> None:
+    """Stop every worker pool of this process (also done at the end of a session), and with
+    ``server=True`` its fork server, which otherwise idles until this process exits (an
+    in-process pytest run then reuses it)."""
     while _POOLS:
         _, pool = _POOLS.popitem()
         pool.close()
-    if not keep_server:
+    if server:
         forkserver.stop()
 
 
@@ -169,7 +173,7 @@ def device() -> Any:
     """The torch device of this rank: its own CUDA device under NCCL, else the CPU."""
     import torch
 
-    if _STATE.get("backend") == "nccl":
+    if forkserver.STATE.get("backend") == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -184,7 +188,6 @@ def _backend(world_size: int) -> str:
 # ---------------------------------------------------------------------- spawned pools
 
 _POOLS: dict[int, _Pool] = {}
-_STATE: dict[str, Any] = {}  # in a worker: the backend it joined with
 
 
 def _free_port() -> int:
@@ -205,7 +208,7 @@ class _Pool:
         self.pids: list[int] = []
         self.spawned: list[subprocess.Popen[bytes]] = []  # the ranks, unless forked
         self.server: forkserver.Server | None = None  # the ranks' parent, if forked
-        self.conns: list[_Channel] = []
+        self.conns: list[forkserver.Channel] = []
         self.lifeline: int | None = None
         self.calls = itertools.count(1)  # call 0: the start
         backend = _backend(world_size)
@@ -238,7 +241,7 @@ class _Pool:
                     os.close(from_parent)
                     os.close(to_parent)
                 self.pids.append(pid)
-                self.conns.append(_Channel(to_child, from_child))
+                self.conns.append(forkserver.Channel(to_child, from_child))
         finally:
             os.close(lifeline)
 
@@ -367,100 +370,15 @@ class _Pool:
         self.pids, self.spawned, self.conns, self.lifeline = [], [], [], None
 
 
-class _Channel:
-    """Both directions of the pipe pair between the test process and one worker."""
-
-    def __init__(self, write_fd: int, read_fd: int):
-        self.writer = Connection(write_fd, readable=False)
-        self.reader = Connection(read_fd, writable=False)
-
-    def send(self, data: bytes) -> None:
-        self.writer.send_bytes(data)
-
-    def recv(self) -> bytes:
-        return self.reader.recv_bytes()
-
-    def close(self) -> None:
-        self.writer.close()
-        self.reader.close()
-
-
 _WORKER_COMMAND = "from pytest_rollout_golden.parallel.launcher import _worker; _worker()"
 
 
 def _worker() -> None:
     """Entry point of a worker process (arguments in ``sys.argv``, see ``_Pool._start``)."""
     read_fd, write_fd, lifeline, parent, rank, world_size, backend, port = sys.argv[1:9]
-    _die_with_parent(int(parent), int(lifeline))
-    conn = _Channel(int(write_fd), int(read_fd))
-    _worker_main(conn, int(rank), int(world_size), backend, int(port))
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def _die_with_parent(parent: int, lifeline: int) -> None:
-    """End this worker, and whatever it started, soon after process ``parent`` dies."""
-    if sys.platform.startswith("linux"):
-        # The kernel's signal works while a rank holds the GIL. It follows the parent
-        # *thread*: a pool started from a thread that ends dies with it and is restarted.
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
-    if os.getppid() != parent:  # it died before either watch began
-        _end_process_group()
-
-
-def _watch_lifeline(lifeline: int) -> None:
-    """Block until the parent's end of the pipe closes, then end this worker's group."""
-    with contextlib.suppress(OSError):
-        while os.read(lifeline, 1):
-            pass
-    _end_process_group()
-
-
-def _end_process_group() -> None:
-    if os.getpgrp() == os.getpid():  # a group of its own, as the pool starts it
-        os.killpg(0, signal.SIGKILL)
-    os._exit(1)
-
-
-def _worker_main(conn: _Channel, rank: int, world_size: int, backend: str, port: int) -> None:
-    """Body of a spawned worker: join the process group, then run tasks until told to stop."""
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)  # N ranks share the machine's cores
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=START_TIMEOUT),
-        )
-        _STATE["backend"] = backend
-    except BaseException:
-        conn.send(pickle.dumps((0, "error", traceback.format_exc())))
-        return
-    conn.send(pickle.dumps((0, "ok", pickle.dumps(os.getpid()))))
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            break
-        if not task:
-            break
-        call, body = pickle.loads(task)
-        try:
-            fn, args = pickle.loads(body)
-            reply = (call, "ok", pickle.dumps(fn(rank, *args)))
-        except BaseException:
-            reply = (call, "error", traceback.format_exc())
-        conn.send(pickle.dumps(reply))
-    dist.destroy_process_group()
+    forkserver.die_with_parent(int(parent), int(lifeline))
+    conn = forkserver.Channel(int(write_fd), int(read_fd))
+    forkserver.worker_main(conn, int(rank), int(world_size), backend, int(port))
 
 
 # ---------------------------------------------------------------------- under torchrun
@@ -484,7 +402,7 @@ def _launch_torchrun(
 
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-        _STATE["backend"] = backend
+        forkserver.STATE["backend"] = backend
     try:
         mine: tuple[str, Any] = ("ok", fn(rank, *args))
     except Exception:
@@ -500,6 +418,6 @@ def _launch_torchrun(
     return [payload for _, payload in gathered]
 
 
-atexit.register(shutdown)
+atexit.register(shutdown, server=True)
 
 __all__ = ["LaunchError", "LaunchTimeout", "device", "launch", "shutdown", "under_torchrun"]

@@ -80,6 +80,8 @@ def start_path(request, monkeypatch):
     launcher.shutdown()
     if request.param == "spawn":
         monkeypatch.setenv(forkserver.ENV_VAR, "0")
+    else:
+        monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
     yield request.param
     launcher.shutdown()
 
@@ -132,6 +134,7 @@ def test_a_missing_collective_times_out_naming_the_hung_rank(start_path):
 @linux_only
 def test_ranks_are_forked_by_a_single_threaded_server_by_default(monkeypatch):
     monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown()
     monkeypatch.setenv("ROLLOUT_GOLDEN_PROBE", "seen by the ranks")
     facts = launch(process_facts, 2, "ROLLOUT_GOLDEN_PROBE")
     server = launcher.server_pid()
@@ -146,7 +149,9 @@ def test_ranks_are_forked_by_a_single_threaded_server_by_default(monkeypatch):
 
 
 @linux_only
-def test_two_world_sizes_share_one_server_and_keep_their_pools():
+def test_two_world_sizes_share_one_server_and_keep_their_pools(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown()
     two, four = launch(process_facts, 2, "HOME"), launch(process_facts, 4, "HOME")
     assert {f["ppid"] for f in two + four} == {launcher.server_pid()}
     assert launch(rank_sum, 2, 0.0) == [(r, 2, 1.0) for r in range(2)]
@@ -155,7 +160,9 @@ def test_two_world_sizes_share_one_server_and_keep_their_pools():
 
 
 @linux_only
-def test_ranks_die_with_their_server_and_the_next_launch_starts_a_fresh_one():
+def test_ranks_die_with_their_server_and_the_next_launch_starts_a_fresh_one(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown()
     ranks = launch(pid, 2)
     server = launcher.server_pid()
     assert server is not None
@@ -167,7 +174,7 @@ def test_ranks_die_with_their_server_and_the_next_launch_starts_a_fresh_one():
 
 
 def test_the_spawn_fallback_runs_fresh_interpreters_when_forced(monkeypatch):
-    launcher.shutdown()
+    launcher.shutdown(server=True)
     monkeypatch.setenv(forkserver.ENV_VAR, "0")
     try:
         facts = launch(process_facts, 2, forkserver.ENV_VAR)
@@ -192,7 +199,7 @@ A_THREAD = "import threading, time; threading.Thread(target=time.sleep, args=(60
     ids=["exits", "threaded"],
 )
 def test_a_server_unfit_to_fork_falls_back_to_spawning_with_a_warning(monkeypatch, command, reason):
-    launcher.shutdown()
+    launcher.shutdown(server=True)
     monkeypatch.setattr(forkserver, "_BROKEN", None)  # restored afterwards: the server is back
     monkeypatch.setattr(forkserver, "_SERVER_COMMAND", command)
     try:
@@ -201,7 +208,7 @@ def test_a_server_unfit_to_fork_falls_back_to_spawning_with_a_warning(monkeypatc
         assert [f["ppid"] for f in facts] == [os.getpid()] * 2
         assert launcher.server_pid() is None
     finally:
-        launcher.shutdown()
+        launcher.shutdown(server=True)
 
 
 def test_functions_workers_cannot_import_are_refused_up_front():
