@@ -216,7 +216,10 @@ class Server:
             raise ServerError(f"the fork server did not answer {what!r} within {timeout:g} s")
         data = self.sock.recv(MAX_MESSAGE)
         if not data:
-            code = self.process.poll()
+            try:  # its socket closes just before it exits
+                code = self.process.wait(2.0)
+            except subprocess.TimeoutExpired:
+                code = None
             raise ServerError(f"the fork server exited (exit code {code}) during {what!r}")
         return pickle.loads(data)
 

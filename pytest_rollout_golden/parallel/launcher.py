@@ -123,6 +123,7 @@ def launch(
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     if world_size == 1:
+        _prestart()
         return [fn(0, *args)]
     _require_importable(fn)
     if under_torchrun():
@@ -141,6 +142,16 @@ def launch(
         _POOLS.pop(world_size, None)
         pool.close()
         raise
+
+
+def _prestart() -> None:
+    """Start the fork server in the background at a world-size-1 launch: variants usually
+    follow their reference, and their first pool then finds the server ready."""
+    if under_torchrun() or forkserver.STATE or not forkserver.enabled():
+        return  # torchrun spawns nothing; a rank never starts a server of its own
+    if _backend(2) == "gloo":
+        with contextlib.suppress(OSError):  # the first pool says why, or spawns
+            forkserver.server()
 
 
 def under_torchrun() -> bool:

@@ -97,8 +97,13 @@ def test_every_rank_runs_in_its_own_process_and_returns():
     assert len(set(pids)) == 2 and os.getpid() not in pids
 
 
-def test_world_size_one_runs_in_this_process_without_process_group():
+def test_world_size_one_runs_in_this_process_without_process_group(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown(server=True)
     assert launch(pid, Layout()) == [os.getpid()]
+    assert not dist.is_initialized()
+    if LINUX:  # started for the variants that usually follow, not waited for
+        assert launcher.server_pid() is not None
 
 
 def test_workers_are_reused_across_launches():
