@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import pickle
 import random
@@ -46,6 +47,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -165,6 +167,7 @@ class Server:
         self.owner = os.getpid()
         self.sock: socket.socket | None = ours
         self.ready = False
+        self.requests = itertools.count(1)  # 0: its start
         self.lock = threading.Lock()
 
     def running(self) -> bool:
@@ -188,18 +191,23 @@ class Server:
         """Ask the server to stop these ranks: ``grace`` s to exit, then their groups are killed."""
         self.request(("stop", pids, grace), timeout=grace + 15.0)
 
-    def request(self, message: tuple[Any, ...], fds: list[int] = (), timeout: float = 30.0) -> Any:
+    def request(
+        self, message: tuple[Any, ...], fds: Sequence[int] = (), timeout: float = 30.0
+    ) -> Any:
+        """Send ``message`` (with ``fds``), return the server's answer to it. Every request
+        carries an id the reply repeats: the late reply to an interrupted request is skipped."""
         with self.lock:
             if self.sock is None:
                 raise ServerError("the fork server was stopped")
             try:
                 if not self.ready:
-                    status, payload = self._receive(START_TIMEOUT, "start")
+                    status, payload = self._receive(0, START_TIMEOUT, "start")
                     if status != "ready":
                         raise ServerError(f"it could not start:\n{payload}")
                     self.ready = True
-                socket.send_fds(self.sock, [pickle.dumps(message)], list(fds))
-                status, payload = self._receive(timeout, message[0])
+                number = next(self.requests)
+                socket.send_fds(self.sock, [pickle.dumps((number, *message))], list(fds))
+                status, payload = self._receive(number, timeout, message[0])
             except ServerError:
                 self.close()
                 raise
@@ -210,18 +218,23 @@ class Server:
             raise ServerError(f"{message[0]} failed in the fork server:\n{payload}", lost=False)
         return payload
 
-    def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
+    def _receive(self, number: int, timeout: float, what: str) -> tuple[str, Any]:
         assert self.sock is not None
-        if not select.select([self.sock], [], [], timeout)[0]:
-            raise ServerError(f"the fork server did not answer {what!r} within {timeout:g} s")
-        data = self.sock.recv(MAX_MESSAGE)
-        if not data:
-            try:  # its socket closes just before it exits
-                code = self.process.wait(2.0)
-            except subprocess.TimeoutExpired:
-                code = None
-            raise ServerError(f"the fork server exited (exit code {code}) during {what!r}")
-        return pickle.loads(data)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise ServerError(f"the fork server did not answer {what!r} within {timeout:g} s")
+            data = self.sock.recv(MAX_MESSAGE)
+            if not data:
+                try:  # its socket closes just before it exits
+                    code = self.process.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    code = None
+                raise ServerError(f"the fork server exited (exit code {code}) during {what!r}")
+            answered, status, payload = pickle.loads(data)
+            if answered == number:
+                return status, payload
 
     def close(self) -> None:
         """Stop the server: end of file on its socket; killed if it lingers."""
@@ -268,9 +281,9 @@ def _serve() -> None:
         if problem:
             raise RuntimeError(problem)
     except BaseException:
-        _reply(sock, "error", traceback.format_exc())
+        _reply(sock, 0, "error", traceback.format_exc())
         os._exit(1)
-    _reply(sock, "ready", os.getpid())
+    _reply(sock, 0, "ready", os.getpid())
     children: dict[int, int | None] = {}  # forked ranks: exit code once reaped
     try:
         while True:
@@ -280,18 +293,18 @@ def _serve() -> None:
                 break
             if not data:
                 break  # the test process closed its end, or died
-            request = pickle.loads(data)
+            number, op, *args = pickle.loads(data)
             try:
-                if request[0] == "fork":
-                    payload: Any = _fork(sock, request[1:], fds, children)
-                elif request[0] == "poll":
-                    payload = {pid: _reap(pid, children) for pid in request[1]}
+                if op == "fork":
+                    payload: Any = _fork(sock, args, fds, children)
+                elif op == "poll":
+                    payload = {pid: _reap(pid, children) for pid in args[0]}
                 else:
-                    payload = _stop(request[1], request[2], children)
+                    payload = _stop(args[0], args[1], children)
             except Exception:
-                _reply(sock, "error", traceback.format_exc())
+                _reply(sock, number, "error", traceback.format_exc())
             else:
-                _reply(sock, "ok", payload)
+                _reply(sock, number, "ok", payload)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -300,8 +313,8 @@ def _serve() -> None:
         os._exit(0)
 
 
-def _reply(sock: socket.socket, status: str, payload: Any) -> None:
-    sock.send(pickle.dumps((status, payload)))
+def _reply(sock: socket.socket, number: int, status: str, payload: Any) -> None:
+    sock.send(pickle.dumps((number, status, payload)))
 
 
 def _unfit_to_fork() -> str:
@@ -320,7 +333,7 @@ def _unfit_to_fork() -> str:
 
 
 def _fork(
-    sock: socket.socket, args: tuple[Any, ...], fds: list[int], children: dict[int, int | None]
+    sock: socket.socket, args: list[Any], fds: list[int], children: dict[int, int | None]
 ) -> int:
     rank, world_size, backend, port, env, path, cwd, stdio = args
     problem = _unfit_to_fork()

@@ -196,7 +196,7 @@ def _backend(world_size: int) -> str:
     return "nccl" if usable else "gloo"
 
 
-# ---------------------------------------------------------------------- spawned pools
+# ---------------------------------------------------------------------- worker pools
 
 _POOLS: dict[int, _Pool] = {}
 

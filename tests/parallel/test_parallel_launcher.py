@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -176,6 +178,19 @@ def test_ranks_die_with_their_server_and_the_next_launch_starts_a_fresh_one(monk
     after = launch(pid, 2)  # the dead pool is noticed and replaced, under a new server
     assert set(after).isdisjoint(ranks)
     assert launcher.server_pid() not in (None, server)
+
+
+@linux_only
+def test_a_late_reply_of_the_server_is_never_taken_for_the_next_request(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    ranks = launch(pid, 2)
+    server = forkserver.server()
+    assert server is not None and server.pid == launcher.server_pid()
+    # A request whose reply is never read, as when an interrupt hits between send and receive:
+    stale = pickle.dumps((next(server.requests), "poll", [1]))
+    socket.send_fds(server.sock, [stale], [])
+    assert server.poll(ranks) == [None, None]  # not the stale {1: -9}
+    assert launch(pid, 2) == ranks
 
 
 def test_the_spawn_fallback_runs_fresh_interpreters_when_forced(monkeypatch):
