@@ -17,6 +17,7 @@ import bench_compare
 import bench_determinism
 import bench_example
 import bench_io
+import bench_parallel
 import bench_startup
 import torch
 from harness import table
@@ -27,6 +28,7 @@ SECTIONS = {
     "startup": bench_startup,
     "example": bench_example,
     "determinism": bench_determinism,
+    "parallel": bench_parallel,
 }
 
 

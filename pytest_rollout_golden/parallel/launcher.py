@@ -2,7 +2,11 @@
 
 Worker processes are started once per world size and reused by every later :func:`launch`
 of the session: starting a Python process and importing torch costs seconds, training the
-tiny reference policy milliseconds. At most :data:`MAX_WORKERS` idle workers are kept (the
+tiny reference policy milliseconds. On Linux the gloo ranks of a new pool are forked by this
+process's fork server (:mod:`.forkserver`, started by the first launch), which imported
+torch once, so a new pool costs a fork and a rendezvous; NCCL ranks (each initialises CUDA,
+which a fork cannot share), other systems and ``ROLLOUT_GOLDEN_FORKSERVER=0`` start one
+fresh interpreter per rank. At most :data:`MAX_WORKERS` idle workers are kept (the
 least recently used pool is stopped first). A pool whose ranks failed or hung, whose replies
 could not be read, or whose call was interrupted (a timeout plugin, Ctrl-C) is killed and
 started afresh on the next launch, since its process group is in an unknown state; every
@@ -16,7 +20,8 @@ and exchanges the results, so every process sees the results of all ranks.
 
 Workers die with the process that started them, even while a rank is stuck: each runs in
 its own process group, which it kills when a pipe from that process reaches end of file,
-and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``).
+and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``): the test
+process, or for a forked rank the fork server, which itself dies with the test process.
 
 ``fn`` and ``args`` travel to the workers, and results back, through pickle over a pipe
 between processes of this session (by reference for ``fn``: it must be importable). Nothing
@@ -27,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import functools
 import itertools
 import os
@@ -36,19 +40,19 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
+from . import forkserver
 from .environment import torchrun_rank
 from .layout import Layout
 
 DEFAULT_TIMEOUT = 120.0
-START_TIMEOUT = 120.0
+START_TIMEOUT = forkserver.START_TIMEOUT
 GRACE_AFTER_FAILURE = 3.0  # other ranks may finish, or sit in a collective forever
 MAX_WORKERS = int(os.environ.get("ROLLOUT_GOLDEN_MAX_WORKERS", "6"))
 """Idle worker processes kept per pytest process (each xdist worker has its own); beyond
@@ -119,6 +123,7 @@ def launch(
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     if world_size == 1:
+        _prestart()
         return [fn(0, *args)]
     _require_importable(fn)
     if under_torchrun():
@@ -139,28 +144,47 @@ def launch(
         raise
 
 
+def _prestart() -> None:
+    """Start the fork server in the background at a world-size-1 launch: variants usually
+    follow their reference, and their first pool then finds the server ready."""
+    if under_torchrun() or forkserver.STATE or not forkserver.enabled():
+        return  # torchrun spawns nothing; a rank never starts a server of its own
+    if _backend(2) == "gloo":
+        with contextlib.suppress(OSError):  # the first pool says why, or spawns
+            forkserver.server()
+
+
 def under_torchrun() -> bool:
     """Whether this process is one rank of a job torchrun (or a similar launcher) started."""
     return torchrun_rank() is not None
 
 
-def shutdown() -> None:
-    """Stop every worker pool of this process (also done at exit and at the end of a session)."""
+def shutdown(*, server: bool = False) -> None:
+    """Stop every worker pool of this process (also done at the end of a session), and with
+    ``server=True`` its fork server, which otherwise idles until this process exits (an
+    in-process pytest run then reuses it)."""
     while _POOLS:
         _, pool = _POOLS.popitem()
         pool.close()
+    if server:
+        forkserver.stop()
 
 
 def pool_pids() -> dict[int, list[int]]:
     """Process ids of the live worker pools, by world size (to observe reuse)."""
-    return {n: [p.pid for p in pool.processes] for n, pool in _POOLS.items()}
+    return {n: list(pool.pids) for n, pool in _POOLS.items()}
+
+
+def server_pid() -> int | None:
+    """Process id of this process's fork server while it runs (see :mod:`.forkserver`)."""
+    return forkserver.server_pid()
 
 
 def device() -> Any:
     """The torch device of this rank: its own CUDA device under NCCL, else the CPU."""
     import torch
 
-    if _STATE.get("backend") == "nccl":
+    if forkserver.STATE.get("backend") == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -172,10 +196,9 @@ def _backend(world_size: int) -> str:
     return "nccl" if usable else "gloo"
 
 
-# ---------------------------------------------------------------------- spawned pools
+# ---------------------------------------------------------------------- worker pools
 
 _POOLS: dict[int, _Pool] = {}
-_STATE: dict[str, Any] = {}  # in a worker: the backend it joined with
 
 
 def _free_port() -> int:
@@ -185,12 +208,18 @@ def _free_port() -> int:
 
 
 class _Pool:
-    """N worker processes that joined one process group; runs one function at a time."""
+    """N worker processes that joined one process group; runs one function at a time.
+
+    Gloo ranks on Linux are forked by this process's fork server (:mod:`.forkserver`), which
+    reaps them; otherwise each rank is a fresh interpreter started here.
+    """
 
     def __init__(self, world_size: int):
         self.world_size = world_size
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.conns: list[_Channel] = []
+        self.pids: list[int] = []
+        self.spawned: list[subprocess.Popen[bytes]] = []  # the ranks, unless forked
+        self.server: forkserver.Server | None = None  # the ranks' parent, if forked
+        self.conns: list[forkserver.Channel] = []
         self.lifeline: int | None = None
         self.calls = itertools.count(1)  # call 0: the start
         backend = _backend(world_size)
@@ -210,34 +239,58 @@ class _Pool:
         raise LaunchError(f"could not start {world_size} workers: {last_error}")
 
     def _start(self, backend: str, port: int) -> None:
-        # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the
-        # caller's __main__ in every worker, which an unguarded script does not survive.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         lifeline, self.lifeline = os.pipe()  # never written: end of file when this process dies
         try:
+            # NCCL ranks initialise CUDA, which a forked process cannot share: spawned.
+            self.server = forkserver.server() if backend == "gloo" else None
             for rank in range(self.world_size):
                 to_child, from_parent = os.pipe()[::-1]
                 from_child, to_parent = os.pipe()
-                command = [sys.executable, "-c", _WORKER_COMMAND]
-                command += [str(a) for a in (from_parent, to_parent, lifeline, os.getpid())]
-                command += [str(rank), str(self.world_size), backend, str(port)]
                 try:
-                    process = subprocess.Popen(
-                        command,
-                        env=env,
-                        pass_fds=(from_parent, to_parent, lifeline),
-                        start_new_session=True,  # its own process group, out of Ctrl-C's reach
-                    )
+                    pid = self._start_rank(rank, backend, port, (from_parent, to_parent, lifeline))
                 finally:
                     os.close(from_parent)
                     os.close(to_parent)
-                self.processes.append(process)
-                self.conns.append(_Channel(to_child, from_child))
+                self.pids.append(pid)
+                self.conns.append(forkserver.Channel(to_child, from_child))
         finally:
             os.close(lifeline)
 
+    def _start_rank(self, rank: int, backend: str, port: int, fds: tuple[int, int, int]) -> int:
+        retry = True
+        while self.server is not None:
+            try:
+                return self.server.fork(rank, self.world_size, backend, port, fds)
+            except forkserver.ServerError as exc:
+                if rank:  # the ranks forked so far died with it
+                    raise LaunchError(f"lost the fork server while starting ranks: {exc}") from None
+                self.server = forkserver.replace(self.server, exc, retry=retry)  # or spawn
+                retry = False
+        # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the
+        # caller's __main__ in every worker, which an unguarded script does not survive.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        command = [sys.executable, "-c", _WORKER_COMMAND]
+        command += [str(a) for a in (*fds, os.getpid(), rank, self.world_size, backend, port)]
+        process = subprocess.Popen(
+            command,
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,  # its own process group, out of Ctrl-C's reach
+        )
+        self.spawned.append(process)
+        return process.pid
+
+    def _exit_codes(self) -> list[int | None]:
+        """Each rank's exit code (``-signal`` when killed), None while it runs."""
+        if self.server is None:
+            return [p.poll() for p in self.spawned]
+        try:
+            return self.server.poll(self.pids)
+        except forkserver.ServerError:  # the server died, and its ranks with it
+            return [-int(signal.SIGKILL)] * len(self.pids)
+
     def alive(self) -> bool:
-        return all(p.poll() is None for p in self.processes)
+        return all(code is None for code in self._exit_codes())
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> list[Any]:
         call = next(self.calls)
@@ -264,7 +317,7 @@ class _Pool:
                 try:
                     answered, status, payload = pickle.loads(self.conns[rank].recv())
                 except (EOFError, OSError):
-                    code = self.processes[rank].poll()
+                    code = self._exit_codes()[rank]
                     errors[rank] = f"the process exited (exit code {code}) without a result"
                     del pending[reader]
                     continue
@@ -309,8 +362,11 @@ class _Pool:
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(b"")  # stop request; a busy worker gets killed below
+        if self.server is not None and self.pids:
+            with contextlib.suppress(forkserver.ServerError):  # else its ranks died with it
+                self.server.stop(self.pids, grace=1.0)
         deadline = time.monotonic() + 1.0
-        for process in self.processes:
+        for process in self.spawned:
             try:
                 process.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -322,25 +378,7 @@ class _Pool:
             conn.close()
         if self.lifeline is not None:
             os.close(self.lifeline)
-        self.processes, self.conns, self.lifeline = [], [], None
-
-
-class _Channel:
-    """Both directions of the pipe pair between the test process and one worker."""
-
-    def __init__(self, write_fd: int, read_fd: int):
-        self.writer = Connection(write_fd, readable=False)
-        self.reader = Connection(read_fd, writable=False)
-
-    def send(self, data: bytes) -> None:
-        self.writer.send_bytes(data)
-
-    def recv(self) -> bytes:
-        return self.reader.recv_bytes()
-
-    def close(self) -> None:
-        self.writer.close()
-        self.reader.close()
+        self.pids, self.spawned, self.conns, self.lifeline = [], [], [], None
 
 
 _WORKER_COMMAND = "from pytest_rollout_golden.parallel.launcher import _worker; _worker()"
@@ -349,76 +387,9 @@ _WORKER_COMMAND = "from pytest_rollout_golden.parallel.launcher import _worker; 
 def _worker() -> None:
     """Entry point of a worker process (arguments in ``sys.argv``, see ``_Pool._start``)."""
     read_fd, write_fd, lifeline, parent, rank, world_size, backend, port = sys.argv[1:9]
-    _die_with_parent(int(parent), int(lifeline))
-    conn = _Channel(int(write_fd), int(read_fd))
-    _worker_main(conn, int(rank), int(world_size), backend, int(port))
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def _die_with_parent(parent: int, lifeline: int) -> None:
-    """End this worker, and whatever it started, soon after process ``parent`` dies."""
-    if sys.platform.startswith("linux"):
-        # The kernel's signal works while a rank holds the GIL. It follows the parent
-        # *thread*: a pool started from a thread that ends dies with it and is restarted.
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
-    if os.getppid() != parent:  # it died before either watch began
-        _end_process_group()
-
-
-def _watch_lifeline(lifeline: int) -> None:
-    """Block until the parent's end of the pipe closes, then end this worker's group."""
-    with contextlib.suppress(OSError):
-        while os.read(lifeline, 1):
-            pass
-    _end_process_group()
-
-
-def _end_process_group() -> None:
-    if os.getpgrp() == os.getpid():  # a group of its own, as the pool starts it
-        os.killpg(0, signal.SIGKILL)
-    os._exit(1)
-
-
-def _worker_main(conn: _Channel, rank: int, world_size: int, backend: str, port: int) -> None:
-    """Body of a spawned worker: join the process group, then run tasks until told to stop."""
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)  # N ranks share the machine's cores
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=START_TIMEOUT),
-        )
-        _STATE["backend"] = backend
-    except BaseException:
-        conn.send(pickle.dumps((0, "error", traceback.format_exc())))
-        return
-    conn.send(pickle.dumps((0, "ok", pickle.dumps(os.getpid()))))
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            break
-        if not task:
-            break
-        call, body = pickle.loads(task)
-        try:
-            fn, args = pickle.loads(body)
-            reply = (call, "ok", pickle.dumps(fn(rank, *args)))
-        except BaseException:
-            reply = (call, "error", traceback.format_exc())
-        conn.send(pickle.dumps(reply))
-    dist.destroy_process_group()
+    forkserver.die_with_parent(int(parent), int(lifeline))
+    conn = forkserver.Channel(int(write_fd), int(read_fd))
+    forkserver.worker_main(conn, int(rank), int(world_size), backend, int(port))
 
 
 # ---------------------------------------------------------------------- under torchrun
@@ -442,7 +413,7 @@ def _launch_torchrun(
 
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-        _STATE["backend"] = backend
+        forkserver.STATE["backend"] = backend
     try:
         mine: tuple[str, Any] = ("ok", fn(rank, *args))
     except Exception:
@@ -458,6 +429,6 @@ def _launch_torchrun(
     return [payload for _, payload in gathered]
 
 
-atexit.register(shutdown)
+atexit.register(shutdown, server=True)
 
 __all__ = ["LaunchError", "LaunchTimeout", "device", "launch", "shutdown", "under_torchrun"]

@@ -1,4 +1,5 @@
-"""parallel.launch: results of every rank, a failing rank's traceback, hung ranks, pool reuse.
+"""parallel.launch: results of every rank, a failing rank's traceback, hung ranks, pool reuse,
+the fork server and the spawned-interpreter fallback.
 
 The functions launched live at the top level of this module: workers import them by name.
 """
@@ -8,7 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +24,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_rollout_golden.parallel import LaunchError, LaunchTimeout, Layout, launch, launcher
+from pytest_rollout_golden.parallel import (
+    LaunchError,
+    LaunchTimeout,
+    Layout,
+    forkserver,
+    launch,
+    launcher,
+)
 
 ROOT = Path(__file__).parents[2]
 
@@ -48,6 +58,40 @@ def pid(rank: int) -> int:
     return os.getpid()
 
 
+def process_facts(rank: int, name: str) -> dict[str, Any]:
+    """What a rank sees of its process: parent, group, threads, environment, directory."""
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "own_group": os.getpgrp() == os.getpid(),
+        "env": os.environ.get(name),
+        "cwd": os.getcwd(),
+        "backend": dist.get_backend(),
+    }
+
+
+LINUX = sys.platform.startswith("linux")
+linux_only = pytest.mark.skipif(not LINUX, reason="the fork server and /proc are Linux-only")
+
+
+@pytest.fixture(params=["forkserver", "spawn"])
+def start_path(request, monkeypatch):
+    """Run a test on forked ranks (the default on Linux) and on spawned interpreters."""
+    if request.param == "forkserver" and not LINUX:
+        pytest.skip("the fork server is Linux-only")
+    launcher.shutdown()
+    if request.param == "spawn":
+        monkeypatch.setenv(forkserver.ENV_VAR, "0")
+    else:
+        monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    yield request.param
+    launcher.shutdown()
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def test_every_rank_runs_in_its_own_process_and_returns():
     results = launch(rank_sum, 2, 10.0)
     assert results == [(0, 2, 21.0), (1, 2, 21.0)]
@@ -55,8 +99,13 @@ def test_every_rank_runs_in_its_own_process_and_returns():
     assert len(set(pids)) == 2 and os.getpid() not in pids
 
 
-def test_world_size_one_runs_in_this_process_without_process_group():
+def test_world_size_one_runs_in_this_process_without_process_group(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown(server=True)
     assert launch(pid, Layout()) == [os.getpid()]
+    assert not dist.is_initialized()
+    if LINUX:  # started for the variants that usually follow, not waited for
+        assert launcher.server_pid() is not None
 
 
 def test_workers_are_reused_across_launches():
@@ -65,7 +114,7 @@ def test_workers_are_reused_across_launches():
     assert launcher.pool_pids()[2] == first
 
 
-def test_a_failing_rank_fails_the_launch_with_its_traceback_and_the_pool_restarts():
+def test_a_failing_rank_fails_the_launch_with_its_traceback_and_the_pool_restarts(start_path):
     before = launch(pid, 2)
     with pytest.raises(LaunchError) as info:
         launch(fails_on_rank_one, 2, timeout=60)
@@ -78,7 +127,7 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback_and_the_pool_restart
     assert set(after).isdisjoint(before)
 
 
-def test_a_missing_collective_times_out_naming_the_hung_rank():
+def test_a_missing_collective_times_out_naming_the_hung_rank(start_path):
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
         launch(skips_a_collective, 2, timeout=2.0)
@@ -87,6 +136,99 @@ def test_a_missing_collective_times_out_naming_the_hung_rank():
     assert "rank(s) [0] of 2 did not return within 2 s" in str(info.value)
     assert "Rank(s) [1] returned" in str(info.value)
     assert launch(rank_sum, 2, 0.0) == [(0, 2, 1.0), (1, 2, 1.0)]  # a fresh pool works
+
+
+@linux_only
+def test_ranks_are_forked_by_a_single_threaded_server_by_default(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown()
+    monkeypatch.setenv("ROLLOUT_GOLDEN_PROBE", "seen by the ranks")
+    facts = launch(process_facts, 2, "ROLLOUT_GOLDEN_PROBE")
+    server = launcher.server_pid()
+    assert server is not None and server != os.getpid()
+    assert [f["ppid"] for f in facts] == [server, server]
+    assert all(f["own_group"] for f in facts)  # killed with whatever it starts
+    assert [f["env"] for f in facts] == ["seen by the ranks"] * 2  # this process's environment
+    assert {f["cwd"] for f in facts} == {os.getcwd()}
+    assert {f["backend"] for f in facts} == {"gloo"}
+    assert _threads(server) == 1  # it never computes: no OpenMP, OpenBLAS or gloo thread
+    assert launcher.pool_pids()[2] == [f["pid"] for f in facts]
+
+
+@linux_only
+def test_two_world_sizes_share_one_server_and_keep_their_pools(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown()
+    two, four = launch(process_facts, 2, "HOME"), launch(process_facts, 4, "HOME")
+    assert {f["ppid"] for f in two + four} == {launcher.server_pid()}
+    assert launch(rank_sum, 2, 0.0) == [(r, 2, 1.0) for r in range(2)]
+    assert launch(rank_sum, 4, 0.0) == [(r, 4, 6.0) for r in range(4)]
+    assert launcher.pool_pids() == {2: [f["pid"] for f in two], 4: [f["pid"] for f in four]}
+
+
+@linux_only
+def test_ranks_die_with_their_server_and_the_next_launch_starts_a_fresh_one(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    launcher.shutdown()
+    ranks = launch(pid, 2)
+    server = launcher.server_pid()
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    assert _wait_for(lambda: all(_gone(p) for p in [server, *ranks]), 10), "ranks outlived it"
+    after = launch(pid, 2)  # the dead pool is noticed and replaced, under a new server
+    assert set(after).isdisjoint(ranks)
+    assert launcher.server_pid() not in (None, server)
+
+
+@linux_only
+def test_a_late_reply_of_the_server_is_never_taken_for_the_next_request(monkeypatch):
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    ranks = launch(pid, 2)
+    server = forkserver.server()
+    assert server is not None and server.pid == launcher.server_pid()
+    # A request whose reply is never read, as when an interrupt hits between send and receive:
+    stale = pickle.dumps((next(server.requests), "poll", [1]))
+    socket.send_fds(server.sock, [stale], [])
+    assert server.poll(ranks) == [None, None]  # not the stale {1: -9}
+    assert launch(pid, 2) == ranks
+
+
+def test_the_spawn_fallback_runs_fresh_interpreters_when_forced(monkeypatch):
+    launcher.shutdown(server=True)
+    monkeypatch.setenv(forkserver.ENV_VAR, "0")
+    try:
+        facts = launch(process_facts, 2, forkserver.ENV_VAR)
+        assert launcher.server_pid() is None
+        assert [f["ppid"] for f in facts] == [os.getpid()] * 2
+        assert [f["env"] for f in facts] == ["0", "0"]
+        assert launch(rank_sum, 2, 0.0) == [(0, 2, 1.0), (1, 2, 1.0)]
+    finally:
+        launcher.shutdown()
+
+
+A_THREAD = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); "
+
+
+@linux_only
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("raise SystemExit(3)", r"exited \(exit code 3\)"),
+        (A_THREAD + forkserver._SERVER_COMMAND, r"runs 2 threads \(forking is safe from one only"),
+    ],
+    ids=["exits", "threaded"],
+)
+def test_a_server_unfit_to_fork_falls_back_to_spawning_with_a_warning(monkeypatch, command, reason):
+    launcher.shutdown(server=True)
+    monkeypatch.setattr(forkserver, "_BROKEN", None)  # restored afterwards: the server is back
+    monkeypatch.setattr(forkserver, "_SERVER_COMMAND", command)
+    try:
+        with pytest.warns(RuntimeWarning, match=f"fork server failed .*{reason}"):
+            facts = launch(process_facts, 2, "HOME")
+        assert [f["ppid"] for f in facts] == [os.getpid()] * 2
+        assert launcher.server_pid() is None
+    finally:
+        launcher.shutdown(server=True)
 
 
 def test_functions_workers_cannot_import_are_refused_up_front():
@@ -201,7 +343,8 @@ from pytest_rollout_golden.parallel import launch, launcher
 def test_hangs():
     launch(pid, 2)
     marker = os.environ["HANG_MARKER"]
-    Path(marker).with_name("pids.json").write_text(json.dumps(launcher.pool_pids()[2]))
+    pids = [*launcher.pool_pids()[2], launcher.server_pid()]  # no server: [..., None]
+    Path(marker).with_name("pids.json").write_text(json.dumps(pids))
     launch(hangs, 2, marker)
 """
 
@@ -224,14 +367,23 @@ def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("signals", [[signal.SIGKILL], [signal.SIGTERM, signal.SIGKILL]])
-def test_workers_die_with_a_killed_pytest_even_while_a_rank_hangs(tmp_path, signals):
+@linux_only
+@pytest.mark.parametrize(
+    ("signals", "forked"),
+    [
+        ([signal.SIGKILL], True),
+        ([signal.SIGTERM, signal.SIGKILL], True),  # a CI timeout
+        ([signal.SIGKILL], False),  # spawned interpreters, the fallback
+    ],
+    ids=["sigkill-forkserver", "sigterm-sigkill-forkserver", "sigkill-spawn"],
+)
+def test_workers_die_with_a_killed_pytest_even_while_a_rank_hangs(tmp_path, signals, forked):
     (tmp_path / "hanging.py").write_text(HANGING_MODULE)
     (tmp_path / "test_hangs.py").write_text(HANGING_TEST)
     marker = tmp_path / "started"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
     env["HANG_MARKER"] = str(marker)
+    env[forkserver.ENV_VAR] = "1" if forked else "0"
     command = [sys.executable, "-m", "pytest", "test_hangs.py", "-p", "no:cacheprovider"]
     pytest_process = subprocess.Popen(
         [*command, "-q", "-s"],
@@ -244,8 +396,10 @@ def test_workers_die_with_a_killed_pytest_even_while_a_rank_hangs(tmp_path, sign
     try:
         ranks = [marker.with_name(f"started.{rank}") for rank in (0, 1)]
         assert _wait_for(lambda: all(r.exists() for r in ranks), 120), "the ranks never started"
-        pids = json.loads((tmp_path / "pids.json").read_text())
-        assert len(pids) == 2 and not any(_gone(p) for p in pids)
+        *pids, server = json.loads((tmp_path / "pids.json").read_text())
+        assert (server is not None) == forked
+        pids += [server] if forked else []  # the ranks' parent must die too
+        assert len(pids) == 2 + forked and not any(_gone(p) for p in pids)
         for number in signals:  # a CI timeout: SIGTERM, then SIGKILL
             pytest_process.send_signal(number)
         pytest_process.wait(30)
