@@ -161,29 +161,41 @@ def test_gate(golden, layout):
 """
 
 
+def run_faults(project, source: str, goldens: list[str], failed: int) -> list[str]:
+    """Run ``source`` against copies of the committed shared goldens; the failure sections."""
+    for name in goldens:
+        committed = Path(__file__).parents[2] / "golden" / "@shared" / name
+        shutil.copytree(committed, project.golden / "@shared" / name)
+    project.write(source)
+    result = project.run()
+    result.assert_outcomes(failed=failed)
+    sections = result.stdout.str().split("_ test_")[1:]
+    assert len(sections) == failed
+    return sections
+
+
+def assert_names_metric(sections: list[str], fault: str, metric: str) -> str:
+    """The section of the variant ending in ``fault`` fails ``metric`` at step 0."""
+    section = next(s for s in sections if s.split("]", 1)[0].endswith(fault))
+    rows = [line.split() for line in section.splitlines() if line.startswith("  ")]
+    assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
+    return section
+
+
 def test_each_wrong_variant_fails_against_the_committed_golden_naming_metric_and_variant(
     project,
 ):
     """The real reference golden of test_parallel_gate.py, the real model, four real bugs."""
-    committed = Path(__file__).parents[2] / "golden" / "@shared" / "parallel-policy-float32"
-    shutil.copytree(committed, project.golden / "@shared" / "parallel-policy-float32")
-    project.write(FAULTS_FILE)
-    result = project.run()
-    result.assert_outcomes(failed=4)
-    text = result.stdout.str()
-    sections = text.split("_ test_gate[")[1:]
-    assert len(sections) == 4
+    sections = run_faults(project, FAULTS_FILE, ["parallel-policy-float32"], failed=4)
     for fault, metric in [
         ("no-tp-allreduce", "pg_loss"),
         ("micro-mean", "pg_loss"),
         ("dp-double-norm", "grad_norm"),
         ("packing-leak", "pg_loss"),
     ]:
-        section = next(s for s in sections if s.split("]", 1)[0].endswith(fault))
-        variant_id = section.split("]", 1)[0]
+        section = assert_names_metric(sections, fault, metric)
+        variant_id = section.split("]", 1)[0].removeprefix("gate[")
         assert f"test_gate[{variant_id}] against the golden of the reference" in section
-        rows = [line.split() for line in section.splitlines() if line.startswith("  ")]
-        assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
 
 
 ROUND2_FAULTS_FILE = """
@@ -220,24 +232,15 @@ def test_round_two_wrong_variants_fail_against_the_committed_goldens_naming_the_
     """Ring attention without the causal mask across chunks, Ulysses scattering the wrong
     dimension, a dynamic-batch loss weighted by 1/len(micro_batches), router statistics
     per EP rank: each fails against the real reference golden, naming what moved."""
-    for name in ("parallel-policy-float32", "parallel-moe-float32"):
-        committed = Path(__file__).parents[2] / "golden" / "@shared" / name
-        shutil.copytree(committed, project.golden / "@shared" / name)
-    project.write(ROUND2_FAULTS_FILE)
-    result = project.run()
-    result.assert_outcomes(failed=4)
-    text = result.stdout.str()
-    sections = text.split("_ test_")[1:]
-    assert len(sections) == 4
+    goldens = ["parallel-policy-float32", "parallel-moe-float32"]
+    sections = run_faults(project, ROUND2_FAULTS_FILE, goldens, failed=4)
     for fault, metric in [
         ("ring-no-causal", "pg_loss"),
         ("ulysses-head-split", "pg_loss"),
         ("dyn16-micro-mean", "pg_loss"),
         ("ep-local-aux", "aux_loss"),
     ]:
-        section = next(s for s in sections if s.split("]", 1)[0].endswith(fault))
-        rows = [line.split() for line in section.splitlines() if line.startswith("  ")]
-        assert any(r[:2] == [metric, "0"] for r in rows), (fault, section)
+        assert_names_metric(sections, fault, metric)
 
 
 def test_variant_checking_a_step_the_reference_never_recorded_names_the_reference(project):
