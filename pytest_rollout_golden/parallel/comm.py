@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .layout import DIMENSIONS, Layout, Place
+from .layout import Layout, Place
 
 
 @dataclass
@@ -96,7 +96,6 @@ def make_groups(layout: Layout, rank: int) -> Groups:
     g.ep_ranks = _along(layout, rank, ("ep",))
     if layout.world_size == 1:
         return g
-    assert set(DIMENSIONS) == set(layout.sizes()._fields)
     g.tp = _group(layout, rank, ("tp",))
     g.seq = _group(layout, rank, ("seq",))
     g.ep = _group(layout, rank, ("ep",))

@@ -33,13 +33,9 @@ FAULTS = (
   expert-parallel rank and averaged, instead of over every token of the step.
 """
 
-DIMENSIONS = ("dp", "pp", "ep", "seq", "tp")
-"""Rank coordinates, slowest-varying first: ``tp`` is fastest, then the sequence split
-(``cp`` or ``sp``), then ``ep``, ``pp`` and ``dp``."""
-
-
 class Place(NamedTuple):
-    """Coordinates of one rank (``seq``: its rank in the ``cp`` or ``sp`` group)."""
+    """Coordinates of one rank, slowest-varying first (``seq``: its rank in the ``cp`` or
+    ``sp`` group); ``tp`` varies fastest."""
 
     dp: int
     pp: int
