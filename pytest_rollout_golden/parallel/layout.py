@@ -33,6 +33,7 @@ FAULTS = (
   expert-parallel rank and averaged, instead of over every token of the step.
 """
 
+
 class Place(NamedTuple):
     """Coordinates of one rank, slowest-varying first (``seq``: its rank in the ``cp`` or
     ``sp`` group); ``tp`` varies fastest."""
