@@ -496,7 +496,7 @@ def gpipe_forward_backward(
         ones = torch.ones_like(per_token)
         normalizer = global_tokens
         if layout.fault == "micro-mean":  # each micro-batch's own mean, averaged: wrong
-            normalizer = normalizer.new_tensor(mb.targets.numel() * len(micros) * layout.dp)
+            normalizer = normalizer.new_tensor(mb.targets.numel() * len(micros) * layout.data_ranks)
         loss = aggregate_loss(per_token, ones, "token-mean", global_tokens=normalizer)
         with torch.no_grad():
             pieces = torch.stack([pg.sum(), kl.sum(), entropy.sum()]).double()
