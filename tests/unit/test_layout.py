@@ -94,3 +94,13 @@ def test_unnamed_dimensions_stay_at_the_reference():
     reference = Layout(packing=True, micro_batches=2)
     swept = [p.values[0] for p in variants(sp=[1, 2], reference=reference)]
     assert swept == [reference, Layout(packing=True, micro_batches=2, sp=2)]
+
+
+def test_a_dtype_without_a_measured_lane_needs_tolerances_named():
+    """bf16 layouts spread as widely as the bugs move (docs/guide/parallel.md): no lane is
+    shipped, so a bf16 variant must carry the lane its user measured."""
+    with pytest.raises(ValueError, match="no measured layout tolerances for 'bfloat16'"):
+        variants(cp=[1, 2], dtype="bfloat16")
+    lane = {"pg_loss": {"rtol": 0.3}}
+    params = variants(cp=[1, 2], dtype="bfloat16", tolerances=lane)
+    assert params[1].marks[0].kwargs["layout_tolerances"] == lane
