@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from harness import Section, Target, interleaved, ms, table
 
-from pytest_rollout_golden.tolerance import Tolerance
+from pytest_rollout_golden._internal.tolerance.stack import Tolerance
 
 FULL_BYTES, QUICK_BYTES = 1 << 30, 64 << 20
 TENSORS = 32
@@ -26,14 +26,16 @@ ROUNDS, ROUNDS_QUICK = 2, 1  # each call goes through the whole set: the noise a
 def _ours() -> Callable[[Any, Any], bool] | str:
     """``(expected, actual) -> passed`` with this project's comparison, or why it is missing."""
     try:
-        compare = importlib.import_module("pytest_rollout_golden.compare")
+        compare = importlib.import_module("pytest_rollout_golden._internal.tolerance.compare")
     except ImportError as exc:
-        return f"pytest_rollout_golden.compare is not importable ({exc})"
+        return f"pytest_rollout_golden._internal.tolerance.compare is not importable ({exc})"
     if hasattr(compare, "compare_values"):
         return lambda e, a: compare.compare_values(e, a, TOL, check_dtype=True).ok
     if hasattr(compare, "compare"):
         return lambda e, a: not compare.compare("bench", e, a, TOL).failed
-    return "pytest_rollout_golden.compare has neither compare_values nor compare"
+    return (
+        "pytest_rollout_golden._internal.tolerance.compare has neither compare_values nor compare"
+    )
 
 
 def _assert_close(expected: Any, actual: Any) -> bool:
@@ -68,7 +70,7 @@ def run(quick: bool) -> Section:
     ours = _ours()
     checkers: dict[str, Callable[[Any, Any], bool]] = {"torch.testing.assert_close": _assert_close}
     if not isinstance(ours, str):
-        checkers = {"pytest_rollout_golden.compare": ours, **checkers}
+        checkers = {"pytest_rollout_golden._internal.tolerance.compare": ours, **checkers}
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -126,5 +128,5 @@ def _targets(samples: dict[Any, Any], gb: float, ours: Any, quick: bool) -> list
             s.median / gb < TARGET_S_PER_GB,
         )
         for (case, name), s in samples.items()
-        if name == "pytest_rollout_golden.compare"
+        if name == "pytest_rollout_golden._internal.tolerance.compare"
     ]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_attributes
+from ._internal.golden.results import Comparison, Mode, Outcome, Verdict
+from ._internal.lazy import lazy_attributes
+from ._internal.tolerance.stack import Tolerance
 from .errors import (
     GoldenError,
     GoldenFormatError,
@@ -19,26 +21,24 @@ from .errors import (
     GoldenToleranceWarning,
     UnsupportedValueError,
 )
-from .results import Comparison, Mode, Outcome, Verdict
-from .tolerance import Tolerance
 
 if TYPE_CHECKING:
-    from .codec import RolloutBatch
-    from .determinism import deterministic, fingerprint
-    from .replay import Golden
+    from ._internal.golden.determinism import deterministic, fingerprint
+    from ._internal.golden.replay import Golden
+    from ._internal.golden.variants import same_math
     from .store import load_batch, save_batch
-    from .variants import same_math
+    from .store.codec import RolloutBatch
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "save_batch": "store",
     "load_batch": "store",
-    "deterministic": "determinism",
-    "fingerprint": "determinism",
-    "Golden": "replay",
-    "RolloutBatch": "codec",
-    "same_math": "variants",
+    "deterministic": "_internal.golden.determinism",
+    "fingerprint": "_internal.golden.determinism",
+    "Golden": "_internal.golden.replay",
+    "RolloutBatch": "store.codec",
+    "same_math": "_internal.golden.variants",
 }
 _SUBMODULES = {"strategies", "invariants", "parallel", "reference"}
 

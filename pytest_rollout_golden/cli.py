@@ -23,17 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import store
-from .errors import GoldenError
-from .location import (
-    MANIFEST,
-    METRICS,
-    TOLERANCES,
-    files_without_manifest,
-    find_goldens,
-    find_manifestless,
-    leftover_name,
-)
-from .presentation import (
+from ._internal.report.presentation import (
     diff_summary,
     golden_diff_lines,
     location,
@@ -44,12 +34,22 @@ from .presentation import (
     verify_row,
     verify_summary,
 )
-from .tolerance import Layer, Stack, level
+from ._internal.tolerance.stack import Layer, Stack, level
+from .errors import GoldenError
+from .store.location import (
+    MANIFEST,
+    METRICS,
+    TOLERANCES,
+    files_without_manifest,
+    find_goldens,
+    find_manifestless,
+    leftover_name,
+)
 
 
 def _load_dir(directory: Path) -> dict[str, Any]:
     """Every file of a golden, verified: ``{filename: loaded content}``."""
-    from .golden_files import load_golden
+    from ._internal.golden.files import load_golden
 
     return load_golden(directory)[1]
 
@@ -131,8 +131,9 @@ def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
 
 def show(path: Path, *, as_json: bool = False) -> int:
     """Print a golden (structure, steps × metrics, per-tensor statistics) or one batch file."""
-    from . import codec, metrics as metric_codec
-    from .stats import tensor_stats
+    from ._internal.golden import metric_codec
+    from ._internal.report.stats import tensor_stats
+    from .store import codec
 
     if path.is_file():
         arrays, metadata = store.read_safetensors(path)
@@ -150,7 +151,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
         }
         manifest, steps = None, {}
     else:
-        from .golden_files import load_golden
+        from ._internal.golden.files import load_golden
 
         if not (path / MANIFEST).is_file():
             raise GoldenError(f"{path}: no {MANIFEST}; not a golden directory")
@@ -253,7 +254,7 @@ def _values(layout: Any) -> dict[str, dict[str, str]]:
     Each is ``{"type": ..., "value": <repr, at most _PREVIEW characters>}``; a list
     of JSON scalars is one value, tensors are left to the tensor table.
     """
-    from . import codec
+    from .store import codec
 
     out: dict[str, dict[str, str]] = {}
 
@@ -305,14 +306,14 @@ def _values(layout: Any) -> dict[str, dict[str, str]]:
 
 
 def _json_scalar(value: Any, node: Any) -> Any:
-    from .results import json_number
+    from ._internal.golden.results import json_number
 
     return json_number(value) if value is not None else node
 
 
 def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: str = "") -> int:
     """Compare B against A; print a table (or JSON); exit status 0 same, 1 differs."""
-    from .diff import diff_paths, summary
+    from ._internal.report.diff import diff_paths, summary
 
     diffs = diff_paths(a, b, tolerances)
     counts = summary(diffs)
@@ -348,7 +349,7 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     a directory: one PNG per golden (pair), at the golden's path relative to its root
     (``OUT/REL.png``); a golden on one side only is named, not drawn.
     """
-    from .diff import pair_paths
+    from ._internal.report.diff import pair_paths
 
     pairs = pair_paths(a, b)
     if a.is_file():
@@ -370,9 +371,9 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
 
 def _plot_pair(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     """One picture: golden ``a``'s curves, against ``b``'s when given."""
-    from .diff import diff_goldens
-    from .golden_files import load_golden
-    from .plot import plot_metrics, series
+    from ._internal.golden.files import load_golden
+    from ._internal.report.diff import diff_goldens
+    from ._internal.report.plot import plot_metrics, series
 
     curves = [
         series(load_golden(path)[1].get(METRICS, {}).get("steps", {}))
@@ -448,8 +449,8 @@ def _import_epilog() -> str:
 
 def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
     """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
-    from .options import with_profile
-    from .projectini import find_config, linelist
+    from ._internal.pytest_plugin.options import with_profile
+    from ._internal.pytest_plugin.projectini import find_config, linelist
 
     ini: tuple[Layer, ...] = ()
     config, profile = "", ""

@@ -52,7 +52,7 @@ import math
 import torch
 from torch import Tensor
 
-from .mismatch_bounds import METRIC_NAMES
+from ._internal.tolerance.mismatch_bounds import METRIC_NAMES
 from .reference.correction import METRIC_PREFIX, offpolicy_metrics
 from .reference.masking import as_bool_mask, masked_max, masked_mean, valid_rows
 

@@ -16,17 +16,11 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 import pytest
 
-from . import markers, mismatch_bounds
-from .errors import (
-    GoldenError,
-    GoldenFormatError,
-    GoldenMismatch,
-    GoldenMissingError,
-    GoldenNotFetchedError,
-)
-from .location import TOLERANCES, link_out_of_root
-from .modes import MISSING_STEP_POLICIES
-from .options import (
+from ._internal.golden.modes import MISSING_STEP_POLICIES
+from ._internal.golden.results import Mode, Status, Verdict
+from ._internal.hypothesis_profiles import NAMES, register_profiles
+from ._internal.pytest_plugin import markers
+from ._internal.pytest_plugin.options import (
     OptionError,
     golden_root,
     missing_step_policy,
@@ -37,23 +31,30 @@ from .options import (
     session_tolerances,
     truthy_env as _truthy_env,
 )
-from .parallel.environment import torchrun_rank
-from .presentation import (
+from ._internal.pytest_plugin.prune import Unused, partial_project, unused_and_pruned
+from ._internal.pytest_plugin.session import SessionState, UpdateMarks, write_report
+from ._internal.pytest_plugin.snapshot import RankSnapshot
+from ._internal.report.presentation import (
     CI_UPDATE,
     close_match,
     link_outside_root,
     rootdir_note,
     summary_lines,
 )
-from .profiles import NAMES, register_profiles
-from .prune import Unused, partial_project, unused_and_pruned
-from .results import Mode, Status, Verdict
-from .session import SessionState, UpdateMarks, write_report
-from .snapshot import RankSnapshot
-from .tolerance import Layer
+from ._internal.tolerance import mismatch_bounds
+from ._internal.tolerance.stack import Layer
+from .errors import (
+    GoldenError,
+    GoldenFormatError,
+    GoldenMismatch,
+    GoldenMissingError,
+    GoldenNotFetchedError,
+)
+from .parallel.environment import torchrun_rank
+from .store.location import TOLERANCES, link_out_of_root
 
 if TYPE_CHECKING:
-    from .replay import Golden
+    from ._internal.golden.replay import Golden
 
 _PLUGIN = pytest.StashKey["GoldenPlugin"]()
 _GOLDEN = pytest.StashKey["Golden"]()
@@ -291,7 +292,7 @@ class GoldenPlugin:
             )
 
     def golden_for(self, item: pytest.Item) -> Golden:
-        from .replay import Golden, SessionLinks
+        from ._internal.golden.replay import Golden, SessionLinks
 
         options = self.marker_options(item)
         with _usage():
@@ -383,13 +384,13 @@ class GoldenPlugin:
                 golden.outcome.expected_failure()
             outcome = golden.outcome
             if _CALIBRATION_RUN in item.stash:
-                from .calibrate import unperturbed
+                from ._internal.tolerance.calibration import unperturbed
 
                 self._calibration_sample(item, golden, test_error=error)
                 outcome.environment_changes = unperturbed(outcome.environment_changes)
             self.state.add_outcome(outcome)
             if self.plot_dir is not None and outcome.status is Status.FAILED:
-                from .plot import plot_failure
+                from ._internal.report.plot import plot_failure
 
                 picture = plot_failure(outcome.to_json(), self.plot_dir, item.nodeid)
                 if picture is not None:
@@ -413,7 +414,7 @@ class GoldenPlugin:
 
     def write_calibration(self) -> None:
         """Derive and write ``tolerances.json`` for every golden calibrated this session."""
-        from .calibrate import calibrate_goldens
+        from ._internal.tolerance.calibration import calibrate_goldens
 
         self.state.calibrated = calibrate_goldens(
             self.state.calibration,
@@ -555,12 +556,12 @@ class GoldenPlugin:
         except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
             wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
         if wanted:
-            from .determinism import deterministic
+            from ._internal.golden.determinism import deterministic
 
             stack.enter_context(deterministic(seed))
             item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
         if _CALIBRATION_RUN in item.stash:
-            from .calibrate import perturbed
+            from ._internal.tolerance.calibration import perturbed
 
             how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], self.perturb))
             item.user_properties.append(("golden_calibration_run", how))
@@ -840,7 +841,7 @@ def deterministic_fixture(request: pytest.FixtureRequest) -> Iterator[int]:
     if _DETERMINISM in request.node.stash:
         yield seed
         return
-    from .determinism import deterministic
+    from ._internal.golden.determinism import deterministic
 
     with deterministic(seed):
         yield seed

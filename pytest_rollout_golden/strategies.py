@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from hypothesis import strategies as st
 
-from .profiles import register_profiles
+from ._internal.hypothesis_profiles import register_profiles
 from .reference.correction import RS_CRITERIA
 
 __all__ = [

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .codec import RolloutBatch
+from .store.codec import RolloutBatch
 
 __all__ = ["VllmSamplingWarning", "log_prob_temperature", "vllm_generate", "vllm_rollout"]
 

@@ -15,27 +15,10 @@ names are re-exported for the CLI (their ``as`` says so) and may change without 
 
 from __future__ import annotations
 
-from .convert import (
-    LAYOUTS as LAYOUTS,
-    convert as convert,
-    detect as detect,
-    entries as entries,
-)
-from .entry import (
-    Entry as Entry,
-    Imported as Imported,
-    Skipped as Skipped,
-)
-from .loading import (
-    WHY_PICKLE as WHY_PICKLE,
-    load as load,
-    read_jsonl as read_jsonl,
-)
-from .values import (
-    flatten,
-    plain as plain,
-    split as split,
-)
+from .convert import LAYOUTS as LAYOUTS, convert as convert, detect as detect, entries as entries
+from .entry import Entry as Entry, Imported as Imported, Skipped as Skipped
+from .loading import WHY_PICKLE as WHY_PICKLE, load as load, read_jsonl as read_jsonl
+from .values import flatten, plain as plain, split as split
 
 PATTERNS = {layout: module.PATTERNS for layout, module in LAYOUTS.items()}
 

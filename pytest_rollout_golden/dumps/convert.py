@@ -51,7 +51,7 @@ def convert(
     Refuses to overwrite an existing golden. Nothing is written if any file fails.
     """
     from .. import store
-    from ..location import MANIFEST
+    from ..store.location import MANIFEST
 
     if not source.is_dir():
         raise GoldenError(f"{source}: not a folder of dumps")
@@ -91,7 +91,7 @@ def _read(entry: Entry, *, trust_pickle: bool) -> Any:
 
 def _import(tx: Any, entry: Entry, *, trust_pickle: bool) -> str:
     """Load the dump ``entry`` and write it into the transaction ``tx``; return its file name."""
-    from ..location import rollout_filename, tensors_filename
+    from ..store.location import rollout_filename, tensors_filename
 
     payload = _read(entry, trust_pickle=trust_pickle)
     metadata: dict[str, Any] = {}

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..codec import is_dataproto_like, is_tensordict_like
 from ..errors import GoldenError
+from ..store.codec import is_dataproto_like, is_tensordict_like
 
 WHY_PICKLE = (
     "unpickling runs code named in the file (any import and call), so a dump from an "

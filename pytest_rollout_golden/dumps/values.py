@@ -12,7 +12,7 @@ def plain(value: Any) -> Any:
     DataProto-like batches (verl's is a dataclass) keep their class; see
     :func:`..codec.dataclasses_to_dicts`.
     """
-    from ..codec import dataclasses_to_dicts
+    from ..store.codec import dataclasses_to_dicts
 
     return dataclasses_to_dicts(value)
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .. import mismatch
-from ..mismatch_bounds import METRIC_NAMES
+from .._internal.tolerance.mismatch_bounds import METRIC_NAMES
 from ..reference.masking import as_bool_mask
 from .comparison import (
     GUARD_RTOL,

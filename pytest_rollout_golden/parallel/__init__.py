@@ -16,7 +16,7 @@ Layout`` imports neither torch nor numpy (test collection stays fast).
 
 from __future__ import annotations
 
-from .._lazy import lazy_attributes
+from .._internal.lazy import lazy_attributes
 from .layout import FAULTS, Layout
 
 _BATCHING = (

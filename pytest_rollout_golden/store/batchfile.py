@@ -16,9 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import codec
 from ..errors import GoldenFormatError, UnsupportedValueError
-from ..location import MANIFEST
+from . import codec
 from .files import (
     FORMAT,
     HASH_THREAD_MIN,
@@ -36,6 +35,7 @@ from .files import (
     refuse_lfs_pointer,
 )
 from .jsonfile import CONTAINERS, MAX_JSON_DEPTH, is_json_int, parse_json, too_deep
+from .location import MANIFEST
 
 NO_LAYOUT: Any = object()  # a batch file without ``prg.layout`` (written by another tool)
 _HEADER_LIMIT = 100_000_000

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from ..location import MANIFEST, leftover_kind, staging_dir
 from .batchfile import save_batch
 from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
+from .location import MANIFEST, leftover_kind, staging_dir
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

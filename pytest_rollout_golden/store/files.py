@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError, GoldenNotFetchedError
-from ..location import temp_file
+from .location import temp_file
 
 # What a manifest and a batch file's metadata say they are.
 FORMAT = "pytest-rollout-golden"

@@ -8,8 +8,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..errors import GoldenError
-from ..location import lock_path
 from .files import READ_ONLY_ERRNOS, unwritable_error
+from .location import lock_path
 
 LOCK_TIMEOUT_ENV = "ROLLOUT_GOLDEN_LOCK_TIMEOUT"
 LOCK_TIMEOUT = 900.0  # seconds; a lock is held for a whole test, which may train for minutes

@@ -245,7 +245,7 @@ def test_show_prints_statistics_and_a_steps_by_metrics_table(tmp_path, capsys):
 
 
 def test_a_calibrated_golden_brings_its_tolerances_to_diff(tmp_path, capsys):
-    from pytest_rollout_golden.calibrate import FORMAT, write
+    from pytest_rollout_golden._internal.tolerance.calibration import FORMAT, write
 
     record(tmp_path / "a")
     record(tmp_path / "b", losses=(0.5, 0.6, 0.7007))  # rel 1e-3 at step 2

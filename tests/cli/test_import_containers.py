@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rollout_golden import Golden, Mode, codec
+from pytest_rollout_golden import Golden, Mode
 from pytest_rollout_golden.cli import main
-from pytest_rollout_golden.store import save_batch
+from pytest_rollout_golden.store import codec, save_batch
 
 INSTALL = "pip install --no-deps tensordict==0.10.0 verl==0.9.1 (see .ci/run)"
 HERE = Path(__file__).parent

@@ -120,7 +120,7 @@ def texts(figure):
 
 
 def test_many_metrics_draw_a_bounded_number_of_panels_and_name_the_rest(tmp_path, drawn):
-    from pytest_rollout_golden.plot import MAX_PANELS, plot_metrics
+    from pytest_rollout_golden._internal.report.plot import MAX_PANELS, plot_metrics
 
     names = [f"m{i:03d}" for i in range(200)]
     a = {n: {s: 1.0 + s for s in range(3)} for n in names}
@@ -150,7 +150,7 @@ def test_many_metrics_draw_a_bounded_number_of_panels_and_name_the_rest(tmp_path
 
 
 def test_many_diverged_metrics_draw_the_farthest_and_keep_the_title_short(tmp_path, drawn):
-    from pytest_rollout_golden.plot import MAX_PANELS, plot_metrics
+    from pytest_rollout_golden._internal.report.plot import MAX_PANELS, plot_metrics
 
     names = [f"m{i:03d}" for i in range(200)]
     a = {n: {s: 1.0 + s for s in range(3)} for n in names}
@@ -176,7 +176,7 @@ def test_many_diverged_metrics_draw_the_farthest_and_keep_the_title_short(tmp_pa
 
 
 def test_plot_verb_prints_the_metrics_it_did_not_draw(tmp_path, capsys, drawn):
-    from pytest_rollout_golden.plot import MAX_PANELS
+    from pytest_rollout_golden._internal.report.plot import MAX_PANELS
 
     with Golden(tmp_path / "a", mode=Mode.AUTO) as golden:
         for step in range(3):
@@ -217,7 +217,7 @@ def test_plot_marks_infinite_and_nan_values_instead_of_failing(tmp_path, capsys,
 
 
 def test_golden_plot_of_a_failure_draws_its_non_finite_values(tmp_path, drawn):
-    from pytest_rollout_golden.plot import plot_outcome
+    from pytest_rollout_golden._internal.report.plot import plot_outcome
 
     def comparison(step, expected, actual, verdict):
         return {"kind": "metric", "metric": "pg_loss", "step": step, "expected": expected,
@@ -274,7 +274,7 @@ def test_plot_takes_golden_roots_as_diff_does_one_picture_per_pair(tmp_path, cap
 def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_so(tmp_path, drawn):
     """rtol=0 (a fraction's atol-only tolerance) still draws what it allows, per step; a
     metric the tolerances exclude is labelled "not compared", its bars not left unexplained."""
-    from pytest_rollout_golden.plot import plot_outcome
+    from pytest_rollout_golden._internal.report.plot import plot_outcome
 
     def comparison(metric, step, expected, actual, verdict, tolerance):
         return {"kind": "metric", "metric": metric, "step": step, "expected": expected,

@@ -18,12 +18,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from pytest_rollout_golden.parallel import Layout
-from pytest_rollout_golden.parallel.policy import (
-    PolicyConfig,
-    make_micro_batch,
-    make_rollout,
-    run,
-)
+from pytest_rollout_golden.parallel.policy import PolicyConfig, make_micro_batch, make_rollout, run
 
 CFG64 = PolicyConfig(dtype="float64")
 BATCHES = [make_rollout(CFG64, step) for step in range(2)]

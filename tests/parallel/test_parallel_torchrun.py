@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rollout_golden import location
 from pytest_rollout_golden.parallel import Layout
 from pytest_rollout_golden.parallel.policy import PolicyConfig, make_rollout, run
+from pytest_rollout_golden.store import location
 
 ROOT = Path(__file__).parents[2]
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pytest_rollout_golden import calibrate
+from pytest_rollout_golden._internal.tolerance import calibration as calibrate
 from pytest_rollout_golden.cli import main
 
 GATE = """
@@ -117,7 +117,7 @@ def test_calibration_refuses_to_write_a_spread_beyond_its_bound():
     ],
 )
 def test_looser_compares_each_field_and_the_scale(tol, than, expected):
-    from pytest_rollout_golden.checks import looser
-    from pytest_rollout_golden.tolerance import Tolerance
+    from pytest_rollout_golden._internal.golden.checks import looser
+    from pytest_rollout_golden._internal.tolerance.stack import Tolerance
 
     assert looser(Tolerance(**tol), Tolerance(**than)) is expected

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rollout_golden import location, store
+from pytest_rollout_golden import store
 from pytest_rollout_golden.errors import GoldenError
+from pytest_rollout_golden.store import location
 
 
 def _staged(directory: Path, pid: int) -> Path:
@@ -258,7 +259,7 @@ def test_thousands_of_long_ids_with_a_common_prefix_get_distinct_64_bit_names():
 
 def test_the_projects_committed_goldens_keep_their_paths():
     """Every committed golden is found where its recording test and names put it today."""
-    from pytest_rollout_golden.location import rollout_filename, tensors_filename
+    from pytest_rollout_golden.store.location import rollout_filename, tensors_filename
 
     goldens = location.find_goldens(REPO / "golden")
     assert len(goldens) >= 3

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from pytest_rollout_golden import store
+from pytest_rollout_golden._internal.golden.files import GoldenFiles
 from pytest_rollout_golden.errors import GoldenFormatError
-from pytest_rollout_golden.golden_files import GoldenFiles
-from pytest_rollout_golden.location import MANIFEST
+from pytest_rollout_golden.store.location import MANIFEST
 
 
 def _open_and_stage(directory: Path, version: int) -> GoldenFiles:
@@ -217,9 +217,9 @@ def test_a_commit_makes_its_directory_again_if_a_nested_lock_removed_it(tmp_path
 def test_updated_is_reported_only_for_a_commit_that_finished(tmp_path, monkeypatch):
     """A commit whose files could not all be moved in is an error naming what happens
     next, never 'updated'; the next open finishes it."""
+    from pytest_rollout_golden._internal.golden.replay import Golden
+    from pytest_rollout_golden._internal.golden.results import Mode, Status
     from pytest_rollout_golden.errors import GoldenError
-    from pytest_rollout_golden.replay import Golden
-    from pytest_rollout_golden.results import Mode, Status
 
     directory = tmp_path / "golden" / "test_attention"
     with Golden(directory, test_id="t") as golden:

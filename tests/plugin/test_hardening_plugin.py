@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rollout_golden import store
-from pytest_rollout_golden.location import find_goldens
+from pytest_rollout_golden.store.location import find_goldens
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")  # its plugin costs ~0.7 s per fresh process
 

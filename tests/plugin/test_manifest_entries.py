@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from pytest_rollout_golden._internal.golden.replay import Golden
+from pytest_rollout_golden._internal.golden.results import Mode
 from pytest_rollout_golden.errors import GoldenFormatError
-from pytest_rollout_golden.replay import Golden
-from pytest_rollout_golden.results import Mode
 
 
 def record(directory, value, mode=Mode.AUTO):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytest_rollout_golden import deterministic
-from pytest_rollout_golden.determinism import DETERMINISTIC_ENV
+from pytest_rollout_golden._internal.golden.determinism import DETERMINISTIC_ENV
 
 FIXTURE = """
 import json

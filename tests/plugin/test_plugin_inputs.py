@@ -458,7 +458,7 @@ def test_generate_runs_on_its_own_stream_per_name_and_step_and_restores_the_oute
 
     import numpy as np
 
-    from pytest_rollout_golden.inputs import generate_forked
+    from pytest_rollout_golden._internal.golden.inputs import generate_forked
 
     def draws():
         return torch.rand(5), np.random.rand(5), random.random()
@@ -511,7 +511,7 @@ def test_each_recorded_step_gets_its_own_rollout_draws(project):
 
 
 def test_batch_changes_counts_differing_elements_bitwise(tmp_path):
-    from pytest_rollout_golden.inputs import batch_changes
+    from pytest_rollout_golden._internal.golden.inputs import batch_changes
 
     old, new = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     store.save_batch(old, {"x": torch.tensor([0.0, 1.0, float("nan")]), "b": torch.ones(2)})

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_rollout_golden import markers, options
-from pytest_rollout_golden.options import OptionError
+from pytest_rollout_golden._internal.pytest_plugin import markers, options
+from pytest_rollout_golden._internal.pytest_plugin.options import OptionError
 
 
 def test_an_unknown_marker_keyword_lists_the_options_and_the_close_one():

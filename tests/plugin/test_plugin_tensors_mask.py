@@ -94,8 +94,8 @@ def test_forward(golden, values):
 def test_compare_values_with_a_mask_ignores_nan_and_inf_on_padding_in_both_lanes():
     import torch
 
-    from pytest_rollout_golden.compare import compare_values
-    from pytest_rollout_golden.tolerance import Tolerance
+    from pytest_rollout_golden._internal.tolerance.compare import compare_values
+    from pytest_rollout_golden._internal.tolerance.stack import Tolerance
 
     mask = torch.tensor([True, True, False])
     recorded = torch.tensor([1.0, 2.0, float("nan")])

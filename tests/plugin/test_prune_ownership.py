@@ -247,7 +247,7 @@ def test_a_golden_no_longer_opened_by_an_existing_test_is_still_pruned(project):
 
 
 def test_a_golden_root_outside_the_rootdir_or_linked_out_of_it_may_be_shared(tmp_path):
-    from pytest_rollout_golden.prune import outside_rootdir
+    from pytest_rollout_golden._internal.pytest_plugin.prune import outside_rootdir
 
     rootdir = tmp_path / "a"
     (rootdir / "golden").mkdir(parents=True)
@@ -259,7 +259,7 @@ def test_a_golden_root_outside_the_rootdir_or_linked_out_of_it_may_be_shared(tmp
 
 
 def test_partial_project_says_why_a_run_may_have_left_test_files_out(tmp_path):
-    from pytest_rollout_golden.prune import partial_project
+    from pytest_rollout_golden._internal.pytest_plugin.prune import partial_project
 
     def why(args, testpaths=(), from_testpaths=False, ignored=(), skipped=()):
         return partial_project(
@@ -285,7 +285,7 @@ def test_partial_project_says_why_a_run_may_have_left_test_files_out(tmp_path):
 
 
 def test_opened_and_skipped_files_survive_the_xdist_merge():
-    from pytest_rollout_golden.session import SessionState
+    from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
 
     worker = SessionState()
     worker.opened_dirs.add("/p/golden/test_it/test_dynamic")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rollout_golden.markers import MARKER_OPTIONS
+from pytest_rollout_golden._internal.pytest_plugin.markers import MARKER_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -11,8 +11,8 @@ import torch
 import torch.testing._comparison as torch_comparison
 from hypothesis import assume, event, given, settings, strategies as st
 
-from pytest_rollout_golden.compare import compare_values
-from pytest_rollout_golden.tolerance import DTYPE_DEFAULTS, Tolerance
+from pytest_rollout_golden._internal.tolerance.compare import compare_values
+from pytest_rollout_golden._internal.tolerance.stack import DTYPE_DEFAULTS, Tolerance
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DTYPES = [*FLOATS, torch.int32, torch.int64, torch.bool]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pytest_rollout_golden import GoldenFormatError, RolloutBatch
-from pytest_rollout_golden.codec import flatten, unflatten
+from pytest_rollout_golden.store.codec import flatten, unflatten
 
 
 class NotAProto:

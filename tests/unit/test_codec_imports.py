@@ -5,7 +5,7 @@ A batch file's layout names the class of a DataProto-like batch as
 it; the name is resolved through ``sys.modules`` and the modules' and classes'
 own namespaces, never through a lazy module's ``__getattr__`` (torch's imports
 ``torch._inductor``, ``torch._dynamo`` and hundreds of modules behind them).
-An unknown class falls back to :class:`~pytest_rollout_golden.codec.RolloutBatch`.
+An unknown class falls back to :class:`~pytest_rollout_golden.store.codec.RolloutBatch`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_rollout_golden import codec, load_batch, save_batch, store
+from pytest_rollout_golden import load_batch, save_batch, store
+from pytest_rollout_golden.store import codec
 
 
 @dataclasses.dataclass

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_rollout_golden.compare import compare_values
-from pytest_rollout_golden.results import Comparison
-from pytest_rollout_golden.tolerance import EXACT, Tolerance
+from pytest_rollout_golden._internal.golden.results import Comparison
+from pytest_rollout_golden._internal.tolerance.compare import compare_values
+from pytest_rollout_golden._internal.tolerance.stack import EXACT, Tolerance
 
 TOL = Tolerance(rtol=1e-3, atol=1e-6)
 NAN_OK = Tolerance(rtol=1e-3, atol=1e-6, equal_nan=True)

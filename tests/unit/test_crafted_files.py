@@ -21,15 +21,16 @@ import torch
 import xxhash
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pytest_rollout_golden import location, store
+from pytest_rollout_golden import store
+from pytest_rollout_golden._internal.golden.replay import Golden
+from pytest_rollout_golden._internal.golden.results import Mode
 from pytest_rollout_golden.errors import (
     GoldenError,
     GoldenFormatError,
     GoldenMismatch,
     UnsupportedValueError,
 )
-from pytest_rollout_golden.replay import Golden
-from pytest_rollout_golden.results import Mode
+from pytest_rollout_golden.store import location
 
 REMEDY = "--update-golden"
 DEEP = 200_000

@@ -18,11 +18,12 @@ import pytest
 import torch
 from test_crafted_files import _read_header, write_safetensors
 
-from pytest_rollout_golden import location, store
+from pytest_rollout_golden import store
+from pytest_rollout_golden._internal.golden.replay import Golden
+from pytest_rollout_golden._internal.golden.results import Mode
 from pytest_rollout_golden.cli import main
 from pytest_rollout_golden.errors import GoldenFormatError
-from pytest_rollout_golden.replay import Golden
-from pytest_rollout_golden.results import Mode
+from pytest_rollout_golden.store import location
 
 ROLLOUT = location.rollout_filename("rollout", 0)
 REMEDY = "--update-golden"

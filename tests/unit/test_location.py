@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rollout_golden import location
-from pytest_rollout_golden.location import golden_dir, owning_test_file, safe_name
+from pytest_rollout_golden.store import location
+from pytest_rollout_golden.store.location import golden_dir, owning_test_file, safe_name
 
 ROOTDIR = Path("/repo")
 ROOT = ROOTDIR / "golden"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_rollout_golden import UnsupportedValueError, metrics as metric_codec
+from pytest_rollout_golden import UnsupportedValueError
+from pytest_rollout_golden._internal.golden import metric_codec
 
 
 def round_trip(value):

@@ -12,8 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from pytest_rollout_golden import mismatch
-from pytest_rollout_golden.invariants import check_mismatch_metrics
-from pytest_rollout_golden.mismatch_bounds import (
+from pytest_rollout_golden._internal.tolerance.mismatch_bounds import (
     DEFAULT_BOUNDS,
     METRIC_NAMES,
     Bound,
@@ -22,6 +21,7 @@ from pytest_rollout_golden.mismatch_bounds import (
     resolve,
     session_bounds,
 )
+from pytest_rollout_golden.invariants import check_mismatch_metrics
 from pytest_rollout_golden.strategies import rollout_batches
 
 # --------------------------------------------------------------------------- oracle

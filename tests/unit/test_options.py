@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rollout_golden import location, markers, options, prune
-from pytest_rollout_golden.options import OptionError
-from pytest_rollout_golden.results import Mode
-from pytest_rollout_golden.session import SessionState
+from pytest_rollout_golden._internal.golden.results import Mode
+from pytest_rollout_golden._internal.pytest_plugin import markers, options, prune
+from pytest_rollout_golden._internal.pytest_plugin.options import OptionError
+from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
+from pytest_rollout_golden.store import location
 
 
 @pytest.mark.parametrize(
@@ -161,7 +162,7 @@ def test_a_layout_variant_replays_its_reference():
 
 
 def test_golden_directory_of_a_test(tmp_path):
-    from pytest_rollout_golden.location import golden_dir, shared_golden_dir
+    from pytest_rollout_golden.store.location import golden_dir, shared_golden_dir
 
     root, test_file = tmp_path / "golden", tmp_path / "tests" / "test_a.py"
 
@@ -178,7 +179,7 @@ def test_golden_directory_of_a_test(tmp_path):
 
 
 def test_tolerance_stack_of_a_test():
-    from pytest_rollout_golden.tolerance import Stack
+    from pytest_rollout_golden._internal.tolerance.stack import Stack
 
     session = Stack()
     marker = markers.marker_level(
@@ -209,7 +210,7 @@ def test_tolerance_stack_of_a_test():
 
 
 def _golden(directory: Path) -> Path:
-    from pytest_rollout_golden.golden_files import GoldenFiles
+    from pytest_rollout_golden._internal.golden.files import GoldenFiles
 
     files = GoldenFiles(directory)
     files.open()
@@ -274,7 +275,7 @@ def _unused_state(tmp_path):
 
 
 def test_unused_and_pruned_finds_keeps_and_prunes(tmp_path):
-    from pytest_rollout_golden.presentation import unused_kept_note
+    from pytest_rollout_golden._internal.report.presentation import unused_kept_note
 
     root, state, gone_file, here = _unused_state(tmp_path)
     flags = {"stopped": False, "failed": False, "partial": ""}
@@ -322,7 +323,7 @@ def test_unused_and_pruned_looks_for_nothing_without_expected_goldens_or_pruning
 
 
 def test_rank_snapshot_copies_each_golden_asked_for_once(tmp_path, monkeypatch):
-    from pytest_rollout_golden.snapshot import RankSnapshot
+    from pytest_rollout_golden._internal.pytest_plugin.snapshot import RankSnapshot
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
@@ -347,8 +348,8 @@ def test_rank_snapshot_copies_each_golden_asked_for_once(tmp_path, monkeypatch):
 
 
 def test_write_report_writes_the_document_or_names_the_remedy(tmp_path):
+    from pytest_rollout_golden._internal.pytest_plugin.session import write_report
     from pytest_rollout_golden.errors import GoldenError
-    from pytest_rollout_golden.session import write_report
 
     path = tmp_path / "reports" / "r.json"
     write_report(path, SessionState(), mode="auto", unused=[tmp_path / "u"], pruned=[])
@@ -362,7 +363,7 @@ def test_write_report_writes_the_document_or_names_the_remedy(tmp_path):
 
 
 def test_plot_failure_draws_only_a_golden_that_compared_metrics(tmp_path):
-    from pytest_rollout_golden.plot import plot_failure
+    from pytest_rollout_golden._internal.report.plot import plot_failure
 
     tensors_only = {"comparisons": [{"kind": "tensor", "metric": "f/x", "verdict": "fail"}]}
     assert plot_failure(tensors_only, tmp_path, "t.py::t") is None

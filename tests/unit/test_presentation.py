@@ -1,4 +1,4 @@
-"""Unit tests of the texts in :mod:`pytest_rollout_golden.presentation`, from hand-built results.
+"""Unit tests of the texts in :mod:`~pytest_rollout_golden._internal.report.presentation`.
 
 The plugin tests check these texts end to end (pytester); here each formatter is
 checked on its own, on the corner cases a full run rarely reaches.
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_rollout_golden import presentation as text
+from pytest_rollout_golden._internal.golden.results import Comparison, Outcome, Status, Verdict
+from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
+from pytest_rollout_golden._internal.report import presentation as text
+from pytest_rollout_golden._internal.tolerance.stack import Tolerance
 from pytest_rollout_golden.errors import REMEDY_UPDATE, update_command
-from pytest_rollout_golden.results import Comparison, Outcome, Status, Verdict
-from pytest_rollout_golden.session import SessionState
-from pytest_rollout_golden.tolerance import Tolerance
 
 TOL = Tolerance(rtol=1e-5, atol=1e-8)
 NAN, INF = math.nan, math.inf
@@ -395,7 +395,7 @@ def test_cli_rows():
 
 
 def test_golden_diff_lines_from_hand_built_rows():
-    from pytest_rollout_golden.results import GoldenDiff, Row
+    from pytest_rollout_golden._internal.golden.results import GoldenDiff, Row
 
     allowed = {"allowed": "rtol=1e-05, atol=1e-08", "source": "built-in default"}
     d = GoldenDiff("t", "a/t", "b/t")

@@ -334,7 +334,7 @@ def test_verl_generate_sequences_records_and_replays(project, verl):
 
 def test_verl_metric_objects_are_recorded_as_verl_aggregates_them(verl):
     """The recorded number is the one ``verl.utils.metric.reduce_metrics`` reports."""
-    from pytest_rollout_golden import metrics as metric_codec
+    from pytest_rollout_golden._internal.golden import metric_codec
 
     Metric = importlib.import_module("verl.utils.metric.utils").Metric
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from pytest_rollout_golden import store
-from pytest_rollout_golden.errors import GoldenError, GoldenFormatError, GoldenMismatch
-from pytest_rollout_golden.golden_files import GoldenFiles, load_golden, merge_metrics
-from pytest_rollout_golden.modes import (
+from pytest_rollout_golden._internal.golden.files import GoldenFiles, load_golden, merge_metrics
+from pytest_rollout_golden._internal.golden.modes import (
     ERROR,
     GENERATE,
     KEEP,
@@ -27,8 +26,9 @@ from pytest_rollout_golden.modes import (
     REPLAY,
     ModePolicy,
 )
-from pytest_rollout_golden.replay import Golden, SessionLinks
-from pytest_rollout_golden.results import Mode, Status, Verdict
+from pytest_rollout_golden._internal.golden.replay import Golden, SessionLinks
+from pytest_rollout_golden._internal.golden.results import Mode, Status, Verdict
+from pytest_rollout_golden.errors import GoldenError, GoldenFormatError, GoldenMismatch
 
 AUTO, UPDATE, STRICT = Mode.AUTO, Mode.UPDATE, Mode.STRICT
 
@@ -475,7 +475,7 @@ def test_commit_drops_a_damaged_file_even_if_keep_accepts_it(tmp_path):
 
 
 def test_recorded_layers_of_a_golden(tmp_path):
-    from pytest_rollout_golden.calibrate import LAYOUT_SOURCE, SOURCE
+    from pytest_rollout_golden._internal.tolerance.calibration import LAYOUT_SOURCE, SOURCE
 
     plain, calibrated = tmp_path / "plain", tmp_path / "calibrated"
     _record(plain, metrics={"0": {"kl": 0.5}})
@@ -528,8 +528,8 @@ def test_new_manifest_takes_a_fresh_fingerprint_or_keeps_the_recorded_one(tmp_pa
 
 
 def test_staged_tensors_decision():
-    from pytest_rollout_golden.checks import staged_tensors
-    from pytest_rollout_golden.results import Comparison
+    from pytest_rollout_golden._internal.golden.checks import staged_tensors
+    from pytest_rollout_golden._internal.golden.results import Comparison
 
     recorded = {"a": "old a"}
     tensors = {"a": "new a", "b": "new b"}
@@ -544,9 +544,9 @@ def test_staged_tensors_decision():
 
 
 def test_checker_results_and_usage():
-    from pytest_rollout_golden import metrics as metric_codec
-    from pytest_rollout_golden.checks import Checker
-    from pytest_rollout_golden.tolerance import Layer, Stack, ToleranceUsage
+    from pytest_rollout_golden._internal.golden import metric_codec
+    from pytest_rollout_golden._internal.golden.checks import Checker
+    from pytest_rollout_golden._internal.tolerance.stack import Layer, Stack, ToleranceUsage
 
     layer = Layer("call", {"kl": {"rtol": 0.1, "atol": 0.0}, "unused": {"rtol": 1.0}})
     resolver = Stack(call=layer).resolver()
@@ -585,7 +585,7 @@ def test_checker_results_and_usage():
 
 
 def test_argument_checks_of_a_check():
-    from pytest_rollout_golden import checks
+    from pytest_rollout_golden._internal.golden import checks
     from pytest_rollout_golden.errors import UnsupportedValueError
 
     with pytest.raises(TypeError, match=r"needs a mapping of metric name -> value, got list"):
@@ -610,7 +610,7 @@ def test_argument_checks_of_a_check():
 
 
 def test_numbers_keeps_the_scalar_numbers_of_metric_nodes():
-    from pytest_rollout_golden.metrics import numbers
+    from pytest_rollout_golden._internal.golden.metric_codec import numbers
 
     steps = {
         "0": {"kl": 0.5, "flag": True, "n": 3, "f32": {"dtype": "float32", "value": 0.25}},

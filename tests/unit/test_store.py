@@ -29,8 +29,9 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 
-from pytest_rollout_golden import codec, location, store
+from pytest_rollout_golden import store
 from pytest_rollout_golden.errors import GoldenFormatError, UnsupportedValueError
+from pytest_rollout_golden.store import codec, location
 
 REMEDY = "--update-golden"
 
@@ -620,7 +621,7 @@ class SpyPopen(subprocess.Popen):
         "builtins:dict",
         "types:SimpleNamespace",
         "pathlib:Path",
-        "pytest_rollout_golden.codec:RolloutBatch.__init__",
+        "pytest_rollout_golden.store.codec:RolloutBatch.__init__",
         "not_imported_rl_framework:DataProto",
     ],
 )

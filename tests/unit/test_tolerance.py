@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from pytest_rollout_golden.compare import compare_values
-from pytest_rollout_golden.tolerance import (
+from pytest_rollout_golden._internal.tolerance.compare import compare_values
+from pytest_rollout_golden._internal.tolerance.stack import (
     EXACT,
     IGNORE,
     Layer,
@@ -436,7 +436,7 @@ def test_a_tolerance_above_a_default_exclusion_compares_the_metric_again():
 
 
 def test_a_profile_maps_framework_names_to_families_and_is_overridden_by_the_user():
-    from pytest_rollout_golden.families import FAMILIES, profile_layers
+    from pytest_rollout_golden._internal.tolerance.families import FAMILIES, profile_layers
 
     layers, across = profile_layers("verl")
     stack = Stack(profile=layers, across_variants=across)
@@ -455,7 +455,7 @@ def test_a_profile_maps_framework_names_to_families_and_is_overridden_by_the_use
 
 
 def test_an_unknown_profile_names_the_known_ones():
-    from pytest_rollout_golden.options import session_tolerances
+    from pytest_rollout_golden._internal.pytest_plugin.options import session_tolerances
 
     with pytest.raises(ValueError, match="unknown profile 'veRL2'; use one of megatron, openrlhf"):
         session_tolerances((), (), (), (), "veRL2")

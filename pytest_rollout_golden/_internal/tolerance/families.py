@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from .tolerance_spec import IGNORE, RECORDED, Layer, Tolerance
+from .spec import IGNORE, RECORDED, Layer, Tolerance
 
 # Same-math float32 noise on real trainers, as a fraction of the metric's largest recorded
 # magnitude (micro-batch 8 -> 4 -> 2, dynamic batch size, remove-padding on verl 0.7's

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import UnsupportedValueError
+from ...errors import UnsupportedValueError
 from .results import from_json_number, json_number
 
 _SPECIAL = ("nan", "inf", "-inf")  # how JSON holds non-finite floats (results.json_number)

@@ -47,9 +47,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import GoldenError, GoldenFormatError
-from .location import TOLERANCES
-from .tolerance import IGNORE, RECORDED, Layer, Resolver, Tolerance
+from ...errors import GoldenError, GoldenFormatError
+from ...store.location import TOLERANCES
+from .stack import IGNORE, RECORDED, Layer, Resolver, Tolerance
 
 FORMAT = "pytest-rollout-golden-tolerances"
 # The largest spread seen in N runs underestimates the spread of the next run
@@ -405,7 +405,7 @@ def write(directory: Path, content: Mapping[str, Any] | None) -> bool:
     The golden is re-committed as a whole (its other files kept as they are),
     under its lock, like any other update of it.
     """
-    from . import store
+    from ... import store
 
     with store.locked(directory):
         store.recover(directory)

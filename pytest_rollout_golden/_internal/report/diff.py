@@ -30,14 +30,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import store
-from .compare import compare_named, dtype_name
-from .errors import GoldenError
-from .golden_files import load_golden
-from .location import MANIFEST, METRICS, TOLERANCES, find_goldens
+from ... import store
+from ...errors import GoldenError
+from ...store.location import MANIFEST, METRICS, TOLERANCES, find_goldens
+from ..golden.files import load_golden
+from ..golden.results import GoldenDiff, Row
+from ..tolerance.compare import compare_named, dtype_name
+from ..tolerance.stack import Layer, Resolver, Stack
 from .presentation import ALLOW_NAN, diff_allow_nan, diff_mask_note
-from .results import GoldenDiff, Row
-from .tolerance import Layer, Resolver, Stack
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +139,7 @@ def diff_goldens(a: Path, b: Path, tolerances: Stack, *, label: str) -> GoldenDi
 def _calibrated(document: Any, path: Path) -> Layer | None:
     if document is None:
         return None
-    from .calibrate import calibrated_layer
+    from ..tolerance.calibration import calibrated_layer
 
     return calibrated_layer(document, path)
 
@@ -152,8 +152,8 @@ def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:
 
 
 def _metric_rows(left: Any, right: Any, resolver: Resolver) -> list[Row]:
-    from . import metrics as metric_codec
-    from .checks import recorded_magnitude
+    from ..golden import metric_codec
+    from ..golden.checks import recorded_magnitude
 
     steps_a, steps_b = left.get("steps", {}), right.get("steps", {})
     magnitude = functools.partial(recorded_magnitude, steps_a)  # A is the golden
@@ -211,7 +211,7 @@ def _tensor_rows(
     problems: list[str],
     filename: str,
 ) -> list[Row]:
-    from . import codec
+    from ...store import codec
 
     arrays_a, layout_a = codec.flatten(left)
     arrays_b, layout_b = codec.flatten(right)

@@ -15,7 +15,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from . import location
+from ...store import location
 
 
 class RankSnapshot:

@@ -11,7 +11,7 @@ import enum
 import math
 from typing import Any
 
-from .tolerance import Tolerance
+from ..tolerance.stack import Tolerance
 
 
 class Mode(enum.Enum):

@@ -12,8 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .presentation import ALLOW_NAN
-from .tolerance import Resolver, Tolerance
+from ..report.presentation import ALLOW_NAN
+from .stack import Resolver, Tolerance
 
 
 @dataclasses.dataclass

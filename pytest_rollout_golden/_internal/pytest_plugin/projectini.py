@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import GoldenError
+from ...errors import GoldenError
 
 # In the order pytest tries them in each folder, with the section that holds the options.
 _CANDIDATES = (

@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import GoldenFormatError, UnsupportedValueError
+from ..errors import GoldenFormatError, UnsupportedValueError
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .modes import MISSING_STEP_POLICIES
-from .results import Mode
-from .tolerance import Stack, level
+from ..golden.modes import MISSING_STEP_POLICIES
+from ..golden.results import Mode
+from ..tolerance.stack import Stack, level
 
 
 class OptionError(ValueError):
@@ -74,7 +74,7 @@ def with_profile(stack: Stack, profile: str) -> Stack:
     ValueError naming the known profiles for an unknown one)."""
     if not profile.strip():
         return stack
-    from .families import profile_layers
+    from ..tolerance.families import profile_layers
 
     layers, across_variants = profile_layers(profile)
     return stack.replace(profile=layers, across_variants=across_variants)
@@ -156,7 +156,7 @@ def plot_dir(value: str | None) -> Path | None:
     if not value:
         return None
     if importlib.util.find_spec("matplotlib") is None:
-        from .plot import MISSING_MATPLOTLIB
+        from ..report.plot import MISSING_MATPLOTLIB
 
         raise OptionError(f"--golden-plot: {MISSING_MATPLOTLIB}")
     return Path(value)

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import GoldenError
-from .presentation import report_document
-from .results import STATUSES, Outcome, Status
-from .tolerance import ToleranceUsage
+from ...errors import GoldenError
+from ..golden.results import STATUSES, Outcome, Status
+from ..report.presentation import report_document
+from ..tolerance.stack import ToleranceUsage
 
 
 class UpdateMarks:

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import GoldenError
+from ...errors import GoldenError
 from .presentation import display
 
 Series = Mapping[str, Mapping[int, float]]  # metric -> step -> value
@@ -65,7 +65,7 @@ class Picture:
 
 def series(steps: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
     """The scalar metrics of a ``metrics.json`` ``steps`` table, as curves."""
-    from . import metrics as metric_codec
+    from ..golden import metric_codec
 
     out: dict[str, dict[int, float]] = {}
     for step, names in steps.items():
@@ -488,7 +488,7 @@ def _integer_steps(ax: Any, steps: list[int]) -> None:
 def plot_failure(outcome: Mapping[str, Any], directory: Path, test_id: str) -> Picture | None:
     """The picture of a failed golden test (``--golden-plot DIR``) in ``directory``, named
     for ``test_id``; ``None`` when it compared no metric."""
-    from .location import safe_name
+    from ...store.location import safe_name
 
     if not any(c["kind"] == "metric" for c in outcome["comparisons"]):
         return None

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import REMEDY_UPDATE
-from .location import MANIFEST, TOLERANCES
-from .results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
+from ...errors import REMEDY_UPDATE
+from ...store.location import MANIFEST, TOLERANCES
+from ..golden.results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
 
 
 class SessionView(Protocol):
@@ -660,7 +660,7 @@ def verify_summary(checked: int, problems: int, unchecked: int) -> str:
 
 def metric_cell(node: Any) -> str:
     """A recorded metric (a ``metrics.json`` node) in ``show``'s steps x metrics table."""
-    from .metrics import scalar  # the CLI's tables only
+    from ..golden.metric_codec import scalar  # the CLI's tables only
 
     value = None if node is None else scalar(node)
     return number(node if value is None else value, 8)

@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import update_command
-from .location import golden_dir, shared_golden_dir
-from .modes import ReplayOnly
+from ...errors import update_command
+from ...store.location import golden_dir, shared_golden_dir
+from ..golden.modes import ReplayOnly
+from ..report.presentation import close_match
+from ..tolerance.stack import Layer, Stack, level
 from .options import OptionError
-from .presentation import close_match
-from .tolerance import Layer, Stack, level
 
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "

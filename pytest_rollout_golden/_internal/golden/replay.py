@@ -20,20 +20,15 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import checks, metrics as metric_codec
-from .errors import (
+from ...errors import (
     REMEDY_UPDATE,
     GoldenError,
     GoldenMismatch,
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from .golden_files import GoldenFiles, merge_metrics
-from .inputs import RolloutInputs, stand_in_marks
-from .location import TOLERANCES, tensors_filename
-from .mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
-from .modes import ModePolicy, ReplayOnly
-from .presentation import (
+from ...store.location import TOLERANCES, tensors_filename
+from ..report.presentation import (
     BOUND_KIND,
     mismatch_bound_exceeded,
     mismatch_message,
@@ -45,8 +40,13 @@ from .presentation import (
     stand_in_note,
     unused_tolerance,
 )
+from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
+from ..tolerance.stack import Layer, Resolver, Stack, Tolerance, ToleranceUsage
+from . import checks, metric_codec
+from .files import GoldenFiles, merge_metrics
+from .inputs import RolloutInputs, stand_in_marks
+from .modes import ModePolicy, ReplayOnly
 from .results import Comparison, Mode, Outcome, Verdict
-from .tolerance import Layer, Resolver, Stack, Tolerance, ToleranceUsage
 
 _WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
 
@@ -296,7 +296,7 @@ class Golden:
         fails the test when it ends, naming the bound, its source and the worst sequences
         and tokens.
         """
-        from . import mismatch
+        from ... import mismatch
 
         if bounds is not None and not isinstance(bounds, Mapping):
             raise TypeError(f"check_mismatch(bounds=) takes {{metric: bound}}, got {bounds!r}")
@@ -554,7 +554,7 @@ class Golden:
         """What ``--golden-calibrate`` keeps of this run: its scalar metrics, per tensor
         its greatest distance to the golden (:func:`.calibrate.tensor_distances`), and the
         names its tolerances (the marker's included) do not compare."""
-        from .calibrate import tensor_distances
+        from ..tolerance.calibration import tensor_distances
 
         comparisons = self._outcome.comparisons
         return {

@@ -51,7 +51,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .tolerance_spec import (
+from .spec import (
     DTYPE_DEFAULTS as DTYPE_DEFAULTS,
     EXACT as EXACT,
     EXACT_VALUES,

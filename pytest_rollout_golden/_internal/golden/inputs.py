@@ -16,14 +16,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import GoldenFormatError
-from .location import rollout_filename
+from ...errors import GoldenFormatError
+from ...store.location import rollout_filename
+from ..report.presentation import kept_lines, step_ranges
 from .modes import ERROR, GENERATE, KEEP, RECORD, REFUSE, REPEAT, REPLAY, ModePolicy
-from .presentation import kept_lines, step_ranges
 
 if TYPE_CHECKING:
-    from .errors import GoldenMissingError
-    from .golden_files import GoldenFiles
+    from ...errors import GoldenMissingError
+    from .files import GoldenFiles
 
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 
@@ -108,8 +108,8 @@ def generate_forked(generate: Callable[[], Any], *, name: str, step: int) -> Any
 
 def batch_changes(old: Path, new: Path) -> str:
     """What differs between two rollout files: keys, shapes/dtypes, differing elements."""
-    from .errors import GoldenFormatError
-    from .store import read_safetensors
+    from ...errors import GoldenFormatError
+    from ...store import read_safetensors
 
     try:
         before, old_meta = read_safetensors(old, want="numpy")

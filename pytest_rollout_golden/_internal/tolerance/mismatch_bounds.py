@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .presentation import close_match
+from ..report.presentation import close_match
 
 METRIC_NAMES: tuple[str, ...] = (
     "token_mult_prob_error",

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import metrics as metric_codec
-from .compare import compare_named, dtype_name, finite_magnitude
-from .errors import GoldenNaNWarning, UnsupportedValueError
+from ...errors import GoldenNaNWarning, UnsupportedValueError
+from ..report.presentation import DROPPED, typo_hint
+from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
+from ..tolerance.stack import Resolver, Tolerance, ToleranceUsage
+from . import metric_codec
 from .modes import ModePolicy
-from .presentation import DROPPED, typo_hint
 from .results import Comparison, Verdict
-from .tolerance import Resolver, Tolerance, ToleranceUsage
 
 # ---------------------------------------------------------------------- arguments
 
@@ -385,7 +385,7 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
     """Warn when recording a metric that is or holds NaN (replay would fail on it)."""
     value = metric_codec.scalar(node)
     if value is None:
-        from .metrics import decode
+        from .metric_codec import decode
 
         has_nan = bool(decode(node, where=name).isnan().any())
     else:

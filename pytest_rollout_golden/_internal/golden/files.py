@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import metrics as metric_codec, store
-from .errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from .location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
-from .presentation import manifestless
-from .tolerance import Layer
+from ... import store
+from ...errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
+from ...store.location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
+from ..report.presentation import manifestless
+from ..tolerance.stack import Layer
+from . import metric_codec
 
 _RAISE = object()  # load() without a fallback: a damaged file raises
 
@@ -163,7 +164,7 @@ class GoldenFiles:
             if filename == METRICS:
                 self._metrics = self._steps(out[filename])
             if filename == TOLERANCES:  # decoded as replay decodes it
-                from .calibrate import calibrated_layers
+                from ..tolerance.calibration import calibrated_layers
 
                 calibrated_layers(out[filename], self.directory / filename, layout_variant=True)
         return self.manifest, out
@@ -180,7 +181,7 @@ class GoldenFiles:
         """
         if TOLERANCES not in self.recorded:
             return None, None
-        from .calibrate import calibrated_layers
+        from ..tolerance.calibration import calibrated_layers
 
         path = self.directory / TOLERANCES
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import GoldenError
-from .location import SHARED, find_goldens, owning_test_file
-from .presentation import display, unused_kept_note
+from ...errors import GoldenError
+from ...store.location import SHARED, find_goldens, owning_test_file
+from ..report.presentation import display, unused_kept_note
 from .session import SessionState
 
 _LISTED = 5  # directories named in one note
@@ -67,7 +67,7 @@ def prune(
     ``refused``: why this session may not prune (:func:`not_full_run`); then nothing is
     deleted. Emptied test-file folders are removed too.
     """
-    from . import store
+    from ... import store
 
     out = Pruned()
     if refused:
@@ -161,7 +161,7 @@ def judge(state: SessionState, root: Path, rootdir: Path, *, partial: str) -> Ju
     """
     import functools
 
-    from . import store
+    from ... import store
 
     out = Judged()
     used = state.used_dirs()
