@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from harness import Section, Target, interleaved, ms, table
 
-from pytest_rollout_golden._internal.tolerance.stack import Tolerance
+from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 
 FULL_BYTES, QUICK_BYTES = 1 << 30, 64 << 20
 TENSORS = 32

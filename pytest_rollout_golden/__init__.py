@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ._internal.golden.results import Comparison, Mode, Outcome, Verdict
 from ._internal.lazy import lazy_attributes
-from ._internal.tolerance.stack import Tolerance
+from ._internal.tolerance.spec import Tolerance
 from .errors import (
     GoldenError,
     GoldenFormatError,

@@ -34,7 +34,8 @@ from ._internal.report.presentation import (
     verify_row,
     verify_summary,
 )
-from ._internal.tolerance.stack import Layer, Stack, level
+from ._internal.tolerance.spec import Layer, ignore_and_tolerance_layers
+from ._internal.tolerance.stack import Stack
 from .errors import GoldenError
 from .store.location import (
     MANIFEST,
@@ -462,7 +463,7 @@ def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
         if path is not None:
             config = str(path)
             try:
-                ini = level(
+                ini = ignore_and_tolerance_layers(
                     "ini golden_tolerances",
                     linelist(options.get("golden_tolerances")),
                     "ini golden_ignore",
@@ -471,7 +472,8 @@ def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
             except ValueError as exc:
                 raise GoldenError(f"{path}: {exc}") from None
             profile = str(options.get("golden_metric_profile") or "")
-    cli = level("--tolerance", args.tolerance, "--ignore", args.ignore)  # ValueError: usage
+    # ValueError: usage
+    cli = ignore_and_tolerance_layers("--tolerance", args.tolerance, "--ignore", args.ignore)
     try:
         stack = with_profile(Stack(cli=cli, ini=ini, exact=args.exact), profile)
     except ValueError as exc:

@@ -42,7 +42,7 @@ from ._internal.report.presentation import (
     summary_lines,
 )
 from ._internal.tolerance import mismatch_bounds
-from ._internal.tolerance.stack import Layer
+from ._internal.tolerance.spec import Layer
 from .errors import (
     GoldenError,
     GoldenFormatError,

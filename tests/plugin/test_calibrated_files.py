@@ -118,6 +118,6 @@ def test_calibration_refuses_to_write_a_spread_beyond_its_bound():
 )
 def test_looser_compares_each_field_and_the_scale(tol, than, expected):
     from pytest_rollout_golden._internal.golden.checks import looser
-    from pytest_rollout_golden._internal.tolerance.stack import Tolerance
+    from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 
     assert looser(Tolerance(**tol), Tolerance(**than)) is expected

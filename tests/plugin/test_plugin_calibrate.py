@@ -140,7 +140,7 @@ def test_values_around_zero_widen_atol_never_rtol():
     # kl at step 0 is 0 in one run and 1e-7 in another: "100%" relative, yet only noise at 0.
     # A relative spread taken there (rtol 2) would let any later drift of kl pass.
     from pytest_rollout_golden._internal.tolerance.calibration import tolerance_for
-    from pytest_rollout_golden._internal.tolerance.stack import Tolerance
+    from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 
     runs = [
         {"0": {"kl": (0.0, "float32")}, "1": {"kl": (1e-3, "float32")}},

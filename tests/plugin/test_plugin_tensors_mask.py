@@ -94,8 +94,9 @@ def test_forward(golden, values):
 def test_compare_values_with_a_mask_ignores_nan_and_inf_on_padding_in_both_lanes():
     import torch
 
+    from pytest_rollout_golden._internal.report.presentation import difference_detail
     from pytest_rollout_golden._internal.tolerance.compare import compare_values
-    from pytest_rollout_golden._internal.tolerance.stack import Tolerance
+    from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 
     mask = torch.tensor([True, True, False])
     recorded = torch.tensor([1.0, 2.0, float("nan")])
@@ -108,7 +109,7 @@ def test_compare_values_with_a_mask_ignores_nan_and_inf_on_padding_in_both_lanes
     drifted = torch.tensor([1.0, 2.5, 0.0])
     diff = compare_values(recorded, drifted, Tolerance(exact=True), check_dtype=True, mask=mask)
     assert not diff.ok
-    assert diff.detail.splitlines()[:2] == [
+    assert difference_detail(diff).splitlines()[:2] == [
         "mask applied: 2 of 3 positions compared, padding ignored",
         "Mismatched elements: 1 / 2 (50.0%)",
     ]

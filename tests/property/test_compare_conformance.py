@@ -11,8 +11,9 @@ import torch
 import torch.testing._comparison as torch_comparison
 from hypothesis import assume, event, given, settings, strategies as st
 
+from pytest_rollout_golden._internal.report.presentation import difference_detail
 from pytest_rollout_golden._internal.tolerance.compare import compare_values
-from pytest_rollout_golden._internal.tolerance.stack import DTYPE_DEFAULTS, Tolerance
+from pytest_rollout_golden._internal.tolerance.spec import DTYPE_DEFAULTS, Tolerance
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DTYPES = [*FLOATS, torch.int32, torch.int64, torch.bool]
@@ -83,7 +84,7 @@ def test_same_verdict_as_torch_testing(pair, tolerance, equal_nan):
         e, a, Tolerance(rtol=rtol, atol=atol, equal_nan=equal_nan), check_dtype=True, mask=mask
     )
     event(f"torch {'pass' if torch_ok else 'fail'}, {e.dtype}")
-    assert ours.ok == torch_ok, (e, a, mask, ours.detail)
+    assert ours.ok == torch_ok, (e, a, mask, difference_detail(ours))
 
 
 def test_a_mask_selecting_nothing_fails_where_torch_compares_nothing():

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from pytest_rollout_golden._internal.golden.results import Comparison
+from pytest_rollout_golden._internal.report.presentation import difference_detail
 from pytest_rollout_golden._internal.tolerance.compare import compare_values
-from pytest_rollout_golden._internal.tolerance.stack import EXACT, Tolerance
+from pytest_rollout_golden._internal.tolerance.spec import EXACT, Tolerance
 
 TOL = Tolerance(rtol=1e-3, atol=1e-6)
 NAN_OK = Tolerance(rtol=1e-3, atol=1e-6, equal_nan=True)
@@ -31,7 +32,12 @@ def test_within_and_beyond_tolerance():
 
 def test_differences_of_a_scalar():
     diff = compare_values(4.0, 5.0, TOL, check_dtype=False)
-    assert (diff.ok, diff.abs_diff, diff.rel_diff, diff.detail) == (False, 1.0, 0.25, "")
+    assert (diff.ok, diff.abs_diff, diff.rel_diff, difference_detail(diff)) == (
+        False,
+        1.0,
+        0.25,
+        "",
+    )
 
 
 @pytest.mark.parametrize(
@@ -60,9 +66,9 @@ def test_nan_lines_in_the_detail():
     diff = compare_values(torch.tensor([NAN, NAN, 1.0]), torch.tensor([NAN, 2.0, 1.0]), TOL,
                           check_dtype=True)  # fmt: skip
     assert not diff.ok
-    assert "Mismatched elements: 2 / 3 (66.7%)" in diff.detail
-    assert "NaN against a number at 1 element(s), first at index (1,)" in diff.detail
-    assert "NaN against NaN at 1 element(s) (equal_nan is off)" in diff.detail
+    assert "Mismatched elements: 2 / 3 (66.7%)" in difference_detail(diff)
+    assert "NaN against a number at 1 element(s), first at index (1,)" in difference_detail(diff)
+    assert "NaN against NaN at 1 element(s) (equal_nan is off)" in difference_detail(diff)
 
 
 def test_tensor_detail_names_count_and_indices():
@@ -72,7 +78,7 @@ def test_tensor_detail_names_count_and_indices():
     actual[2, 3] = 1e-3  # beyond tolerance too, smaller
     expected[0, 1], actual[0, 1] = 1e-4, 2e-4  # within atol? no: 1e-4 > 1e-6 + 1e-7
     diff = compare_values(expected, actual, TOL, check_dtype=True)
-    lines = diff.detail.splitlines()
+    lines = difference_detail(diff).splitlines()
     assert lines[0] == "Mismatched elements: 3 / 12 (25.0%)"
     assert lines[1].startswith("Greatest absolute difference: 0.5 at index (1, 2)")
     assert lines[1].endswith("(up to 1e-06 allowed)")
@@ -83,19 +89,22 @@ def test_tensor_detail_names_count_and_indices():
 def test_relative_difference_index_differs_from_absolute():
     expected = torch.tensor([100.0, 1.0])
     actual = torch.tensor([101.0, 1.5])
-    detail = compare_values(expected, actual, TOL, check_dtype=True).detail
+    detail = difference_detail(compare_values(expected, actual, TOL, check_dtype=True))
     assert "Greatest absolute difference: 1 at index (0,)" in detail
     assert "Greatest relative difference: 0.5 at index (1,)" in detail
 
 
 def test_shape_and_dtype_mismatches():
     diff = compare_values(torch.zeros(2, 3), torch.zeros(3, 2), TOL, check_dtype=False)
-    assert not diff.ok and "shape (3, 2) differs from the recorded (2, 3)" in diff.detail
+    assert not diff.ok and "shape (3, 2) differs from the recorded (2, 3)" in difference_detail(
+        diff
+    )
     diff = compare_values(
         torch.zeros(2), torch.zeros(2, dtype=torch.float64), TOL, check_dtype=True
     )
     assert (
-        not diff.ok and "dtype torch.float64 differs from the recorded torch.float32" in diff.detail
+        not diff.ok
+        and "dtype torch.float64 differs from the recorded torch.float32" in difference_detail(diff)
     )
     assert ok(torch.zeros(2), torch.zeros(2, dtype=torch.float64), check_dtype=False)
 
@@ -111,8 +120,9 @@ def test_exact_lane_is_bitwise():
     # a NaN matches any NaN, as in metrics.json, which cannot keep a payload (issue 9, item 13)
     assert ok(payload, payload.clone(), EXACT) and ok(payload, canonical, EXACT)
     assert not ok(payload, torch.zeros_like(payload), EXACT)
-    detail = compare_values(torch.zeros(4), torch.tensor([0, 0, -0.0, 0]), EXACT, check_dtype=True)
-    assert "Mismatched elements: 1 / 4" in detail.detail and "bit-exact" in detail.detail
+    diff = compare_values(torch.zeros(4), torch.tensor([0, 0, -0.0, 0]), EXACT, check_dtype=True)
+    assert "Mismatched elements: 1 / 4" in difference_detail(diff)
+    assert "bit-exact" in difference_detail(diff)
 
 
 def test_integers_and_bools_compare_exactly_by_default():

@@ -17,7 +17,7 @@ import pytest
 from pytest_rollout_golden._internal.golden.results import Comparison, Outcome, Status, Verdict
 from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
 from pytest_rollout_golden._internal.report import presentation as text
-from pytest_rollout_golden._internal.tolerance.stack import Tolerance
+from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 from pytest_rollout_golden.errors import REMEDY_UPDATE, update_command
 
 TOL = Tolerance(rtol=1e-5, atol=1e-8)

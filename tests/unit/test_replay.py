@@ -546,10 +546,11 @@ def test_staged_tensors_decision():
 def test_checker_results_and_usage():
     from pytest_rollout_golden._internal.golden import metric_codec
     from pytest_rollout_golden._internal.golden.checks import Checker
-    from pytest_rollout_golden._internal.tolerance.stack import Layer, Stack, ToleranceUsage
+    from pytest_rollout_golden._internal.tolerance.spec import Layer
+    from pytest_rollout_golden._internal.tolerance.stack import Stack, ToleranceUsage
 
     layer = Layer("call", {"kl": {"rtol": 0.1, "atol": 0.0}, "unused": {"rtol": 1.0}})
-    resolver = Stack(call=layer).resolver()
+    resolver = Stack().resolver().above(layer)
     usage = ToleranceUsage()
     node = metric_codec.encode(1.05, where="kl")
     old = metric_codec.encode(1.0, where="kl")

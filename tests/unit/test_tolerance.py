@@ -9,18 +9,20 @@ import re
 import pytest
 
 from pytest_rollout_golden._internal.tolerance.compare import compare_values
-from pytest_rollout_golden._internal.tolerance.stack import (
+from pytest_rollout_golden._internal.tolerance.spec import (
     EXACT,
     IGNORE,
     Layer,
+    Tolerance,
+    dtype_default,
+    ignore_and_tolerance_layers,
+    parse_spec,
+)
+from pytest_rollout_golden._internal.tolerance.stack import (
     Resolver,
     Stack,
-    Tolerance,
     ToleranceUsage,
     builtin_layer,
-    dtype_default,
-    level,
-    parse_spec,
 )
 
 
@@ -141,9 +143,11 @@ def test_resolving_is_pure_usage_is_noted_only_by_note():
 
 def test_the_call_layer_comes_before_every_other():
     stack = Stack(marker=[Layer("marker", {"kl": Tolerance(rtol=1, atol=0)})])
-    top = stack.replace(call=Layer("check", {"kl": Tolerance(rtol=9, atol=0)}))
-    assert top.resolver().resolve("kl") == (Tolerance(rtol=9), "check")
+    top = stack.resolver().above(Layer("check", {"kl": Tolerance(rtol=9, atol=0)}))
+    assert top.resolve("kl") == (Tolerance(rtol=9), "check")
     assert stack.resolver().resolve("kl") == (Tolerance(rtol=1), "marker")
+    assert Stack(exact=True).resolver().above(top.layers[0]).resolve("kl")[1] == "exact lane"
+    assert top.without(top.layers[0]).resolve("kl") == (Tolerance(rtol=1), "marker")
 
 
 def test_exact_resolver_ignores_tolerances_but_notes_matches():
@@ -191,7 +195,6 @@ def test_builtin_fraction_metrics_are_absolute():
 def test_the_stack_order_explicit_tolerances_then_lanes_then_files_then_defaults():
     """Each layer, removed from the top in turn, hands the decision to the one below it."""
     roles = [
-        "call",
         "marker",
         "across_variants",
         "cli",
@@ -210,6 +213,9 @@ def test_the_stack_order_explicit_tolerances_then_lanes_then_files_then_defaults
     for i, role in enumerate(roles):
         resolver = Stack(**{r: parts[r] for r in roles[i:]}, variant=True).resolver()
         assert resolver.resolve("pg_loss") == (Tolerance(rtol=i + 1.0, atol=0.0), role)
+    every = Stack(**{r: parts[r] for r in roles}, variant=True).resolver()
+    call = Layer("call", {"pg_loss": Tolerance(rtol=0.5, atol=0.0)})
+    assert every.above(call).resolve("pg_loss") == (Tolerance(rtol=0.5, atol=0.0), "call")
     assert Stack(across_variants=parts["across_variants"]).resolver().resolve("pg_loss")[1] == (
         "built-in default"
     ), "the not-comparable lane applies to variants only"
@@ -343,11 +349,16 @@ def test_session_usage_is_merged_by_label_across_processes():
 
 
 def test_a_level_from_user_input_is_its_exclusions_then_its_tolerances():
-    ignore, tolerances = level("--t", ["kl:rtol=1e-3", "pg_loss:atol=1e-6"], "--i", "clipfrac")
+    ignore, tolerances = ignore_and_tolerance_layers(
+        "--t", ["kl:rtol=1e-3", "pg_loss:atol=1e-6"], "--i", "clipfrac"
+    )
     assert (ignore.source, tolerances.source) == ("--i", "--t")
     assert ignore.match("clipfrac") == IGNORE and ignore.match("kl") is None
     assert tolerances.match("kl").given == frozenset({"rtol"})
-    assert level("m", {"kl": {"rtol": 0.1}}, "mi", None)[1].match("kl").rtol == 0.1
+    assert (
+        ignore_and_tolerance_layers("m", {"kl": {"rtol": 0.1}}, "mi", None)[1].match("kl").rtol
+        == 0.1
+    )
 
 
 @pytest.mark.parametrize(
@@ -361,11 +372,11 @@ def test_a_level_from_user_input_is_its_exclusions_then_its_tolerances():
 )
 def test_a_level_names_its_source_when_it_cannot_be_used(specs, ignored, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        level("--t", specs, "--i", ignored)
+        ignore_and_tolerance_layers("--t", specs, "--i", ignored)
 
 
 def test_a_name_both_ignored_and_given_ignore_at_one_level_is_fine():
-    assert level("--t", ["kl:ignore"], "--i", ["kl"])[0].match("kl") == IGNORE
+    assert ignore_and_tolerance_layers("--t", ["kl:ignore"], "--i", ["kl"])[0].match("kl") == IGNORE
 
 
 # ------------------------------------------------ scale: rtol against a recorded magnitude

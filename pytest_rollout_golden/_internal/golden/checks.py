@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import GoldenNaNWarning, UnsupportedValueError
-from ..report.presentation import DROPPED, typo_hint
+from ..report.presentation import DROPPED, difference_detail, typo_hint
 from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
-from ..tolerance.stack import Resolver, Tolerance, ToleranceUsage
+from ..tolerance.spec import Tolerance
+from ..tolerance.stack import Resolver, ToleranceUsage
 from . import metric_codec
 from .modes import ModePolicy
 from .results import Comparison, Verdict
@@ -216,7 +217,7 @@ def metric_comparison(
         rel_diff=diff.rel_diff,
         tolerance=tol,
         tolerance_source=source,
-        detail=diff.detail if diff.ok is False else "",
+        detail=difference_detail(diff) if diff.ok is False else "",
         excess=diff.excess if diff.compared else None,
         scale=diff.scale if tol.scale and diff.compared else None,
     )
@@ -249,7 +250,7 @@ def tensor_comparison(
         rel_diff=diff.rel_diff,
         tolerance=tol,
         tolerance_source=source,
-        detail=diff.detail,
+        detail=difference_detail(diff),
         excess=diff.excess if diff.compared else None,
         scale=diff.scale if tol.scale and diff.compared else None,
     )

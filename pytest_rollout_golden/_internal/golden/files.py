@@ -24,7 +24,7 @@ from ... import store
 from ...errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from ...store.location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
 from ..report.presentation import manifestless
-from ..tolerance.stack import Layer
+from ..tolerance.spec import Layer
 from . import metric_codec
 
 _RAISE = object()  # load() without a fallback: a damaged file raises

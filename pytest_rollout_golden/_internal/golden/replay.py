@@ -41,7 +41,8 @@ from ..report.presentation import (
     unused_tolerance,
 )
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
-from ..tolerance.stack import Layer, Resolver, Stack, Tolerance, ToleranceUsage
+from ..tolerance.spec import Layer, Tolerance
+from ..tolerance.stack import Stack, ToleranceUsage
 from . import checks, metric_codec
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
@@ -134,7 +135,7 @@ class Golden:
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
         self._stack = tolerances or Stack()
-        self._resolver = self._stack.resolver()
+        self._resolver = self._stack.resolver()  # rebuilt only where the stack changes
         self._usage = usage or ToleranceUsage()
         self._registry = registry
         self._files = GoldenFiles(self.directory, rebuild=rebuild)
@@ -143,7 +144,6 @@ class Golden:
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
-        self._without_files: Resolver | None = None  # tolerances without tolerances.json
         self._finished = False
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
         self._rollouts = RolloutInputs(
@@ -179,10 +179,7 @@ class Golden:
 
         only = self._replay_only is not None
         calibrated, lane = self._files.calibrated_layers(layout_variant=only)
-        self._stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
-        if calibrated is not None or lane is not None:
-            unfiled = self._stack.replace(calibrated=None, calibrated_layout=None)
-            self._without_files = unfiled.resolver()
+        stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
         recorder = self._files.recorded_by
         if self._replaying and not only and recorder not in (None, self.test_id):
             self._outcome.recorded_by = recorder  # a key=/shared= golden of another test
@@ -192,9 +189,10 @@ class Golden:
             recorded = self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
             changes = fingerprint_changes(recorded, fingerprint())
             self._outcome.environment_changes = changes
-            if changes and self._stack.exact:
-                self._stack = self._stack.replace(exact=False)
-        self._resolver = self._stack.resolver()
+            if changes and stack.exact:
+                stack = stack.replace(exact=False)
+        if stack != self._stack:  # the golden's tolerances.json, or the exact lane dropped
+            self._stack, self._resolver = stack, stack.resolver()
 
     @property
     def _replaying(self) -> bool:
@@ -256,7 +254,7 @@ class Golden:
         resolver, layer = self._resolver, None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
-            resolver = self._stack.replace(call=layer).resolver()
+            resolver = self._resolver.above(layer)
         seen = self._metrics.setdefault(key, {})
         never_recorded = functools.partial(self._never_recorded, key)
         recorded = self._files.metrics().get(key, {})
@@ -381,13 +379,15 @@ class Golden:
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's tolerances.json looser than without it."""
-        if self._without_files is None:
+        files = (self._stack.calibrated, self._stack.calibrated_layout)
+        if files == (None, None):
             return
+        without_files = self._resolver.without(*files)
         for c in results:
             if c.tolerance is None or TOLERANCES not in c.tolerance_source:
                 continue
             dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
-            without = self._without_files.resolve(c.name, (dtype or "float64",))[0]
+            without = without_files.resolve(c.name, (dtype or "float64",))[0]
             if checks.looser(c.tolerance, without):
                 self._outcome.loosened[c.name] = {
                     "tolerance": c.tolerance.describe(),

@@ -11,7 +11,7 @@ import enum
 import math
 from typing import Any
 
-from ..tolerance.stack import Tolerance
+from ..tolerance.spec import Tolerance
 
 
 class Mode(enum.Enum):

@@ -15,7 +15,8 @@ from ...errors import update_command
 from ...store.location import golden_dir, shared_golden_dir
 from ..golden.modes import ReplayOnly
 from ..report.presentation import close_match
-from ..tolerance.stack import Layer, Stack, level
+from ..tolerance.spec import Layer, ignore_and_tolerance_layers
+from ..tolerance.stack import Stack
 from .options import OptionError
 
 MARKER_DOC = (
@@ -117,8 +118,8 @@ def golden_directory(
 
 def marker_level(options: Mapping[str, Any]) -> tuple[Layer, Layer]:
     """The marker's level of a tolerance stack: its ``ignore=``, then its ``tolerances=``
-    (see :func:`.tolerance.level`; ValueError on a bad entry)."""
-    return level(
+    (see :func:`.spec.ignore_and_tolerance_layers`; ValueError on a bad entry)."""
+    return ignore_and_tolerance_layers(
         "@pytest.mark.golden(tolerances=)",
         options.get("tolerances"),
         "@pytest.mark.golden(ignore=)",

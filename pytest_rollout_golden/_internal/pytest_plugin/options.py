@@ -14,7 +14,8 @@ from typing import Any
 
 from ..golden.modes import MISSING_STEP_POLICIES
 from ..golden.results import Mode
-from ..tolerance.stack import Stack, level
+from ..tolerance.spec import ignore_and_tolerance_layers as layers
+from ..tolerance.stack import Stack
 
 
 class OptionError(ValueError):
@@ -63,8 +64,8 @@ def session_tolerances(
     ini ``golden_tolerances``/``golden_ignore`` over the ``golden_metric_profile``
     (ValueError naming the source on a bad entry or an unknown profile)."""
     stack = Stack(
-        cli=level("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
-        ini=level("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
+        cli=layers("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
+        ini=layers("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
     )
     return with_profile(stack, profile)
 

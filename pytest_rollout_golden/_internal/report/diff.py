@@ -36,8 +36,9 @@ from ...store.location import MANIFEST, METRICS, TOLERANCES, find_goldens
 from ..golden.files import load_golden
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
-from ..tolerance.stack import Layer, Resolver, Stack
-from .presentation import ALLOW_NAN, diff_allow_nan, diff_mask_note
+from ..tolerance.spec import Layer
+from ..tolerance.stack import Resolver, Stack
+from .presentation import ALLOW_NAN, diff_allow_nan, diff_mask_note, difference_detail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +269,7 @@ def _mask_selected(info: Mapping[str, Any], key: str, numel: int) -> int | None:
 
 def _row(kind: str, name: str, a: Any, b: Any, d: Any, tol: Any, source: str, **kw: Any) -> Row:
     """A row of two values compared (``kw``: step, rank, micro, expected, actual)."""
-    detail = d.detail if not d.ok else ""
+    detail = difference_detail(d) if not d.ok else ""
     if not d.ok and not tol.equal_nan and _nan_in_both(a, b):
         hint = diff_allow_nan(name)
         if ALLOW_NAN in detail:  # compare's hint names pytest's option

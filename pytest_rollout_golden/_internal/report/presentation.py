@@ -12,11 +12,14 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import REMEDY_UPDATE
 from ...store.location import MANIFEST, TOLERANCES
 from ..golden.results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
+
+if TYPE_CHECKING:
+    from ..tolerance.compare import Difference
 
 
 class SessionView(Protocol):
@@ -125,6 +128,64 @@ def _is_nan(value: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- the mismatch message
+
+
+def difference_detail(d: Difference) -> str:
+    """The text of a comparison's outcome (:func:`.compare.compare_values`): why nothing
+    was compared, or where the values differ beyond tolerance, as torch.testing says it;
+    empty for a pass and for a number (its table row says it all)."""
+    if not d.compared:
+        return "not compared"
+    if d.problem == "shape":
+        return f"shape {d.shapes[1]} differs from the recorded {d.shapes[0]}"
+    if d.problem == "dtype":
+        return f"dtype {d.dtypes[1]} differs from the recorded {d.dtypes[0]}"
+    if d.problem == "nothing selected":
+        return (
+            f"the mask selects none of the {d.positions} positions: nothing was compared "
+            "(a regression in the masking code?); leave the tensor out of check_tensors "
+            "where nothing is meant to be compared"
+        )
+    if d.ok or not d.shapes[0]:
+        return ""
+    lines = []
+    if d.masked:
+        lines.append(
+            f"mask applied: {d.numel} of {d.positions} positions compared, padding ignored"
+        )
+    lines.append(
+        f"Mismatched elements: {d.mismatched} / {d.numel} ({100.0 * d.mismatched / d.numel:.1f}%)"
+    )
+    if d.nan_vs_value:
+        lines.append(
+            f"NaN against a number at {d.nan_vs_value} element(s), first at index {d.first_nan}"
+        )
+    if d.nan_vs_nan:
+        lines.append(
+            f"NaN against NaN at {d.nan_vs_nan} element(s) (equal_nan is off): {ALLOW_NAN}"
+        )
+    allowed_abs, allowed_rel = _allowed_differences(d)
+    lines.append(
+        f"Greatest absolute difference: {d.abs_diff:.6g} at index {d.abs_index} "
+        f"(up to {allowed_abs} allowed)"
+    )
+    lines.append(
+        f"Greatest relative difference: {d.rel_diff:.6g} at index {d.rel_index} "
+        f"(up to {allowed_rel} allowed)"
+    )
+    return "\n".join(lines)
+
+
+def _allowed_differences(d: Difference) -> tuple[str, str]:
+    """The absolute and relative difference allowed, as the detail of a tensor states them
+    (under a scale, the absolute one where the greatest difference is)."""
+    tol = d.tolerance
+    assert tol is not None
+    if tol.exact:
+        return "0 (bit-exact)", "0 (bit-exact)"
+    if d.scale:
+        return f"{d.allowed_there:.3g}", f"{tol.rtol:.3g} of max(|expected|, {d.scale:.3g})"
+    return f"{tol.atol:.3g}", f"{tol.rtol:.3g}"
 
 
 def allowed(c: Comparison) -> str:

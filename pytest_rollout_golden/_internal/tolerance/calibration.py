@@ -49,7 +49,8 @@ from typing import Any
 
 from ...errors import GoldenError, GoldenFormatError
 from ...store.location import TOLERANCES
-from .stack import IGNORE, RECORDED, Layer, Resolver, Tolerance
+from .spec import IGNORE, RECORDED, Layer, Tolerance
+from .stack import Resolver
 
 FORMAT = "pytest-rollout-golden-tolerances"
 # The largest spread seen in N runs underestimates the spread of the next run

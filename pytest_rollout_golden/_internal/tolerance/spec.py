@@ -1,6 +1,6 @@
 """What one tolerance is and how a user writes it: :class:`Tolerance`, the spec grammar,
 torch.testing's defaults by dtype, and :class:`Layer`, one source of tolerances by metric
-name. The order in which layers resolve is :mod:`.tolerance`'s."""
+name. The order in which layers resolve is :mod:`.stack`'s."""
 
 from __future__ import annotations
 
@@ -206,15 +206,16 @@ class Layer:
         return None if key is None else self.entries[key]
 
 
-def level(
+def ignore_and_tolerance_layers(
     source: str,
     tolerances: Iterable[str] | Mapping[str, Any] | None,
     ignore_source: str,
     ignored: str | Iterable[str] | None,
 ) -> tuple[Layer, Layer]:
-    """One level of a :class:`Stack` from what a user wrote: the names it excludes from
-    comparison (``ignored``, shown as ``ignore_source``), then its tolerances (``source``:
-    ``METRIC:rtol=R,atol=A`` specs, or a mapping of name -> tolerance).
+    """The two layers one source of a :class:`.stack.Stack` makes of what a user wrote: the
+    names it excludes from comparison (``ignored``, shown as ``ignore_source``), then its
+    tolerances (``source``: ``METRIC:rtol=R,atol=A`` specs, or a mapping of name ->
+    tolerance).
 
     Raises ValueError naming the source on a bad spec or name, and on a name that is both
     excluded and given a tolerance at this level.

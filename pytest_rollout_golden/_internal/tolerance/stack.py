@@ -3,7 +3,7 @@
 :class:`Stack` holds every source of tolerances of one test, and :meth:`Stack.resolver`
 is the one place that puts them in order (top wins)::
 
-    golden.check(tolerances=)                     call
+    golden.check(tolerances=)                     Resolver.above (one call's)
     @pytest.mark.golden(ignore=, tolerances=)     marker
     --golden-ignore, --golden-tolerance           cli
     calibrated variant lane (tolerances.json)     calibrated_layout   } variants
@@ -51,26 +51,13 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .spec import (
-    DTYPE_DEFAULTS as DTYPE_DEFAULTS,
-    EXACT as EXACT,
-    EXACT_VALUES,
-    FIELDS,
-    IGNORE as IGNORE,
-    RECORDED as RECORDED,
-    Layer as Layer,
-    Tolerance as Tolerance,
-    dtype_default as dtype_default,
-    level as level,
-    parse_spec as parse_spec,
-)
+from .spec import EXACT, EXACT_VALUES, FIELDS, IGNORE, RECORDED, Layer, Tolerance, dtype_default
 
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
     """The tolerance layers of one test by role; :meth:`resolver` stacks them in order."""
 
-    call: Layer | None = None
     marker: Sequence[Layer] = ()
     calibrated_layout: Layer | None = None
     layout: Layer | None = None
@@ -85,7 +72,6 @@ class Stack:
     def resolver(self) -> Resolver:
         """The resolver of these layers, in the order of the module docstring."""
         layers = [
-            self.call,
             *self.marker,
             self.across_variants if self.variant else None,
             *self.cli,
@@ -99,7 +85,7 @@ class Stack:
         return Resolver([layer for layer in layers if layer is not None], exact=self.exact)
 
     def replace(self, **parts: Any) -> Stack:
-        """A copy with some parts replaced (``calibrated=``, ``call=``, ``exact=``...)."""
+        """A copy with some parts replaced (``calibrated=``, ``exact=``...)."""
         return dataclasses.replace(self, **parts)
 
 
@@ -127,6 +113,14 @@ class Resolver:
     def __init__(self, layers: Iterable[Layer], *, exact: bool = False):
         self.layers = [layer for layer in layers if layer.entries]
         self.exact = exact
+
+    def above(self, layer: Layer) -> Resolver:
+        """This resolver with ``layer`` over every other (one ``golden.check(tolerances=)``)."""
+        return Resolver([layer, *self.layers], exact=self.exact)
+
+    def without(self, *layers: Layer | None) -> Resolver:
+        """This resolver without ``layers`` (what applies where they are missing)."""
+        return Resolver([layer for layer in self.layers if layer not in layers], exact=self.exact)
 
     def resolve(self, name: str, dtypes: Iterable[str] = ("float64",)) -> tuple[Tolerance, str]:
         """``(tolerance, where it came from)`` for metric ``name`` of the given dtypes.
