@@ -128,6 +128,8 @@ def compare_values(
             )
     if e.numel() == 0:
         return Difference(True, 0.0, 0.0, **facts)
+    if e.numel() <= _SMALL and _equal(e, a, bits=tol.exact):  # most metrics: nothing to set up
+        return Difference(True, 0.0, 0.0, numel=n, **facts)
     stats = _elementwise(e, a, tol, magnitude)
     if stats.value_equal:
         return Difference(True, 0.0, 0.0, numel=n, **facts)
@@ -197,6 +199,16 @@ def _bit_equal_elements(e: Any, a: Any) -> Any:
     return e.contiguous().view(view) == a.contiguous().view(view)
 
 
+def _equal(e: Any, a: Any, *, bits: bool) -> bool:
+    """Whether ``e`` and ``a`` have one dtype and are equal: in bits (``bits``), else in
+    value (NaN never equals NaN)."""
+    import torch
+
+    if e.dtype != a.dtype:
+        return False
+    return torch.equal(_bits(e), _bits(a)) if bits else torch.equal(e, a)
+
+
 def _bits(t: Any) -> Any:
     import torch
 
@@ -237,6 +249,8 @@ def finite_magnitude(value: Any) -> float:
 _CHUNK = 1 << 18
 # Above this share of differing elements a chunk is analysed whole, not gathered.
 _SPARSE = 8
+# Up to this many elements a tensor is first compared whole, as torch.equal does.
+_SMALL = 1 << 12
 # Dtypes numpy compares in value (without a bfloat16 or float8).
 _NUMPY_FLOATS = frozenset({"float16", "float32", "float64", "complex64", "complex128"})
 
@@ -311,17 +325,18 @@ def _elementwise(e: Any, a: Any, tol: Tolerance, magnitude: float | None) -> _St
     same_dtype = e.dtype == a.dtype
     flat_e, flat_a = _flat(e), _flat(a)
     numel = flat_e.numel()
-    if same_dtype:
+    if same_dtype and numel > _SMALL:
         chunks = _chunks_to_analyse(flat_e, flat_a, bits=tol.exact)
-    else:
+    else:  # every element of every chunk
         chunks = ((start, None) for start in range(0, numel, _CHUNK))
     stats, analysed, differs = _Stats(), 0, False
     lane = _Lane(tol, bitwise=tol.exact and same_dtype)
+    zeros: dict[Any, Any] = {}
     for start, positions in chunks:
         if stats.scale is None:
             stats.scale = lane.scale = _scale(tol, e, magnitude)
         ce, ca = flat_e[start : start + _CHUNK], flat_a[start : start + _CHUNK]
-        chunk = _chunk_analysis(ce, ca, _Positions(positions, ce.numel()), lane)
+        chunk = _chunk_analysis(ce, ca, _Positions(positions, ce.numel(), zeros), lane)
         stats.add(start, chunk)
         analysed += ce.numel()
         differs = differs or chunk.differs
@@ -339,7 +354,20 @@ def _flat(t: Any) -> Any:
 def _chunks_to_analyse(e: Any, a: Any, *, bits: bool) -> Iterator[tuple[int, Any]]:
     """``(start, positions)`` of each chunk of the same-dtype rows ``e`` and ``a`` that holds
     an element that differs: in bits (``bits``: the exact lane), else in value (NaN never
-    equals NaN); ``positions``: where in the chunk, ``None`` where that is most of it."""
+    equals NaN); ``positions``: where in the chunk, ``None`` to analyse all of it."""
+    if e.device.type == "cpu" and not bits and dtype_name(e) in _NUMPY_FLOATS:
+        chunks = _numpy_chunks_to_analyse(e.numpy(), a.numpy())
+    else:
+        chunks = _torch_chunks_to_analyse(e, a, bits=bits)
+    if e.is_complex():
+        # abs() of a complex number may differ in the last bit with its place in a
+        # vector: an element analysed elsewhere than in its chunk could measure another
+        return ((start, None) for start, _ in chunks)
+    return chunks
+
+
+def _torch_chunks_to_analyse(e: Any, a: Any, *, bits: bool) -> Iterator[tuple[int, Any]]:
+    """:func:`_chunks_to_analyse` of torch rows."""
     same = _equality(e, a, bits=bits)
     for start in range(0, e.numel(), _CHUNK):
         stop = min(start + _CHUNK, e.numel())
@@ -348,48 +376,50 @@ def _chunks_to_analyse(e: Any, a: Any, *, bits: bool) -> Iterator[tuple[int, Any
         ce, ca = e[start:stop], a[start:stop]
         differ = ~_bit_equal_elements(ce, ca) if bits else ce != ca
         count = int(differ.count_nonzero())
-        if count == 0:  # equal values in other bits (-0.0 and 0.0)
-            continue
-        yield start, None if count * _SPARSE > ce.numel() else differ.nonzero().squeeze(1)
+        if count:  # none: equal values in other bits (-0.0 and 0.0)
+            yield start, None if _dense(count, ce.numel()) else differ.nonzero().squeeze(1)
+
+
+def _numpy_chunks_to_analyse(e: Any, a: Any) -> Iterator[tuple[int, Any]]:
+    """:func:`_chunks_to_analyse` of numpy rows, in value: one pass compares and spots NaN,
+    several times faster than ``torch.equal``."""
+    import numpy
+    import torch
+
+    buffer = numpy.empty(min(_CHUNK, len(e)), dtype=bool)
+    for start in range(0, len(e), _CHUNK):
+        stop = min(start + _CHUNK, len(e))
+        equal = numpy.equal(e[start:stop], a[start:stop], out=buffer[: stop - start])
+        count = equal.size - int(numpy.count_nonzero(equal))
+        if count and _dense(count, equal.size):
+            yield start, None
+        elif count:
+            differ = numpy.logical_not(equal, out=equal)
+            yield start, torch.from_numpy(differ.nonzero()[0])
+
+
+def _dense(count: int, length: int) -> bool:
+    """Whether a chunk of ``length`` with ``count`` differing elements is analysed whole
+    rather than gathered."""
+    return count * _SPARSE > length
 
 
 def _equality(e: Any, a: Any, *, bits: bool) -> Callable[[int, int], bool]:
     """``(start, stop) -> whether elements start:stop of the same-dtype rows are equal``:
     in bits (``bits``), else in value, where NaN never equals NaN (as ``torch.equal``
-    says, several times faster on the CPU)."""
-    import torch
+    says; bytes compare several times faster on the CPU)."""
 
-    floating = e.is_floating_point() or e.is_complex()
-    cpu = e.device.type == "cpu"
-    if cpu and floating and not bits and dtype_name(e) in _NUMPY_FLOATS:
-        return _numpy_equality(e.numpy(), a.numpy())  # compares and spots NaN in one pass
-    memcmp = _memcmp() if cpu else None
+    memcmp = _memcmp() if e.device.type == "cpu" else None
     if memcmp is None:
-        if bits:
-            return lambda start, stop: torch.equal(_bits(e[start:stop]), _bits(a[start:stop]))
-        return lambda start, stop: torch.equal(e[start:stop], a[start:stop])
+        return lambda start, stop: _equal(e[start:stop], a[start:stop], bits=bits)
     size, at_e, at_a = e.element_size(), e.data_ptr(), a.data_ptr()
 
     def same_bytes(start: int, stop: int) -> bool:
         return memcmp(at_e + start * size, at_a + start * size, (stop - start) * size) == 0
 
-    if bits or not floating:
+    if bits or not (e.is_floating_point() or e.is_complex()):
         return same_bytes
     return lambda start, stop: same_bytes(start, stop) and not _has_nan(e[start:stop])
-
-
-def _numpy_equality(e: Any, a: Any) -> Callable[[int, int], bool]:
-    """:func:`_equality` in value of numpy rows, through one buffer of chunk length."""
-    import numpy
-
-    out = numpy.empty(min(_CHUNK, len(e)), dtype=bool)
-
-    def same(start: int, stop: int) -> bool:
-        equal = out[: stop - start]
-        numpy.equal(e[start:stop], a[start:stop], out=equal)
-        return int(numpy.count_nonzero(equal)) == equal.size
-
-    return same
 
 
 @functools.cache
@@ -444,10 +474,12 @@ class _Lane:
 
 @dataclasses.dataclass
 class _Positions:
-    """Where the analysed elements lie in their chunk of ``length`` (``None``: all of it)."""
+    """Where the analysed elements lie in their chunk of ``length`` (``positions``:
+    ``None`` for all of it); ``zeros`` lends a chunk of zeros per dtype to sum in."""
 
     positions: Any
     length: int
+    zeros: dict[Any, Any]
 
     def take(self, chunk: Any) -> Any:
         return chunk if self.positions is None else chunk[self.positions]
@@ -456,15 +488,21 @@ class _Positions:
         """The index in the chunk of analysed element ``index``."""
         return index if self.positions is None else int(self.positions[index])
 
-    def spread(self, values: Any) -> Any:
-        """The chunk's values: ``values`` at their positions, zeros elsewhere (reduced
-        whole, a chunk sums in the same order whatever was analysed)."""
+    def finite_sum(self, values: Any) -> tuple[float, int]:
+        """:func:`_finite_sum` of the chunk's values: ``values`` at their positions, zeros
+        elsewhere. Reduced whole, a chunk sums in one order whatever was analysed."""
         import torch
 
         if self.positions is None:
-            return values
-        out = torch.zeros(self.length, dtype=values.dtype, device=values.device)
-        return out.index_put_((self.positions,), values)
+            return _finite_sum(values)
+        if values.dtype not in self.zeros:
+            self.zeros[values.dtype] = torch.zeros(_CHUNK, dtype=values.dtype, device=values.device)
+        chunk = self.zeros[values.dtype][: self.length]
+        chunk.index_put_((self.positions,), values)
+        try:
+            return _finite_sum(chunk)
+        finally:
+            chunk.index_fill_(0, self.positions, 0)
 
 
 def _chunk_analysis(ce: Any, ca: Any, where: _Positions, lane: _Lane) -> _Chunk:
@@ -509,8 +547,8 @@ def _finite_chunk(e: Any, diff: Any, total: float, where: _Positions, lane: _Lan
     if where.positions is None:
         abs_sum, abs_count = total, diff.numel()
     else:
-        abs_sum, abs_count = _finite_sum(where.spread(diff))
-    rel_sum, rel_count = _finite_sum(where.spread(rel))
+        abs_sum, abs_count = where.finite_sum(diff)
+    rel_sum, rel_count = where.finite_sum(rel)
     return _Chunk(
         bad=n_bad,
         abs_max=abs_max,
@@ -559,8 +597,8 @@ def _any_chunk(
     nan = n_nan > 0 or e.is_complex()  # complex: inf - inf in one part is NaN
     abs_max, abs_idx = _greatest(diff, nan=nan)
     rel_max, rel_idx = _greatest(rel, nan=nan)
-    abs_sum, abs_count = _finite_sum(where.spread(diff))
-    rel_sum, rel_count = _finite_sum(where.spread(rel))
+    abs_sum, abs_count = where.finite_sum(diff)
+    rel_sum, rel_count = where.finite_sum(rel)
     return _Chunk(
         bad=n_bad,
         abs_max=abs_max,
