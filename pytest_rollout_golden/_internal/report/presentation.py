@@ -389,57 +389,10 @@ def mismatch_message(
         lines.append(f"{outcome.test} against the golden of {recorder}")
     elif outcome.recorded_by:
         lines.append(f"{outcome.test} replayed the golden recorded by {outcome.recorded_by}")
-    rows = by_severity(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
-    if rows:
-        cells = [
-            ("metric", "step", "expected", "actual", "abs diff", "rel diff", "beyond", "allowed")
-        ]
-        for c in rows:
-            cells.append(
-                (
-                    c.name,
-                    where(c).removeprefix("step "),
-                    number(c.expected),
-                    number(c.actual),
-                    number(c.abs_diff, 2),
-                    number(c.rel_diff, 2),
-                    beyond(c),
-                    allowed(c),
-                )
-            )
-        lines += table(cells)
-        for c in rows:
-            if _is_nan(c.expected) and _is_nan(c.actual):
-                lines.append(
-                    f"{c.kind} {c.name!r} ({where(c)}): recorded NaN, "
-                    f"got NaN (equal_nan is off): {ALLOW_NAN}"
-                )
-    located: list[str] = []  # the bounds of one batch share their location lines
-    for c in by_severity(failures):
-        if c.verdict == Verdict.FAIL and c.kind == BOUND_KIND:
-            first, *rest = c.detail.splitlines()
-            lines.append(first)
-            located += [d for d in rest if d not in located]
-        elif c.verdict == Verdict.FAIL and c.detail:
-            lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
-            lines += ["    " + d for d in c.detail.splitlines()]
-    lines += located
-    for c in failures:
-        if c.verdict == Verdict.MISSING:
-            lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")
-    ignored: dict[str, set[str]] = {}
-    for c in outcome.comparisons:
-        if c.verdict == Verdict.IGNORED:
-            ignored.setdefault(c.tolerance_source, set()).add(c.name)
-    if ignored:
-        parts = [f"{', '.join(sorted(names))} ({why})" for why, names in ignored.items()]
-        lines.append(f"not compared (excluded on purpose): {'; '.join(parts)}")
-    if outcome.environment_changes:
-        lines.append(
-            "note: replayed under another environment than recorded: "
-            + "; ".join(outcome.environment_changes)
-        )
-    lines += [f"note: {note}" for note in notes]
+    lines += _scalar_rows(failures)
+    lines += _detailed_failures(failures)
+    lines += [f"{c.kind} {c.name!r} ({where(c)}): {c.detail}" for c in missing]
+    lines += _mismatch_notes(outcome, notes)
     if any(c.kind == BOUND_KIND for c in failures):
         lines.append(BOUND_REMEDY)
     if all(c.kind == BOUND_KIND for c in failures):
@@ -452,6 +405,69 @@ def mismatch_message(
     elif len(missing) < len(failures):  # missing values' lines carry their own remedy
         lines.append(IF_RIGHT)
     return "\n".join(lines)
+
+
+def _scalar_rows(failures: list[Comparison]) -> list[str]:
+    """The table of the failed values without a detail (numbers), farthest beyond first,
+    and a line per NaN against NaN among them."""
+    rows = by_severity(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
+    if not rows:
+        return []
+    cells = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "beyond", "allowed")]
+    for c in rows:
+        cells.append(
+            (
+                c.name,
+                where(c).removeprefix("step "),
+                number(c.expected),
+                number(c.actual),
+                number(c.abs_diff, 2),
+                number(c.rel_diff, 2),
+                beyond(c),
+                allowed(c),
+            )
+        )
+    lines = table(cells)
+    for c in rows:
+        if _is_nan(c.expected) and _is_nan(c.actual):
+            lines.append(
+                f"{c.kind} {c.name!r} ({where(c)}): recorded NaN, "
+                f"got NaN (equal_nan is off): {ALLOW_NAN}"
+            )
+    return lines
+
+
+def _detailed_failures(failures: list[Comparison]) -> list[str]:
+    """The failed values with a detail (tensors, mismatch bounds), farthest beyond first;
+    the bounds of one batch share their location lines, given once after them."""
+    lines, located = [], []
+    for c in by_severity(failures):
+        if c.verdict == Verdict.FAIL and c.kind == BOUND_KIND:
+            first, *rest = c.detail.splitlines()
+            lines.append(first)
+            located += [d for d in rest if d not in located]
+        elif c.verdict == Verdict.FAIL and c.detail:
+            lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
+            lines += ["    " + d for d in c.detail.splitlines()]
+    return lines + located
+
+
+def _mismatch_notes(outcome: Outcome, notes: Sequence[str]) -> list[str]:
+    """What was not compared on purpose, the environment the replay ran under, ``notes``."""
+    lines = []
+    ignored: dict[str, set[str]] = {}
+    for c in outcome.comparisons:
+        if c.verdict == Verdict.IGNORED:
+            ignored.setdefault(c.tolerance_source, set()).add(c.name)
+    if ignored:
+        parts = [f"{', '.join(sorted(names))} ({why})" for why, names in ignored.items()]
+        lines.append(f"not compared (excluded on purpose): {'; '.join(parts)}")
+    if outcome.environment_changes:
+        lines.append(
+            "note: replayed under another environment than recorded: "
+            + "; ".join(outcome.environment_changes)
+        )
+    return lines + [f"note: {note}" for note in notes]
 
 
 def stand_in_note(
@@ -767,104 +783,115 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
     lines = [f"{d.label}: {verdict}; {len(metrics)} metric values, {len(tensors)} tensors compared"]
     first = d.first_divergence()
     if metrics:
-        cells = [
-            (
-                "metric",
-                "first divergence",
-                "steps beyond",
-                "max abs diff",
-                "max rel diff",
-                "allowed",
-            )
-        ]
-        for name in dict.fromkeys(r.name for r in metrics):
-            rows = [r for r in metrics if r.name == name]
-            bad = sum(not r.ok for r in rows)
-            compared = [r for r in rows if r.compared and r.detail[:4] != "only"]
-            cells.append(
-                (
-                    name,
-                    "-" if first[name] is None else f"step {first[name]}",
-                    f"{bad}/{len(rows)}",
-                    number(max((r.abs_max for r in compared), default=None), 3),
-                    number(max((r.rel_max for r in compared), default=None), 3),
-                    diff_allowed(rows[0]),
-                )
-            )
-        lines += table(cells)
-        failing = [r for r in metrics if not r.ok]
-        if failing:
-            cells = [("metric", "step", "A", "B", "abs diff", "rel diff", "")]
-            for r in failing[:_ROWS_SHOWN]:
-                cells.append(
-                    (
-                        r.name,
-                        r.step,
-                        number(r.expected),
-                        number(r.actual),
-                        number(r.abs_max, 3),
-                        number(r.rel_max, 3),
-                        r.detail.replace("\n", "; "),
-                    )
-                )
-            lines.append("  metric values beyond tolerance:")
-            lines += table(cells, "    ")
-            if len(failing) > _ROWS_SHOWN:
-                lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+        lines += _diff_metric_table(metrics, first)
+        lines += _diff_metrics_beyond([r for r in metrics if not r.ok])
     failing = [r for r in tensors if not r.ok]
     if failing:
-        cells = [
-            (
-                "tensor",
-                "step",
-                "rank",
-                "micro",
-                "A",
-                "B",
-                "mismatched",
-                "max abs",
-                "mean abs",
-                "max rel",
-                "mean rel",
-                "first divergence",
-                "allowed",
-            )
-        ]
-        for r in failing[:_ROWS_SHOWN]:
-            cells.append(
-                (
-                    r.name,
-                    number(r.step),
-                    number(r.rank),
-                    number(r.micro),
-                    _shape(r, 0),
-                    _shape(r, 1),
-                    f"{r.mismatched}/{r.numel}" if r.numel else "-",
-                    number(r.abs_max, 3),
-                    number(r.abs_mean, 3),
-                    number(r.rel_max, 3),
-                    number(r.rel_mean, 3),
-                    "-" if first[r.name] is None else f"step {first[r.name]}",
-                    diff_allowed(r),
-                )
-            )
-        lines.append("  tensors beyond tolerance:")
-        lines += table(cells, "    ")
-        if len(failing) > _ROWS_SHOWN:
-            lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
-        for r in failing[:_ROWS_SHOWN]:
-            block = [r.note] if r.note else []
-            if r.detail and "\n" in r.detail:
-                block += r.detail.splitlines()
-            if block:
-                lines.append(f"    {r.name} (step {number(r.step)}):")
-                lines += ["      " + line for line in block]
+        lines += _diff_tensors_beyond(failing, first)
     if tensors and len(failing) < len(tensors):
         lines.append(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
     ignored = sorted({r.name for r in d.rows if not r.compared})
     if ignored:
         lines.append(f"  not compared (excluded on purpose): {', '.join(ignored)}")
     lines += [f"  {problem}" for problem in d.problems]
+    return lines
+
+
+def _diff_metric_table(metrics: list[Row], first: Mapping[str, int | None]) -> list[str]:
+    """One row per metric of a ``diff``: its first divergence, steps beyond tolerance and
+    greatest differences."""
+    cells = [
+        ("metric", "first divergence", "steps beyond", "max abs diff", "max rel diff", "allowed")
+    ]
+    for name in dict.fromkeys(r.name for r in metrics):
+        rows = [r for r in metrics if r.name == name]
+        bad = sum(not r.ok for r in rows)
+        compared = [r for r in rows if r.compared and r.detail[:4] != "only"]
+        cells.append(
+            (
+                name,
+                "-" if first[name] is None else f"step {first[name]}",
+                f"{bad}/{len(rows)}",
+                number(max((r.abs_max for r in compared), default=None), 3),
+                number(max((r.rel_max for r in compared), default=None), 3),
+                diff_allowed(rows[0]),
+            )
+        )
+    return table(cells)
+
+
+def _diff_metrics_beyond(failing: list[Row]) -> list[str]:
+    """The metric values of a ``diff`` beyond tolerance, one row each (the first
+    :data:`_ROWS_SHOWN`)."""
+    if not failing:
+        return []
+    cells = [("metric", "step", "A", "B", "abs diff", "rel diff", "")]
+    for r in failing[:_ROWS_SHOWN]:
+        cells.append(
+            (
+                r.name,
+                r.step,
+                number(r.expected),
+                number(r.actual),
+                number(r.abs_max, 3),
+                number(r.rel_max, 3),
+                r.detail.replace("\n", "; "),
+            )
+        )
+    lines = ["  metric values beyond tolerance:", *table(cells, "    ")]
+    if len(failing) > _ROWS_SHOWN:
+        lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+    return lines
+
+
+def _diff_tensors_beyond(failing: list[Row], first: Mapping[str, int | None]) -> list[str]:
+    """The tensors of a ``diff`` beyond tolerance: a row each, then what their details say
+    (the first :data:`_ROWS_SHOWN`)."""
+    cells = [
+        (
+            "tensor",
+            "step",
+            "rank",
+            "micro",
+            "A",
+            "B",
+            "mismatched",
+            "max abs",
+            "mean abs",
+            "max rel",
+            "mean rel",
+            "first divergence",
+            "allowed",
+        )
+    ]
+    for r in failing[:_ROWS_SHOWN]:
+        cells.append(
+            (
+                r.name,
+                number(r.step),
+                number(r.rank),
+                number(r.micro),
+                _shape(r, 0),
+                _shape(r, 1),
+                f"{r.mismatched}/{r.numel}" if r.numel else "-",
+                number(r.abs_max, 3),
+                number(r.abs_mean, 3),
+                number(r.rel_max, 3),
+                number(r.rel_mean, 3),
+                "-" if first[r.name] is None else f"step {first[r.name]}",
+                diff_allowed(r),
+            )
+        )
+    lines = ["  tensors beyond tolerance:", *table(cells, "    ")]
+    if len(failing) > _ROWS_SHOWN:
+        lines.append(f"    ... and {len(failing) - _ROWS_SHOWN} more (--json lists all)")
+    for r in failing[:_ROWS_SHOWN]:
+        block = [r.note] if r.note else []
+        if r.detail and "\n" in r.detail:
+            block += r.detail.splitlines()
+        if block:
+            lines.append(f"    {r.name} (step {number(r.step)}):")
+            lines += ["      " + line for line in block]
     return lines
 
 

@@ -475,58 +475,83 @@ def calibrate_goldens(
             reasons = sorted(set(left_out.values())) or ["fewer than 2 runs completed"]
             out.append({"directory": directory, "skipped": "; ".join(reasons), "rows": []})
             continue
-        found: dict[str, Spread] = {}
         of_layout = {t: lay for t, lay in (layouts or {}).get(directory, {}).items() if t in usable}
-        for test, test_runs in usable.items():
-            measured = spreads([run["metrics"] for run in test_runs])
-            if test not in replaying:  # a variant's distance to the golden is no same-layout noise
-                measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
-            for name, spread in measured.items():
-                found[name] = spread if name not in found else found[name].merge(spread)
-        across = None
-        if len(set(of_layout.values())) > 1:  # runs of every variant, pooled
-            pooled = [run for test in sorted(of_layout) for run in usable[test]]
-            across = spreads([run["metrics"] for run in pooled])
-            across.update(tensor_spreads([run["tensors"] for run in pooled]))
         ignored = {n for runs in usable.values() for run in runs for n in run.get("ignored", ())}
-
         content = document(
-            found,
+            _same_layout_spreads(usable, replaying),
             functools.partial(_below, resolver, ignored),
             runs=runs,
             perturbations=perturbations,
             tests=sorted(usable),
-            across_layouts=across,
+            across_layouts=_across_layout_spreads(usable, of_layout),
             layouts=sorted(set(of_layout.values())),
             across_base=functools.partial(_below, variant_resolver or resolver, ignored),
         )
-        nothing = writes_nothing(content)
-        try:
-            changed = write(Path(directory), None if nothing else content)
-        except GoldenError as exc:  # e.g. never recorded: the other goldens still calibrate
-            reason = str(exc).removeprefix(f"{directory}: ")
-            out.append({"directory": directory, "skipped": reason, "rows": []})
-            continue
-        rows = [
-            {"metric": name, "lane": "same layout", **entry, **content["tolerances"].get(name, {})}
-            for name, entry in content["spreads"].items()
-        ]
-        rows += [
-            {
-                "metric": name,
-                "lane": "across variants",
-                **entry,
-                **content["layout_tolerances"].get(name, {}),
-            }
-            for name, entry in content.get("layout_spreads", {}).items()
-        ]
-        out.append(
-            {
-                "directory": directory,
-                "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
-                "rows": rows,
-                "written": not nothing,
-                "removed": nothing and changed,
-            }
-        )
+        out.append(_write_calibrated(directory, content, left_out))
     return out
+
+
+def _same_layout_spreads(
+    usable: Mapping[str, Sequence[Any]], replaying: Sequence[str]
+) -> dict[str, Spread]:
+    """Each value's spread over the runs of each test (``usable``: test id -> its runs'
+    samples), merged over the tests."""
+    found: dict[str, Spread] = {}
+    for test, test_runs in usable.items():
+        measured = spreads([run["metrics"] for run in test_runs])
+        if test not in replaying:  # a variant's distance to the golden is no same-layout noise
+            measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
+        for name, spread in measured.items():
+            found[name] = spread if name not in found else found[name].merge(spread)
+    return found
+
+
+def _across_layout_spreads(
+    usable: Mapping[str, Sequence[Any]], of_layout: Mapping[str, str]
+) -> dict[str, Spread] | None:
+    """Each value's spread over the runs of every variant, pooled (``of_layout``: test id
+    -> variant id); ``None`` unless the tests are of two variants or more."""
+    if len(set(of_layout.values())) < 2:
+        return None
+    pooled = [run for test in sorted(of_layout) for run in usable[test]]
+    across = spreads([run["metrics"] for run in pooled])
+    across.update(tensor_spreads([run["tensors"] for run in pooled]))
+    return across
+
+
+def _write_calibrated(
+    directory: str, content: dict[str, Any], left_out: Mapping[str, str]
+) -> dict[str, Any]:
+    """Write ``content`` as ``directory``'s tolerances.json (or remove the file where it
+    writes nothing); the summary entry of the golden."""
+    nothing = writes_nothing(content)
+    try:
+        changed = write(Path(directory), None if nothing else content)
+    except GoldenError as exc:  # e.g. never recorded: the other goldens still calibrate
+        reason = str(exc).removeprefix(f"{directory}: ")
+        return {"directory": directory, "skipped": reason, "rows": []}
+    return {
+        "directory": directory,
+        "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
+        "rows": _summary_rows(content),
+        "written": not nothing,
+        "removed": nothing and changed,
+    }
+
+
+def _summary_rows(content: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each value's spread and calibrated tolerance in ``content``, lane by lane."""
+    rows = [
+        {"metric": name, "lane": "same layout", **entry, **content["tolerances"].get(name, {})}
+        for name, entry in content["spreads"].items()
+    ]
+    rows += [
+        {
+            "metric": name,
+            "lane": "across variants",
+            **entry,
+            **content["layout_tolerances"].get(name, {}),
+        }
+        for name, entry in content.get("layout_spreads", {}).items()
+    ]
+    return rows
