@@ -2,12 +2,15 @@
 
 The set is 1 GiB of float32 (32 tensors of 32 MiB) against a bit-equal copy,
 then against a copy with a few perturbed elements in a few tensors, compared
-tensor by tensor with the tolerance of a per-token metric, as replay does.
+tensor by tensor with the tolerance of a per-token metric, as replay does. The speed-up
+over assert_close is the median of per-round ratios: both times of a ratio come from
+the same round.
 """
 
 from __future__ import annotations
 
 import importlib
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +23,9 @@ FULL_BYTES, QUICK_BYTES = 1 << 30, 64 << 20
 TENSORS = 32
 TOL = Tolerance(rtol=1e-5, atol=1e-6)
 TARGET_S_PER_GB = 1.0
-ROUNDS, ROUNDS_QUICK = 2, 1  # each call goes through the whole set: the noise averages out
+TARGET_SPEEDUP = 20.0  # times faster than torch.testing.assert_close
+ROUNDS, ROUNDS_QUICK = 3, 1  # each call goes through the whole set: the noise averages out
+OURS, THEIRS = "pytest_rollout_golden._internal.tolerance.compare", "torch.testing.assert_close"
 
 
 def _ours() -> Callable[[Any, Any], bool] | str:
@@ -68,9 +73,9 @@ def _run_set(check: Callable[[Any, Any], bool], expected: list[Any], actual: lis
 def run(quick: bool) -> Section:
     nbytes = QUICK_BYTES if quick else FULL_BYTES
     ours = _ours()
-    checkers: dict[str, Callable[[Any, Any], bool]] = {"torch.testing.assert_close": _assert_close}
+    checkers: dict[str, Callable[[Any, Any], bool]] = {THEIRS: _assert_close}
     if not isinstance(ours, str):
-        checkers = {"pytest_rollout_golden._internal.tolerance.compare": ours, **checkers}
+        checkers = {OURS: ours, **checkers}
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -92,6 +97,7 @@ def run(quick: bool) -> Section:
         torch.set_num_threads(threads)
 
     gb = TENSORS * expected[0].numel() * 4 / 1e9
+    speedups = _speedups(samples)
     rows = []
     for (case, name), s in samples.items():
         rows.append(
@@ -102,13 +108,16 @@ def run(quick: bool) -> Section:
                 ms(s.median),
                 f"{s.median / gb:.3f}",
                 f"{gb / s.median:.2f}",
+                f"{speedups[case]:.1f}" if name == OURS else "",
             ]
         )
-    body = table(["case", "comparison", "tensors failed", "ms", "s / GB", "GB/s"], rows)
+    header = ["case", "comparison", "tensors failed", "ms", "s / GB", "GB/s", "× assert_close"]
+    body = table(header, rows)
     body += (
         f"\n\n{TENSORS} float32 tensors, {gb:.2f} GB in all, compared one by one against a"
         f" second copy (tolerance {TOL.describe()}), `torch.set_num_threads(1)`; median of"
-        f" {ROUNDS_QUICK if quick else ROUNDS} interleaved round(s)."
+        f" {ROUNDS_QUICK if quick else ROUNDS} interleaved round(s); × assert_close: the"
+        " median of the rounds' ratios."
     )
     if isinstance(ours, str):
         body += f"\n\nRow for this project skipped: {ours}."
@@ -117,16 +126,31 @@ def run(quick: bool) -> Section:
     )
 
 
-def _targets(samples: dict[Any, Any], gb: float, ours: Any, quick: bool) -> list[Target]:
-    what = f"comparing 1 GB < {TARGET_S_PER_GB:g} s on one core" + (" (--quick)" if quick else "")
-    if isinstance(ours, str):
-        return [Target(what, ours, None)]
-    return [
-        Target(
-            f"{what}, {case}",
-            f"{s.median / gb:.3f} s/GB",
-            s.median / gb < TARGET_S_PER_GB,
+def _speedups(samples: dict[Any, Any]) -> dict[str, float]:
+    """Per case: the median over rounds of assert_close's time over ours in that round."""
+    return {
+        case: statistics.median(
+            theirs / mine
+            for mine, theirs in zip(s.seconds, samples[case, THEIRS].seconds, strict=True)
         )
         for (case, name), s in samples.items()
-        if name == "pytest_rollout_golden._internal.tolerance.compare"
+        if name == OURS
+    }
+
+
+def _targets(samples: dict[Any, Any], gb: float, ours: Any, quick: bool) -> list[Target]:
+    quick_note = " (--quick)" if quick else ""
+    what = f"comparing 1 GB < {TARGET_S_PER_GB:g} s on one core{quick_note}"
+    faster = f"comparing ≥ {TARGET_SPEEDUP:g}× faster than assert_close{quick_note}"
+    if isinstance(ours, str):
+        return [Target(what, ours, None), Target(faster, ours, None)]
+    speedups = _speedups(samples)
+    return [
+        target
+        for (case, name), s in samples.items()
+        if name == OURS
+        for target in (
+            Target(f"{what}, {case}", f"{s.median / gb:.3f} s/GB", s.median / gb < TARGET_S_PER_GB),
+            Target(f"{faster}, {case}", f"{speedups[case]:.1f}×", speedups[case] >= TARGET_SPEEDUP),
+        )
     ]
