@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 import pytest
 
-from ._internal.golden.modes import MISSING_STEP_POLICIES
 from ._internal.golden.results import Mode, Status, Verdict
 from ._internal.hypothesis_profiles import NAMES, register_profiles
-from ._internal.pytest_plugin import markers
+from ._internal.pytest_plugin import flags, markers
 from ._internal.pytest_plugin.options import (
     OptionError,
     golden_root,
@@ -51,7 +50,7 @@ from .errors import (
     GoldenNotFetchedError,
 )
 from .parallel.environment import torchrun_rank
-from .store.location import TOLERANCES, link_out_of_root
+from .store.location import link_out_of_root
 
 if TYPE_CHECKING:
     from ._internal.golden.replay import Golden
@@ -66,141 +65,7 @@ _WORKER_OUTPUT = "rollout_golden"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("rollout-golden", "golden rollout regression tests")
-    group.addoption(
-        "--update-golden",
-        action="store_true",
-        help="re-record every golden the selected tests touch (they pass)",
-    )
-    group.addoption(
-        "--golden-regenerate",
-        action="store_true",
-        help="with --update-golden (implied): also re-run generate() for recorded rollouts "
-        "instead of keeping them",
-    )
-    group.addoption(
-        "--golden-missing-step",
-        choices=MISSING_STEP_POLICIES,
-        help="a rollout step never recorded: record (the default; error in strict mode), "
-        "error, repeat (nearest recorded step stands in), generate (not recorded)",
-    )
-    group.addoption(
-        "--golden-strict",
-        action="store_true",
-        help="never record; a missing golden, step or metric fails "
-        "(on by default when the CI environment variable is truthy)",
-    )
-    group.addoption(
-        "--golden-dir",
-        metavar="DIR",
-        help="root directory of goldens, relative to rootdir (ini golden_dir)",
-    )
-    group.addoption(
-        "--golden-report",
-        metavar="PATH",
-        help="write every comparison and its verdict to a JSON file",
-    )
-    group.addoption(
-        "--golden-tolerance",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="per-metric tolerance, e.g. grad_norm:rtol=3e-2,atol=1e-4 (repeatable)",
-    )
-    group.addoption(
-        "--golden-ignore",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="do not compare this metric or tensor (glob; repeatable); listed as 'not compared'",
-    )
-    group.addoption(
-        "--golden-mismatch-bound",
-        action="append",
-        default=[],
-        metavar="METRIC<=VALUE",
-        help="bound of golden.check_mismatch, e.g. gen_kl_error<=0.001 (inf: none; repeatable)",
-    )
-    group.addoption(
-        "--golden-exact",
-        action="store_true",
-        help="demand bit equality for every metric and tensor",
-    )
-    group.addoption(
-        "--golden-plot",
-        metavar="DIR",
-        help="write a PNG of metric curves (recorded vs this run) per failed golden to DIR "
-        "(needs matplotlib: pip install 'pytest-rollout-golden[plot]')",
-    )
-    group.addoption(
-        "--golden-calibrate",
-        type=int,
-        metavar="N",
-        help="run each selected golden test N times under perturbed reduction orders and write "
-        f"calibrated tolerances (spread x margin) into {TOLERANCES} of its golden",
-    )
-    group.addoption(
-        "--golden-calibrate-perturb",
-        action="append",
-        choices=("threads", "nondeterministic", "tf32"),
-        metavar="KIND",
-        help="what --golden-calibrate varies between runs: threads (default), "
-        "nondeterministic, tf32 (GPU; repeatable)",
-    )
-    group.addoption(
-        "--golden-prune",
-        action="store_true",
-        help="delete goldens whose test file is gone (whole runs only; docs/guide/pruning.md)",
-    )
-    group.addoption(
-        "--golden-prune-tests",
-        action="store_true",
-        help="--golden-prune, and also delete unused goldens of test files that still exist "
-        "(a removed test, or a case collected only on other machines, e.g. cuda)",
-    )
-    group.addoption(
-        "--no-golden-deterministic",
-        dest="golden_deterministic",
-        action="store_false",
-        default=None,
-        help="do not apply deterministic settings around golden tests",
-    )
-    parser.addini("golden_dir", "root directory of goldens, relative to rootdir", default="golden")
-    parser.addini(
-        "golden_tolerances",
-        "per-metric tolerances, one METRIC:rtol=R,atol=A per line",
-        type="linelist",
-        default=[],
-    )
-    parser.addini(
-        "golden_ignore",
-        "metrics or tensors (globs) not compared, one per line",
-        type="linelist",
-        default=[],
-    )
-    parser.addini(
-        "golden_metric_profile",
-        "how a framework names its metrics: verl, openrlhf, trl, slime or megatron",
-        default="",
-    )
-    parser.addini(
-        "golden_mismatch_bounds",
-        "bounds of golden.check_mismatch, one METRIC<=VALUE per line",
-        type="linelist",
-        default=[],
-    )
-    parser.addini("golden_seed", "seed of the deterministic settings", default="0")
-    parser.addini(
-        "golden_missing_step",
-        "policy for a rollout step never recorded: record, error, repeat or generate",
-        default="",
-    )
-    parser.addini(
-        "golden_deterministic",
-        "apply deterministic settings around golden tests",
-        type="bool",
-        default=True,
-    )
+    flags.add_options(parser)
 
 
 @contextlib.contextmanager
