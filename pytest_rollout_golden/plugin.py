@@ -1,709 +1,84 @@
-"""pytest glue: options, the ``golden`` and ``deterministic`` fixtures, the summary.
+"""pytest glue: options, the ``golden`` and ``deterministic`` fixtures, and the plugins.
 
-Loading this module imports neither torch nor numpy; they are imported when a
-golden is first read, written or compared.
+The core plugin (:mod:`._internal.pytest_plugin.golden_plugin`) runs in every session;
+pruning, calibration, a torchrun rank's copies and the xdist merge are registered only
+where they apply. Loading this module imports neither torch nor numpy; they are imported
+when a golden is first read, written or compared.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import pluggy
 import pytest
 
-from ._internal.golden.results import Mode, Status, Verdict
 from ._internal.hypothesis_profiles import NAMES, register_profiles
 from ._internal.pytest_plugin import flags, markers
-from ._internal.pytest_plugin.options import (
-    OptionError,
-    golden_root,
-    missing_step_policy,
-    parse_seed,
-    plot_dir,
-    report_path,
-    session_mode,
-    session_tolerances,
-    truthy_env as _truthy_env,
+from ._internal.pytest_plugin.calibrate_plugin import CalibrationPlugin
+from ._internal.pytest_plugin.golden_plugin import (
+    DETERMINISM,
+    GOLDEN,
+    PLUGIN,
+    GoldenPlugin,
+    as_usage_error,
 )
-from ._internal.pytest_plugin.prune import Unused, partial_project, unused_and_pruned
-from ._internal.pytest_plugin.session import SessionState, UpdateMarks, write_report
-from ._internal.pytest_plugin.snapshot import RankSnapshot
-from ._internal.report.presentation import (
-    CI_UPDATE,
-    close_match,
-    link_outside_root,
-    rootdir_note,
-    summary_lines,
-)
-from ._internal.tolerance import mismatch_bounds
-from ._internal.tolerance.stack import Layer
-from .errors import (
-    GoldenError,
-    GoldenFormatError,
-    GoldenMismatch,
-    GoldenMissingError,
-    GoldenNotFetchedError,
-)
+from ._internal.pytest_plugin.prune_plugin import PrunePlugin
+from ._internal.pytest_plugin.rank_plugin import RankSnapshotPlugin
+from ._internal.pytest_plugin.xdist_plugin import XdistPlugin
 from .parallel.environment import torchrun_rank
-from .store.location import link_out_of_root
 
 if TYPE_CHECKING:
     from ._internal.golden.replay import Golden
-
-_PLUGIN = pytest.StashKey["GoldenPlugin"]()
-_GOLDEN = pytest.StashKey["Golden"]()
-_MARKER_LAYER = pytest.StashKey[Layer]()
-_DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
-_CALIBRATION_RUN = pytest.StashKey[int]()
-_SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
-_WORKER_OUTPUT = "rollout_golden"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     flags.add_options(parser)
 
 
-@contextlib.contextmanager
-def _usage() -> Iterator[None]:
-    """A mistake in a flag, ini value or marker option, as pytest's usage error."""
-    try:
-        yield
-    except (OptionError, ValueError) as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-class GoldenPlugin:
-    """Session-wide settings and state; one instance per pytest process."""
-
-    def __init__(self, config: pytest.Config):
-        self.config = config
-        opt = config.option
-        if opt.golden_regenerate:
-            opt.update_golden = True  # regenerating a rollout re-records what depends on it
-        self.mode = session_mode(
-            update=opt.update_golden,
-            strict=opt.golden_strict,
-            calibrate=opt.golden_calibrate,
-            ci=_truthy_env("CI"),
-        )
-        self.calibrate = opt.golden_calibrate or 0
-        self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
-        self.rootdir = Path(config.rootpath)
-        _check_space_form(config)
-        self.root = golden_root(
-            self.rootdir,
-            opt.golden_dir if opt.golden_dir is not None else config.getini("golden_dir"),
-        )
-        self.report_path = report_path(opt.golden_report)
-        self.snapshot: RankSnapshot | None = None
-        rank = torchrun_rank()
-        if rank:  # only rank 0 records: the others replay copies (see snapshot.py)
-            self.snapshot = RankSnapshot(self.root, rank)
-            self.mode = Mode.STRICT
-        with _usage():
-            self.session_tolerances = session_tolerances(
-                opt.golden_tolerance,
-                opt.golden_ignore,
-                config.getini("golden_tolerances"),
-                config.getini("golden_ignore"),
-                config.getini("golden_metric_profile"),
-            )
-        with _usage():  # checked at start-up; each test's marker adds its own layer
-            mismatch_bounds.session_bounds(
-                None, opt.golden_mismatch_bound, config.getini("golden_mismatch_bounds")
-            )
-        self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
-        with _usage():  # a bad ini policy stops the run here, not each test at its setup
-            missing_step_policy(
-                None, None, config.getini("golden_missing_step"), where=str(config.inipath)
-            )
-        self.deterministic = (
-            opt.golden_deterministic
-            if opt.golden_deterministic is not None
-            else config.getini("golden_deterministic")
-        )
-        workerinput = getattr(config, "workerinput", None)
-        self.is_worker = workerinput is not None
-        self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
-        self.registry = UpdateMarks(self.token)
-        self.state = SessionState()
-        self.plot_dir = plot_dir(opt.golden_plot)
-        self.unused = Unused()
-        self.report_error = ""
-        self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
-
-    # ------------------------------------------------------------------ per test
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.failed:  # subtests report their failures here while the test itself passes
-            self.failed_ids.add(report.nodeid)
-
-    def marker_options(self, item: pytest.Item) -> dict[str, Any]:
-        found = ((m.args, m.kwargs) for m in item.iter_markers("golden"))
-        with _usage():
-            return markers.marker_options(found, item.nodeid)
-
-    def directory_of(self, item: pytest.Item) -> Path:
-        options = self.marker_options(item)
-        name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
-        with _usage():
-            return markers.golden_directory(
-                self.root, self.rootdir, Path(item.path), item.nodeid, name, options
-            )
-
-    def golden_for(self, item: pytest.Item) -> Golden:
-        from ._internal.golden.replay import Golden, SessionLinks
-
-        options = self.marker_options(item)
-        with _usage():
-            marker = markers.marker_level(options)
-        item.stash[_MARKER_LAYER] = marker[1]
-        tolerances, replay_only = markers.tolerance_stack(
-            self.session_tolerances, marker, options, exact=self.config.option.golden_exact
-        )
-        directory = self.directory_of(item)
-        self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
-        link = link_out_of_root(self.root, directory)
-        if link is not None:
-            raise GoldenError(link_outside_root(directory, link, self.root))
-        if self.snapshot is not None:
-            directory = self.snapshot.copy_of(directory)
-        inputs = self._input_options(item, options)
-        links = SessionLinks(
-            usage=self.state.tolerance_usage,
-            registry=self.registry,
-            replay_only=replay_only,
-            missing_step_source=inputs.pop("missing_step_source"),
-        )
-        return Golden(
-            directory,
-            mode=self.mode,
-            tolerances=tolerances,
-            test_id=item.nodeid,
-            rebuild=options.get("rebuild"),
-            mismatch_bounds=self._mismatch_bounds(item, options),
-            session=links,
-            **inputs,
-        )
-
-    def _mismatch_bounds(self, item: pytest.Item, options: dict[str, Any]) -> Any:
-        """The bounds of ``golden.check_mismatch``: marker, then flag, then ini."""
-        with _usage():
-            try:
-                return mismatch_bounds.session_bounds(
-                    options.get("mismatch_bounds"),
-                    self.config.option.golden_mismatch_bound,
-                    self.config.getini("golden_mismatch_bounds"),
-                )
-            except ValueError as exc:
-                raise ValueError(f"{item.nodeid}: {exc}") from None
-
-    def _input_options(self, item: pytest.Item, options: dict[str, Any]) -> dict[str, Any]:
-        """``regenerate`` and the missing-step policy: marker, then flag, then ini."""
-        opt = self.config.option
-        with _usage():
-            policy, source = missing_step_policy(
-                options.get("missing_step"),
-                opt.golden_missing_step,
-                self.config.getini("golden_missing_step"),
-                where=item.nodeid,
-            )
-        return {
-            "regenerate": bool(options.get("regenerate")) or opt.golden_regenerate,
-            "missing_step": policy,
-            "missing_step_source": source,
-        }
-
-    def wants_determinism(self, item: pytest.Item) -> bool:
-        if "golden" not in getattr(item, "fixturenames", ()):
-            return False
-        return bool(self.marker_options(item).get("deterministic", self.deterministic))
-
-    def seed_of(self, item: pytest.Item) -> int:
-        options = self.marker_options(item)
-        if "seed" not in options:
-            return self.seed
-        with _usage():
-            return parse_seed(options["seed"], f"{item.nodeid}: golden marker seed=", text=False)
-
-    def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
-        """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
-        golden = item.stash.get(_GOLDEN, None)
-        if golden is None:
-            return
-        del item.stash[_GOLDEN]
-        layer = item.stash.get(_MARKER_LAYER, None)
-        try:
-            path, lineno, _ = item.location  # the test's own line, for tolerance warnings
-            warn_at = (str(self.rootdir / path), (lineno or 0) + 1)
-            golden.finish(error=error, tolerance_layers=[layer] if layer else [], warn_at=warn_at)
-        finally:
-            if golden_error:  # missing (strict) or unreadable golden: a failed golden too
-                golden.outcome.fail()
-            if _expected_to_fail(item):
-                golden.outcome.expected_failure()
-            outcome = golden.outcome
-            if _CALIBRATION_RUN in item.stash:
-                from ._internal.tolerance.calibration import unperturbed
-
-                self._calibration_sample(item, golden, test_error=error)
-                outcome.environment_changes = unperturbed(outcome.environment_changes)
-            self.state.add_outcome(outcome)
-            if self.plot_dir is not None and outcome.status is Status.FAILED:
-                from ._internal.report.plot import plot_failure
-
-                picture = plot_failure(outcome.to_json(), self.plot_dir, item.nodeid)
-                if picture is not None:
-                    self.state.plots.append(str(picture))
-
-    def _calibration_sample(self, item: pytest.Item, golden: Golden, *, test_error: bool) -> None:
-        """Keep this run's metrics, unless the test is expected to fail or raised itself."""
-        options = self.marker_options(item)
-        layout = options.get("variant")
-        skipped = "the test raised" if test_error else ""
-        if _expected_to_fail(item):
-            skipped = "expected to fail (xfail)"
-        self.state.add_calibration_run(
-            str(golden.directory),
-            item.nodeid,
-            golden.calibration_sample(),
-            layout=None if layout is None else str(layout),
-            replaying=markers.replays_reference(options),
-            skipped=skipped,
-        )
-
-    def write_calibration(self) -> None:
-        """Derive and write ``tolerances.json`` for every golden calibrated this session."""
-        from ._internal.tolerance.calibration import calibrate_goldens
-
-        self.state.calibrated = calibrate_goldens(
-            self.state.calibration,
-            self.state.calibration_skipped,
-            self.session_tolerances.resolver(),
-            runs=self.calibrate,
-            perturbations=self.perturb,
-            layouts=self.state.calibration_layouts,
-            replaying=sorted(self.state.calibration_replaying),
-            variant_resolver=self.session_tolerances.replace(variant=True).resolver(),
-        )
-
-    # ------------------------------------------------------------------ session end
-
-    def unused_tolerances(self) -> list[str]:
-        """``--golden-tolerance``/ini entries that named nothing checked in any process."""
-        stack, usage = self.session_tolerances, self.state.tolerance_usage
-        return [
-            label + close_match(key, usage.names())
-            for label, key in usage.unused_entries([*stack.cli, *stack.ini])
-        ]
-
-    def partial_project(self) -> str:
-        """Why this run may have left out test files of the project (``""``: it did not)."""
-        config, opt = self.config, self.config.option
-        invoked = Path(config.invocation_params.dir)
-        return partial_project(
-            [invoked / str(arg).split("::")[0] for arg in config.args],
-            self.rootdir,
-            [self.rootdir / p for p in config.getini("testpaths")],
-            from_testpaths=config.args_source == pytest.Config.ArgsSource.TESTPATHS,
-            ignored=[*(opt.ignore or ()), *(opt.ignore_glob or ())],
-            skipped=sorted(self.state.skipped_files),
-        )
-
-    def close(self, session: pytest.Session) -> None:
-        if self.calibrate:
-            self.write_calibration()
-        opt = self.config.option
-        self.unused = unused_and_pruned(
-            self.state,
-            self.root,
-            self.rootdir,
-            prune_gone=opt.golden_prune and self.snapshot is None,  # rank 0 prunes golden/
-            prune_tests=opt.golden_prune_tests and self.snapshot is None,
-            stopped=bool(session.shouldstop or session.shouldfail),
-            failed=bool(session.testsfailed),
-            partial=self.partial_project(),
-        )
-        if self.report_path is not None and not opt.collectonly:
-            unused, pruned = self.unused.goldens, self.unused.pruned.deleted
-            try:
-                write_report(
-                    self.report_path, self.state, mode=self.mode.value, unused=unused, pruned=pruned
-                )
-            except GoldenError as exc:
-                self.report_error = str(exc)
-                if session.exitstatus == pytest.ExitCode.OK:
-                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        self.registry.remove()
-
-    # ------------------------------------------------------------------ hooks
-
-    @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
-    def pytest_collection_modifyitems(
-        self, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
-        """Collection: calibration copies of golden tests; which files and goldens this run
-        covers."""
-        if self.calibrate:
-            items[:] = [
-                copy
-                for item in items
-                for copy in (
-                    _calibration_copies(item, self.calibrate)
-                    if "golden" in getattr(item, "fixturenames", ())
-                    else [item]
-                )
-            ]
-        for arg in config.args:
-            if "::" in arg:
-                # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
-                named = Path(config.invocation_params.dir) / arg.split("::")[0]
-                self.state.partial_files.add(os.path.abspath(named))
-        for item in items:
-            self.state.collected_files.add(str(Path(item.path)))
-            if "golden" in getattr(item, "fixturenames", ()):
-                try:
-                    self.state.expected_dirs.add(str(self.directory_of(item)))
-                except pytest.UsageError:
-                    # xdist reports a worker's usage error at collection as "no tests ran", with
-                    # no message: there the test's golden fixture raises it again, as its error.
-                    if not self.is_worker:
-                        raise
-
-    @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
-    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
-        """Collection: every test a file or class produced, before any filter trims them."""
-        report = yield
-        if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
-            self.state.skipped_files.add(str(Path(collector.path)))
-        if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
-            produced = self.state.produced
-            ids = produced.setdefault(str(Path(collector.path)), set())
-            ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
-        return report
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Collection done: the tests left to run; a torchrun rank copies their goldens."""
-        self.state.selected.update(i.nodeid for i in session.items)
-        if self.snapshot is not None:  # early: as at collection, before rank 0 re-records any
-            for item in session.items:
-                if "golden" in getattr(item, "fixturenames", ()):
-                    with contextlib.suppress(pytest.UsageError):  # its test reports it
-                        self.snapshot.copy_of(self.directory_of(item))
-
-    def pytest_itemcollected(self, item: pytest.Item) -> None:
-        """Collection: a bad marker ``seed=`` stops the run before any test."""
-        # A bad seed= stops the run before any test; xdist hides a worker's usage error at
-        # collection, so there each such test fails its setup with it instead.
-        if item.get_closest_marker("golden") is not None and not self.is_worker:
-            self.seed_of(item)
-
-    def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        """Collection: files with deselected tests are not run whole."""
-        for item in items:
-            self.state.partial_files.add(str(Path(item.path)))
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
-        """Setup (outermost): the deterministic settings and calibration perturbations, before the
-        test's first fixture."""
-        self.failed_ids.discard(item.nodeid)
-        stack = contextlib.ExitStack()
-        bad_seed = None
-        try:
-            wanted = self.wants_determinism(item)
-            seed = self.seed_of(item) if wanted else None
-        except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
-            wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
-        if wanted:
-            from ._internal.golden.determinism import deterministic
-
-            stack.enter_context(deterministic(seed))
-            item.stash[_DETERMINISM] = stack  # the deterministic fixture then has nothing to do
-        if _CALIBRATION_RUN in item.stash:
-            from ._internal.tolerance.calibration import perturbed
-
-            how = stack.enter_context(perturbed(item.stash[_CALIBRATION_RUN], self.perturb))
-            item.user_properties.append(("golden_calibration_run", how))
-            item.stash[_SETTINGS] = stack
-        result = yield
-        if bad_seed is not None:
-            raise bad_seed
-        return result
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        """Call: finish the test's golden (commit, or raise the mismatch)."""
-        try:
-            result = yield
-        except BaseException as exc:
-            unusable = isinstance(
-                exc, (GoldenMissingError, GoldenFormatError, GoldenNotFetchedError)
-            )
-            self.finish(item, error=True, golden_error=unusable)
-            raise
-        self.finish(item, error=item.nodeid in self.failed_ids)  # e.g. a failed subtest
-        return result
-
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
-        """Teardown (innermost): finish a golden the call did not; restore the settings after the
-        last fixture."""
-        try:
-            return (yield)
-        finally:
-            self.finish(item, error=True)  # no-op once finished
-            stack = item.stash.get(_SETTINGS, item.stash.get(_DETERMINISM, None))
-            if stack is not None:
-                stack.close()
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-        """Report: a mismatch as its table; a golden error with the user's frames only."""
-        report = yield
-        excinfo = call.excinfo
-        if not report.failed or excinfo is None:
-            return report
-        if excinfo.errisinstance(GoldenMismatch):
-            report.longrepr = str(excinfo.value)  # the table says it all; no traceback
-        elif excinfo.errisinstance(pytest.UsageError) and str(
-            excinfo.traceback[-1].path
-        ).startswith(
-            str(Path(__file__).parent)
-        ):  # a marker or option mistake found by this plugin: the message names the fix
-            report.longrepr = f"UsageError: {excinfo.value}"
-        elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
-            # Golden's methods re-raise with the user's frames only (replay.user_facing); an
-            # error raised by this plugin's own hooks (a commit at the end of the call) has
-            # hook-runner frames above it instead.
-            pytest_dir = Path(pytest.__file__).parent
-            hidden = (str(pytest_dir), str(pytest_dir.parent / "_pytest"))
-            hidden += (str(Path(pluggy.__file__).parent), str(Path(__file__).parent))
-            hidden += (contextlib.__file__,)  # `with` glue
-            excinfo.traceback = excinfo.traceback.filter(
-                lambda entry: not str(entry.path).startswith(hidden)
-            )
-            style = item.config.getoption("tbstyle", "auto")
-            report.longrepr = excinfo.getrepr(
-                style="long" if style == "auto" else style,
-                tbfilter=False,
-                showlocals=item.config.getoption("showlocals", False),
-            )
-        return report
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Session end: workers hand their state over; the controller merges, prunes, writes;
-        worker pools stop."""
-        if self.is_worker:
-            session.config.workeroutput[_WORKER_OUTPUT] = self.state.to_json()  # type: ignore[attr-defined]
-        else:
-            self.close(session)
-        launcher = sys.modules.get("pytest_rollout_golden.parallel.launcher")
-        if launcher is not None:  # worker pools of parallel.launch(): stop them with the session
-            launcher.shutdown()
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Summary: the ``rollout golden`` section."""
-        if self.is_worker:
-            return
-        lines = summary_lines(
-            self.state,
-            unused=self.unused.goldens,
-            pruned=self.unused.pruned.deleted,
-            unused_tolerances=self.unused_tolerances(),
-            report_path=None
-            if self.report_error or terminalreporter.config.option.collectonly
-            else terminalreporter.config.option.golden_report,
-            relative_to=self.rootdir,
-        )
-        lines.extend(self.unused.notes())
-        lines.extend(_recording_notes(self))
-        if self.report_error:
-            lines.append(self.report_error)
-        if lines:
-            terminalreporter.write_sep("=", "rollout golden")
-            for line in lines:
-                terminalreporter.write_line(line)
-
-    def pytest_unconfigure(self) -> None:
-        """The end: a torchrun rank's copies of goldens are removed."""
-        if self.snapshot is not None:
-            self.snapshot.remove()
-
-
-_PATH_OPTIONS = ("--golden-report", "--golden-dir", "--golden-plot")
-
-
-def _check_space_form(config: pytest.Config) -> None:
-    """Refuse ``--golden-report PATH`` (a space, no ``=``) when pytest took PATH for a test path.
-
-    pytest picks the rootdir and ini file before plugin options are known, so it reads an
-    existing PATH after a plugin option as a test path; no plugin can undo that choice.
-    """
-    args = [str(a) for a in config.invocation_params.args]
-    for i, arg in enumerate(args[:-1]):
-        if arg in _PATH_OPTIONS and Path(config.invocation_params.dir, args[i + 1]).exists():
-            rootdir, inipath = _intended_setup(config, args)
-            if rootdir is not None and (rootdir, inipath) != (config.rootpath, config.inipath):
-                raise pytest.UsageError(
-                    f"`{arg} {args[i + 1]}`: pytest took {args[i + 1]} for a test path before "
-                    f"this plugin could claim it, and chose rootdir {config.rootpath} "
-                    f"(ini file {config.inipath}) instead of {rootdir} ({inipath}); "
-                    f"write `{arg}={args[i + 1]}`"
-                )
-
-
-def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
-    """The (rootdir, ini file) pytest would pick knowing this plugin's options."""
-    try:
-        from _pytest.config.findpaths import determine_setup
-
-        ns = config._parser.parse_known_args(args)
-        rootdir, inipath, *_ = determine_setup(
-            inifile=config.option.inifilename,
-            override_ini=config.option.override_ini,
-            args=ns.file_or_dir,
-            rootdir_cmd_arg=config.option.rootdir or None,
-            invocation_dir=config.invocation_params.dir,
-        )
-    except Exception:  # pytest's private API changed: no check rather than a wrong one
-        return None, None
-    return rootdir, inipath
-
-
-def _expected_to_fail(item: pytest.Item) -> bool:
-    """Whether an ``xfail`` marker applies (pytest itself reports the xfail/xpass verdict)."""
-    if item.config.option.runxfail:
-        return False
-    for marker in item.iter_markers("xfail"):
-        condition = marker.kwargs.get("condition", marker.args[0] if marker.args else True)
-        if isinstance(condition, bool) and condition:
-            return True
-    return False
-
-
-# ---------------------------------------------------------------------- hooks
-
-
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' own plugin loads a profile
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", markers.MARKER_DOC)
-    with _usage():
-        plugin = GoldenPlugin(config)
-    config.stash[_PLUGIN] = plugin
-    config.pluginmanager.register(plugin, "rollout-golden-session")
-    progress = _CalibrationProgress() if plugin.calibrate else None
-    if progress is not None:
-        config.pluginmanager.register(progress, "rollout-golden-calibration-progress")
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(plugin, progress), "rollout-golden-xdist")
+    with as_usage_error():
+        core = GoldenPlugin(config)
+    config.stash[PLUGIN] = core
+    register = config.pluginmanager.register
+    register(core, "rollout-golden-session")
+    # pluggy calls plain hooks of later-registered plugins first: these run before the
+    # core's, e.g. pruning before the core reports the unused goldens at session end.
+    rank = torchrun_rank()
+    if rank:
+        register(RankSnapshotPlugin(core, rank), "rollout-golden-rank-snapshot")
+    opt = config.option
+    calibration = CalibrationPlugin(core) if opt.golden_calibrate else None
+    if calibration is not None:
+        register(calibration, "rollout-golden-calibrate")
+        register(calibration.progress, "rollout-golden-calibration-progress")
+    if (opt.golden_prune or opt.golden_prune_tests) and not core.is_worker and not rank:
+        register(PrunePlugin(core), "rollout-golden-prune")  # rank 0 prunes golden/
+    if config.pluginmanager.hasplugin("xdist") and not core.is_worker:
+        progress = calibration.progress if calibration is not None else None
+        register(XdistPlugin(core, progress), "rollout-golden-xdist")
     if "hypothesis" in sys.modules or config.getoption("hypothesis_profile", None) in NAMES:
         register_profiles()
-
-
-class _CalibrationProgress:
-    """``--golden-calibrate N``: the progress counts tests, each run N times, up to 100%.
-
-    pytest's terminal counts the distinct test ids it has reported against the items
-    collected; the N runs of a test share its id (its golden and report entries are keyed
-    on it), so the count of items becomes that of distinct ids."""
-
-    def __init__(self) -> None:
-        self.session: pytest.Session | None = None
-        self.tests = 0  # distinct test ids; 0: not known (yet)
-
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.session = session
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.tests = len({item.nodeid for item in session.items})
-
-    @pytest.hookimpl(tryfirst=True)  # before the terminal reports the progress
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.tests and self.session is not None:
-            self.session.testscollected = self.tests
-
-
-class _XdistHooks:
-    def __init__(self, plugin: GoldenPlugin, progress: _CalibrationProgress | None = None):
-        self.plugin = plugin
-        self.progress = progress
-
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
-        if self.progress is not None:  # the controller collects nothing itself
-            self.progress.tests = len(set(ids))
-
-    def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput["rollout_golden_token"] = self.plugin.token
-
-    def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        output = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT)
-        if output:
-            self.plugin.state.merge_json(output)
-
-
-def _calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
-    """``item`` and ``runs - 1`` copies of it (same node id, fresh fixtures), numbered."""
-    copies = [item]
-    if isinstance(item, pytest.Function):
-        for _ in range(runs - 1):
-            copies.append(
-                pytest.Function.from_parent(
-                    item.parent,
-                    name=item.name,
-                    callspec=getattr(item, "callspec", None),
-                    callobj=item.obj,
-                    fixtureinfo=item._fixtureinfo,
-                    originalname=item.originalname,
-                )
-            )
-    for run, copy in enumerate(copies):
-        copy.stash[_CALIBRATION_RUN] = run
-    return copies
-
-
-def _recording_notes(plugin: GoldenPlugin) -> list[str]:
-    """Warnings about where and when this session recorded goldens, or found none."""
-    outcomes = plugin.state.outcomes
-    recorded = any(o.status in (Status.RECORDED, Status.UPDATED) for o in outcomes)
-    missing = any(
-        o.status is Status.FAILED and any(c.verdict == Verdict.MISSING for c in o.comparisons)
-        for o in outcomes
-    )
-    notes = []
-    if recorded and plugin.config.option.update_golden and _truthy_env("CI"):
-        notes.append(CI_UPDATE)
-    if (recorded or missing) and plugin.config.inipath is None and plugin.snapshot is None:
-        rel = os.path.relpath(plugin.root, plugin.rootdir)
-        other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
-        if other is not None:
-            notes.append(rootdir_note(plugin.root, other, plugin.rootdir, recorded=recorded))
-    return notes
-
-
-# ---------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Golden:
     """The golden of this test: ``rollout()``, ``check()``, ``check_tensors()``."""
     __tracebackhide__ = True
-    golden = request.config.stash[_PLUGIN].golden_for(request.node)
-    request.node.stash[_GOLDEN] = golden
+    golden = request.config.stash[PLUGIN].golden_for(request.node)
+    request.node.stash[GOLDEN] = golden
     return golden
 
 
 @pytest.fixture(name="deterministic")
 def deterministic_fixture(request: pytest.FixtureRequest) -> Iterator[int]:
     """Deterministic settings for this test; yields the seed (see ``deterministic()``)."""
-    plugin = request.config.stash[_PLUGIN]
+    plugin = request.config.stash[PLUGIN]
     seed = plugin.seed_of(request.node)
-    if _DETERMINISM in request.node.stash:
+    if DETERMINISM in request.node.stash:
         yield seed
         return
     from ._internal.golden.determinism import deterministic
