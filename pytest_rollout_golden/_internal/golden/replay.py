@@ -300,7 +300,14 @@ class Golden:
     # ------------------------------------------------------------------ public API
 
     @user_facing
-    def rollout(self, generate: Callable[[], Any], *, step: int = 0, name: str = "rollout") -> Any:
+    def rollout(
+        self,
+        generate: Callable[[], Any],
+        *,
+        step: int = 0,
+        name: str = "rollout",
+        device: Any = None,
+    ) -> Any:
         """Rollout batch ``name`` at ``step``: replayed if recorded, else generated and recorded.
 
         Replay never calls ``generate``; it returns the same structure, dtypes,
@@ -310,6 +317,10 @@ class Golden:
         the outer streams are restored afterwards). Under ``--update-golden`` a recorded
         rollout is kept
         unless ``regenerate``; a step never recorded follows the missing-step policy.
+
+        A batch is read onto the CPU, where it was recorded or not; ``device`` (``"cuda"``,
+        a ``torch.device``) puts its tensors there: every tensor of a dict, list or tuple,
+        or the batch's own ``.to(device)`` (a tensor, TensorDict, DataProto).
         """
         checks.require_generator(generate, name)
         key = checks.step_key(step)
@@ -320,7 +331,7 @@ class Golden:
             raise GoldenMissingError(
                 input_outside_base_lane(name, step, self.directory, self._lane.name)
             )
-        return batch
+        return batch if device is None else checks.to_device(batch, device)
 
     @user_facing
     def check(
