@@ -23,7 +23,7 @@ from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .batchfile import save_batch
 from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
-from .location import MANIFEST, leftover_kind, staging_dir
+from .location import LANE_NAME, MANIFEST, leftover_kind, staging_dir
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -48,11 +48,27 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise format_error(
             path, "has malformed stand_ins (not {step: {rollout name: step standing in}})"
         )
+    problem = _lane_problem(manifest)
+    if problem:
+        raise format_error(path, problem)
     for filename, info in manifest["files"].items():
         problem = _manifest_entry_problem(filename, info) or _not_a_file(directory / filename)
         if problem:
             raise format_error(path, f"has a malformed entry for {filename!r}: {problem}")
     return manifest
+
+
+def _lane_problem(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's lane fields: ``lane``, the lane its values belong to,
+    and ``inputs``, ``{rollout file: digest}`` a lane's values were computed on."""
+    lane, inputs = manifest.get("lane"), manifest.get("inputs", {})
+    if lane is not None and not (isinstance(lane, str) and LANE_NAME.fullmatch(lane)):
+        return f"has a malformed lane {lane!r} (not a lane name)"
+    if not isinstance(inputs, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in inputs.items()
+    ):
+        return "has malformed inputs (not {rollout file: digest})"
+    return None
 
 
 def _stand_ins_valid(stand_ins: Any) -> bool:

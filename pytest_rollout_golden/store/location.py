@@ -106,6 +106,8 @@ def link_out_of_root(root: Path, directory: Path) -> Path | None:
 
 
 SHARED = "@shared"
+LANES = "@lanes"  # a golden's lanes other than its base lane (see _internal/golden/lanes.py)
+LANE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
 def shared_golden_dir(root: Path, name: str) -> Path:
@@ -116,7 +118,8 @@ def shared_golden_dir(root: Path, name: str) -> Path:
 def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
     """Every golden directory at or below ``root``, sorted.
 
-    Hidden entries (staging and backup directories, lock files) are never goldens.
+    Hidden entries (staging and backup directories, lock files) are never goldens, nor are
+    a golden's lanes (``@lanes/``): they belong to the golden above them.
     ``follow_symlinks`` also descends into symlinked directories, as replay does
     (each real directory once, so a symlink loop ends).
     """
@@ -132,7 +135,7 @@ def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
                 dirs[:] = []
                 continue
             seen.add(real)
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != LANES]
         if MANIFEST in files and folder != str(root):
             found.append(Path(folder))
     return sorted(found, key=lambda p: p.relative_to(root).parts)
@@ -204,7 +207,7 @@ def find_manifestless(root: Path) -> list[Path]:
         return []
     found = []
     for folder, dirs, _ in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != LANES]
         if files_without_manifest(Path(folder)):
             found.append(Path(folder))
     return sorted(found)

@@ -403,3 +403,15 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
 
 def summary(value: Any) -> dict[str, Any]:
     return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+
+
+def to_device(batch: Any, device: Any) -> Any:
+    """``batch`` with its tensors on ``device``: containers rebuilt, anything with a ``to``
+    method (a tensor, TensorDict, DataProto) moved by it, other values as they are."""
+    if isinstance(batch, Mapping):
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        return type(batch)(moved) if isinstance(batch, dict) else moved
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(to_device(v, device) for v in batch)
+    move = getattr(batch, "to", None)
+    return move(device) if callable(move) else batch

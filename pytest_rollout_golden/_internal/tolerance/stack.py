@@ -6,6 +6,8 @@ is the one place that puts them in order (top wins)::
     golden.check(tolerances=)                     call
     @pytest.mark.golden(ignore=, tolerances=)     marker
     --golden-ignore, --golden-tolerance           cli
+    ini golden_lane_fallback_tolerances           lane_fallback (compared against a
+                                                  fallback lane only, lanes.py)
     calibrated variant lane (tolerances.json)     calibrated_layout   } variants
     variant lane (same_math(), parallel.variants) layout              } only
     calibrated (tolerances.json)                  calibrated
@@ -74,6 +76,7 @@ class Stack:
     marker: Sequence[Layer] = ()
     calibrated_layout: Layer | None = None
     layout: Layer | None = None
+    lane_fallback: Layer | None = None
     calibrated: Layer | None = None
     cli: Sequence[Layer] = ()
     ini: Sequence[Layer] = ()
@@ -89,6 +92,7 @@ class Stack:
             *self.marker,
             self.across_variants if self.variant else None,
             *self.cli,
+            self.lane_fallback,
             self.calibrated_layout,
             self.layout,
             self.calibrated,
