@@ -135,13 +135,11 @@ class LaneSetting:
 
 
 def resolve_setting(
-    option: str | None,
-    ini: str | None,
-    environ: Mapping[str, str],
-    fingerprint: Mapping[str, Any] | None,
+    option: str | None, ini: str | None, environ: Mapping[str, str]
 ) -> tuple[str | None, str]:
-    """``(lane, source)`` from the option, the ini value and the environment, first set first;
-    ``auto`` becomes this environment's lane. Raises ValueError naming a bad value's source."""
+    """``(lane, source)`` from the option, the environment and the ini value, first set
+    first (``auto`` as it is: deciding it needs torch). Raises ValueError naming a bad
+    value's source."""
     for value, source in (
         (option, "--golden-lane"),
         (environ.get(ENVIRONMENT_VARIABLE), ENVIRONMENT_VARIABLE),
@@ -152,9 +150,7 @@ def resolve_setting(
         problem = lane_problem(value)
         if problem is not None:
             raise ValueError(f"{source}: {problem}")
-        if value == AUTO:
-            return environment_lane(fingerprint) or "cpu", f"{source} = auto"
-        return value, source
+        return value, (f"{source} = {AUTO}" if value == AUTO else source)
     return None, ""
 
 

@@ -138,6 +138,14 @@ FLAGS = (
         "demand bit equality for every metric and tensor",
     ),
     Flag(
+        "--golden-lane",
+        "value",
+        "the lane whose values this run compares and records (one golden, values per "
+        "platform): a name such as cpu or cuda-sm90, or auto for this machine's "
+        "(ini golden_lane, environment ROLLOUT_GOLDEN_LANE)",
+        metavar="NAME",
+    ),
+    Flag(
         "--golden-plot",
         "value",
         "write a PNG of metric curves (recorded vs this run) per failed golden to DIR "
@@ -195,6 +203,19 @@ INI = (
     Ini(
         "golden_mismatch_bounds",
         "bounds of golden.check_mismatch, one METRIC<=VALUE per line",
+        (),
+        "linelist",
+    ),
+    Ini("golden_lane", "the lane of this project's runs: a name, or auto (see --golden-lane)", ""),
+    Ini(
+        "golden_lane_fallback",
+        "in strict mode, the lane a golden is compared against where the run's lane was "
+        "never recorded",
+        "",
+    ),
+    Ini(
+        "golden_lane_fallback_tolerances",
+        "tolerances of a comparison against the fallback lane, one METRIC:rtol=R,atol=A per line",
         (),
         "linelist",
     ),

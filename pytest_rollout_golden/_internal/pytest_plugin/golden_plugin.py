@@ -38,10 +38,12 @@ from . import markers
 from .options import (
     OptionError,
     golden_root,
+    lane_setting,
     missing_step_policy,
     parse_seed,
     plot_dir,
     report_path,
+    resolved_lane,
     session_mode,
     session_tolerances,
     truthy_env,
@@ -50,6 +52,7 @@ from .prune import Unused, partial_project, unused_and_pruned
 from .session import SessionState, UpdateMarks, write_report
 
 if TYPE_CHECKING:
+    from ..golden.lanes import LaneSetting
     from ..golden.replay import Golden
     from .snapshot import RankSnapshot
 
@@ -109,6 +112,14 @@ class GoldenPlugin:
         with as_usage_error():  # checked at start-up; each test's marker adds its own layer
             mismatch_bounds.session_bounds(
                 None, opt.golden_mismatch_bound, config.getini("golden_mismatch_bounds")
+            )
+        with as_usage_error():
+            self.lane = lane_setting(
+                opt.golden_lane,
+                config.getini("golden_lane"),
+                config.getini("golden_lane_fallback"),
+                config.getini("golden_lane_fallback_tolerances"),
+                os.environ,
             )
         self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
         with as_usage_error():  # a bad ini policy stops the run here, not each test at its setup
@@ -183,8 +194,14 @@ class GoldenPlugin:
             rebuild=options.get("rebuild"),
             mismatch_bounds=self._mismatch_bounds(item, options),
             session=links,
+            lane=self._lane(),
             **inputs,
         )
+
+    def _lane(self) -> LaneSetting:
+        """The session's lane, ``auto`` decided on first use (it needs torch)."""
+        self.lane = resolved_lane(self.lane)
+        return self.lane
 
     def _mismatch_bounds(self, item: pytest.Item, options: dict[str, Any]) -> Any:
         """The bounds of ``golden.check_mismatch``: marker, then flag, then ini."""
