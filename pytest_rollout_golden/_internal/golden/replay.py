@@ -31,6 +31,7 @@ from ...errors import (
 from ...store.location import TOLERANCES, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
+    derived_fields_note,
     input_outside_base_lane,
     lane_missing,
     lane_on_other_inputs,
@@ -155,6 +156,7 @@ class Golden:
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
+        self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._without_files: Resolver | None = None  # tolerances without tolerances.json
         self._finished = False
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
@@ -331,6 +333,7 @@ class Golden:
             raise GoldenMissingError(
                 input_outside_base_lane(name, step, self.directory, self._lane.name)
             )
+        self._note_derived(name, step, batch)
         return batch if device is None else checks.to_device(batch, device)
 
     @user_facing
@@ -476,6 +479,17 @@ class Golden:
         self._note_loosened(results)
         self._outcome.comparisons.extend(results)
         return results
+
+    def _note_derived(self, name: str, step: int, batch: Any) -> None:
+        """Note, once per rollout name, a recorded batch holding fields the trainer derives."""
+        from ...store.location import rollout_filename
+
+        if name in self._derived_noted or not self._inputs.staged(rollout_filename(name, step)):
+            return
+        self._derived_noted.add(name)
+        fields = checks.derived_fields(batch)
+        if fields:
+            self._outcome.rollouts.append(derived_fields_note(name, fields))
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's tolerances.json looser than without it."""

@@ -297,6 +297,16 @@ def missing_recording(test_id: str, recorder: str, directory: Path, remedy: str)
     )
 
 
+def derived_fields_note(name: str, fields: Sequence[str]) -> str:
+    """A recorded rollout that holds fields the trainer computes (advantages, returns, kl)."""
+    return (
+        f"rollout {name!r}: recorded with {', '.join(fields)}, which look computed by the "
+        "trainer, not returned by the engine; replayed, their code is never tested: record "
+        "the engine's output and compute them in the test (docs/guide/recording.md, "
+        "'Where to record')"
+    )
+
+
 def lane_missing(directory: Path, lane: Any, recorded: Sequence[str | None]) -> str:
     """A golden without this run's lane (a :class:`~.lanes.LaneSetting`), in strict mode."""
     held = ", ".join(name or "(unnamed)" for name in recorded)
