@@ -1,9 +1,12 @@
-"""TRL's real GRPOTrainer through the plugin: same-math variants pass, seeded bugs fail.
+"""TRL's real GRPOTrainer and RLOOTrainer through the plugin: same-math variants pass, seeded
+bugs fail.
 
 An inner project (pytester, one subprocess per run: TRL and transformers cannot be imported
-twice in one process) trains a tiny Qwen2 with ``GRPOTrainer`` on CPU (``grpo_harness.py``),
-wraps generation in ``golden.rollout`` and checks the logged training metrics per step with
-``golden.check`` under ``golden_metric_profile = trl``. The reference of each lane records
+twice in one process) trains a tiny Qwen2 with ``GRPOTrainer``/``RLOOTrainer`` on CPU
+(``grpo_harness.py``), records what the engine and the reward function return with
+``golden.rollout`` (advantages, KL and log-probs are recomputed by TRL on replay, so bugs there
+are caught) and checks the logged training metrics per step with ``golden.check`` under
+``golden_metric_profile = trl``. The reference of each lane records
 with ``--update-golden``; then one replay run covers every variant: the same-math ones must
 pass, every seeded bug must fail naming the metric that shows it.
 
@@ -57,6 +60,8 @@ DAPO = {{
     "b4ga2-mbmean": Knobs(loss_type="dapo", batch=4, ga=2, bug="microbatch_token_mean"),
     "padloss": Knobs(loss_type="dapo", bug="loss_on_padding"),
     "klsign": Knobs(loss_type="dapo", bug="kl_sign"),
+    "betaignored": Knobs(loss_type="dapo", bug="beta_ignored"),
+    "advnostd": Knobs(loss_type="dapo", bug="advantage_no_std"),
     "x1.001": Knobs(loss_type="dapo", bug="loss_x1.001"),
 }}
 GRPO = {{
@@ -68,6 +73,18 @@ BNPO = {{
     "b8ga1": Knobs(loss_type="bnpo"),
     "b4ga2": Knobs(loss_type="bnpo", batch=4, ga=2),  # per-micro-batch token-mean: real change
 }}
+# RLOO's loss is -mean(A) of centred advantages: zero up to rounding (~1e-8), so it is held
+# against the scale of its terms (|A| ~ 1), not its recorded magnitude (issue 26)
+RLOO = {{
+    "b8ga1": Knobs(algo="rloo", normalize_advantages=True),
+    "b4ga2": Knobs(algo="rloo", normalize_advantages=True, batch=4, ga=2),
+    "b2ga4": Knobs(algo="rloo", normalize_advantages=True, batch=2, ga=4),
+    "x1.001": Knobs(algo="rloo", normalize_advantages=True, bug="loss_x1.001"),
+    "padloss": Knobs(algo="rloo", normalize_advantages=True, bug="loss_on_padding"),
+    "klsign": Knobs(algo="rloo", normalize_advantages=True, bug="kl_sign"),
+    "advnostd": Knobs(algo="rloo", normalize_advantages=True, bug="advantage_no_std"),
+}}
+RLOO_LOSS = {{"loss": {{"rtol": 1e-4, "scale": 1.0}}}}
 # two optimizer steps per generated batch: old_per_token_logps in the batch, clipping active
 MU2 = {{
     "b8ga1": Knobs(loss_type="dapo", num_iterations=2, steps=4),
@@ -76,13 +93,15 @@ MU2 = {{
 }}
 
 
-def train(golden, knobs, model_dir, out):
+def train(golden, knobs, model_dir, out, tolerances=None):
     trainer = make_trainer(
         knobs,
         model_dir,
         out,
-        rollout=lambda step, generate: golden.rollout(generate, step=step),
-        on_step=lambda step, logs: golden.check(training_metrics(logs), step=step),
+        rollout=lambda step, generate, name: golden.rollout(generate, step=step, name=name),
+        on_step=lambda step, logs: golden.check(
+            training_metrics(logs), step=step, tolerances=tolerances
+        ),
     )
     with quiet():
         trainer.train()
@@ -101,6 +120,11 @@ def test_grpo(golden, knobs, model_dir, tmp_path):
 @pytest.mark.parametrize("knobs", same_math(BNPO))
 def test_bnpo(golden, knobs, model_dir, tmp_path):
     train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(RLOO))
+def test_rloo(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path, tolerances=RLOO_LOSS)
 
 
 @pytest.mark.parametrize("knobs", same_math(MU2))
@@ -133,12 +157,21 @@ EXPECTED = {
     "test_dapo[b4ga2-mbmean]": (False, ("loss", "grad_norm")),
     "test_dapo[padloss]": (False, ("loss", "grad_norm")),
     "test_dapo[klsign]": (False, ("loss",)),
+    "test_dapo[betaignored]": (False, ("loss",)),
+    "test_dapo[advnostd]": (False, ("loss", "grad_norm")),
     "test_dapo[x1.001]": (False, ("loss",)),
     "test_grpo[b8ga1]": (True, ()),
     "test_grpo[b4ga2]": (True, ()),
     "test_grpo[b4ga2-dropga]": (False, ("grad_norm", "loss")),
     "test_bnpo[b8ga1]": (True, ()),
     "test_bnpo[b4ga2]": (False, ("loss",)),
+    "test_rloo[b8ga1]": (True, ()),
+    "test_rloo[b4ga2]": (True, ()),
+    "test_rloo[b2ga4]": (True, ()),
+    "test_rloo[x1.001]": (False, ("grad_norm",)),
+    "test_rloo[padloss]": (False, ("loss", "grad_norm")),
+    "test_rloo[klsign]": (False, ("grad_norm",)),
+    "test_rloo[advnostd]": (False, ("grad_norm",)),
     "test_mu2[b8ga1]": (True, ()),
     "test_mu2[b4ga2]": (True, ()),
     "test_mu2[noclip]": (False, ("loss",)),
