@@ -4,8 +4,8 @@ A pytester project trains a small bf16 MLP for three steps on a rollout batch re
 CPU and put on the test's device with ``golden.rollout(..., device=)``. The CPU lane records
 the golden; a run on CUDA with ``--golden-lane auto`` records its own lane beside it from the
 same inputs (``generate`` is not called); the two lanes hold different bf16 numbers (each
-platform rounds its own way), and each replays bit for bit on its own device. Skipped without CUDA (CI has none); run by
-``.ci/device-checks`` on a GPU machine.
+platform rounds its own way), and each replays bit for bit on its own device. Skipped
+without CUDA (CI has none); run by ``.ci/device-checks`` on a GPU machine.
 """
 
 from __future__ import annotations
