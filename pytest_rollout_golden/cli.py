@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +42,6 @@ from .store.location import (
     files_without_manifest,
     find_goldens,
     find_manifestless,
-    leftover_name,
 )
 
 
@@ -58,8 +56,8 @@ def verify(paths: Sequence[Path]) -> int:
     """Check every golden under ``paths``; 0 all intact, 1 a problem found, 2 could not check.
 
     Every golden is reported, whatever the others hold. A golden whose update was
-    interrupted (a ``.NAME.old-PID`` left beside it, or only that backup left) is a
-    problem; symlinked goldens are followed, as replay does.
+    interrupted past its commit point (a staged ``.NAME.new-PID`` with its manifest left
+    beside it) is a problem; symlinked goldens are followed, as replay does.
     """
     missing = [p for p in paths if not p.exists()]
     for path in missing:
@@ -69,21 +67,14 @@ def verify(paths: Sequence[Path]) -> int:
     problems = unchecked = checked = 0
     for path in paths:
         directories = find_goldens(path, follow_symlinks=True)
-        orphans = _orphaned_backups(path)
         unlisted = find_manifestless(path)
-        if not directories and not orphans and not unlisted:
+        if not directories and not unlisted:
             print(
                 f"error: {path}: no golden (no {MANIFEST}) at or below it; "
                 "give the golden root (ini golden_dir, default golden/) or a golden directory",
                 file=sys.stderr,
             )
             unchecked += 1
-        for backup, name in orphans:
-            problems += 1
-            print(
-                f"FAIL {backup.parent / name}: missing; an interrupted update left its previous "
-                f"version in {backup.name}. Any pytest run of its test restores it; commit that."
-            )
         for directory in unlisted:
             problems += 1
             problem = manifestless(directory, files_without_manifest(directory))
@@ -113,20 +104,6 @@ def _verify_one(directory: Path) -> tuple[str, str]:
     except Exception as exc:  # a file this version cannot read: say so, check the rest
         return "ERROR", f": could not be checked ({type(exc).__name__}: {exc})"
     return "ok", f" ({len(files)} files)"
-
-
-def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
-    """``(backup, golden name)`` of every ``.NAME.old-PID`` at or below ``path`` without NAME."""
-    if not path.is_dir():
-        return []
-    out = []
-    for folder, dirs, _ in os.walk(path, followlinks=True):
-        for d in dirs:
-            match = leftover_name(d)
-            if match is not None and match[1] == "old" and match[0] not in dirs:
-                out.append((Path(folder) / d, match[0]))
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-    return sorted(out)
 
 
 def show(path: Path, *, as_json: bool = False) -> int:

@@ -243,7 +243,7 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
                 "batch_size": list(v.batch_size),
                 "items": _items(v.items(), path, node),
             }
-            if getattr(v, "device", None) is not None:  # absent key: the layout of older goldens
+            if getattr(v, "device", None) is not None:  # no key: a TensorDict without a device
                 out["device"] = str(v.device)
             return out
         proxy = batch_proxy(v)
