@@ -201,6 +201,11 @@ INI = (
         "",
     ),
     Ini(
+        "golden_precision",
+        "the precision the training computes in: float32 (default) or bf16 (looser grad_norm)",
+        "",
+    ),
+    Ini(
         "golden_mismatch_bounds",
         "bounds of golden.check_mismatch, one METRIC<=VALUE per line",
         (),

@@ -108,6 +108,7 @@ class GoldenPlugin:
                 config.getini("golden_tolerances"),
                 config.getini("golden_ignore"),
                 config.getini("golden_metric_profile"),
+                config.getini("golden_precision"),
             )
         with as_usage_error():  # checked at start-up; each test's marker adds its own layer
             mismatch_bounds.session_bounds(

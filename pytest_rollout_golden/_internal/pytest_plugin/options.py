@@ -61,15 +61,26 @@ def session_tolerances(
     ini_tolerances: Any,
     ini_ignore: Any,
     profile: str = "",
+    precision: str = "",
 ) -> Stack:
     """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` over
-    ini ``golden_tolerances``/``golden_ignore`` over the ``golden_metric_profile``
-    (ValueError naming the source on a bad entry or an unknown profile)."""
+    ini ``golden_tolerances``/``golden_ignore`` over ``golden_precision`` over the
+    ``golden_metric_profile`` (ValueError naming the source on a bad entry or an unknown
+    profile or precision)."""
     stack = Stack(
         cli=level("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
         ini=level("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
     )
-    return with_profile(stack, profile)
+    return with_precision(with_profile(stack, profile), precision, "ini golden_precision")
+
+
+def with_precision(stack: Stack, precision: str, source: str) -> Stack:
+    """``stack`` with the layer of a declared training precision (none if empty)."""
+    if not precision.strip():
+        return stack
+    from ..tolerance.families import precision_layer
+
+    return stack.replace(precision=precision_layer(precision, source))
 
 
 def with_profile(stack: Stack, profile: str) -> Stack:

@@ -12,6 +12,7 @@ is the one place that puts them in order (top wins)::
     variant lane (same_math(), parallel.variants) layout              } only
     calibrated (tolerances.json)                  calibrated
     ini golden_ignore, golden_tolerances          ini
+    marker precision=, ini golden_precision       precision
     ini golden_metric_profile                     profile
     built-in RL defaults (families.py)            (always)
     the training-value default                    (always)
@@ -80,6 +81,7 @@ class Stack:
     calibrated: Layer | None = None
     cli: Sequence[Layer] = ()
     ini: Sequence[Layer] = ()
+    precision: Layer | None = None
     profile: Sequence[Layer] = ()
     across_variants: Layer | None = None
     variant: bool = False
@@ -97,6 +99,7 @@ class Stack:
             self.layout,
             self.calibrated,
             *self.ini,
+            self.precision,
             *self.profile,
             *builtin_layers(),
         ]
