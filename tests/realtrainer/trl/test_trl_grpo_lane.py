@@ -73,8 +73,8 @@ BNPO = {{
     "b8ga1": Knobs(loss_type="bnpo"),
     "b4ga2": Knobs(loss_type="bnpo", batch=4, ga=2),  # per-micro-batch token-mean: real change
 }}
-# RLOO's loss is -mean(A) of centred advantages: zero up to rounding (~1e-8), so it is held
-# against the scale of its terms (|A| ~ 1), not its recorded magnitude (issue 26)
+# RLOO's loss is -mean(A) of centred advantages: zero up to rounding (~1e-8); the trl profile
+# holds it against the scale of its terms (|A| ~ 1), not its recorded magnitude
 RLOO = {{
     "b8ga1": Knobs(algo="rloo", normalize_advantages=True),
     "b4ga2": Knobs(algo="rloo", normalize_advantages=True, batch=4, ga=2),
@@ -83,8 +83,23 @@ RLOO = {{
     "padloss": Knobs(algo="rloo", normalize_advantages=True, bug="loss_on_padding"),
     "klsign": Knobs(algo="rloo", normalize_advantages=True, bug="kl_sign"),
     "advnostd": Knobs(algo="rloo", normalize_advantages=True, bug="advantage_no_std"),
+    "b4ga2-dropga": Knobs(
+        algo="rloo", normalize_advantages=True, batch=4, ga=2, bug="drop_ga_scale"
+    ),
 }}
-RLOO_LOSS = {{"loss": {{"rtol": 1e-4, "scale": 1.0}}}}
+RLOO_RAW = {{
+    "b8ga1": Knobs(algo="rloo"),
+    "b4ga2": Knobs(algo="rloo", batch=4, ga=2),
+    "b2ga4": Knobs(algo="rloo", batch=2, ga=4),
+}}
+# TRL's default bf16=True (CPU autocast), declared with precision="bf16"
+BF16 = {{
+    "b8ga1": Knobs(loss_type="dapo", bf16=True),
+    "b4ga2": Knobs(loss_type="dapo", bf16=True, batch=4, ga=2),
+    "b2ga4": Knobs(loss_type="dapo", bf16=True, batch=2, ga=4),
+    "b4ga2-dropga": Knobs(loss_type="dapo", bf16=True, batch=4, ga=2, bug="drop_ga_scale"),
+    "x1.001": Knobs(loss_type="dapo", bf16=True, bug="loss_x1.001"),
+}}
 # two optimizer steps per generated batch: old_per_token_logps in the batch, clipping active
 MU2 = {{
     "b8ga1": Knobs(loss_type="dapo", num_iterations=2, steps=4),
@@ -93,15 +108,13 @@ MU2 = {{
 }}
 
 
-def train(golden, knobs, model_dir, out, tolerances=None):
+def train(golden, knobs, model_dir, out):
     trainer = make_trainer(
         knobs,
         model_dir,
         out,
         rollout=lambda step, generate, name: golden.rollout(generate, step=step, name=name),
-        on_step=lambda step, logs: golden.check(
-            training_metrics(logs), step=step, tolerances=tolerances
-        ),
+        on_step=lambda step, logs: golden.check(training_metrics(logs), step=step),
     )
     with quiet():
         trainer.train()
@@ -124,7 +137,18 @@ def test_bnpo(golden, knobs, model_dir, tmp_path):
 
 @pytest.mark.parametrize("knobs", same_math(RLOO))
 def test_rloo(golden, knobs, model_dir, tmp_path):
-    train(golden, knobs, model_dir, tmp_path, tolerances=RLOO_LOSS)
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(RLOO_RAW))
+def test_rloo_raw(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.golden(precision="bf16")
+@pytest.mark.parametrize("knobs", same_math(BF16))
+def test_bf16(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
 
 
 @pytest.mark.parametrize("knobs", same_math(MU2))
@@ -172,6 +196,15 @@ EXPECTED = {
     "test_rloo[padloss]": (False, ("loss", "grad_norm")),
     "test_rloo[klsign]": (False, ("grad_norm",)),
     "test_rloo[advnostd]": (False, ("grad_norm",)),
+    "test_rloo[b4ga2-dropga]": (False, ("grad_norm",)),
+    "test_rloo_raw[b8ga1]": (True, ()),
+    "test_rloo_raw[b4ga2]": (True, ()),
+    "test_rloo_raw[b2ga4]": (True, ()),
+    "test_bf16[b8ga1]": (True, ()),
+    "test_bf16[b4ga2]": (True, ()),
+    "test_bf16[b2ga4]": (True, ()),
+    "test_bf16[b4ga2-dropga]": (False, ("grad_norm", "loss")),
+    "test_bf16[x1.001]": (False, ("loss",)),
     "test_mu2[b8ga1]": (True, ()),
     "test_mu2[b4ga2]": (True, ()),
     "test_mu2[noclip]": (False, ("loss",)),
