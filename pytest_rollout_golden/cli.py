@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +43,6 @@ from .store.location import (
     files_without_manifest,
     find_goldens,
     find_manifestless,
-    leftover_name,
 )
 
 
@@ -59,8 +57,8 @@ def verify(paths: Sequence[Path]) -> int:
     """Check every golden under ``paths``; 0 all intact, 1 a problem found, 2 could not check.
 
     Every golden is reported, whatever the others hold. A golden whose update was
-    interrupted (a ``.NAME.old-PID`` left beside it, or only that backup left) is a
-    problem; symlinked goldens are followed, as replay does.
+    interrupted past its commit point (a staged ``.NAME.new-PID`` with its manifest left
+    beside it) is a problem; symlinked goldens are followed, as replay does.
     """
     missing = [p for p in paths if not p.exists()]
     for path in missing:
@@ -70,21 +68,14 @@ def verify(paths: Sequence[Path]) -> int:
     problems = unchecked = checked = 0
     for path in paths:
         directories = find_goldens(path, follow_symlinks=True)
-        orphans = _orphaned_backups(path)
         unlisted = find_manifestless(path)
-        if not directories and not orphans and not unlisted:
+        if not directories and not unlisted:
             print(
                 f"error: {path}: no golden (no {MANIFEST}) at or below it; "
                 "give the golden root (ini golden_dir, default golden/) or a golden directory",
                 file=sys.stderr,
             )
             unchecked += 1
-        for backup, name in orphans:
-            problems += 1
-            print(
-                f"FAIL {backup.parent / name}: missing; an interrupted update left its previous "
-                f"version in {backup.name}. Any pytest run of its test restores it; commit that."
-            )
         for directory in unlisted:
             problems += 1
             problem = manifestless(directory, files_without_manifest(directory))
@@ -116,76 +107,13 @@ def _verify_one(directory: Path) -> tuple[str, str]:
     return "ok", f" ({len(files)} files)"
 
 
-def _orphaned_backups(path: Path) -> list[tuple[Path, str]]:
-    """``(backup, golden name)`` of every ``.NAME.old-PID`` at or below ``path`` without NAME."""
-    if not path.is_dir():
-        return []
-    out = []
-    for folder, dirs, _ in os.walk(path, followlinks=True):
-        for d in dirs:
-            match = leftover_name(d)
-            if match is not None and match[1] == "old" and match[0] not in dirs:
-                out.append((Path(folder) / d, match[0]))
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-    return sorted(out)
-
-
 def show(path: Path, *, as_json: bool = False) -> int:
     """Print a golden (structure, steps × metrics, per-tensor statistics) or one batch file."""
-    from ._internal.golden import metric_codec
-    from ._internal.report.stats import tensor_stats
-    from .store import codec
-
     if path.is_file():
-        arrays, metadata = store.read_safetensors(path)
-        document: dict[str, Any] = {"file": str(path), "tensors": tensor_stats(arrays)}
-        layout = metadata.get("prg.layout")
-        values = _values(json.loads(layout)) if layout is not None else {}
-        document["values"] = values
-        files = {
-            path.name: {
-                "info": {},
-                "tensors": document["tensors"],
-                "values": values,
-                "layout": layout,
-            }
-        }
         manifest, steps = None, {}
+        document, files = _batch_file_document(path)
     else:
-        from ._internal.golden.files import load_golden
-
-        if not (path / MANIFEST).is_file():
-            raise GoldenError(f"{path}: no {MANIFEST}; not a golden directory")
-        manifest, content = load_golden(path)
-        steps = content.get(METRICS, {}).get("steps", {})
-        files = {}
-        for filename, value in content.items():
-            if filename.endswith(".json"):
-                continue
-            arrays, layout = codec.flatten(value)
-            files[filename] = {
-                "info": manifest["files"][filename],
-                "tensors": tensor_stats(arrays),
-                "values": _values(layout),
-            }
-        document = {
-            "golden": str(path),
-            "test": manifest.get("test"),
-            "fingerprint": manifest.get("fingerprint"),
-            "imported": manifest.get("imported"),
-            "metrics": {
-                step: {
-                    name: _json_scalar(metric_codec.scalar(node), node)
-                    for name, node in names.items()
-                }
-                for step, names in steps.items()
-            },
-            "files": {
-                k: {"info": v["info"], "tensors": v["tensors"], "values": v["values"]}
-                for k, v in files.items()
-            },
-            "tolerances": content.get(TOLERANCES),
-        }
+        manifest, steps, document, files = _golden_document(path)
     if as_json:
         print(json.dumps(document, indent=2, allow_nan=False, default=str))
         return 0
@@ -201,32 +129,7 @@ def show(path: Path, *, as_json: bool = False) -> int:
         print(f"metrics ({len(steps)} steps × {len(names)} metrics):")
         print("\n".join(table(rows)))
     for filename, entry in files.items():
-        info = entry["info"]
-        where = location(info.get("step"), info.get("rank"), info.get("micro"))
-        what = f" ({info.get('kind')} {info.get('name')!r}, {where})" if info else ""
-        print(f"{filename}{what}")
-        rows = [("tensor", "dtype[shape]", "min", "max", "mean", "std", "nan", "inf", "padding")]
-        for key, st in entry["tensors"].items():
-            padding = "-" if st["padding"] is None else f"{st['padding']:.1%}"
-            rows.append(
-                (
-                    key,
-                    f"{st['dtype']}{st['shape']}",
-                    number(st["min"], 6),
-                    number(st["max"], 6),
-                    number(st["mean"], 6),
-                    number(st["std"], 6),
-                    st["nan"],
-                    st["inf"],
-                    padding,
-                )
-            )
-        if entry["tensors"]:  # a batch of plain values only has no tensor table
-            print("\n".join(table(rows)))
-        if entry["values"]:
-            rows = [("value", "type", "content")]
-            rows += [(key, v["type"], v["value"]) for key, v in entry["values"].items()]
-            print("\n".join(table(rows)))
+        _print_file(filename, entry)
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
     if document.get("tolerances"):
@@ -234,6 +137,93 @@ def show(path: Path, *, as_json: bool = False) -> int:
         for name, tol in document["tolerances"].get("tolerances", {}).items():
             print(f"  {name}: {tol}")
     return 0
+
+
+def _batch_file_document(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """What ``show`` says of one batch file: its JSON document, and its one file entry."""
+    from ._internal.report.stats import tensor_stats
+
+    arrays, metadata = store.read_safetensors(path)
+    document: dict[str, Any] = {"file": str(path), "tensors": tensor_stats(arrays)}
+    layout = metadata.get("prg.layout")
+    values = _values(json.loads(layout)) if layout is not None else {}
+    document["values"] = values
+    entry = {"info": {}, "tensors": document["tensors"], "values": values, "layout": layout}
+    return document, {path.name: entry}
+
+
+def _golden_document(
+    path: Path,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """What ``show`` says of a golden: its manifest, its metrics by step, its JSON document,
+    and an entry per batch file (manifest info, tensor statistics, non-tensor values)."""
+    from ._internal.golden import metric_codec
+    from ._internal.golden.files import load_golden
+    from ._internal.report.stats import tensor_stats
+    from .store import codec
+
+    if not (path / MANIFEST).is_file():
+        raise GoldenError(f"{path}: no {MANIFEST}; not a golden directory")
+    manifest, content = load_golden(path)
+    steps = content.get(METRICS, {}).get("steps", {})
+    files = {}
+    for filename, value in content.items():
+        if filename.endswith(".json"):
+            continue
+        arrays, layout = codec.flatten(value)
+        files[filename] = {
+            "info": manifest["files"][filename],
+            "tensors": tensor_stats(arrays),
+            "values": _values(layout),
+        }
+    document = {
+        "golden": str(path),
+        "test": manifest.get("test"),
+        "fingerprint": manifest.get("fingerprint"),
+        "imported": manifest.get("imported"),
+        "metrics": {
+            step: {
+                name: _json_scalar(metric_codec.scalar(node), node) for name, node in names.items()
+            }
+            for step, names in steps.items()
+        },
+        "files": {
+            k: {"info": v["info"], "tensors": v["tensors"], "values": v["values"]}
+            for k, v in files.items()
+        },
+        "tolerances": content.get(TOLERANCES),
+    }
+    return manifest, steps, document, files
+
+
+def _print_file(filename: str, entry: dict[str, Any]) -> None:
+    """``show``'s section of one batch file: its tensors' statistics, its other values."""
+    info = entry["info"]
+    where = location(info.get("step"), info.get("rank"), info.get("micro"))
+    what = f" ({info.get('kind')} {info.get('name')!r}, {where})" if info else ""
+    print(f"{filename}{what}")
+    rows = [("tensor", "dtype[shape]", "min", "max", "mean", "std", "nan", "inf", "padding")]
+    for key, st in entry["tensors"].items():
+        padding = "-" if st["padding"] is None else f"{st['padding']:.1%}"
+        rows.append(
+            (
+                key,
+                f"{st['dtype']}{st['shape']}",
+                number(st["min"], 6),
+                number(st["max"], 6),
+                number(st["mean"], 6),
+                number(st["std"], 6),
+                st["nan"],
+                st["inf"],
+                padding,
+            )
+        )
+    if entry["tensors"]:  # a batch of plain values only has no tensor table
+        print("\n".join(table(rows)))
+    if entry["values"]:
+        rows = [("value", "type", "content")]
+        rows += [(key, v["type"], v["value"]) for key, v in entry["values"].items()]
+        print("\n".join(table(rows)))
 
 
 def _golden_line(path: Path, manifest: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ re-registering is harmless). Select one with ``--hypothesis-profile``.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -97,6 +98,36 @@ def rollout_batches(
     The tensors are plain (no ``requires_grad``); checkers that need gradients make their own
     leaf copies.
     """
+    _check_rollout_options(min_batch, max_batch, min_len, max_len, padding, advantages)
+    ratio_steps = round(off_policy * GRID)
+    drift_steps = round(policy_drift * GRID)
+    dirty = _garbage_fields(garbage, _FIELDS)
+    sizes = _batch_sizes(min_batch, max_batch, group_size)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+        frame = _draw_frame(draw, dtype, mask_dtype, sizes, min_len, max_len, padding)
+        lengths = _draw_lengths(draw, frame, allow_empty_rows)
+        if sum(lengths) == 0:
+            lengths[0] = 1
+        level = draw(
+            st.sampled_from(["token", "sequence"] if advantages == "either" else [advantages])
+        )
+        valid_values = _draw_valid_values(
+            draw, lengths, level, ratio_steps, drift_steps, extreme_ratios
+        )
+        scale = draw(st.integers(1, 1000)) / 4 if dirty else 0.0
+        uid = _draw_uid(draw, frame.size, max_groups, group_size)
+        out = _padded_fields(frame, lengths, valid_values, dirty, scale, device)
+        out["uid"] = torch.tensor(uid, dtype=torch.int64, device=device)
+        return out
+
+    return build()
+
+
+def _check_rollout_options(
+    min_batch: int, max_batch: int, min_len: int, max_len: int, padding: str, advantages: str
+) -> None:
     if not 1 <= min_batch <= max_batch:
         raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
     if not 1 <= min_len <= max_len:
@@ -105,86 +136,132 @@ def rollout_batches(
         raise ValueError(f"padding must be 'right', 'left' or 'either', got {padding!r}")
     if advantages not in ("token", "sequence", "either"):
         raise ValueError(f"advantages must be 'token', 'sequence' or 'either', got {advantages!r}")
-    ratio_steps = round(off_policy * GRID)
-    drift_steps = round(policy_drift * GRID)
-    dirty = _garbage_fields(garbage, _FIELDS)
-    sizes = _batch_sizes(min_batch, max_batch, group_size)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
-        float_dtype = draw(_one_of(dtype, ()))
-        mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
-        size = draw(sizes)
-        width = draw(st.integers(min_len, max_len))
-        side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
-        shortest = 0 if allow_empty_rows else 1
-        lengths = draw(st.lists(st.integers(shortest, width), min_size=size, max_size=size))
-        if sum(lengths) == 0:
-            lengths[0] = 1
-        n = sum(lengths)
-        level = draw(
-            st.sampled_from(["token", "sequence"] if advantages == "either" else [advantages])
-        )
 
-        def ints(low: int, high: int, count: int) -> list[int]:
-            return draw(st.lists(st.integers(low, high), min_size=count, max_size=count))
+@dataclass(frozen=True)
+class _Frame:
+    """What every batch strategy draws first: the dtypes, ``B``, ``T`` and the padding side."""
 
-        base = ints(0, 8 * GRID, n)
-        ratio = ints(-ratio_steps, ratio_steps, n)
-        drift = ints(-drift_steps, drift_steps, n)
-        adv = ints(-12, 12, n if level == "token" else size)
-        if extreme_ratios:
-            spikes = draw(st.lists(st.tuples(st.integers(0, n - 1), st.booleans()), max_size=2))
-            for position, up in spikes:
-                ratio[position] = _EXTREME if up else -_EXTREME
-        scale = draw(st.integers(1, 1000)) / 4 if dirty else 0.0
-        if group_size is None:
-            uid = ints(0, max_groups - 1, size)
+    float_dtype: torch.dtype
+    mask_type: torch.dtype
+    size: int
+    width: int
+    side: str
+
+
+def _draw_frame(
+    draw: st.DrawFn,
+    dtype: torch.dtype | Sequence[torch.dtype],
+    mask_dtype: torch.dtype | Sequence[torch.dtype] | None,
+    sizes: st.SearchStrategy[int],
+    min_len: int,
+    max_len: int,
+    padding: str,
+) -> _Frame:
+    float_dtype = draw(_one_of(dtype, ()))
+    mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
+    size = draw(sizes)
+    width = draw(st.integers(min_len, max_len))
+    side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
+    return _Frame(float_dtype, mask_type, size, width, side)
+
+
+def _draw_lengths(draw: st.DrawFn, frame: _Frame, allow_empty_rows: bool) -> list[int]:
+    """The valid length of each row, in ``[0, T]`` (``[1, T]`` without empty rows)."""
+    shortest = 0 if allow_empty_rows else 1
+    return draw(
+        st.lists(st.integers(shortest, frame.width), min_size=frame.size, max_size=frame.size)
+    )
+
+
+def _draw_ints(draw: st.DrawFn, low: int, high: int, count: int) -> list[int]:
+    return draw(st.lists(st.integers(low, high), min_size=count, max_size=count))
+
+
+def _draw_uid(draw: st.DrawFn, size: int, max_groups: int, group_size: int | None) -> list[int]:
+    """Group ids: drawn from ``[0, max_groups)``, or contiguous blocks of ``group_size``."""
+    if group_size is None:
+        return _draw_ints(draw, 0, max_groups - 1, size)
+    return [row // group_size for row in range(size)]
+
+
+def _draw_valid_values(
+    draw: st.DrawFn,
+    lengths: list[int],
+    level: str,
+    ratio_steps: int,
+    drift_steps: int,
+    extreme_ratios: bool,
+) -> dict[str, list]:
+    """The valid tokens' log-probs and advantages of :func:`rollout_batches`, in order."""
+    n = sum(lengths)
+    base = _draw_ints(draw, 0, 8 * GRID, n)
+    ratio = _draw_ints(draw, -ratio_steps, ratio_steps, n)
+    drift = _draw_ints(draw, -drift_steps, drift_steps, n)
+    adv = _draw_ints(draw, -12, 12, n if level == "token" else len(lengths))
+    if extreme_ratios:
+        spikes = draw(st.lists(st.tuples(st.integers(0, n - 1), st.booleans()), max_size=2))
+        for position, up in spikes:
+            ratio[position] = _EXTREME if up else -_EXTREME
+    valid_values = _valid_log_probs(base, ratio, drift)
+    valid_values["advantages"] = _valid_advantages(adv, level, lengths)
+    return valid_values
+
+
+def _valid_log_probs(base: list[int], ratio: list[int], drift: list[int]) -> dict[str, list]:
+    """The old, rollout and current log-probs of the valid tokens, from grid steps."""
+    # Valid token k of the batch: the larger of (old, rollout) is -base, the other one is
+    # |ratio| lower, so old - rollout == ratio exactly and both stay <= 0.
+    old_valid, rollout_valid, current_valid = [], [], []
+    for a, j, d in zip(base, ratio, drift, strict=True):
+        old = -a if j >= 0 else -a + j
+        rollout = old - j
+        current = old + d if old + d <= 0 else old - d
+        old_valid.append(old / GRID)
+        rollout_valid.append(rollout / GRID)
+        current_valid.append(current / GRID)
+    return {
+        "old_log_probs": old_valid,
+        "rollout_log_probs": rollout_valid,
+        "log_probs": current_valid,
+    }
+
+
+def _valid_advantages(adv: list[int], level: str, lengths: list[int]) -> list[float]:
+    """Advantages of the valid tokens: one per token, or each row's repeated over the row."""
+    if level == "token":
+        return [v / 4 for v in adv]
+    return [adv[row] / 4 for row, length in enumerate(lengths) for _ in range(length)]
+
+
+def _padding_mask(lengths: list[int], width: int, side: str) -> torch.Tensor:
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for row, length in enumerate(lengths):
+        if side == "right":
+            mask[row, :length] = True
         else:
-            uid = [row // group_size for row in range(size)]
+            mask[row, width - length :] = True
+    return mask
 
-        # Valid token k of the batch: the larger of (old, rollout) is -base, the other one is
-        # |ratio| lower, so old - rollout == ratio exactly and both stay <= 0.
-        old_valid, rollout_valid, current_valid = [], [], []
-        for a, j, d in zip(base, ratio, drift, strict=True):
-            old = -a if j >= 0 else -a + j
-            rollout = old - j
-            current = old + d if old + d <= 0 else old - d
-            old_valid.append(old / GRID)
-            rollout_valid.append(rollout / GRID)
-            current_valid.append(current / GRID)
-        valid_values = {
-            "old_log_probs": old_valid,
-            "rollout_log_probs": rollout_valid,
-            "log_probs": current_valid,
-        }
-        if level == "token":
-            valid_values["advantages"] = [v / 4 for v in adv]
-        else:
-            valid_values["advantages"] = [
-                adv[row] / 4 for row, length in enumerate(lengths) for _ in range(length)
-            ]
 
-        mask = torch.zeros(size, width, dtype=torch.bool)
-        for row, length in enumerate(lengths):
-            if side == "right":
-                mask[row, :length] = True
-            else:
-                mask[row, width - length :] = True
-        out: dict[str, torch.Tensor] = {}
-        rows = torch.arange(size).unsqueeze(-1)
-        cols = torch.arange(width).unsqueeze(0)
-        for field, key in enumerate(_FIELDS):
-            cycle = torch.tensor(_GARBAGE_CYCLE, dtype=torch.float64)
-            junk = cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)] * scale * (1 + field)
-            values = junk.clone() if key in dirty else torch.zeros_like(junk)
-            values[mask] = torch.tensor(valid_values[key], dtype=torch.float64)
-            out[key] = values.to(dtype=float_dtype, device=device)
-        out["response_mask"] = mask.to(dtype=mask_type, device=device)
-        out["uid"] = torch.tensor(uid, dtype=torch.int64, device=device)
-        return out
-
-    return build()
+def _padded_fields(
+    frame: _Frame,
+    lengths: list[int],
+    valid_values: dict[str, list],
+    dirty: frozenset[str],
+    scale: float,
+    device: str | torch.device,
+) -> dict[str, torch.Tensor]:
+    """The ``[B, T]`` token fields and mask: valid values in place, garbage (or zeros) around."""
+    mask = _padding_mask(lengths, frame.width, frame.side)
+    out: dict[str, torch.Tensor] = {}
+    for field, key in enumerate(_FIELDS):
+        junk = _junk(frame.size, frame.width, scale, field)
+        values = junk.clone() if key in dirty else torch.zeros_like(junk)
+        values[mask] = torch.tensor(valid_values[key], dtype=torch.float64)
+        out[key] = values.to(dtype=frame.float_dtype, device=device)
+    out["response_mask"] = mask.to(dtype=frame.mask_type, device=device)
+    return out
 
 
 def _garbage_fields(garbage: bool | Collection[str], fields: Sequence[str]) -> frozenset[str]:
@@ -252,14 +329,10 @@ def reward_batches(
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
-        float_dtype = draw(_one_of(dtype, ()))
-        mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
-        size = draw(sizes)
-        width = draw(st.integers(1, max_len))
-        side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
+        frame = _draw_frame(draw, dtype, mask_dtype, sizes, 1, max_len, padding)
+        size, width, side = frame.size, frame.width, frame.side
         kind = draw(st.sampled_from(["outcome", "dense"] if rewards == "either" else [rewards]))
-        shortest = 0 if allow_empty_rows else 1
-        lengths = draw(st.lists(st.integers(shortest, width), min_size=size, max_size=size))
+        lengths = _draw_lengths(draw, frame, allow_empty_rows)
         values = torch.zeros(size, width, dtype=torch.float64)
         mask = torch.zeros(size, width, dtype=torch.bool)
         for row, length in enumerate(lengths):
@@ -270,13 +343,10 @@ def reward_batches(
                 values[row, col] = draw(st.sampled_from(REWARD_VALUES))
         if garbage:
             values = torch.where(mask, values, _junk(size, width, draw(st.integers(1, 1000)) / 4))
-        if group_size is None:
-            uid = draw(st.lists(st.integers(0, max_groups - 1), min_size=size, max_size=size))
-        else:
-            uid = [row // group_size for row in range(size)]
+        uid = _draw_uid(draw, size, max_groups, group_size)
         return {
-            "token_level_rewards": values.to(float_dtype),
-            "response_mask": mask.to(mask_type),
+            "token_level_rewards": values.to(frame.float_dtype),
+            "response_mask": mask.to(frame.mask_type),
             "uid": torch.tensor(uid, dtype=torch.int64),
         }
 
@@ -326,17 +396,14 @@ def value_batches(
     """
     if not 1 <= min_batch <= max_batch:
         raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
+    sizes = st.integers(min_batch, max_batch)
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
-        float_dtype = draw(_one_of(dtype, ()))
-        mask_type = draw(_one_of(mask_dtype, (torch.bool, torch.int64, float_dtype)))
-        size = draw(st.integers(min_batch, max_batch))
-        width = draw(st.integers(1, max_len))
-        side = draw(st.sampled_from(["right", "left"] if padding == "either" else [padding]))
+        frame = _draw_frame(draw, dtype, mask_dtype, sizes, 1, max_len, padding)
+        size, width, side = frame.size, frame.width, frame.side
         kind = draw(st.sampled_from(["outcome", "dense"] if rewards == "either" else [rewards]))
-        shortest = 0 if allow_empty_rows else 1
-        lengths = draw(st.lists(st.integers(shortest, width), min_size=size, max_size=size))
+        lengths = _draw_lengths(draw, frame, allow_empty_rows)
         if sum(lengths) == 0:
             lengths[0] = 1
         mask = torch.zeros(size, width, dtype=torch.bool)
@@ -358,11 +425,12 @@ def value_batches(
             "token_level_rewards": torch.where(mask, reward, _junk(size, width, scale, 1)),
             "values": torch.where(mask, value, _junk(size, width, scale, 2)),
         }
-        out = {key: tensor.to(float_dtype) for key, tensor in out.items()}
-        out["response_mask"] = mask.to(mask_type)
+        out = {key: tensor.to(frame.float_dtype) for key, tensor in out.items()}
+        out["response_mask"] = mask.to(frame.mask_type)
         if bootstrap:
             last = draw(st.lists(st.integers(-16, 16), min_size=size, max_size=size))
-            out["last_values"] = torch.tensor(last, dtype=torch.float64).div(8).to(float_dtype)
+            last_values = torch.tensor(last, dtype=torch.float64).div(8)
+            out["last_values"] = last_values.to(frame.float_dtype)
         return out
 
     return build()

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .store.codec import RolloutBatch
 
@@ -88,11 +88,36 @@ def vllm_rollout(
     ``DataProto.from_dict(b.batch, b.non_tensor_batch, b.meta_info)``.
     """
     import numpy as np
-    import torch
 
+    rows = _rows(outputs, uids)
+    P, R = _lengths(rows, prompt_length, response_length)
+    non_tensor_batch = {
+        "uid": _objects([r.uid for r in rows], np),
+        "finish_reason": _objects([r.finish_reason for r in rows], np),
+    }
+    meta_info: dict[str, Any] = {"pad_token_id": pad_token_id}
+    if temperature is not None:
+        meta_info["temperature"] = float(temperature)
+    if logprobs_mode is not None:
+        meta_info["logprobs_mode"] = str(logprobs_mode)
+    return RolloutBatch(_tensors(rows, P, R, pad_token_id), non_tensor_batch, meta_info)
+
+
+class _Row(NamedTuple):
+    """One completion of one request: a row of the batch."""
+
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    uid: str
+    finish_reason: Any
+
+
+def _rows(outputs: Sequence[Any], uids: Sequence[str] | None) -> list[_Row]:
+    """One row per completion, request by request, completions in ``index`` order."""
     if uids is not None and len(uids) != len(outputs):
         raise ValueError(f"got {len(uids)} uids for {len(outputs)} vLLM request outputs")
-    rows: list[tuple[list[int], list[int], list[float], str, Any]] = []
+    rows = []
     for i, request in enumerate(outputs):
         prompt = request.prompt_token_ids
         if prompt is None:
@@ -105,12 +130,18 @@ def vllm_rollout(
             where = f"vLLM request {request.request_id!r}, completion {completion.index}"
             tokens = [int(t) for t in completion.token_ids]
             logprobs = _sampled_logprobs(completion.logprobs, tokens, where)
-            rows.append((list(prompt), tokens, logprobs, uid, completion.finish_reason))
+            rows.append(_Row(list(prompt), tokens, logprobs, uid, completion.finish_reason))
     if not rows:
         raise ValueError("no vLLM completions to convert (empty outputs)")
+    return rows
 
-    longest_prompt = max(len(r[0]) for r in rows)
-    longest_response = max(len(r[1]) for r in rows)
+
+def _lengths(
+    rows: list[_Row], prompt_length: int | None, response_length: int | None
+) -> tuple[int, int]:
+    """``(P, R)``: the prompt and response widths, by default the longest of each."""
+    longest_prompt = max(len(r.prompt) for r in rows)
+    longest_response = max(len(r.tokens) for r in rows)
     P = longest_prompt if prompt_length is None else prompt_length
     R = longest_response if response_length is None else response_length
     if longest_prompt > P:
@@ -123,6 +154,13 @@ def vllm_rollout(
             f"a completion has {longest_response} tokens, more than response_length={R}; "
             f"generate with SamplingParams(max_tokens={R}), or raise response_length"
         )
+    return P, R
+
+
+def _tensors(rows: list[_Row], P: int, R: int, pad_token_id: int) -> dict[str, Any]:
+    """The ``batch`` of :func:`vllm_rollout`: prompts left-padded to ``P``, responses
+    right-padded to ``R``, their masks, positions and the sampled tokens' log probs."""
+    import torch
 
     B = len(rows)
     prompts = torch.full((B, P), pad_token_id, dtype=torch.int64)
@@ -139,7 +177,7 @@ def vllm_rollout(
             response_mask[b, : len(tokens)] = 1
             rollout_log_probs[b, : len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    batch = {
+    return {
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
@@ -148,16 +186,6 @@ def vllm_rollout(
         "response_mask": response_mask,
         "rollout_log_probs": rollout_log_probs,
     }
-    non_tensor_batch = {
-        "uid": _objects([r[3] for r in rows], np),
-        "finish_reason": _objects([r[4] for r in rows], np),
-    }
-    meta_info: dict[str, Any] = {"pad_token_id": pad_token_id}
-    if temperature is not None:
-        meta_info["temperature"] = float(temperature)
-    if logprobs_mode is not None:
-        meta_info["logprobs_mode"] = str(logprobs_mode)
-    return RolloutBatch(batch, non_tensor_batch, meta_info)
 
 
 def log_prob_temperature(meta_info: Any) -> float:

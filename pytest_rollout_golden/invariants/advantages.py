@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from .comparison import (
     F64_EPS,
     GUARD_RTOL,
     Batch,
-    Tolerance,
+    CheckTolerance,
     accumulation_roundoff,
     f64,
     fail,
@@ -62,7 +63,7 @@ def _row_tolerance(
     eps: float,
     rtol: float | None,
     atol: float | None,
-) -> Tolerance:
+) -> CheckTolerance:
     """Per-row tolerance ``[B]`` (the default rule of :func:`check_advantages`)."""
     rewards = f64(batch["token_level_rewards"])
     mask = batch["response_mask"]
@@ -155,6 +156,243 @@ def _relabel(labels: Any) -> Any:
     return type(labels)(renamed)
 
 
+class _AdvantageRun:
+    """``fn``'s advantages of one batch and, computed on first use, the float64 reference,
+    the per-row tolerance and the rows that exceed it: what the invariants judge."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        batch: Batch,
+        *,
+        estimator: str,
+        epsilon: float,
+        rtol: float | None,
+        atol: float | None,
+        variant: Callable[..., Any] | None,
+        group_size: int | None,
+    ):
+        self.fn, self.batch, self.variant, self.group_size = fn, batch, variant, group_size
+        self.estimator, self.epsilon, self.rtol, self.atol = estimator, epsilon, rtol, atol
+        self.mask = batch["response_mask"]
+        self.valid = as_bool_mask(self.mask)
+        self.size_b = self.mask.shape[0]
+        if group_size is not None:
+            if group_size < 1:
+                raise ValueError(f"group_size must be >= 1, got {group_size}")
+            self.uid = torch.arange(self.size_b) // group_size
+            self.labels = batch.get("uid", self.uid)
+        else:
+            self.labels = batch["uid"]
+            self.uid = group_index(self.labels)
+        self.got = _call(fn, batch, self.labels)
+        # The input dtype sets the accuracy owed: float64 in, float64-accurate out.
+        self.eps = unit_roundoff(batch["token_level_rewards"].dtype)
+
+    @cached_property
+    def row(self) -> Tensor:
+        return _row_values(self.got, self.valid)
+
+    @cached_property
+    def expected(self) -> Tensor:
+        rewards64 = f64(self.batch["token_level_rewards"])
+        return outcome_advantages(
+            rewards64, self.mask, self.uid, estimator=self.estimator, epsilon=self.epsilon
+        )
+
+    @cached_property
+    def expected_row(self) -> Tensor:
+        return _row_values(self.expected, self.valid)
+
+    @cached_property
+    def scores(self) -> Tensor:
+        return sequence_scores(f64(self.batch["token_level_rewards"]), self.mask)
+
+    @cached_property
+    def group_sizes(self) -> Tensor:
+        return group_mean_std(self.scores, self.uid)[2]
+
+    def row_tolerance(self, eps: float, rtol: float | None, atol: float | None) -> CheckTolerance:
+        return _row_tolerance(
+            self.batch, self.uid, self.estimator, self.epsilon, self.expected, eps, rtol, atol
+        )
+
+    @cached_property
+    def tolerance(self) -> CheckTolerance:
+        return self.row_tolerance(self.eps, self.rtol, self.atol)
+
+    @cached_property
+    def off(self) -> Tensor:
+        """Rows whose advantage is beyond tolerance of the reference."""
+        return self.tolerance.exceeded(self.row, self.expected_row)
+
+    def lines(
+        self,
+        bad: Tensor,
+        reference: Tensor | None = None,
+        name: str = "reference",
+        got: Tensor | None = None,
+        got_name: str = "fn",
+    ) -> list[str]:
+        reference = self.expected_row if reference is None else reference
+        got = self.row if got is None else got
+        return [
+            f"row {b} (uid={int(self.uid[b])}, group of {int(self.group_sizes[b])}, "
+            f"score {float(self.scores[b])!r}): "
+            + versus(got_name, float(got[b]), name, float(reference[b]))
+            for (b,) in positions(bad)
+        ]
+
+
+def _zero_on_padding(run: _AdvantageRun) -> None:
+    leaked = ~run.valid & (run.got != 0)
+    if bool(leaked.any()):
+        fail(
+            "advantages.zero_on_padding",
+            "non-zero advantages on padding positions",
+            [f"(b={b}, t={t}): {fmt(float(run.got[b, t]))}" for b, t in positions(leaked)],
+        )
+
+
+def _broadcast(run: _AdvantageRun) -> None:
+    uneven = run.valid & (run.got != run.row.unsqueeze(-1))
+    if bool(uneven.any()):
+        fail(
+            "advantages.broadcast",
+            "an outcome advantage must be one value broadcast over the row's valid tokens",
+            [
+                f"(b={b}, t={t}): {float(run.got[b, t])!r}, row value {float(run.row[b])!r}"
+                for b, t in positions(uneven)
+            ],
+        )
+
+
+def _singleton(run: _AdvantageRun) -> None:
+    single = run.off & (run.group_sizes == 1)
+    if run.estimator in _SINGLETON and bool(single.any()):
+        fail(
+            "advantages.singleton",
+            f"singleton groups: {run.estimator} gives a group of one {_SINGLETON[run.estimator]}",
+            run.lines(single),
+        )
+
+
+def _precision(run: _AdvantageRun) -> None:
+    """An error that float32 statistics explain, on float64 input, is named so."""
+    if bool(run.off.any()) and run.eps == F64_EPS and run.rtol is None and run.atol is None:
+        loose = run.row_tolerance(F32_EPS, None, None)
+        if not bool(loose.exceeded(run.row, run.expected_row).any()):
+            fail(
+                "advantages.precision",
+                "float64 input, but the advantages are only float32-accurate (group statistics "
+                "computed in float32?)",
+                run.lines(run.off),
+            )
+
+
+def _group_mean_zero(run: _AdvantageRun) -> None:
+    if run.estimator not in _ZERO_MEAN:
+        return
+    tolerance = run.tolerance
+    _, inverse, counts = torch.unique(run.uid, return_inverse=True, return_counts=True)
+    sums = torch.zeros(counts.numel(), dtype=torch.float64).index_add(0, inverse, run.row)
+    allowed = torch.zeros_like(sums).index_add(
+        0, inverse, tolerance.atol + tolerance.rtol * run.expected_row.abs()
+    )
+    # A row without valid tokens shows 0, not its advantage: its group is not judged.
+    empty = torch.zeros_like(sums).index_add(0, inverse, (~run.valid.any(dim=-1)).double())
+    biased = (counts > 1) & (sums.abs() > allowed) & (empty == 0)
+    if bool(biased.any()):
+        fail(
+            "advantages.group_mean_zero",
+            f"{run.estimator} advantages must average to 0 over each group of two or more",
+            [
+                f"uid={int(label)}: mean {fmt(float(sums[g] / counts[g]))} over "
+                f"{int(counts[g])} rows"
+                for g, label in enumerate(torch.unique(run.uid))
+                if bool(biased[g])
+            ],
+        )
+
+
+def _reference_agreement(run: _AdvantageRun) -> None:
+    if bool(run.off.any()):
+        fail(
+            "advantages.reference_agreement",
+            f"{int(run.off.sum())} of {len(run.row)} rows differ from the {run.estimator} "
+            f"reference (epsilon={run.epsilon})",
+            run.lines(run.off),
+        )
+
+
+# The row-order and group-label invariants compare fn's new answer with the reference, not
+# with its first answer: two low-precision results, each within tolerance of the reference,
+# may differ by twice it.
+
+
+def _row_order(run: _AdvantageRun) -> None:
+    reversed_rows = list(range(len(run.row)))[::-1]
+    blocks_kept = run.group_size is None or run.size_b % run.group_size == 0
+    flipped = _select(run.batch, reversed_rows)
+    flipped_labels = flipped.get("uid", run.uid) if run.group_size is not None else flipped["uid"]
+    moved = _row_values(_call(run.fn, flipped, flipped_labels), run.valid.flip(0)).flip(0)
+    off = run.tolerance.exceeded(moved, run.expected_row) & blocks_kept
+    if bool(off.any()):
+        fail(
+            "advantages.row_order",
+            "reversing the rows changed the advantages (reversed rows, compared with the "
+            "reference)",
+            run.lines(off, got=moved, got_name="fn on reversed rows"),
+        )
+
+
+def _group_labels(run: _AdvantageRun) -> None:
+    if run.group_size is not None:
+        return
+    relabeled = dict(run.batch, uid=_relabel(run.labels))
+    moved = _row_values(_call(run.fn, relabeled, relabeled["uid"]), run.valid)
+    off = run.tolerance.exceeded(moved, run.expected_row)
+    if bool(off.any()):
+        fail(
+            "advantages.group_labels",
+            "renaming the groups (uid → max(uid) - uid + 5, or a prefix) changed the advantages "
+            "(relabeled, "
+            "compared with the reference)",
+            run.lines(off, got=moved, got_name="fn on relabeled groups"),
+        )
+
+
+def _variant_agreement(run: _AdvantageRun) -> None:
+    if run.variant is None:
+        return
+    other = _row_values(_call(run.variant, run.batch, run.labels), run.valid)
+    # Both are held to the same tolerance around the reference, so they may differ by
+    # twice it.
+    doubled = CheckTolerance(rtol=2 * run.tolerance.rtol, atol=2 * run.tolerance.atol)
+    off = doubled.exceeded(other, run.row)
+    if bool(off.any()):
+        fail(
+            "advantages.variant_agreement",
+            "the two implementations disagree"
+            + (" on singleton groups" if bool((run.group_sizes[off] == 1).all()) else ""),
+            run.lines(off, other, "variant"),
+        )
+
+
+_INVARIANTS: tuple[Callable[[_AdvantageRun], None], ...] = (
+    _zero_on_padding,
+    _broadcast,
+    _singleton,
+    _precision,
+    _group_mean_zero,
+    _reference_agreement,
+    _row_order,
+    _group_labels,
+    _variant_agreement,
+)
+"""The invariants of :func:`check_advantages`, in the order they are judged."""
+
+
 def check_advantages(
     fn: Callable[..., Any],
     batch: Batch,
@@ -205,145 +443,15 @@ def check_advantages(
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    mask = batch["response_mask"]
-    valid = as_bool_mask(mask)
-    size_b = mask.shape[0]
-    if group_size is not None:
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        uid = torch.arange(size_b) // group_size
-        labels = batch.get("uid", uid)
-    else:
-        labels = batch["uid"]
-        uid = group_index(labels)
-    got = _call(fn, batch, labels)
-    # The input dtype sets the accuracy owed: float64 in, float64-accurate out.
-    eps = unit_roundoff(batch["token_level_rewards"].dtype)
-
-    leaked = ~valid & (got != 0)
-    if bool(leaked.any()):
-        fail(
-            "advantages.zero_on_padding",
-            "non-zero advantages on padding positions",
-            [f"(b={b}, t={t}): {fmt(float(got[b, t]))}" for b, t in positions(leaked)],
-        )
-    row = _row_values(got, valid)
-    uneven = valid & (got != row.unsqueeze(-1))
-    if bool(uneven.any()):
-        fail(
-            "advantages.broadcast",
-            "an outcome advantage must be one value broadcast over the row's valid tokens",
-            [
-                f"(b={b}, t={t}): {float(got[b, t])!r}, row value {float(row[b])!r}"
-                for b, t in positions(uneven)
-            ],
-        )
-
-    rewards64 = f64(batch["token_level_rewards"])
-    expected = outcome_advantages(rewards64, mask, uid, estimator=estimator, epsilon=epsilon)
-    expected_row = _row_values(expected, valid)
-    scores = sequence_scores(rewards64, mask)
-    _, _, size = group_mean_std(scores, uid)
-    tolerance = _row_tolerance(batch, uid, estimator, epsilon, expected, eps, rtol, atol)
-    off = tolerance.exceeded(row, expected_row)
-
-    def lines(
-        bad: Tensor,
-        reference: Tensor = expected_row,
-        name: str = "reference",
-        got: Tensor = row,
-        got_name: str = "fn",
-    ) -> list[str]:
-        return [
-            f"row {b} (uid={int(uid[b])}, group of {int(size[b])}, "
-            f"score {float(scores[b])!r}): "
-            + versus(got_name, float(got[b]), name, float(reference[b]))
-            for (b,) in positions(bad)
-        ]
-
-    single = off & (size == 1)
-    if estimator in _SINGLETON and bool(single.any()):
-        fail(
-            "advantages.singleton",
-            f"singleton groups: {estimator} gives a group of one {_SINGLETON[estimator]}",
-            lines(single),
-        )
-    if bool(off.any()) and eps == F64_EPS and rtol is None and atol is None:
-        loose = _row_tolerance(batch, uid, estimator, epsilon, expected, F32_EPS, None, None)
-        if not bool(loose.exceeded(row, expected_row).any()):
-            fail(
-                "advantages.precision",
-                "float64 input, but the advantages are only float32-accurate (group statistics "
-                "computed in float32?)",
-                lines(off),
-            )
-    if estimator in _ZERO_MEAN:
-        _, inverse, counts = torch.unique(uid, return_inverse=True, return_counts=True)
-        sums = torch.zeros(counts.numel(), dtype=torch.float64).index_add(0, inverse, row)
-        allowed = torch.zeros_like(sums).index_add(
-            0, inverse, tolerance.atol + tolerance.rtol * expected_row.abs()
-        )
-        # A row without valid tokens shows 0, not its advantage: its group is not judged.
-        empty = torch.zeros_like(sums).index_add(0, inverse, (~valid.any(dim=-1)).double())
-        biased = (counts > 1) & (sums.abs() > allowed) & (empty == 0)
-        if bool(biased.any()):
-            fail(
-                "advantages.group_mean_zero",
-                f"{estimator} advantages must average to 0 over each group of two or more",
-                [
-                    f"uid={int(label)}: mean {fmt(float(sums[g] / counts[g]))} over "
-                    f"{int(counts[g])} rows"
-                    for g, label in enumerate(torch.unique(uid))
-                    if bool(biased[g])
-                ],
-            )
-    if bool(off.any()):
-        fail(
-            "advantages.reference_agreement",
-            f"{int(off.sum())} of {len(row)} rows differ from the {estimator} reference "
-            f"(epsilon={epsilon})",
-            lines(off),
-        )
-
-    reversed_rows = list(range(len(row)))[::-1]
-    blocks_kept = group_size is None or size_b % group_size == 0
-    # Each value is compared with the reference, not with fn's own first answer: two
-    # low-precision results, each within tolerance of the reference, may differ by twice it.
-    flipped = _select(batch, reversed_rows)
-    flipped_labels = flipped.get("uid", uid) if group_size is not None else flipped["uid"]
-    moved = _row_values(_call(fn, flipped, flipped_labels), valid.flip(0)).flip(0)
-    off = tolerance.exceeded(moved, expected_row) & blocks_kept
-    if bool(off.any()):
-        fail(
-            "advantages.row_order",
-            "reversing the rows changed the advantages (reversed rows, compared with the "
-            "reference)",
-            lines(off, got=moved, got_name="fn on reversed rows"),
-        )
-    if group_size is None:
-        relabeled = dict(batch, uid=_relabel(labels))
-        moved = _row_values(_call(fn, relabeled, relabeled["uid"]), valid)
-        off = tolerance.exceeded(moved, expected_row)
-    else:
-        off = torch.zeros_like(expected_row, dtype=torch.bool)
-    if bool(off.any()):
-        fail(
-            "advantages.group_labels",
-            "renaming the groups (uid → max(uid) - uid + 5, or a prefix) changed the advantages "
-            "(relabeled, "
-            "compared with the reference)",
-            lines(off, got=moved, got_name="fn on relabeled groups"),
-        )
-    if variant is not None:
-        other = _row_values(_call(variant, batch, labels), valid)
-        # Both are held to the same tolerance around the reference, so they may differ by
-        # twice it.
-        doubled = Tolerance(rtol=2 * tolerance.rtol, atol=2 * tolerance.atol)
-        off = doubled.exceeded(other, row)
-        if bool(off.any()):
-            fail(
-                "advantages.variant_agreement",
-                "the two implementations disagree"
-                + (" on singleton groups" if bool((size[off] == 1).all()) else ""),
-                lines(off, other, "variant"),
-            )
+    run = _AdvantageRun(
+        fn,
+        batch,
+        estimator=estimator,
+        epsilon=epsilon,
+        rtol=rtol,
+        atol=atol,
+        variant=variant,
+        group_size=group_size,
+    )
+    for invariant in _INVARIANTS:
+        invariant(run)

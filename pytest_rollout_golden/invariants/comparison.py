@@ -78,8 +78,9 @@ def versus(got_name: str, got: float, expected_name: str, expected: float) -> st
 
 
 @dataclass(frozen=True)
-class Tolerance:
-    """``|got - expected| <= atol + rtol · scale`` (``scale`` defaults to ``|expected|``)."""
+class CheckTolerance:
+    """The allowance a checker grants: ``|got - expected| <= atol + rtol · scale`` (``scale``
+    defaults to ``|expected|``). ``rtol``/``atol`` may be tensors, one allowance per element."""
 
     rtol: float | Tensor
     atol: float | Tensor
@@ -95,12 +96,12 @@ def resolve_tolerance(
     default_atol: float | Tensor,
     rtol: float | None = None,
     atol: float | None = None,
-) -> Tolerance:
+) -> CheckTolerance:
     """The checker's default rule, with the user's ``rtol``/``atol`` replacing either part."""
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return Tolerance(
+    return CheckTolerance(
         rtol=default_rtol if rtol is None else rtol, atol=default_atol if atol is None else atol
     )
 
@@ -154,7 +155,7 @@ def holds_garbage(values: Tensor, valid: Tensor) -> bool:
     return bool((values.detach()[~valid] != 0).any())
 
 
-def regarble(batch: Batch) -> dict[str, Any]:
+def refill_padding(batch: Batch) -> dict[str, Any]:
     """The batch with different (still finite) garbage in the padding positions of every token
     field that holds garbage there. A field whose padding is all zeros (a batch drawn with
     ``garbage=False`` for that field) keeps its zeros: the batch promised none there."""
@@ -165,6 +166,28 @@ def regarble(batch: Batch) -> dict[str, Any]:
             values = batch[key]
             out[key] = torch.where(valid, values, values + 37.0 + values.abs())
     return out
+
+
+def reference_lines(
+    off: Tensor, got: Tensor, expected: Tensor, what: str, context: Callable[[int, int], str]
+) -> list[str]:
+    """One line per token of ``off``: ``what`` of ``fn`` against the reference, then the
+    token's ``context(b, t)``."""
+    return [
+        f"(b={b}, t={t}): {what} "
+        + versus("fn", float(got[b, t]), "reference", float(expected[b, t]))
+        + context(b, t)
+        for b, t in positions(off)
+    ]
+
+
+def refilled_lines(moved: Tensor, again: Tensor, got: Tensor) -> list[str]:
+    """One line per token of ``moved``: its value with the padding refilled (``again``,
+    printed as ``regarbled``) against the value ``got`` before."""
+    return [
+        f"(b={b}, t={t}): " + versus("regarbled", float(again[b, t]), "fn", float(got[b, t]))
+        for b, t in positions(moved)
+    ]
 
 
 def padding_hint(batch: Batch) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -22,7 +23,8 @@ from .comparison import (
     fail,
     fmt,
     positions,
-    regarble,
+    refill_padding,
+    refilled_lines,
     replace_valid,
     resolve_tolerance,
     token_tensor,
@@ -34,6 +36,212 @@ __all__ = ["check_is_weights", "check_rs_mask"]
 
 
 # --------------------------------------------------------------------------- IS weights
+
+
+class _ISRun:
+    """``fn``'s IS weights of one batch in float64, the reference's log weights and raw
+    weights, and the rounding allowed per weight (``elem_rtol``) and for the normalizer."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        batch: Batch,
+        *,
+        level: corr.ISLevel,
+        threshold: corr.ISThresholdSpec,
+        batch_normalize: bool,
+        rtol: float | None,
+        atol: float | None,
+    ):
+        self.fn, self.batch, self.level, self.threshold = fn, batch, level, threshold
+        self.batch_normalize, self.rtol, self.atol = batch_normalize, rtol, atol
+        old, rollout, mask = _is_inputs(batch)
+        self.mask = mask
+        weights_out = token_tensor("is_weights", fn(old, rollout, mask), mask.shape, batch)
+        self.w = w = f64(weights_out)
+        self.valid = valid = as_bool_mask(mask)
+        eps = unit_roundoff(old.dtype, weights_out.dtype)
+        self.acc = acc = accumulation_roundoff(eps)
+        self.thr = corr.parse_is_threshold(threshold)
+        self.old64, self.rollout64 = old64, rollout64 = f64(old), f64(rollout)
+        self.log_w = corr.is_log_weights(old64, rollout64, mask, level=level)
+        self.raw = corr.raw_is_weights(old64, rollout64, mask, level=level)
+        # Rounding of log ratios scales with the log-probs themselves (an implementation may sum
+        # old and rollout log-probs separately before subtracting).
+        token_magnitude = old64.abs() + rollout64.abs()
+        if level == "token":
+            magnitude = token_magnitude
+        else:
+            reduce = corr.masked_sum if level == "sequence" else masked_mean
+            magnitude = reduce(token_magnitude, mask, dim=-1).unsqueeze(-1).expand_as(w)
+        n_row = valid.sum(dim=-1, keepdim=True).expand_as(w).to(torch.float64)
+        spread = torch.ones_like(w) if level == "token" else n_row
+        elem_rtol = 4 * eps * (1 + magnitude) + 4 * acc * spread * magnitude
+        if level == "geometric":
+            # A guarded token count in the mean moves the exponent by up to 1e-6 relative.
+            elem_rtol = elem_rtol + GUARD_RTOL * self.log_w.abs()
+        self.elem_rtol = elem_rtol
+        norm_rtol = float(elem_rtol[valid].max()) if bool(valid.any()) else 0.0
+        norm_rtol += 4 * acc * int(valid.sum()) + GUARD_RTOL
+        self.norm_rtol = norm_rtol
+        self.tiny = 4 * torch.finfo(weights_out.dtype).tiny
+
+    def describe(self, b: int, t: int, expected: Tensor | None = None) -> str:
+        got = float(self.w[b, t])
+        if expected is None:
+            value = f"fn={fmt(got)}"
+        else:
+            value = versus("fn", got, "reference", float(expected[b, t]))
+        return f"(b={b}, t={t}): {value}, log weight={fmt(float(self.log_w[b, t]))}"
+
+    @cached_property
+    def raws(self) -> list[Tensor]:
+        """Raw reference weights: clamped to ``exp(±20)``, and where a log weight lies beyond
+        ±20 also exact (most frameworks other than verl): each is a whole candidate."""
+        raws = [self.raw]
+        beyond = self.valid & (self.log_w.abs() > corr.SAFETY_BOUND)
+        if bool(beyond.any()):
+            raws.append(
+                corr.raw_is_weights(
+                    self.old64, self.rollout64, self.mask, level=self.level, clamp=False
+                )
+            )
+        return raws
+
+    @cached_property
+    def candidates(self) -> list[tuple[Tensor, float]]:
+        """The reference, ``(expected, normalizer)`` per acceptable reading, with IcePop
+        decisions on near-boundary weights resolved as fn did."""
+        candidates: list[tuple[Tensor, float]] = []
+        for base in self.raws:
+            candidates += _is_candidates(
+                base,
+                self.w,
+                self.mask,
+                self.threshold,
+                self.level,
+                self.batch_normalize,
+                self.elem_rtol,
+                self.norm_rtol,
+            )
+        return candidates
+
+
+def _is_weights_nonnegative(run: _ISRun) -> None:
+    negative = run.w < 0
+    if bool(negative.any()):
+        fail(
+            "is_weights.nonnegative",
+            "negative IS weights",
+            [run.describe(*p) for p in positions(negative)],
+        )
+
+
+def _is_weights_zero_on_padding(run: _ISRun) -> None:
+    on_padding = ~run.valid & (run.w != 0)
+    if bool(on_padding.any()):
+        fail(
+            "is_weights.zero_on_padding",
+            "non-zero IS weights on padding positions",
+            [run.describe(*p) for p in positions(on_padding)],
+        )
+
+
+def _is_weights_sequence_constant(run: _ISRun) -> None:
+    if run.level == "token":
+        return
+    w = run.w
+    first = w.gather(-1, run.valid.long().argmax(dim=-1, keepdim=True)).expand_as(w)
+    uneven = run.valid & ((w - first).abs() > 2 * run.elem_rtol * first.abs() + run.tiny)
+    if bool(uneven.any()):
+        fail(
+            "is_weights.sequence_constant",
+            "sequence-level weights differ within a sequence",
+            [
+                f"(b={b}, t={t}): "
+                + versus("fn", float(w[b, t]), "first weight of row", float(first[b, t]))
+                for b, t in positions(uneven)
+            ],
+        )
+
+
+def _is_weights_padding_independence(run: _ISRun) -> None:
+    refilled = run.fn(*_is_inputs(refill_padding(run.batch)))
+    again = f64(token_tensor("is_weights", refilled, run.mask.shape, run.batch))
+    moved = (again - run.w).abs() > 2 * run.elem_rtol * run.w.abs() + run.tiny
+    if bool(moved.any()):
+        fail(
+            "is_weights.padding_independence",
+            "changing only the garbage in padding positions changed the weights of valid tokens "
+            "(padding log ratios leak into the weights, e.g. a sequence sum over all T positions)",
+            refilled_lines(moved, again, run.w),
+        )
+
+
+def _is_weights_normalized_mean(run: _ISRun) -> None:
+    """Judged only when every candidate reference normalizes."""
+    candidates, mask, level = run.candidates, run.mask, run.level
+    normalized = [factor for _, factor in candidates if factor != 1.0]
+    if not (run.batch_normalize and len(normalized) == len(candidates)):
+        return
+    fn_mean = float(corr.is_normalizer(run.w, mask, level=level))
+    tolerance = resolve_tolerance(0.0, 2 * run.norm_rtol + 8 * run.acc, None, run.atol)
+    if tolerance.exceeded(fn_mean, 1.0):
+        token_mean = float(masked_mean(run.w, mask))
+        rows = valid_rows(mask)
+        seq_mean = float(masked_mean(masked_mean(run.w, mask, dim=-1), rows))
+        fail(
+            "is_weights.normalized_mean",
+            f"batch-normalized {level}-level weights have mean "
+            f"{fmt(fn_mean, digits_to_separate(fn_mean, 1.0))} at the {level} level, "
+            f"expected 1 (difference {fn_mean - 1:.3g})",
+            [
+                f"mean over {int(run.valid.sum())} valid tokens: {fmt(token_mean)}",
+                f"mean over {int(rows.sum())} sequences of their mean weight: {fmt(seq_mean)}",
+            ],
+        )
+
+
+def _is_weights_truncation_and_icepop_bounds(run: _ISRun) -> None:
+    if run.thr.upper is not None:
+        _check_bounds(
+            run.w, run.valid, run.thr, run.candidates, run.elem_rtol, run.norm_rtol, run.describe
+        )
+
+
+def _is_weights_reference_agreement(run: _ISRun) -> None:
+    """Agreement with any one candidate reference; a failure shows the first."""
+    tolerance = resolve_tolerance(
+        (run.elem_rtol + 2 * run.norm_rtol) * 2, run.tiny, run.rtol, run.atol
+    )
+    failures = []
+    for expected, _ in run.candidates:
+        off = run.valid & tolerance.exceeded(run.w, expected)
+        if not bool(off.any()):
+            return
+        failures.append((off, expected))
+    off, expected = failures[0]
+    both = " or the exact exp(log w) where |log w| > 20" if len(run.raws) > 1 else ""
+    fail(
+        "is_weights.reference_agreement",
+        f"{int(off.sum())} of {int(run.valid.sum())} valid weights differ from the reference "
+        f"(level={run.level!r}, threshold={run.threshold!r}, "
+        f"batch_normalize={run.batch_normalize}; "
+        f"reference weight exp(clamp(log w, ±20)){both})",
+        [run.describe(b, t, expected) for b, t in positions(off)],
+    )
+
+
+_IS_INVARIANTS: tuple[Callable[[_ISRun], None], ...] = (
+    _is_weights_nonnegative,
+    _is_weights_zero_on_padding,
+    _is_weights_sequence_constant,
+    _is_weights_padding_independence,
+    _is_weights_normalized_mean,
+    _is_weights_truncation_and_icepop_bounds,
+    _is_weights_reference_agreement,
+)
+"""The invariants of :func:`check_is_weights`, in the order they are judged."""
 
 
 def check_is_weights(
@@ -73,130 +281,17 @@ def check_is_weights(
     ``exp`` and of the reductions involved plus :data:`GUARD_RTOL` for an epsilon guard in
     the normalizer; ``rtol``/``atol`` replace the relative/absolute part.
     """
-    old, rollout, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
-    weights_out = token_tensor("is_weights", fn(old, rollout, mask), mask.shape, batch)
-    w = f64(weights_out)
-    valid = as_bool_mask(mask)
-    eps = unit_roundoff(old.dtype, weights_out.dtype)
-    acc = accumulation_roundoff(eps)
-    thr = corr.parse_is_threshold(threshold)
-
-    old64, rollout64 = f64(old), f64(rollout)
-    log_w = corr.is_log_weights(old64, rollout64, mask, level=level)
-    raw = corr.raw_is_weights(old64, rollout64, mask, level=level)
-    # Rounding of log ratios scales with the log-probs themselves (an implementation may sum
-    # old and rollout log-probs separately before subtracting).
-    token_magnitude = old64.abs() + rollout64.abs()
-    if level == "token":
-        magnitude = token_magnitude
-    else:
-        reduce = corr.masked_sum if level == "sequence" else masked_mean
-        magnitude = reduce(token_magnitude, mask, dim=-1).unsqueeze(-1).expand_as(w)
-    n_row = valid.sum(dim=-1, keepdim=True).expand_as(w).to(torch.float64)
-    spread = torch.ones_like(w) if level == "token" else n_row
-    elem_rtol = 4 * eps * (1 + magnitude) + 4 * acc * spread * magnitude
-    if level == "geometric":
-        # A guarded token count in the mean moves the exponent by up to 1e-6 relative.
-        elem_rtol = elem_rtol + GUARD_RTOL * log_w.abs()
-    norm_rtol = float(elem_rtol[valid].max()) if bool(valid.any()) else 0.0
-    norm_rtol += 4 * acc * int(valid.sum()) + GUARD_RTOL
-    tiny = 4 * torch.finfo(weights_out.dtype).tiny
-
-    def describe(b: int, t: int, expected: Tensor | None = None) -> str:
-        got = float(w[b, t])
-        if expected is None:
-            value = f"fn={fmt(got)}"
-        else:
-            value = versus("fn", got, "reference", float(expected[b, t]))
-        return f"(b={b}, t={t}): {value}, log weight={fmt(float(log_w[b, t]))}"
-
-    negative = w < 0
-    if bool(negative.any()):
-        fail(
-            "is_weights.nonnegative",
-            "negative IS weights",
-            [describe(*p) for p in positions(negative)],
-        )
-    on_padding = ~valid & (w != 0)
-    if bool(on_padding.any()):
-        fail(
-            "is_weights.zero_on_padding",
-            "non-zero IS weights on padding positions",
-            [describe(*p) for p in positions(on_padding)],
-        )
-    if level != "token":
-        first = w.gather(-1, valid.long().argmax(dim=-1, keepdim=True)).expand_as(w)
-        uneven = valid & ((w - first).abs() > 2 * elem_rtol * first.abs() + tiny)
-        if bool(uneven.any()):
-            fail(
-                "is_weights.sequence_constant",
-                "sequence-level weights differ within a sequence",
-                [
-                    f"(b={b}, t={t}): "
-                    + versus("fn", float(w[b, t]), "first weight of row", float(first[b, t]))
-                    for b, t in positions(uneven)
-                ],
-            )
-    again = f64(token_tensor("is_weights", fn(*_is_inputs(regarble(batch))), mask.shape, batch))
-    moved = (again - w).abs() > 2 * elem_rtol * w.abs() + tiny
-    if bool(moved.any()):
-        fail(
-            "is_weights.padding_independence",
-            "changing only the garbage in padding positions changed the weights of valid tokens "
-            "(padding log ratios leak into the weights, e.g. a sequence sum over all T positions)",
-            [
-                f"(b={b}, t={t}): " + versus("regarbled", float(again[b, t]), "fn", float(w[b, t]))
-                for b, t in positions(moved)
-            ],
-        )
-
-    # The reference, with IcePop decisions on near-boundary weights resolved as fn did. Where a
-    # log weight lies beyond ±20, the clamped weight (verl) and the exact one (most other
-    # frameworks) are both correct: each is a whole candidate reference.
-    raws = [raw]
-    beyond = valid & (log_w.abs() > corr.SAFETY_BOUND)
-    if bool(beyond.any()):
-        raws.append(corr.raw_is_weights(old64, rollout64, mask, level=level, clamp=False))
-    candidates: list[tuple[Tensor, float]] = []
-    for base in raws:
-        candidates += _is_candidates(
-            base, w, mask, threshold, level, batch_normalize, elem_rtol, norm_rtol
-        )
-    normalized = [factor for _, factor in candidates if factor != 1.0]
-    if batch_normalize and len(normalized) == len(candidates):
-        fn_mean = float(corr.is_normalizer(w, mask, level=level))
-        if resolve_tolerance(0.0, 2 * norm_rtol + 8 * acc, None, atol).exceeded(fn_mean, 1.0):
-            token_mean = float(masked_mean(w, mask))
-            rows = valid_rows(mask)
-            seq_mean = float(masked_mean(masked_mean(w, mask, dim=-1), rows))
-            fail(
-                "is_weights.normalized_mean",
-                f"batch-normalized {level}-level weights have mean "
-                f"{fmt(fn_mean, digits_to_separate(fn_mean, 1.0))} at the {level} level, "
-                f"expected 1 (difference {fn_mean - 1:.3g})",
-                [
-                    f"mean over {int(valid.sum())} valid tokens: {fmt(token_mean)}",
-                    f"mean over {int(rows.sum())} sequences of their mean weight: {fmt(seq_mean)}",
-                ],
-            )
-    if thr.upper is not None:
-        _check_bounds(w, valid, thr, candidates, elem_rtol, norm_rtol, describe)
-    tolerance = resolve_tolerance((elem_rtol + 2 * norm_rtol) * 2, tiny, rtol, atol)
-    failures = []
-    for expected, _ in candidates:
-        off = valid & tolerance.exceeded(w, expected)
-        if not bool(off.any()):
-            return
-        failures.append((off, expected))
-    off, expected = failures[0]
-    both = " or the exact exp(log w) where |log w| > 20" if len(raws) > 1 else ""
-    fail(
-        "is_weights.reference_agreement",
-        f"{int(off.sum())} of {int(valid.sum())} valid weights differ from the reference "
-        f"(level={level!r}, threshold={threshold!r}, batch_normalize={batch_normalize}; "
-        f"reference weight exp(clamp(log w, ±20)){both})",
-        [describe(b, t, expected) for b, t in positions(off)],
+    run = _ISRun(
+        fn,
+        batch,
+        level=level,
+        threshold=threshold,
+        batch_normalize=batch_normalize,
+        rtol=rtol,
+        atol=atol,
     )
+    for invariant in _IS_INVARIANTS:
+        invariant(run)
 
 
 def _is_candidates(
@@ -368,6 +463,203 @@ def _widened(criteria: Sequence[corr.RSCriterion]) -> str:
     return ",".join(parts)
 
 
+class _RSRun:
+    """``fn``'s keep mask of one batch, a way to call ``fn`` again on variations of it, and,
+    on first use, the reference decisions."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        batch: Batch,
+        *,
+        criterion: str,
+        threshold: float | str,
+        rtol: float | None,
+        atol: float | None,
+    ):
+        self.fn, self.batch, self.criterion, self.threshold = fn, batch, criterion, threshold
+        self.rtol, self.atol = rtol, atol
+        self.criteria = corr.parse_rs_criteria(criterion, threshold)
+        self.configurable = accepts(fn, "criterion") and accepts(fn, "threshold")
+        self.mask = batch["response_mask"]
+        self.valid = as_bool_mask(self.mask)
+        self.dtypes: list[torch.dtype] = [batch["old_log_probs"].dtype]
+        self.keep = self.call(batch)
+
+    def call(self, b: Batch, crit: str | None = None, thr: float | str | None = None) -> Tensor:
+        """``fn``'s keep mask of ``b`` (as bool), for ``crit``/``thr`` when it is configurable."""
+        crit = self.criterion if crit is None else crit
+        thr = self.threshold if thr is None else thr
+        kwargs = {"criterion": crit, "threshold": thr} if self.configurable else {}
+        out = token_tensor(
+            "rs_mask", self.fn(*_is_inputs(b), **kwargs), self.mask.shape, self.batch
+        )
+        if out.dtype != torch.bool:
+            self.dtypes.append(out.dtype)
+            not_binary = (out != 0) & (out != 1)
+            if bool(not_binary.any()):
+                fail(
+                    "rs_mask.binary",
+                    "keep mask values must be 0/1",
+                    [
+                        f"(b={b_}, t={t}): {fmt(float(out[b_, t]))}"
+                        for b_, t in positions(not_binary)
+                    ],
+                )
+        return out != 0
+
+    @cached_property
+    def eps(self) -> float:
+        """Unit roundoff of the inputs and of ``fn``'s masks, fixed at first use: the reference
+        decisions are judged after the calls on the batch and on its refilled padding."""
+        return unit_roundoff(*self.dtypes)
+
+    @cached_property
+    def decisions(self) -> tuple[Tensor, Tensor, list[tuple[corr.RSCriterion, Tensor, Tensor]]]:
+        """The reference keep mask, its ambiguous positions and the per-criterion details."""
+        return _rs_decisions(self.batch, self.criteria, self.eps, self.rtol, self.atol)
+
+    def verdicts(self, b: int, t: int) -> str:
+        """Each criterion's statistic, bounds and decision at token ``(b, t)``."""
+        _, _, details = self.decisions
+        verdicts = []
+        for item, stat, kept in details:
+            value = float(stat[b] if item.sequence_level else stat[b, t])
+            lo, hi = item.bounds()
+            digits = max(digits_to_separate(value, lo), digits_to_separate(value, hi))
+            verdicts.append(
+                f"{item.name}={fmt(value, digits)} in [{fmt(lo, digits)}, {fmt(hi, digits)}]? "
+                f"{'keep' if kept[b, t] else 'drop'}"
+            )
+        return "; ".join(verdicts)
+
+
+def _rs_mask_subset_of_response_mask(run: _RSRun) -> None:
+    outside = run.keep & ~run.valid
+    if bool(outside.any()):
+        fail(
+            "rs_mask.subset_of_response_mask",
+            "padding positions are marked as kept",
+            [f"(b={b}, t={t})" for b, t in positions(outside)],
+        )
+
+
+def _rs_mask_whole_sequences(run: _RSRun) -> None:
+    if not all(item.sequence_level for item in run.criteria):
+        return
+    keep, valid = run.keep, run.valid
+    partial = [
+        row
+        for row in range(valid.shape[0])
+        if 0 < int((keep[row] & valid[row]).sum()) < int(valid[row].sum())
+    ]
+    if partial:
+        fail(
+            "rs_mask.whole_sequences",
+            f"sequence criteria {run.criterion!r} kept only part of a sequence",
+            [
+                f"row {row}: kept t={positions(keep[row] & valid[row])}, "
+                f"dropped t={positions(valid[row] & ~keep[row])}"
+                for row in partial
+            ],
+        )
+
+
+def _rs_mask_padding_independence(run: _RSRun) -> None:
+    moved = run.call(refill_padding(run.batch)) != run.keep
+    if bool(moved.any()):
+        fail(
+            "rs_mask.padding_independence",
+            "changing only the garbage in padding positions changed the mask of valid tokens",
+            [
+                f"(b={b}, t={t}): kept={bool(run.keep[b, t])} -> {not bool(run.keep[b, t])}"
+                for b, t in positions(moved)
+            ],
+        )
+
+
+def _rs_mask_reference_agreement(run: _RSRun) -> None:
+    keep, valid = run.keep, run.valid
+    reference, ambiguous, _ = run.decisions
+    wrong = valid & (keep != reference) & ~ambiguous
+    if not bool(wrong.any()):
+        return
+    log_ratio = f64(run.batch["old_log_probs"]) - f64(run.batch["rollout_log_probs"])
+    lines = [
+        f"(b={b}, t={t}): fn {'keeps' if keep[b, t] else 'drops'}, reference "
+        f"{'keeps' if reference[b, t] else 'drops'}; "
+        f"ratio={fmt(math.exp(float(log_ratio[b, t])))}; " + run.verdicts(b, t)
+        for b, t in positions(wrong)
+    ]
+    hint = _reciprocal_hint(run.batch, run.criteria, keep, wrong)
+    fail(
+        "rs_mask.reference_agreement",
+        f"{int(wrong.sum())} of {int(valid.sum())} valid tokens kept/dropped unlike the "
+        f"reference for {run.criterion!r} with {run.threshold!r}{hint}",
+        lines,
+    )
+
+
+def _rs_mask_monotone(run: _RSRun) -> None:
+    """Halfway towards the rollout log-probs (when every k1 interval contains ratio 1), and,
+    for a configurable ``fn``, with widened bounds."""
+    criteria, keep, valid = run.criteria, run.keep, run.valid
+    if all(item.lower is None or item.lower <= 1.0 <= item.upper for item in criteria):
+        old, rollout = run.batch["old_log_probs"], run.batch["rollout_log_probs"]
+        halfway = dict(run.batch)
+        halfway["old_log_probs"] = replace_valid(old, valid, rollout + (old - rollout) / 2)
+        _, halfway_ambiguous, _ = _rs_decisions(halfway, criteria, run.eps, run.rtol, run.atol)
+        lost = keep & ~run.call(halfway) & ~halfway_ambiguous
+        if bool(lost.any()):
+            fail(
+                "rs_mask.monotone",
+                "moving the training log-probs halfway towards the rollout log-probs (a smaller "
+                "divergence) dropped tokens that were kept",
+                [f"(b={b}, t={t})" for b, t in positions(lost)],
+            )
+    if run.configurable:
+        wide = _widened(criteria)
+        lost = keep & ~run.call(run.batch, run.criterion, wide)
+        if bool(lost.any()):
+            fail(
+                "rs_mask.monotone",
+                f"widening the bounds from {run.threshold!r} to {wide!r} dropped tokens that "
+                "were kept",
+                [f"(b={b}, t={t})" for b, t in positions(lost)],
+            )
+
+
+def _rs_mask_intersection(run: _RSRun) -> None:
+    if not (run.configurable and len(run.criteria) > 1):
+        return
+    combined = run.valid.clone()
+    for item in run.criteria:
+        combined &= run.call(run.batch, item.name, item.spec())
+    _, ambiguous, _ = run.decisions
+    differ = (combined != run.keep) & ~ambiguous
+    if bool(differ.any()):
+        fail(
+            "rs_mask.intersection",
+            f"the mask for {run.criterion!r} is not the intersection of its single criteria",
+            [
+                f"(b={b}, t={t}): combined keeps={bool(run.keep[b, t])}, intersection keeps="
+                f"{bool(combined[b, t])}"
+                for b, t in positions(differ)
+            ],
+        )
+
+
+_RS_INVARIANTS: tuple[Callable[[_RSRun], None], ...] = (
+    _rs_mask_subset_of_response_mask,
+    _rs_mask_whole_sequences,
+    _rs_mask_padding_independence,
+    _rs_mask_reference_agreement,
+    _rs_mask_monotone,
+    _rs_mask_intersection,
+)
+"""The invariants of :func:`check_rs_mask`, in the order they are judged."""
+
+
 def check_rs_mask(
     fn: Callable[..., Any],
     batch: Batch,
@@ -400,130 +692,9 @@ def check_rs_mask(
     the dtype's rounding (absolute) plus :data:`GUARD_RTOL` relative for ``seq_mean_*``
     (an epsilon guard on the token count); ``rtol``/``atol`` replace either part.
     """
-    criteria = corr.parse_rs_criteria(criterion, threshold)
-    configurable = accepts(fn, "criterion") and accepts(fn, "threshold")
-    mask = batch["response_mask"]
-    valid = as_bool_mask(mask)
-    dtypes: list[torch.dtype] = [batch["old_log_probs"].dtype]
-
-    def call(b: Batch, crit: str = criterion, thr: float | str = threshold) -> Tensor:
-        kwargs = {"criterion": crit, "threshold": thr} if configurable else {}
-        out = token_tensor("rs_mask", fn(*_is_inputs(b), **kwargs), mask.shape, batch)
-        if out.dtype != torch.bool:
-            dtypes.append(out.dtype)
-            not_binary = (out != 0) & (out != 1)
-            if bool(not_binary.any()):
-                fail(
-                    "rs_mask.binary",
-                    "keep mask values must be 0/1",
-                    [
-                        f"(b={b_}, t={t}): {fmt(float(out[b_, t]))}"
-                        for b_, t in positions(not_binary)
-                    ],
-                )
-        return out != 0
-
-    keep = call(batch)
-    outside = keep & ~valid
-    if bool(outside.any()):
-        fail(
-            "rs_mask.subset_of_response_mask",
-            "padding positions are marked as kept",
-            [f"(b={b}, t={t})" for b, t in positions(outside)],
-        )
-    if all(item.sequence_level for item in criteria):
-        partial = [
-            row
-            for row in range(valid.shape[0])
-            if 0 < int((keep[row] & valid[row]).sum()) < int(valid[row].sum())
-        ]
-        if partial:
-            fail(
-                "rs_mask.whole_sequences",
-                f"sequence criteria {criterion!r} kept only part of a sequence",
-                [
-                    f"row {row}: kept t={positions(keep[row] & valid[row])}, "
-                    f"dropped t={positions(valid[row] & ~keep[row])}"
-                    for row in partial
-                ],
-            )
-    moved = call(regarble(batch)) != keep
-    if bool(moved.any()):
-        fail(
-            "rs_mask.padding_independence",
-            "changing only the garbage in padding positions changed the mask of valid tokens",
-            [
-                f"(b={b}, t={t}): kept={bool(keep[b, t])} -> {not bool(keep[b, t])}"
-                for b, t in positions(moved)
-            ],
-        )
-
-    eps = unit_roundoff(*dtypes)
-    reference, ambiguous, details = _rs_decisions(batch, criteria, eps, rtol, atol)
-    wrong = valid & (keep != reference) & ~ambiguous
-    if bool(wrong.any()):
-        log_ratio = f64(batch["old_log_probs"]) - f64(batch["rollout_log_probs"])
-        lines = []
-        for b, t in positions(wrong):
-            verdicts = []
-            for item, stat, kept in details:
-                value = float(stat[b] if item.sequence_level else stat[b, t])
-                lo, hi = item.bounds()
-                digits = max(digits_to_separate(value, lo), digits_to_separate(value, hi))
-                verdicts.append(
-                    f"{item.name}={fmt(value, digits)} in [{fmt(lo, digits)}, {fmt(hi, digits)}]? "
-                    f"{'keep' if kept[b, t] else 'drop'}"
-                )
-            lines.append(
-                f"(b={b}, t={t}): fn {'keeps' if keep[b, t] else 'drops'}, reference "
-                f"{'keeps' if reference[b, t] else 'drops'}; "
-                f"ratio={fmt(math.exp(float(log_ratio[b, t])))}; " + "; ".join(verdicts)
-            )
-        hint = _reciprocal_hint(batch, criteria, keep, wrong)
-        fail(
-            "rs_mask.reference_agreement",
-            f"{int(wrong.sum())} of {int(valid.sum())} valid tokens kept/dropped unlike the "
-            f"reference for {criterion!r} with {threshold!r}{hint}",
-            lines,
-        )
-
-    if all(item.lower is None or item.lower <= 1.0 <= item.upper for item in criteria):
-        old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
-        halfway = dict(batch)
-        halfway["old_log_probs"] = replace_valid(old, valid, rollout + (old - rollout) / 2)
-        _, halfway_ambiguous, _ = _rs_decisions(halfway, criteria, eps, rtol, atol)
-        lost = keep & ~call(halfway) & ~halfway_ambiguous
-        if bool(lost.any()):
-            fail(
-                "rs_mask.monotone",
-                "moving the training log-probs halfway towards the rollout log-probs (a smaller "
-                "divergence) dropped tokens that were kept",
-                [f"(b={b}, t={t})" for b, t in positions(lost)],
-            )
-    if configurable:
-        wide = _widened(criteria)
-        lost = keep & ~call(batch, criterion, wide)
-        if bool(lost.any()):
-            fail(
-                "rs_mask.monotone",
-                f"widening the bounds from {threshold!r} to {wide!r} dropped tokens that were kept",
-                [f"(b={b}, t={t})" for b, t in positions(lost)],
-            )
-        if len(criteria) > 1:
-            combined = valid.clone()
-            for item in criteria:
-                combined &= call(batch, item.name, item.spec())
-            differ = (combined != keep) & ~ambiguous
-            if bool(differ.any()):
-                fail(
-                    "rs_mask.intersection",
-                    f"the mask for {criterion!r} is not the intersection of its single criteria",
-                    [
-                        f"(b={b}, t={t}): combined keeps={bool(keep[b, t])}, intersection keeps="
-                        f"{bool(combined[b, t])}"
-                        for b, t in positions(differ)
-                    ],
-                )
+    run = _RSRun(fn, batch, criterion=criterion, threshold=threshold, rtol=rtol, atol=atol)
+    for invariant in _RS_INVARIANTS:
+        invariant(run)
 
 
 def _reciprocal_hint(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -15,13 +16,13 @@ from .comparison import (
     f64,
     fail,
     fmt,
-    positions,
-    regarble,
+    reference_lines,
+    refill_padding,
+    refilled_lines,
     resolve_tolerance,
     token_tensor,
     unit_roundoff,
     valid_mask,
-    versus,
 )
 
 __all__ = ["check_kl_penalty"]
@@ -40,6 +41,129 @@ def _reference(log_probs: Tensor, ref_log_probs: Tensor, estimator: str, clamp: 
     value = kl_penalty(leaf, ref_log_probs, estimator, clamp=clamp)
     (grad,) = torch.autograd.grad(value.sum(), leaf)
     return value.detach(), grad
+
+
+class _KLRun:
+    """``fn``'s per-token KL value and gradient of one batch, the tolerances they are judged
+    by, the tokens not judged and the reference's clamp readings (clamped k3, or exact)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        batch: Batch,
+        *,
+        estimator: str,
+        rtol: float | None,
+        atol: float | None,
+    ):
+        self.fn, self.batch, self.estimator = fn, batch, estimator
+        log_probs, ref_log_probs = batch["log_probs"], batch["ref_log_probs"]
+        self.shape = log_probs.shape
+        self.valid = valid = valid_mask(batch)
+        self.value, self.grad = self.evaluate(batch)
+        eps = unit_roundoff(log_probs.dtype, ref_log_probs.dtype)
+        self.lp, self.rp = lp, rp = f64(log_probs), f64(ref_log_probs)
+        diff = lp - rp
+        input_error = 8 * eps * (1 + lp.abs() + rp.abs())
+        base = _base(estimator)
+        if base in _K3:
+            slope = (torch.expm1(-diff).abs() + 1).clamp(max=1e300)
+            curvature = torch.exp(-diff).clamp(max=1e300)
+        elif base in ("k2", "mse"):
+            slope, curvature = diff.abs(), torch.ones_like(diff)
+        else:
+            slope, curvature = torch.ones_like(diff), torch.zeros_like(diff)
+        if estimator.endswith("+"):
+            curvature = torch.ones_like(diff)
+        self.value_tol = resolve_tolerance(
+            8 * eps + GUARD_RTOL, input_error * (1 + slope) + 1e-300, rtol, atol
+        )
+        grad_rtol = 8 * eps + GUARD_RTOL
+        self.grad_tol = resolve_tolerance(
+            grad_rtol, input_error * (1 + curvature) + 1e-300, rtol, atol
+        )
+        not_judged = torch.zeros_like(valid)
+        if base == "abs":
+            not_judged |= diff == 0
+        self.clamps = [True]
+        if base in _K3:
+            exact = torch.expm1(-diff) + diff
+            band = self.value_tol.atol + self.value_tol.rtol * exact.abs()
+            not_judged |= (exact - _K3_BOUND).abs() <= band
+            if bool((valid & (exact > _K3_BOUND)).any()):
+                self.clamps.append(False)
+        self.judged = valid & ~not_judged
+
+    def evaluate(self, b: Batch) -> tuple[Tensor, Tensor]:
+        """``fn``'s value on ``b`` and the gradient of its valid tokens' sum, in float64."""
+        shape, valid = self.shape, self.valid
+        leaf = b["log_probs"].detach().clone().requires_grad_(True)
+        out = token_tensor("kl", self.fn(leaf, b["ref_log_probs"]), shape, b)
+        if not out.requires_grad:
+            return f64(out), torch.zeros(shape, dtype=torch.float64)
+        picked = torch.where(valid, out, torch.zeros_like(out))
+        (grad,) = torch.autograd.grad(picked.sum(), leaf, allow_unused=True)
+        return f64(out), torch.zeros(shape, dtype=torch.float64) if grad is None else f64(grad)
+
+    @cached_property
+    def reference(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(value, gradient, None)`` of the first clamp reading whose values ``fn`` matches;
+        when none does, ``(value, gradient, tokens off)`` of the first reading's values."""
+        attempts = []
+        for clamp in self.clamps:
+            expected_value, expected_grad = _reference(self.lp, self.rp, self.estimator, clamp)
+            off = self.judged & self.value_tol.exceeded(self.value, expected_value)
+            if not bool(off.any()):
+                return expected_value, expected_grad, None
+            attempts.append((off, expected_value, expected_grad))
+        off, expected_value, expected_grad = attempts[0]
+        return expected_value, expected_grad, off
+
+    def fail_tokens(
+        self, invariant: str, summary: str, off: Tensor, got: Tensor, expected: Tensor, what: str
+    ) -> None:
+        """Fail ``invariant``: the tokens ``off`` of the valid ones ``summary``."""
+        fail(
+            invariant,
+            f"{int(off.sum())} of {int(self.valid.sum())} valid tokens {summary}",
+            reference_lines(off, got, expected, what, self.inputs),
+        )
+
+    def inputs(self, b: int, t: int) -> str:
+        return f", log_prob={fmt(float(self.lp[b, t]))}, ref_log_prob={fmt(float(self.rp[b, t]))}"
+
+
+def _value(run: _KLRun) -> None:
+    expected_value, _, off = run.reference
+    if off is not None:
+        note = " (k3 clamped to [-10, 10], or exact)" if len(run.clamps) > 1 else ""
+        summary = f"differ from the {run.estimator} reference{note}"
+        run.fail_tokens("kl.value", summary, off, run.value, expected_value, "value")
+
+
+def _gradient(run: _KLRun) -> None:
+    _, expected_grad, _ = run.reference
+    off = run.judged & run.grad_tol.exceeded(run.grad, expected_grad)
+    if bool(off.any()):
+        plus = run.estimator.endswith("+")
+        what = "k2's gradient, logp - ref" if plus else "its own gradient"
+        summary = f"have a gradient unlike the {run.estimator} reference ({what})"
+        run.fail_tokens("kl.gradient", summary, off, run.grad, expected_grad, "gradient")
+
+
+def _padding_independence(run: _KLRun) -> None:
+    again, _ = run.evaluate(refill_padding(run.batch))
+    moved = run.valid & (again != run.value) & run.value_tol.exceeded(again, run.value)
+    if bool(moved.any()):
+        fail(
+            "kl.padding_independence",
+            "changing only the garbage in padding positions changed valid tokens",
+            refilled_lines(moved, again, run.value),
+        )
+
+
+_INVARIANTS: tuple[Callable[[_KLRun], None], ...] = (_value, _gradient, _padding_independence)
+"""The invariants of :func:`check_kl_penalty`, in the order they are judged."""
 
 
 def check_kl_penalty(
@@ -75,93 +199,6 @@ def check_kl_penalty(
     """
     if _base(estimator) not in KL_ESTIMATORS:
         raise ValueError(f"estimator must be one of {KL_ESTIMATORS} (with an optional '+')")
-    log_probs, ref_log_probs = batch["log_probs"], batch["ref_log_probs"]
-    shape = log_probs.shape
-    valid = valid_mask(batch)
-
-    def evaluate(b: Batch) -> tuple[Tensor, Tensor]:
-        leaf = b["log_probs"].detach().clone().requires_grad_(True)
-        out = token_tensor("kl", fn(leaf, b["ref_log_probs"]), shape, b)
-        if not out.requires_grad:
-            return f64(out), torch.zeros(shape, dtype=torch.float64)
-        picked = torch.where(valid, out, torch.zeros_like(out))
-        (grad,) = torch.autograd.grad(picked.sum(), leaf, allow_unused=True)
-        return f64(out), torch.zeros(shape, dtype=torch.float64) if grad is None else f64(grad)
-
-    value, grad = evaluate(batch)
-    eps = unit_roundoff(log_probs.dtype, ref_log_probs.dtype)
-    lp, rp = f64(log_probs), f64(ref_log_probs)
-    diff = lp - rp
-    input_error = 8 * eps * (1 + lp.abs() + rp.abs())
-    base = _base(estimator)
-    if base in _K3:
-        slope = (torch.expm1(-diff).abs() + 1).clamp(max=1e300)
-        curvature = torch.exp(-diff).clamp(max=1e300)
-    elif base in ("k2", "mse"):
-        slope, curvature = diff.abs(), torch.ones_like(diff)
-    else:
-        slope, curvature = torch.ones_like(diff), torch.zeros_like(diff)
-    if estimator.endswith("+"):
-        curvature = torch.ones_like(diff)
-    value_tol = resolve_tolerance(
-        8 * eps + GUARD_RTOL, input_error * (1 + slope) + 1e-300, rtol, atol
-    )
-    grad_rtol = 8 * eps + GUARD_RTOL
-    grad_tol = resolve_tolerance(grad_rtol, input_error * (1 + curvature) + 1e-300, rtol, atol)
-
-    not_judged = torch.zeros_like(valid)
-    if base == "abs":
-        not_judged |= diff == 0
-    candidates = [True]
-    if base in _K3:
-        exact = torch.expm1(-diff) + diff
-        band = value_tol.atol + value_tol.rtol * exact.abs()
-        not_judged |= (exact - _K3_BOUND).abs() <= band
-        if bool((valid & (exact > _K3_BOUND)).any()):
-            candidates.append(False)
-
-    def line(b: int, t: int, got: Tensor, expected: Tensor, what: str) -> str:
-        return (
-            f"(b={b}, t={t}): {what} "
-            + versus("fn", float(got[b, t]), "reference", float(expected[b, t]))
-            + f", log_prob={fmt(float(lp[b, t]))}, ref_log_prob={fmt(float(rp[b, t]))}"
-        )
-
-    judged = valid & ~not_judged
-    attempts = []
-    for clamp in candidates:
-        expected_value, expected_grad = _reference(lp, rp, estimator, clamp)
-        off = judged & value_tol.exceeded(value, expected_value)
-        if not bool(off.any()):
-            break
-        attempts.append((off, expected_value))
-    else:
-        off, expected_value = attempts[0]
-        note = " (k3 clamped to [-10, 10], or exact)" if len(candidates) > 1 else ""
-        fail(
-            "kl.value",
-            f"{int(off.sum())} of {int(valid.sum())} valid tokens differ from the {estimator} "
-            f"reference{note}",
-            [line(b, t, value, expected_value, "value") for b, t in positions(off)],
-        )
-    off = judged & grad_tol.exceeded(grad, expected_grad)
-    if bool(off.any()):
-        what = "k2's gradient, logp - ref" if estimator.endswith("+") else "its own gradient"
-        fail(
-            "kl.gradient",
-            f"{int(off.sum())} of {int(valid.sum())} valid tokens have a gradient unlike the "
-            f"{estimator} reference ({what})",
-            [line(b, t, grad, expected_grad, "gradient") for b, t in positions(off)],
-        )
-    again, _ = evaluate(regarble(batch))
-    moved = valid & (again != value) & value_tol.exceeded(again, value)
-    if bool(moved.any()):
-        fail(
-            "kl.padding_independence",
-            "changing only the garbage in padding positions changed valid tokens",
-            [
-                f"(b={b}, t={t}): "
-                + versus("regarbled", float(again[b, t]), "fn", float(value[b, t]))
-                for b, t in positions(moved)
-            ],
-        )
+    run = _KLRun(fn, batch, estimator=estimator, rtol=rtol, atol=atol)
+    for invariant in _INVARIANTS:
+        invariant(run)

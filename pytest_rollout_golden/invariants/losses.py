@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -28,7 +29,7 @@ from .comparison import (
     holds_garbage,
     padding_hint,
     positions,
-    regarble,
+    refill_padding,
     replace_valid,
     resolve_tolerance,
     unit_roundoff,
@@ -110,7 +111,7 @@ class _Evaluation:
             )
 
 
-class _Tolerance:
+class _LossTolerance:
     """How far two ways of computing the same loss may differ, in value and per-token gradient.
 
     Default rule: rounding, ``8·(eps·(2 + pieces) + eps_acc·n)`` relative to the size of the
@@ -163,7 +164,7 @@ def _grad_lines(
 def _compare(
     invariant: str,
     what: str,
-    tolerance: _Tolerance,
+    tolerance: _LossTolerance,
     got: _Evaluation | tuple[float, Tensor],
     expected: _Evaluation,
     *,
@@ -192,6 +193,110 @@ def _compare(
 
 
 # --------------------------------------------------------------------------- split / DP
+
+
+class _SplitRun:
+    """The full-batch loss of a split-invariance check, the row partitions (per scheme, per
+    rank, the micro-batches' rows) and the counts every piece is called with."""
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., Any],
+        batch: Batch,
+        *,
+        n_splits: int,
+        dp_size: int,
+        grad_reduce: Literal["mean", "sum"],
+        rtol: float | None,
+        atol: float | None,
+    ):
+        self.loss_fn, self.batch, self.n_splits, self.dp_size = loss_fn, batch, n_splits, dp_size
+        self.grad_reduce, self.rtol, self.atol = grad_reduce, rtol, atol
+        self.global_tokens, self.global_seqs = batch_counts(batch)
+        self.full = _Evaluation("split_invariance", loss_fn, batch, dp_size=1)
+        mask = batch["response_mask"]
+        shards = parallel.dp_shards(parallel.batch_size(batch), dp_size)
+        self.schemes: dict[str, list[list[list[int]]]] = {}
+        for shard in shards:
+            local = parallel.micro_batch_splits(mask[shard], n_splits) if shard else {}
+            for name in ("by_count", "by_token_budget", "interleaved"):
+                pieces = [[shard[i] for i in piece] for piece in local.get(name, [])]
+                self.schemes.setdefault(name, []).append(pieces)
+        self.row_tokens = parallel.token_counts(mask)
+
+    def summed_pieces(self, ranks: list[list[list[int]]]) -> tuple[Tensor, Tensor, list[str]]:
+        """What the ranks back-propagate, reduced as the all-reduce does; its gradient; one
+        line per piece."""
+        work, leaf = _leaf_batch(self.batch)
+        total: Tensor | float = 0.0
+        lines = []
+        for rank, pieces in enumerate(ranks):
+            for rows in pieces:
+                kwargs = _loss_kwargs(
+                    self.loss_fn,
+                    self.global_tokens,
+                    self.global_seqs,
+                    dp_size=self.dp_size,
+                    n_micro_batches=len(pieces),
+                )
+                piece = _scalar(
+                    "split_invariance", self.loss_fn(parallel.select_rows(work, rows), **kwargs)
+                )
+                total = total + piece
+                where = f"rank {rank} " if self.dp_size > 1 else ""
+                lines.append(
+                    f"{where}rows {rows} ({sum(self.row_tokens[r] for r in rows)} valid tokens): "
+                    f"loss {fmt(float(piece.detach()))}"
+                )
+        if self.grad_reduce == "mean":
+            total = total / self.dp_size
+        total_t = torch.as_tensor(total)
+        return total_t, _grad(total_t, leaf), lines
+
+    def dp_hints(self, value: float) -> list[str]:
+        """Name a ratio of ``1/dp_size`` or ``1/dp_size²`` to the full batch."""
+        dp_size, full = self.dp_size, self.full.value
+        hints = []
+        if dp_size > 1 and full and abs(value / full * dp_size**2 - 1) < 1e-6:
+            hints.append("ratio is 1/dp_size²: the DP normalizer looks applied twice")
+        if dp_size > 1 and full and abs(value / full * dp_size - 1) < 1e-6:
+            hints.append(
+                "ratio is 1/dp_size: the loss is not multiplied by dp_size before the "
+                "mean all-reduce"
+            )
+        return hints
+
+
+def _split_invariance(run: _SplitRun) -> None:
+    """Every partition scheme in turn: the summed pieces against the full batch."""
+    for name, ranks in run.schemes.items():
+        total, grad, lines = run.summed_pieces(ranks)
+        got = (float(total.detach()), grad)
+        tolerance = _LossTolerance(
+            run.batch,
+            [run.full.dtype, total.dtype],
+            run.full,
+            pieces=len(lines),
+            rtol=run.rtol,
+            atol=run.atol,
+        )
+        layout = f"{run.dp_size} DP ranks × " if run.dp_size > 1 else ""
+        what = f"{layout}{run.n_splits} micro-batches split {name}"
+        _compare(
+            "split_invariance",
+            what,
+            tolerance,
+            got,
+            run.full,
+            got_name="summed pieces",
+            expected_name="full batch",
+            details=lines + run.dp_hints(got[0]),
+        )
+
+
+_SPLIT_INVARIANTS: tuple[Callable[[_SplitRun], None], ...] = (_split_invariance,)
+"""The invariants of :func:`check_split_invariance` (its value and ``.gradient`` parts are
+judged together, scheme by scheme)."""
 
 
 def check_split_invariance(
@@ -233,65 +338,17 @@ def check_split_invariance(
         )
     if grad_reduce not in ("mean", "sum"):
         raise ValueError(f"grad_reduce must be 'mean' or 'sum', got {grad_reduce!r}")
-    global_tokens, global_seqs = batch_counts(batch)
-    full = _Evaluation("split_invariance", loss_fn, batch, dp_size=1)
-    mask = batch["response_mask"]
-    shards = parallel.dp_shards(parallel.batch_size(batch), dp_size)
-    schemes: dict[str, list[list[list[int]]]] = {}
-    for shard in shards:
-        local = parallel.micro_batch_splits(mask[shard], n_splits) if shard else {}
-        for name in ("by_count", "by_token_budget", "interleaved"):
-            pieces = [[shard[i] for i in piece] for piece in local.get(name, [])]
-            schemes.setdefault(name, []).append(pieces)
-    row_tokens = parallel.token_counts(mask)
-    for name, ranks in schemes.items():
-        work, leaf = _leaf_batch(batch)
-        total: Tensor | float = 0.0
-        lines = []
-        for rank, pieces in enumerate(ranks):
-            for rows in pieces:
-                kwargs = _loss_kwargs(
-                    loss_fn,
-                    global_tokens,
-                    global_seqs,
-                    dp_size=dp_size,
-                    n_micro_batches=len(pieces),
-                )
-                piece = _scalar(
-                    "split_invariance", loss_fn(parallel.select_rows(work, rows), **kwargs)
-                )
-                total = total + piece
-                where = f"rank {rank} " if dp_size > 1 else ""
-                lines.append(
-                    f"{where}rows {rows} ({sum(row_tokens[r] for r in rows)} valid tokens): "
-                    f"loss {fmt(float(piece.detach()))}"
-                )
-        if grad_reduce == "mean":
-            total = total / dp_size
-        total_t = torch.as_tensor(total)
-        got = (float(total_t.detach()), _grad(total_t, leaf))
-        tolerance = _Tolerance(
-            batch, [full.dtype, total_t.dtype], full, pieces=len(lines), rtol=rtol, atol=atol
-        )
-        layout = f"{dp_size} DP ranks × " if dp_size > 1 else ""
-        what = f"{layout}{n_splits} micro-batches split {name}"
-        if dp_size > 1 and full.value and abs(got[0] / full.value * dp_size**2 - 1) < 1e-6:
-            lines.append("ratio is 1/dp_size²: the DP normalizer looks applied twice")
-        if dp_size > 1 and full.value and abs(got[0] / full.value * dp_size - 1) < 1e-6:
-            lines.append(
-                "ratio is 1/dp_size: the loss is not multiplied by dp_size before the "
-                "mean all-reduce"
-            )
-        _compare(
-            "split_invariance",
-            what,
-            tolerance,
-            got,
-            full,
-            got_name="summed pieces",
-            expected_name="full batch",
-            details=lines,
-        )
+    run = _SplitRun(
+        loss_fn,
+        batch,
+        n_splits=n_splits,
+        dp_size=dp_size,
+        grad_reduce=grad_reduce,
+        rtol=rtol,
+        atol=atol,
+    )
+    for invariant in _SPLIT_INVARIANTS:
+        invariant(run)
 
 
 # --------------------------------------------------------------------------- layout invariances
@@ -320,7 +377,7 @@ def check_permutation_invariance(
         _compare(
             "permutation_invariance",
             f"rows {name} (order {order})",
-            _Tolerance(batch, [base.dtype, moved.dtype], base, rtol=rtol, atol=atol),
+            _LossTolerance(batch, [base.dtype, moved.dtype], base, rtol=rtol, atol=atol),
             got,
             base,
             got_name="permuted",
@@ -355,13 +412,13 @@ def check_padding_invariance(
             "padding positions have a non-zero gradient",
             [f"(b={b}, t={t}): {fmt(float(base.grad[b, t]))}" for b, t in positions(leaked)],
         )
-    regarbled = _Evaluation("padding_invariance", loss_fn, regarble(batch))
-    tolerance = _Tolerance(batch, [base.dtype, regarbled.dtype], base, rtol=rtol, atol=atol)
+    refilled = _Evaluation("padding_invariance", loss_fn, refill_padding(batch))
+    tolerance = _LossTolerance(batch, [base.dtype, refilled.dtype], base, rtol=rtol, atol=atol)
     _compare(
         "padding_invariance",
         "other garbage in the padding positions",
         tolerance,
-        regarbled,
+        refilled,
         base,
         got_name="regarbled",
         expected_name="original",
@@ -386,7 +443,7 @@ def check_padding_invariance(
     _compare(
         "padding_invariance",
         f"{extra} extra garbage padding columns on the {side}",
-        _Tolerance(batch, [base.dtype, widened.dtype], base, rtol=rtol, atol=atol),
+        _LossTolerance(batch, [base.dtype, widened.dtype], base, rtol=rtol, atol=atol),
         (widened.value, widened.grad[:, keep]),
         base,
         got_name="wider",
@@ -426,7 +483,7 @@ def check_packing_invariance(
     _compare(
         "packing_invariance",
         f"packed into {int(cu_seqlens[-1])} tokens with cu_seqlens={cu_seqlens.tolist()}",
-        _Tolerance(batch, [padded.dtype, loss.dtype], padded, pieces=2, rtol=rtol, atol=atol),
+        _LossTolerance(batch, [padded.dtype, loss.dtype], padded, pieces=2, rtol=rtol, atol=atol),
         (float(loss.detach()), grad),
         padded,
         got_name="packed",
@@ -434,14 +491,228 @@ def check_packing_invariance(
     )
 
 
-# --------------------------------------------------------------------------- PPO / advantages
+# --------------------------------------------------------------------------- clipped ratios
 
 
-def _on_policy(batch: Batch) -> dict[str, Any]:
-    out = dict(batch)
-    out["old_log_probs"] = batch["log_probs"].clone()
-    out["rollout_log_probs"] = batch["log_probs"].clone()
-    return out
+@dataclass(frozen=True)
+class _ClipSettings:
+    """What the user says a clipped-ratio loss computes, and the tolerance they ask for."""
+
+    clip_ratio_low: float
+    clip_ratio_high: float | None
+    agg_mode: AggMode | None
+    loss_scale_factor: float | None
+    rtol: float | None
+    atol: float | None
+
+
+class _ClipRun:
+    """A clipped-ratio policy loss (PPO-clip, CISPO) evaluated on the batch with
+    ``rollout_log_probs = old_log_probs``, and the float64 inputs its gradient is judged by.
+
+    Subclasses set the ratio per token with :meth:`set_ratio`, the tokens ``judged``, and
+    :meth:`line`, the description of one token.
+    """
+
+    name: str
+    judged: Tensor
+
+    def __init__(self, loss_fn: Callable[..., Any], batch: Batch, settings: _ClipSettings):
+        self.batch, self.settings, self.agg_mode = batch, settings, settings.agg_mode
+        self.low = settings.clip_ratio_low
+        self.high = self.low if settings.clip_ratio_high is None else settings.clip_ratio_high
+        self.work = dict(batch)
+        self.work["rollout_log_probs"] = batch["old_log_probs"].clone()
+        self.result = _Evaluation(self.name, loss_fn, self.work)
+        self.grad = self.result.grad
+        self.valid = valid_mask(batch)
+        self.eps = unit_roundoff(batch["log_probs"].dtype, self.result.dtype)
+        self.log_probs64, self.old64 = f64(batch["log_probs"]), f64(batch["old_log_probs"])
+        self.log_ratio = self.log_probs64 - self.old64
+        self.advantages = f64(batch["advantages"])
+
+    def set_ratio(
+        self, log_ratio: Tensor, edges: Sequence[float], limit: float, spread: Tensor | float = 0.0
+    ) -> None:
+        """Set ``ratio = exp(log_ratio)`` and ``near``, the tokens not judged: a ratio within
+        rounding (plus ``spread``) of a clip edge, or a log ratio beyond ``±limit``."""
+        eps = self.eps
+        self.log_ratio = log_ratio
+        self.ratio = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND).exp()
+        band = (8 * eps * (1 + log_ratio.abs()) + spread) * self.ratio
+        near = log_ratio.abs() >= limit
+        for edge in edges:
+            near |= (self.ratio - edge).abs() <= band * edge + 8 * eps
+        self.near = near
+
+    def line(self, b: int, t: int) -> str:
+        raise NotImplementedError
+
+    def against_minus_a(self, tokens: Tensor) -> Tensor:
+        """Those of ``tokens`` whose gradient does not have the sign of ``-A``."""
+        return tokens & ~(self.grad * -self.advantages.sign() > 0)
+
+    def fail_at(self, invariant: str, summary: str, tokens: Tensor) -> None:
+        if bool(tokens.any()):
+            fail(invariant, summary, [self.line(*p) for p in positions(tokens)])
+
+    def reference_agreement(self, what: str, **options: Any) -> None:
+        """With ``agg_mode``, value and gradient equal the reference ``policy_loss`` (with
+        the clip settings and ``options``) on the batch's global counts; gradients of tokens
+        ``near`` an edge are not judged."""
+        settings = self.settings
+        if settings.agg_mode is None:
+            return
+        options |= {
+            "agg_mode": settings.agg_mode,
+            "loss_scale_factor": settings.loss_scale_factor,
+            "clip_ratio_low": settings.clip_ratio_low,
+            "clip_ratio_high": settings.clip_ratio_high,
+        }
+        global_tokens, global_seqs = batch_counts(self.batch)
+
+        def reference(b: Batch, **_: Any) -> Tensor:
+            inputs = (b["log_probs"], b["old_log_probs"], b["advantages"], b["response_mask"])
+            counts = {"global_tokens": global_tokens, "global_seqs": global_seqs}
+            return policy_loss(*inputs, **counts, **options)[0]
+
+        expected = _Evaluation(self.name, reference, _as_float64(self.work))
+        tolerance = _LossTolerance(
+            self.batch, [self.result.dtype], expected, rtol=settings.rtol, atol=settings.atol
+        )
+        _compare(
+            f"{self.name}.reference_agreement",
+            what,
+            tolerance,
+            self.result,
+            expected,
+            got_name="fn",
+            expected_name="reference",
+            grad_mask=~self.near,
+        )
+
+
+def _as_float64(batch: Batch) -> dict[str, Any]:
+    return {
+        k: f64(v) if isinstance(v, Tensor) and v.is_floating_point() else v
+        for k, v in batch.items()
+    }
+
+
+# --------------------------------------------------------------------------- PPO clip
+
+
+class _PPOClipRun(_ClipRun):
+    """The clip regions of a dual-clip PPO loss: per token (or per sequence, GSPO) ratio,
+    where the objective is clipped, and the tokens judged."""
+
+    name = "ppo_clip"
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., Any],
+        batch: Batch,
+        settings: _ClipSettings,
+        *,
+        clip_ratio_c: float | None,
+        ratio_level: RatioLevel,
+    ):
+        super().__init__(loss_fn, batch, settings)
+        self.clip_ratio_c, self.ratio_level = clip_ratio_c, ratio_level
+        high, low = self.high, self.low
+        self.edges = tuple(e for e in (1 + high, 1 - low, clip_ratio_c) if e is not None)
+        log_ratio, limit, spread = self._level_ratio()
+        self.set_ratio(log_ratio, self.edges, limit, spread)
+        self.judged = judged = self.valid & ~self.near
+        ratio, positive, negative = self.ratio, self.advantages > 0, self.advantages < 0
+        dual_c = math.inf if clip_ratio_c is None else clip_ratio_c
+        self.regions = {
+            "ppo_clip.dual_clip": judged & negative & (ratio > dual_c),
+            "ppo_clip.upper_clip": judged & positive & (ratio > 1 + high),
+            "ppo_clip.lower_clip": judged & negative & (ratio < 1 - low),
+        }
+        self.expectations = {
+            "ppo_clip.dual_clip": (
+                f"A < 0 and ratio > clip_ratio_c={clip_ratio_c}: the loss is capped at -A·c"
+            ),
+            "ppo_clip.upper_clip": f"A > 0 and ratio > 1 + ε_high={1 + high}",
+            "ppo_clip.lower_clip": f"A < 0 and ratio < 1 - ε_low={1 - low}",
+        }
+
+    def _level_ratio(self) -> tuple[Tensor, float, Tensor | float]:
+        """The log ratio of each token at the ratio level, the log ratio beyond which a
+        token is not judged, and the rounding the ratio carries beyond the token's own."""
+        if self.ratio_level == "sequence":
+            # The row mean carries the rounding of a sum over the row and possibly a count guard.
+            log_probs64, old64, mask = self.log_probs64, self.old64, self.batch["response_mask"]
+            acc = accumulation_roundoff(self.eps)
+            magnitude = masked_mean(log_probs64.abs() + old64.abs(), mask, dim=-1)
+            n_row = self.valid.sum(dim=-1).to(torch.float64)
+            seq = sequence_log_ratio(log_probs64, old64, mask)
+            spread = (8 * acc * n_row * magnitude + GUARD_RTOL * seq.abs()).unsqueeze(-1)
+            return seq.unsqueeze(-1).expand_as(self.log_ratio), 10.0, spread
+        if self.ratio_level == "token":
+            return self.log_ratio, corr.SAFETY_BOUND, 0.0
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {self.ratio_level!r}")
+
+    def line(self, b: int, t: int) -> str:
+        value = float(self.ratio[b, t])
+        digits = max(digits_to_separate(value, edge) for edge in self.edges)
+        return (
+            f"(b={b}, t={t}): A={fmt(float(self.advantages[b, t]))}, ratio={fmt(value, digits)}, "
+            f"gradient={fmt(float(self.grad[b, t]))}"
+        )
+
+    def clipped_with_gradient(self, region: str) -> None:
+        """Tokens of a clip region must have a zero gradient (up to rounding of the largest)."""
+        zero_atol = 8 * self.eps * float(self.grad.abs().max()) + 1e-300
+        moving = self.regions[region] & (self.grad.abs() > zero_atol)
+        summary = f"clipped tokens still have a gradient ({self.expectations[region]})"
+        self.fail_at(region, summary, moving)
+
+
+def _ppo_clip_dual_clip(run: _PPOClipRun) -> None:
+    run.clipped_with_gradient("ppo_clip.dual_clip")
+
+
+def _ppo_clip_upper_clip(run: _PPOClipRun) -> None:
+    run.clipped_with_gradient("ppo_clip.upper_clip")
+
+
+def _ppo_clip_lower_clip(run: _PPOClipRun) -> None:
+    run.clipped_with_gradient("ppo_clip.lower_clip")
+
+
+def _ppo_clip_unclipped_gradient(run: _PPOClipRun) -> None:
+    clipped = (
+        run.regions["ppo_clip.dual_clip"]
+        | run.regions["ppo_clip.upper_clip"]
+        | run.regions["ppo_clip.lower_clip"]
+    )
+    free = run.judged & (run.advantages != 0) & ~clipped
+    run.fail_at(
+        "ppo_clip.unclipped_gradient",
+        "unclipped tokens must have a gradient with the sign of -A",
+        run.against_minus_a(free),
+    )
+
+
+def _ppo_clip_reference_agreement(run: _PPOClipRun) -> None:
+    run.reference_agreement(
+        f"PPO-clip with agg_mode={run.agg_mode!r}, ratio_level={run.ratio_level!r}",
+        clip_ratio_c=run.clip_ratio_c,
+        ratio_level=run.ratio_level,
+    )
+
+
+_PPO_CLIP_INVARIANTS: tuple[Callable[[_PPOClipRun], None], ...] = (
+    _ppo_clip_dual_clip,
+    _ppo_clip_upper_clip,
+    _ppo_clip_lower_clip,
+    _ppo_clip_unclipped_gradient,
+    _ppo_clip_reference_agreement,
+)
+"""The invariants of :func:`check_ppo_clip`, in the order they are judged."""
 
 
 def check_ppo_clip(
@@ -478,121 +749,22 @@ def check_ppo_clip(
     the value and gradient must also match the reference (``ppo_clip.reference_agreement``),
     using the batch's global counts.
     """
-    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
-    work = dict(batch)
-    work["rollout_log_probs"] = batch["old_log_probs"].clone()
-    result = _Evaluation("ppo_clip", loss_fn, work)
-    valid = valid_mask(batch)
-    mask = batch["response_mask"]
-    eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
-    log_probs64, old64 = f64(batch["log_probs"]), f64(batch["old_log_probs"])
-    log_ratio = log_probs64 - old64
-    if ratio_level == "sequence":
-        # The row mean carries the rounding of a sum over the row and possibly a count guard.
-        acc = accumulation_roundoff(eps)
-        magnitude = masked_mean(log_probs64.abs() + old64.abs(), mask, dim=-1)
-        n_row = valid.sum(dim=-1).to(torch.float64)
-        seq = sequence_log_ratio(log_probs64, old64, mask)
-        log_ratio = seq.unsqueeze(-1).expand_as(log_ratio)
-        spread = (8 * acc * n_row * magnitude + GUARD_RTOL * seq.abs()).unsqueeze(-1)
-        limit = 10.0
-    elif ratio_level == "token":
-        spread = torch.zeros_like(log_ratio)
-        limit = corr.SAFETY_BOUND
-    else:
-        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
-    ratio = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND).exp()
-    advantages = f64(batch["advantages"])
-    band = (8 * eps * (1 + log_ratio.abs()) + spread) * ratio
-    edges = tuple(e for e in (1 + high, 1 - clip_ratio_low, clip_ratio_c) if e is not None)
-    near = torch.zeros_like(valid)
-    for edge in edges:
-        near |= (ratio - edge).abs() <= band * edge + 8 * eps
-    near |= log_ratio.abs() >= limit
-    judged = valid & ~near
-    positive, negative = advantages > 0, advantages < 0
-    dual_c = math.inf if clip_ratio_c is None else clip_ratio_c
-    regions = {
-        "ppo_clip.dual_clip": judged & negative & (ratio > dual_c),
-        "ppo_clip.upper_clip": judged & positive & (ratio > 1 + high),
-        "ppo_clip.lower_clip": judged & negative & (ratio < 1 - clip_ratio_low),
-    }
-    grad = result.grad
-    zero_atol = 8 * eps * float(grad.abs().max()) + 1e-300
-    expectations = {
-        "ppo_clip.dual_clip": (
-            f"A < 0 and ratio > clip_ratio_c={clip_ratio_c}: the loss is capped at -A·c"
-        ),
-        "ppo_clip.upper_clip": f"A > 0 and ratio > 1 + ε_high={1 + high}",
-        "ppo_clip.lower_clip": f"A < 0 and ratio < 1 - ε_low={1 - clip_ratio_low}",
-    }
-
-    def line(b: int, t: int) -> str:
-        value = float(ratio[b, t])
-        digits = max(digits_to_separate(value, edge) for edge in edges)
-        return (
-            f"(b={b}, t={t}): A={fmt(float(advantages[b, t]))}, ratio={fmt(value, digits)}, "
-            f"gradient={fmt(float(grad[b, t]))}"
-        )
-
-    for name, region in regions.items():
-        moving = region & (grad.abs() > zero_atol)
-        if bool(moving.any()):
-            fail(
-                name,
-                f"clipped tokens still have a gradient ({expectations[name]})",
-                [line(*p) for p in positions(moving)],
-            )
-    clipped = (
-        regions["ppo_clip.dual_clip"]
-        | regions["ppo_clip.upper_clip"]
-        | regions["ppo_clip.lower_clip"]
+    settings = _ClipSettings(
+        clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol
     )
-    free = judged & (advantages != 0) & ~clipped
-    wrong = free & ~(grad * -advantages.sign() > 0)
-    if bool(wrong.any()):
-        fail(
-            "ppo_clip.unclipped_gradient",
-            "unclipped tokens must have a gradient with the sign of -A",
-            [line(*p) for p in positions(wrong)],
-        )
-    if agg_mode is not None:
-        global_tokens, global_seqs = batch_counts(batch)
-
-        def reference(b: Batch, **_: Any) -> Tensor:
-            return policy_loss(
-                b["log_probs"],
-                b["old_log_probs"],
-                b["advantages"],
-                b["response_mask"],
-                agg_mode=agg_mode,
-                global_tokens=global_tokens,
-                global_seqs=global_seqs,
-                loss_scale_factor=loss_scale_factor,
-                clip_ratio_low=clip_ratio_low,
-                clip_ratio_high=clip_ratio_high,
-                clip_ratio_c=clip_ratio_c,
-                ratio_level=ratio_level,
-            )[0]
-
-        expected = _Evaluation("ppo_clip", reference, _as_float64(work))
-        _compare(
-            "ppo_clip.reference_agreement",
-            f"PPO-clip with agg_mode={agg_mode!r}, ratio_level={ratio_level!r}",
-            _Tolerance(batch, [result.dtype], expected, rtol=rtol, atol=atol),
-            result,
-            expected,
-            got_name="fn",
-            expected_name="reference",
-            grad_mask=~near,
-        )
+    run = _PPOClipRun(loss_fn, batch, settings, clip_ratio_c=clip_ratio_c, ratio_level=ratio_level)
+    for invariant in _PPO_CLIP_INVARIANTS:
+        invariant(run)
 
 
-def _as_float64(batch: Batch) -> dict[str, Any]:
-    return {
-        k: f64(v) if isinstance(v, Tensor) and v.is_floating_point() else v
-        for k, v in batch.items()
-    }
+# --------------------------------------------------------------------------- PPO / advantages
+
+
+def _on_policy(batch: Batch) -> dict[str, Any]:
+    out = dict(batch)
+    out["old_log_probs"] = batch["log_probs"].clone()
+    out["rollout_log_probs"] = batch["log_probs"].clone()
+    return out
 
 
 def check_ppo_reduces_to_reinforce(
@@ -616,7 +788,7 @@ def check_ppo_reduces_to_reinforce(
     work = _on_policy(batch)
     ppo = _Evaluation("ppo_reduces_to_reinforce", ppo_loss_fn, work)
     reinforce = _Evaluation("ppo_reduces_to_reinforce", reinforce_loss_fn, work)
-    tolerance = _Tolerance(
+    tolerance = _LossTolerance(
         batch, [ppo.dtype, reinforce.dtype], reinforce, pieces=2, rtol=rtol, atol=atol
     )
     off = tolerance.grad_off(ppo.grad, reinforce.grad)
@@ -696,7 +868,7 @@ def check_linear_in_advantages(
         _compare(
             "linear_in_advantages.homogeneity",
             f"advantages × {scale}",
-            _Tolerance(batch, [base.dtype, scaled.dtype], scaled, rtol=rtol, atol=atol),
+            _LossTolerance(batch, [base.dtype, scaled.dtype], scaled, rtol=rtol, atol=atol),
             expected,
             scaled,
             got_name=f"{scale} × L(A)",
@@ -722,7 +894,7 @@ def check_linear_in_advantages(
         _compare(
             "linear_in_advantages.additivity",
             what,
-            _Tolerance(
+            _LossTolerance(
                 batch, [base.dtype, combined.dtype], combined, pieces=2, rtol=rtol, atol=atol
             ),
             expected,
@@ -733,6 +905,86 @@ def check_linear_in_advantages(
 
 
 # --------------------------------------------------------------------------- CISPO
+
+
+class _CISPORun(_ClipRun):
+    """The clipped, detached weight ``w`` of a CISPO loss and the tokens judged."""
+
+    name = "cispo"
+
+    def __init__(self, loss_fn: Callable[..., Any], batch: Batch, settings: _ClipSettings):
+        super().__init__(loss_fn, batch, settings)
+        high, low = self.high, self.low
+        self.set_ratio(self.log_ratio, edges=(1 + high, 1 - low), limit=corr.SAFETY_BOUND)
+        self.weight = self.ratio.clamp(1 - low, 1 + high)
+        self.judged = self.valid & ~self.near & (self.advantages != 0)
+        self.clipped = (self.ratio > 1 + high) | (self.ratio < 1 - low)
+
+    def line(self, b: int, t: int) -> str:
+        return (
+            f"(b={b}, t={t}): A={fmt(float(self.advantages[b, t]))}, "
+            f"ratio={fmt(float(self.ratio[b, t]))}, "
+            f"clipped weight={fmt(float(self.weight[b, t]))}, "
+            f"log_prob={fmt(float(self.log_probs64[b, t]))}, "
+            f"gradient={fmt(float(self.grad[b, t]))}"
+        )
+
+
+def _cispo_clipped_tokens_learn(run: _CISPORun) -> None:
+    run.fail_at(
+        "cispo.clipped_tokens_learn",
+        "tokens outside the clip interval must keep a gradient of sign -A (CISPO clips "
+        "the detached weight, not the objective)",
+        run.against_minus_a(run.judged) & run.clipped,
+    )
+
+
+def _cispo_gradient_sign(run: _CISPORun) -> None:
+    run.fail_at(
+        "cispo.gradient_sign",
+        "tokens must have a gradient with the sign of -A",
+        run.against_minus_a(run.judged),
+    )
+
+
+def _cispo_stop_gradient(run: _CISPORun) -> None:
+    """``gradient / (-A·w)`` is the aggregation coefficient: one value per row."""
+    judged, weight, grad = run.judged, run.weight, run.grad
+    coefficient = grad / (-run.advantages * weight).where(judged, torch.ones_like(weight))
+    slack = 16 * run.eps * (2 + run.log_probs64.abs() + run.old64.abs()) + 2 * GUARD_RTOL
+    lines = []
+    for b in range(judged.shape[0]):
+        columns = judged[b].nonzero().flatten().tolist()
+        if len(columns) < 2:
+            continue
+        first = columns[0]
+        for t in columns[1:]:
+            allowed = (slack[b, first] + slack[b, t]) * abs(float(coefficient[b, first]))
+            if abs(float(coefficient[b, t] - coefficient[b, first])) > allowed:
+                lines.append(
+                    f"{run.line(b, t)}: gradient/(-A·w)={fmt(float(coefficient[b, t]))}, at "
+                    f"t={first} {fmt(float(coefficient[b, first]))}"
+                )
+    if lines:
+        fail(
+            "cispo.stop_gradient",
+            "the gradient is not -A·w times one coefficient per row: the clipped weight w is "
+            "not detached, or not clipped",
+            lines,
+        )
+
+
+def _cispo_reference_agreement(run: _CISPORun) -> None:
+    run.reference_agreement(f"CISPO with agg_mode={run.agg_mode!r}", loss_type="cispo")
+
+
+_CISPO_INVARIANTS: tuple[Callable[[_CISPORun], None], ...] = (
+    _cispo_clipped_tokens_learn,
+    _cispo_gradient_sign,
+    _cispo_stop_gradient,
+    _cispo_reference_agreement,
+)
+"""The invariants of :func:`check_cispo`, in the order they are judged."""
 
 
 def check_cispo(
@@ -763,96 +1015,9 @@ def check_cispo(
 
     Tokens within rounding of a clip bound, or with a log ratio beyond ±20, are not judged.
     """
-    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
-    work = dict(batch)
-    work["rollout_log_probs"] = batch["old_log_probs"].clone()
-    result = _Evaluation("cispo", loss_fn, work)
-    valid = valid_mask(batch)
-    eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
-    log_probs64, old64 = f64(batch["log_probs"]), f64(batch["old_log_probs"])
-    log_ratio = log_probs64 - old64
-    ratio = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND).exp()
-    weight = ratio.clamp(1 - clip_ratio_low, 1 + high)
-    advantages = f64(batch["advantages"])
-    band = 8 * eps * (1 + log_ratio.abs()) * ratio
-    near = log_ratio.abs() >= corr.SAFETY_BOUND
-    for edge in (1 + high, 1 - clip_ratio_low):
-        near |= (ratio - edge).abs() <= band * edge + 8 * eps
-    judged = valid & ~near & (advantages != 0)
-    clipped = (ratio > 1 + high) | (ratio < 1 - clip_ratio_low)
-    grad = result.grad
-
-    def line(b: int, t: int) -> str:
-        return (
-            f"(b={b}, t={t}): A={fmt(float(advantages[b, t]))}, ratio={fmt(float(ratio[b, t]))}, "
-            f"clipped weight={fmt(float(weight[b, t]))}, log_prob={fmt(float(log_probs64[b, t]))}, "
-            f"gradient={fmt(float(grad[b, t]))}"
-        )
-
-    wrong = judged & ~(grad * -advantages.sign() > 0)
-    for name, region, what in (
-        (
-            "cispo.clipped_tokens_learn",
-            wrong & clipped,
-            "tokens outside the clip interval must keep a gradient of sign -A (CISPO clips "
-            "the detached weight, not the objective)",
-        ),
-        ("cispo.gradient_sign", wrong, "tokens must have a gradient with the sign of -A"),
-    ):
-        if bool(region.any()):
-            fail(name, what, [line(*p) for p in positions(region)])
-
-    # gradient / (-A·w) is the aggregation coefficient: one value per row.
-    coefficient = grad / (-advantages * weight).where(judged, torch.ones_like(weight))
-    slack = 16 * eps * (2 + log_probs64.abs() + old64.abs()) + 2 * GUARD_RTOL
-    lines = []
-    uneven = torch.zeros_like(valid)
-    for b in range(valid.shape[0]):
-        columns = judged[b].nonzero().flatten().tolist()
-        if len(columns) < 2:
-            continue
-        first = columns[0]
-        for t in columns[1:]:
-            allowed = (slack[b, first] + slack[b, t]) * abs(float(coefficient[b, first]))
-            if abs(float(coefficient[b, t] - coefficient[b, first])) > allowed:
-                uneven[b, t] = True
-                lines.append(
-                    f"{line(b, t)}: gradient/(-A·w)={fmt(float(coefficient[b, t]))}, at "
-                    f"t={first} {fmt(float(coefficient[b, first]))}"
-                )
-    if lines:
-        fail(
-            "cispo.stop_gradient",
-            "the gradient is not -A·w times one coefficient per row: the clipped weight w is "
-            "not detached, or not clipped",
-            lines,
-        )
-    if agg_mode is not None:
-        global_tokens, global_seqs = batch_counts(batch)
-
-        def reference(b: Batch, **_: Any) -> Tensor:
-            return policy_loss(
-                b["log_probs"],
-                b["old_log_probs"],
-                b["advantages"],
-                b["response_mask"],
-                loss_type="cispo",
-                agg_mode=agg_mode,
-                global_tokens=global_tokens,
-                global_seqs=global_seqs,
-                loss_scale_factor=loss_scale_factor,
-                clip_ratio_low=clip_ratio_low,
-                clip_ratio_high=clip_ratio_high,
-            )[0]
-
-        expected = _Evaluation("cispo", reference, _as_float64(work))
-        _compare(
-            "cispo.reference_agreement",
-            f"CISPO with agg_mode={agg_mode!r}",
-            _Tolerance(batch, [result.dtype], expected, rtol=rtol, atol=atol),
-            result,
-            expected,
-            got_name="fn",
-            expected_name="reference",
-            grad_mask=~near,
-        )
+    settings = _ClipSettings(
+        clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol
+    )
+    run = _CISPORun(loss_fn, batch, settings)
+    for invariant in _CISPO_INVARIANTS:
+        invariant(run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from .comparison import (
     accumulation_roundoff,
     f64,
     fail,
-    regarble,
+    refill_padding,
     resolve_tolerance,
     unit_roundoff,
     versus,
@@ -99,6 +100,152 @@ def _tolerances(train: Tensor, rollout: Tensor, valid: Tensor, eps: float) -> di
     return out
 
 
+class _MismatchRun:
+    """``fn``'s metrics of one batch, matched to the reference's names, and a way to judge the
+    metrics of another call against the reference (computed on first use)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        batch: Batch,
+        *,
+        names: Mapping[str, str] | None,
+        rtol: float | None,
+        atol: float | None,
+    ):
+        self.fn, self.batch, self.rtol, self.atol = fn, batch, rtol, atol
+        self.train, self.rollout, self.mask = (
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+        )
+        self.valid = as_bool_mask(self.mask)
+        self.got = _call(fn, (self.train, self.rollout, self.mask), "the batch as given")
+        matched = {key: _reference_name(key, names) for key in self.got}
+        self.matched = {key: name for key, name in matched.items() if name is not None}
+
+    @cached_property
+    def expected(self) -> dict[str, float]:
+        return mismatch.metrics(self.train, self.rollout, self.mask)
+
+    @cached_property
+    def allowance(self) -> tuple[float, dict[str, float]]:
+        """The default relative tolerance, and per metric the absolute one."""
+        train, rollout, valid = self.train, self.rollout, self.valid
+        eps = unit_roundoff(train.dtype, rollout.dtype)
+        train64, rollout64 = f64(train), f64(rollout)
+        per_metric = _tolerances(train64, rollout64, valid, eps)
+        magnitude = train64.abs() + rollout64.abs()
+        log_term = float(magnitude[valid].max()) if bool(valid.any()) else 0
+        default_rtol = 8 * eps * (1 + log_term) + 4 * int(valid.sum()) * accumulation_roundoff(eps)
+        default_rtol += GUARD_RTOL
+        return default_rtol, per_metric
+
+    def differing(self, values: Mapping[str, float]) -> list[str]:
+        """One line per matched metric of ``values`` that is missing or off the reference."""
+        expected = self.expected
+        default_rtol, allowance = self.allowance
+        lines = []
+        for key, name in self.matched.items():
+            if key not in values:
+                lines.append(f"{key}: missing from this call's metrics")
+                continue
+            tolerance = resolve_tolerance(default_rtol, allowance[name], self.rtol, self.atol)
+            value, reference = values[key], expected[name]
+            if not math.isfinite(reference):
+                ok = value == reference or (math.isnan(value) and math.isnan(reference))
+            else:
+                ok = math.isfinite(value) and not tolerance.exceeded(value, reference)
+            if not ok:
+                allowed = tolerance.atol + tolerance.rtol * abs(reference)
+                label = key if key == name else f"{key} ({name})"
+                lines.append(
+                    f"{label}: {versus('fn', value, 'reference', reference)}, allowed {allowed:.3g}"
+                )
+        return lines
+
+    def differing_on(self, args: tuple[Tensor, Tensor, Tensor], what: str) -> list[str]:
+        return self.differing(_call(self.fn, args, what))
+
+
+def _names(run: _MismatchRun) -> None:
+    if not run.matched:
+        fail(
+            "mismatch.names",
+            f"none of fn's metrics {sorted(run.got)} is a mismatch metric; pass names={{your "
+            f"name: reference name}} (reference names: {', '.join(METRIC_NAMES)})",
+        )
+
+
+def _reference_agreement(run: _MismatchRun) -> None:
+    lines = run.differing(run.got)
+    if lines:
+        fail(
+            "mismatch.reference_agreement",
+            f"{len(lines)} metrics differ from the reference (d = log_probs - "
+            "rollout_log_probs; see pytest_rollout_golden.mismatch for each formula)",
+            lines,
+        )
+
+
+def _padding_independence(run: _MismatchRun) -> None:
+    refilled = refill_padding(run.batch)
+    args = (refilled["old_log_probs"], refilled["rollout_log_probs"], run.mask)
+    lines = run.differing_on(args, "the batch with other garbage on padding")
+    if lines:
+        fail(
+            "mismatch.padding_independence",
+            "changing only the garbage on padding changed the metrics (padding leaks in: a "
+            "mean over all T positions, or a mask applied after exp)",
+            lines,
+        )
+
+
+def _nonfinite_padding(run: _MismatchRun) -> None:
+    if bool(run.valid.all()):
+        return
+    train, rollout, valid = run.train, run.rollout, run.valid
+    for fill in (math.inf, -math.inf, math.nan):
+        poisoned = (
+            torch.where(valid, train, torch.full_like(train, fill)),
+            torch.where(valid, rollout, torch.full_like(rollout, -fill)),
+            run.mask,
+        )
+        lines = run.differing_on(poisoned, f"the batch with {fill} on padding")
+        if lines:
+            fail(
+                "mismatch.nonfinite_padding",
+                f"{fill} on padding leaked into the metrics (x * mask keeps NaN and "
+                "inf · 0 is NaN: select valid tokens with torch.where)",
+                lines,
+            )
+
+
+def _mask_dtype(run: _MismatchRun) -> None:
+    mask = run.mask
+    for dtype in (torch.bool, torch.int64, run.train.dtype):
+        if mask.dtype == dtype:
+            continue
+        args = (run.train, run.rollout, run.valid.to(dtype))
+        lines = run.differing_on(args, f"a {dtype} mask")
+        if lines:
+            fail(
+                "mismatch.mask_dtype",
+                f"the same mask as {dtype} (was {mask.dtype}) changed the metrics",
+                lines,
+            )
+
+
+_INVARIANTS: tuple[Callable[[_MismatchRun], None], ...] = (
+    _names,
+    _reference_agreement,
+    _padding_independence,
+    _nonfinite_padding,
+    _mask_dtype,
+)
+"""The invariants of :func:`check_mismatch_metrics`, in the order they are judged."""
+
+
 def check_mismatch_metrics(
     fn: Callable[..., Any],
     batch: Batch,
@@ -126,89 +273,6 @@ def check_mismatch_metrics(
     valid log-prob magnitude, ``n`` the valid tokens) plus an absolute part from the largest
     term each metric sums; ``rtol``/``atol`` replace either part.
     """
-    train, rollout, mask = (
-        batch["old_log_probs"],
-        batch["rollout_log_probs"],
-        batch["response_mask"],
-    )
-    valid = as_bool_mask(mask)
-    got = _call(fn, (train, rollout, mask), "the batch as given")
-    matched = {key: _reference_name(key, names) for key in got}
-    matched = {key: name for key, name in matched.items() if name is not None}
-    if not matched:
-        fail(
-            "mismatch.names",
-            f"none of fn's metrics {sorted(got)} is a mismatch metric; pass names={{your name: "
-            f"reference name}} (reference names: {', '.join(METRIC_NAMES)})",
-        )
-    expected = mismatch.metrics(train, rollout, mask)
-    eps = unit_roundoff(train.dtype, rollout.dtype)
-    train64, rollout64 = f64(train), f64(rollout)
-    allowance = _tolerances(train64, rollout64, valid, eps)
-    log_term = float((train64.abs() + rollout64.abs())[valid].max()) if bool(valid.any()) else 0
-    default_rtol = 8 * eps * (1 + log_term) + 4 * int(valid.sum()) * accumulation_roundoff(eps)
-    default_rtol += GUARD_RTOL
-
-    def differing(values: Mapping[str, float]) -> list[str]:
-        lines = []
-        for key, name in matched.items():
-            if key not in values:
-                lines.append(f"{key}: missing from this call's metrics")
-                continue
-            tolerance = resolve_tolerance(default_rtol, allowance[name], rtol, atol)
-            value, reference = values[key], expected[name]
-            if not math.isfinite(reference):
-                ok = value == reference or (math.isnan(value) and math.isnan(reference))
-            else:
-                ok = math.isfinite(value) and not tolerance.exceeded(value, reference)
-            if not ok:
-                allowed = tolerance.atol + tolerance.rtol * abs(reference)
-                label = key if key == name else f"{key} ({name})"
-                lines.append(
-                    f"{label}: {versus('fn', value, 'reference', reference)}, allowed {allowed:.3g}"
-                )
-        return lines
-
-    lines = differing(got)
-    if lines:
-        fail(
-            "mismatch.reference_agreement",
-            f"{len(lines)} metrics differ from the reference (d = log_probs - "
-            "rollout_log_probs; see pytest_rollout_golden.mismatch for each formula)",
-            lines,
-        )
-    regarbled = regarble(batch)
-    args = (regarbled["old_log_probs"], regarbled["rollout_log_probs"], mask)
-    lines = differing(_call(fn, args, "the batch with other garbage on padding"))
-    if lines:
-        fail(
-            "mismatch.padding_independence",
-            "changing only the garbage on padding changed the metrics (padding leaks in: a "
-            "mean over all T positions, or a mask applied after exp)",
-            lines,
-        )
-    if not bool(valid.all()):
-        for fill in (math.inf, -math.inf, math.nan):
-            poisoned = (
-                torch.where(valid, train, torch.full_like(train, fill)),
-                torch.where(valid, rollout, torch.full_like(rollout, -fill)),
-                mask,
-            )
-            lines = differing(_call(fn, poisoned, f"the batch with {fill} on padding"))
-            if lines:
-                fail(
-                    "mismatch.nonfinite_padding",
-                    f"{fill} on padding leaked into the metrics (x * mask keeps NaN and "
-                    "inf · 0 is NaN: select valid tokens with torch.where)",
-                    lines,
-                )
-    for dtype in (torch.bool, torch.int64, train.dtype):
-        if mask.dtype == dtype:
-            continue
-        lines = differing(_call(fn, (train, rollout, valid.to(dtype)), f"a {dtype} mask"))
-        if lines:
-            fail(
-                "mismatch.mask_dtype",
-                f"the same mask as {dtype} (was {mask.dtype}) changed the metrics",
-                lines,
-            )
+    run = _MismatchRun(fn, batch, names=names, rtol=rtol, atol=atol)
+    for invariant in _INVARIANTS:
+        invariant(run)

@@ -6,8 +6,8 @@
 * :mod:`.batchfile`: batch files, standard safetensors files that verify themselves.
 * :mod:`.directory`: a golden directory as a whole: manifest, transaction, recovery, removal.
 * :mod:`.lock`: the inter-process lock of a golden directory.
-
-The names of everything on disk are in :mod:`..location`.
+* :mod:`.codec`: a batch as named arrays plus a JSON layout, and back, without pickle.
+* :mod:`.location`: the name of everything on disk.
 
 The public API is ``save_batch`` and ``load_batch``; the other names are re-exported for
 the package's own modules (their ``as`` says so) and may change without notice.

@@ -1,6 +1,6 @@
 """Batch files: standard safetensors files that verify themselves.
 
-A batch file's ``__metadata__`` holds the batch layout (see :mod:`..codec`) and an
+A batch file's ``__metadata__`` holds the batch layout (see :mod:`.codec`) and an
 xxh3-128 digest of the canonical header plus every data byte. Reading validates the
 header, every offset and the layout before anything is allocated from them.
 """

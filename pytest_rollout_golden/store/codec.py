@@ -178,55 +178,45 @@ def _where(path: list[str]) -> str:
 
 def flatten(value: Any) -> tuple[dict[str, Any], Any]:
     """Split ``value`` into ``(arrays, layout)``: named tensors/arrays and a JSON-able tree."""
-    arrays: dict[str, Any] = {}
+    flattener = _Flattener()
+    return flattener.arrays, flattener.node(value, [])
 
-    def key_for(path: list[str]) -> str:
+
+class _Flattener:
+    """One :func:`flatten` call: the arrays found so far, and the layout node of each value.
+
+    :meth:`node` tries the kinds of value in a fixed order, which matters: numpy scalars
+    before ``str``/``float`` (``np.str_`` and ``np.float64`` subclass them), tensordict's
+    non-tensor classes before TensorDicts, a ROLL ``BatchProxy`` before DataProto-likes.
+    """
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, Any] = {}
+
+    def key_for(self, path: list[str]) -> str:
         """A new safetensors key for the array at ``path``; never the header's ``__metadata__``."""
         key = "/".join(path) or "value"
         unique, n = key, 1
-        while unique in arrays or unique == "__metadata__":
+        while unique in self.arrays or unique == "__metadata__":
             unique, n = f"{key}#{n}", n + 1
         return unique
 
-    def node(v: Any, path: list[str]) -> Any:
+    def node(self, v: Any, path: list[str]) -> Any:
         if _is_numpy(v, "scalar"):  # before str/float: np.str_ and np.float64 subclass them
-            if v.dtype.kind in "mMOV":
-                raise UnsupportedValueError(
-                    f"numpy scalar at {_where(path)} has dtype {v.dtype}, which cannot be "
-                    "recorded; convert it to a number or a str"
-                )
-            return {"t": "npscalar", "dtype": v.dtype.str, "v": node(v.item(), path)}
+            return self.numpy_scalar(v, path)
         if v is None or isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
             return v if math.isfinite(v) else {"t": "float", "v": repr(v)}
         if is_torch_tensor(v):
-            if v.is_nested:
-                return nested(v, path)
-            if v.is_sparse or v.is_quantized:
-                raise UnsupportedValueError(
-                    f"tensor at {_where(path)} is sparse or quantized; "
-                    "store it dense (`.to_dense()`, `.dequantize()`) before recording"
-                )
-            key = key_for(path)
-            arrays[key] = v
-            return {"t": "torch", "k": key, "device": str(v.device)}
+            return self.tensor(v, path)
         if (_is_numpy(v, "array") or _is_numpy(v, "scalar")) and v.dtype.kind == "V":
             raise UnsupportedValueError(
                 f"structured numpy value at {_where(path)} (dtype {v.dtype}) cannot be replayed; "
                 "record each field as its own array"
             )
         if _is_numpy(v, "array"):
-            if v.dtype.kind in "OUS":
-                return {
-                    "t": "ndarray",
-                    "dtype": v.dtype.str,
-                    "shape": list(v.shape),
-                    "v": [node(x, [*path, str(i)]) for i, x in enumerate(v.reshape(-1).tolist())],
-                }
-            key = key_for(path)
-            arrays[key] = v
-            return {"t": "numpy", "k": key}
+            return self.numpy_array(v, path)
         if isinstance(v, bytes):
             return {"t": "bytes", "v": base64.b64encode(v).decode("ascii")}
         kind = _non_tensor_kind(v)
@@ -235,56 +225,48 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             return {
                 "t": f"nontensor{kind}",
                 "batch_size": list(v.batch_size),
-                "v": node(data, path),
+                "v": self.node(data, path),
             }
         if is_tensordict_like(v):
-            out = {
-                "t": "tensordict",
-                "batch_size": list(v.batch_size),
-                "items": _items(v.items(), path, node),
-            }
-            if getattr(v, "device", None) is not None:  # absent key: the layout of older goldens
-                out["device"] = str(v.device)
-            return out
+            return self.tensordict(v, path)
         proxy = batch_proxy(v)
         if proxy is not None:
-            wrapped, remote, size = proxy
-            if remote is not None:
-                raise UnsupportedValueError(remote_part(remote, path))
-            return {
-                "t": "batchproxy",
-                "cls": class_name(type(v)),
-                "batch_size": size,
-                "v": node(wrapped, path),
-            }
+            return self.batch_proxy(v, proxy, path)
         if is_dataproto_like(v):
-            recorded_as = v.recorded_as if isinstance(v, RolloutBatch) else None
-            batch, non_tensor = v.batch, v.non_tensor_batch
-            for part, name in ((batch, "batch"), (non_tensor, "non_tensor_batch")):
-                proxy = batch_proxy(part)
-                if proxy is not None and proxy[1] is not None:
-                    raise UnsupportedValueError(remote_part(proxy[1], [*path, name]))
-            batch, non_tensor = _unproxied(batch), _unproxied(non_tensor)
-            return {
-                "t": "dataproto",
-                "cls": recorded_as or class_name(type(v)),
-                "batch": node(batch, [*path, "batch"]) if batch is not None else None,
-                "non_tensor_batch": node(dict(non_tensor), [*path, "non_tensor_batch"]),
-                "meta_info": node(dict(v.meta_info), [*path, "meta_info"]),
-            }
+            return self.dataproto(v, path)
         if isinstance(v, Mapping):
-            return {"t": "dict", "items": _items(v.items(), path, node)}
+            return {"t": "dict", "items": _items(v.items(), path, self.node)}
         if isinstance(v, list):
-            return [node(x, [*path, str(i)]) for i, x in enumerate(v)]
+            return [self.node(x, [*path, str(i)]) for i, x in enumerate(v)]
         if isinstance(v, tuple):
-            return {"t": "tuple", "v": [node(x, [*path, str(i)]) for i, x in enumerate(v)]}
+            return {"t": "tuple", "v": [self.node(x, [*path, str(i)]) for i, x in enumerate(v)]}
         raise UnsupportedValueError(
             f"value at {_where(path)} has type {type(v).__module__}.{type(v).__qualname__}, "
             "which cannot be stored without pickle; convert it to a torch tensor, a numpy "
             "array or a JSON-able value (str, int, float, bool, None, list, dict) before recording"
         )
 
-    def nested(t: Any, path: list[str]) -> Any:
+    def numpy_scalar(self, v: Any, path: list[str]) -> Any:
+        if v.dtype.kind in "mMOV":
+            raise UnsupportedValueError(
+                f"numpy scalar at {_where(path)} has dtype {v.dtype}, which cannot be "
+                "recorded; convert it to a number or a str"
+            )
+        return {"t": "npscalar", "dtype": v.dtype.str, "v": self.node(v.item(), path)}
+
+    def tensor(self, v: Any, path: list[str]) -> Any:
+        if v.is_nested:
+            return self.nested(v, path)
+        if v.is_sparse or v.is_quantized:
+            raise UnsupportedValueError(
+                f"tensor at {_where(path)} is sparse or quantized; "
+                "store it dense (`.to_dense()`, `.dequantize()`) before recording"
+            )
+        key = self.key_for(path)
+        self.arrays[key] = v
+        return {"t": "torch", "k": key, "device": str(v.device)}
+
+    def nested(self, t: Any, path: list[str]) -> Any:
         import torch
 
         if t.layout == torch.jagged:
@@ -292,20 +274,64 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
             parts = [("values", t.values()), ("offsets", t.offsets()), ("lengths", t.lengths())]
             for name, part in parts:
                 if part is not None:
-                    out[name] = key_for([*path, name])
-                    arrays[out[name]] = part
+                    out[name] = self.key_for([*path, name])
+                    self.arrays[out[name]] = part
             return out
         rows = t.unbind()
         if not rows:
             raise UnsupportedValueError(
                 f"nested tensor at {_where(path)} has no rows; record an empty dense tensor"
             )
-        return {"t": "nested", "v": [node(x, [*path, str(i)]) for i, x in enumerate(rows)]}
+        return {"t": "nested", "v": [self.node(x, [*path, str(i)]) for i, x in enumerate(rows)]}
 
-    try:
-        return arrays, node(value, [])
-    finally:
-        node = nested = None  # recursive closures are a reference cycle: do not pin arrays
+    def numpy_array(self, v: Any, path: list[str]) -> Any:
+        if v.dtype.kind in "OUS":
+            return {
+                "t": "ndarray",
+                "dtype": v.dtype.str,
+                "shape": list(v.shape),
+                "v": [self.node(x, [*path, str(i)]) for i, x in enumerate(v.reshape(-1).tolist())],
+            }
+        key = self.key_for(path)
+        self.arrays[key] = v
+        return {"t": "numpy", "k": key}
+
+    def tensordict(self, v: Any, path: list[str]) -> Any:
+        out = {
+            "t": "tensordict",
+            "batch_size": list(v.batch_size),
+            "items": _items(v.items(), path, self.node),
+        }
+        if getattr(v, "device", None) is not None:  # no key: a TensorDict without a device
+            out["device"] = str(v.device)
+        return out
+
+    def batch_proxy(self, v: Any, proxy: tuple[Any, Any, int], path: list[str]) -> Any:
+        wrapped, remote, size = proxy
+        if remote is not None:
+            raise UnsupportedValueError(remote_part(remote, path))
+        return {
+            "t": "batchproxy",
+            "cls": class_name(type(v)),
+            "batch_size": size,
+            "v": self.node(wrapped, path),
+        }
+
+    def dataproto(self, v: Any, path: list[str]) -> Any:
+        recorded_as = v.recorded_as if isinstance(v, RolloutBatch) else None
+        batch, non_tensor = v.batch, v.non_tensor_batch
+        for part, name in ((batch, "batch"), (non_tensor, "non_tensor_batch")):
+            proxy = batch_proxy(part)
+            if proxy is not None and proxy[1] is not None:
+                raise UnsupportedValueError(remote_part(proxy[1], [*path, name]))
+        batch, non_tensor = _unproxied(batch), _unproxied(non_tensor)
+        return {
+            "t": "dataproto",
+            "cls": recorded_as or class_name(type(v)),
+            "batch": self.node(batch, [*path, "batch"]) if batch is not None else None,
+            "non_tensor_batch": self.node(dict(non_tensor), [*path, "non_tensor_batch"]),
+            "meta_info": self.node(dict(v.meta_info), [*path, "meta_info"]),
+        }
 
 
 def remote_part(remote: Any, path: list[str]) -> str:
@@ -343,85 +369,70 @@ def unflatten(
     tensordict is imported, so what loads without it (``rollout-golden verify``) also loads
     with it (replay). Raises :class:`~.errors.GoldenFormatError` naming the key at fault.
     """
+    try:
+        return _Unflattener(arrays, rebuild).node(layout, [])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GoldenFormatError(f"layout does not match the stored arrays ({exc!r})") from exc
 
-    def node(n: Any, path: list[str]) -> Any:
+
+class _Unflattener:
+    """One :func:`unflatten` call: each layout node back into its value, by the method
+    ``decode_<tag>`` of its tag (:data:`_DECODERS`)."""
+
+    def __init__(self, arrays: Mapping[str, Any], rebuild: Callable[..., Any] | None) -> None:
+        self.arrays = arrays
+        self.rebuild = rebuild
+
+    def node(self, n: Any, path: list[str]) -> Any:
         if n is None or isinstance(n, (bool, int, float, str)):
             return n
         if isinstance(n, list):
-            return [node(x, [*path, str(i)]) for i, x in enumerate(n)]
+            return [self.node(x, [*path, str(i)]) for i, x in enumerate(n)]
         if not isinstance(n, dict) or "t" not in n:
             raise GoldenFormatError(f"unknown layout node {str(n)[:80]!r}")
         tag = n["t"]
-        if tag == "float":
-            return float(n["v"])
-        if tag == "torch":
-            return _to_device(arrays[n["k"]], _device_here(n.get("device", "cpu"), path))
-        if tag == "numpy":
-            return arrays[n["k"]]
-        if tag == "ndarray":
-            import numpy as np
+        decode = _DECODERS.get(tag) if isinstance(tag, str) else None
+        if decode is None:
+            raise GoldenFormatError(f"unknown layout tag {tag!r}")
+        return decode(self, n, path)
 
-            out = np.empty(len(n["v"]), dtype=np.dtype(n["dtype"]))
-            for i, x in enumerate(n["v"]):
-                out[i] = node(x, path)  # scalars: no path of their own (one per row is slow)
-            return out.reshape(n["shape"])
-        if tag == "npscalar":
-            import numpy as np
+    def decode_float(self, n: dict[str, Any], path: list[str]) -> Any:
+        return float(n["v"])
 
-            return np.array(node(n["v"], path), dtype=np.dtype(n["dtype"]))[()]
-        if tag == "bytes":
-            return base64.b64decode(n["v"])
-        if tag == "tuple":
-            return tuple(node(x, [*path, str(i)]) for i, x in enumerate(n["v"]))
-        if tag == "dict":
-            return {k: node(v, [*path, str(k)]) for k, v in n["items"]}
-        if tag == "tensordict":
-            return tensordict(n, path)
-        if tag == "nontensordata":
-            td = sys.modules.get("tensordict")
-            data = node(n["v"], path)
-            batch_size = _batch_size(n, path)
-            return td.NonTensorData(data, batch_size=batch_size) if td else data
-        if tag == "nontensorstack":
-            td = sys.modules.get("tensordict")
-            data = node(n["v"], path)
-            batch_size = _batch_size(n, path)
-            if not batch_size or not _nests_as(data, batch_size):
-                raise GoldenFormatError(
-                    f"has a corrupted layout: the non-tensor stack at {_where(path)} records "
-                    f"batch_size {batch_size}, which its values do not fill"
-                )
-            return _non_tensor_stack(td, data, len(batch_size)) if td else data
-        if tag == "jagged":
-            import torch
+    def decode_torch(self, n: dict[str, Any], path: list[str]) -> Any:
+        return _to_device(self.arrays[n["k"]], _device_here(n.get("device", "cpu"), path))
 
-            device = _device_here(n["device"], path)
-            parts = {p: arrays[n[p]] for p in ("values", "offsets", "lengths") if p in n}
-            nt = torch.nested.nested_tensor_from_jagged(**parts, jagged_dim=n["ragged_idx"])
-            return _to_device(nt, device)
-        if tag == "nested":
-            import torch
+    def decode_numpy(self, n: dict[str, Any], path: list[str]) -> Any:
+        return self.arrays[n["k"]]
 
-            parts = [node(x, [*path, str(i)]) for i, x in enumerate(n["v"])]
-            return torch.nested.as_nested_tensor(parts, layout=torch.strided)
-        if tag == "dataproto":
-            parts = {p: node(n[p], [*path, p]) for p in ("batch", "non_tensor_batch", "meta_info")}
-            factory = rebuild or _already_imported_class(n["cls"], _DATAPROTO_ARGS)
-            return factory(**parts) if factory else RolloutBatch(**parts, recorded_as=n["cls"])
-        if tag == "batchproxy":
-            wrapped = node(n["v"], [*path, "batch"])
-            proxy = _already_imported_class(n["cls"], _PROXY_ARGS)
-            if proxy is None:
-                return wrapped
-            return proxy(batch=wrapped, remote_batch=None, batch_size=n["batch_size"])
-        raise GoldenFormatError(f"unknown layout tag {tag!r}")
+    def decode_ndarray(self, n: dict[str, Any], path: list[str]) -> Any:
+        import numpy as np
 
-    def tensordict(n: dict[str, Any], path: list[str]) -> Any:
+        out = np.empty(len(n["v"]), dtype=np.dtype(n["dtype"]))
+        for i, x in enumerate(n["v"]):
+            out[i] = self.node(x, path)  # scalars: no path of their own (one per row is slow)
+        return out.reshape(n["shape"])
+
+    def decode_npscalar(self, n: dict[str, Any], path: list[str]) -> Any:
+        import numpy as np
+
+        return np.array(self.node(n["v"], path), dtype=np.dtype(n["dtype"]))[()]
+
+    def decode_bytes(self, n: dict[str, Any], path: list[str]) -> Any:
+        return base64.b64decode(n["v"])
+
+    def decode_tuple(self, n: dict[str, Any], path: list[str]) -> Any:
+        return tuple(self.node(x, [*path, str(i)]) for i, x in enumerate(n["v"]))
+
+    def decode_dict(self, n: dict[str, Any], path: list[str]) -> Any:
+        return {k: self.node(v, [*path, str(k)]) for k, v in n["items"]}
+
+    def decode_tensordict(self, n: dict[str, Any], path: list[str]) -> Any:
         batch_size = _batch_size(n, path)
         device = _device_here(n["device"], path) if "device" in n else None
         items = {}
         for key, child in n["items"]:
-            items[key] = node(child, [*path, str(key)])
+            items[key] = self.node(child, [*path, str(key)])
             _check_batch_dims(child, items[key], batch_size, path, key)
         td = sys.modules.get("tensordict")
         if td is None:
@@ -430,12 +441,67 @@ def unflatten(
             return td.TensorDict(items, batch_size=batch_size, device=device)
         return td.TensorDict(items, batch_size=batch_size)
 
-    try:
-        return node(layout, [])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise GoldenFormatError(f"layout does not match the stored arrays ({exc!r})") from exc
-    finally:
-        node = tensordict = None  # recursive closures are a reference cycle: do not pin arrays
+    def decode_nontensordata(self, n: dict[str, Any], path: list[str]) -> Any:
+        td = sys.modules.get("tensordict")
+        data = self.node(n["v"], path)
+        batch_size = _batch_size(n, path)
+        return td.NonTensorData(data, batch_size=batch_size) if td else data
+
+    def decode_nontensorstack(self, n: dict[str, Any], path: list[str]) -> Any:
+        td = sys.modules.get("tensordict")
+        data = self.node(n["v"], path)
+        batch_size = _batch_size(n, path)
+        if not batch_size or not _nests_as(data, batch_size):
+            raise GoldenFormatError(
+                f"has a corrupted layout: the non-tensor stack at {_where(path)} records "
+                f"batch_size {batch_size}, which its values do not fill"
+            )
+        return _non_tensor_stack(td, data, len(batch_size)) if td else data
+
+    def decode_jagged(self, n: dict[str, Any], path: list[str]) -> Any:
+        import torch
+
+        device = _device_here(n["device"], path)
+        parts = {p: self.arrays[n[p]] for p in ("values", "offsets", "lengths") if p in n}
+        nt = torch.nested.nested_tensor_from_jagged(**parts, jagged_dim=n["ragged_idx"])
+        return _to_device(nt, device)
+
+    def decode_nested(self, n: dict[str, Any], path: list[str]) -> Any:
+        import torch
+
+        parts = [self.node(x, [*path, str(i)]) for i, x in enumerate(n["v"])]
+        return torch.nested.as_nested_tensor(parts, layout=torch.strided)
+
+    def decode_dataproto(self, n: dict[str, Any], path: list[str]) -> Any:
+        parts = {p: self.node(n[p], [*path, p]) for p in ("batch", "non_tensor_batch", "meta_info")}
+        factory = self.rebuild or _already_imported_class(n["cls"], _DATAPROTO_ARGS)
+        return factory(**parts) if factory else RolloutBatch(**parts, recorded_as=n["cls"])
+
+    def decode_batchproxy(self, n: dict[str, Any], path: list[str]) -> Any:
+        wrapped = self.node(n["v"], [*path, "batch"])
+        proxy = _already_imported_class(n["cls"], _PROXY_ARGS)
+        if proxy is None:
+            return wrapped
+        return proxy(batch=wrapped, remote_batch=None, batch_size=n["batch_size"])
+
+
+_DECODERS: dict[str, Callable[[_Unflattener, dict[str, Any], list[str]], Any]] = {
+    "float": _Unflattener.decode_float,
+    "torch": _Unflattener.decode_torch,
+    "numpy": _Unflattener.decode_numpy,
+    "ndarray": _Unflattener.decode_ndarray,
+    "npscalar": _Unflattener.decode_npscalar,
+    "bytes": _Unflattener.decode_bytes,
+    "tuple": _Unflattener.decode_tuple,
+    "dict": _Unflattener.decode_dict,
+    "tensordict": _Unflattener.decode_tensordict,
+    "nontensordata": _Unflattener.decode_nontensordata,
+    "nontensorstack": _Unflattener.decode_nontensorstack,
+    "jagged": _Unflattener.decode_jagged,
+    "nested": _Unflattener.decode_nested,
+    "dataproto": _Unflattener.decode_dataproto,
+    "batchproxy": _Unflattener.decode_batchproxy,
+}
 
 
 def _batch_size(n: Mapping[str, Any], path: list[str]) -> list[int]:

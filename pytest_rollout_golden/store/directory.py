@@ -23,7 +23,7 @@ from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .batchfile import save_batch
 from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
-from .location import MANIFEST, leftover_kind, staging_dir
+from .location import LANE_NAME, MANIFEST, staged_golden, staging_dir
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -48,11 +48,27 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise format_error(
             path, "has malformed stand_ins (not {step: {rollout name: step standing in}})"
         )
+    problem = _lane_problem(manifest)
+    if problem:
+        raise format_error(path, problem)
     for filename, info in manifest["files"].items():
         problem = _manifest_entry_problem(filename, info) or _not_a_file(directory / filename)
         if problem:
             raise format_error(path, f"has a malformed entry for {filename!r}: {problem}")
     return manifest
+
+
+def _lane_problem(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's lane fields: ``lane``, the lane its values belong to,
+    and ``inputs``, ``{rollout file: digest}`` a lane's values were computed on."""
+    lane, inputs = manifest.get("lane"), manifest.get("inputs", {})
+    if lane is not None and not (isinstance(lane, str) and LANE_NAME.fullmatch(lane)):
+        return f"has a malformed lane {lane!r} (not a lane name)"
+    if not isinstance(inputs, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in inputs.items()
+    ):
+        return "has malformed inputs (not {rollout file: digest})"
+    return None
 
 
 def _stand_ins_valid(stand_ins: Any) -> bool:
@@ -107,46 +123,28 @@ def recover(directory: Path) -> None:
     """Finish an interrupted commit of ``directory``, or drop one that never reached its
     commit point; call under :func:`locked`.
 
-    Also finishes what an earlier version of this plugin left: it swapped whole directories,
-    leaving a backup ``.NAME.old-PID`` and a staged ``.NAME.new-PID`` that may hold entries
-    it moved out of the golden (a nested golden, a user's file); those are put back.
+    A staged version whose manifest was written is committed: its files are moved in. One
+    without it never reached the commit point, so the golden is still the previous version.
     """
     parent = directory.parent
     if not parent.is_dir():
         return
-    backups, staged = [], []
-    for p in parent.iterdir():
-        kind = leftover_kind(directory.name, p.name)
-        if kind == "old":
-            backups.append(p)
-        elif kind == "new":
-            staged.append(p)
-    backups.sort(key=lambda p: p.stat().st_mtime)
-    if backups and not directory.exists():
-        os.rename(backups.pop(), directory)
-    for leftover in backups:
-        if _return_unlisted(leftover, directory, listed_files(leftover) or {MANIFEST}):
-            _discard(leftover)
+    staged = [p for p in parent.iterdir() if staged_golden(p.name) == directory.name]
     for leftover in sorted(staged, key=lambda p: p.stat().st_mtime):
-        owned = listed_files(leftover)  # None: the commit point was never reached
-        if owned is not None:
-            if not _return_unlisted(leftover, directory, owned):
-                continue  # something not ours could not be put back: keep it
+        if listed_files(leftover) is not None:
             _move_in(leftover, directory)
         shutil.rmtree(leftover, ignore_errors=True)
 
 
 def interrupted_commits(directory: Path) -> list[Path]:
-    """The leftovers beside ``directory`` of commits interrupted past their commit point
-    (a staged version with its manifest, or an earlier version's backup), which the next
-    :func:`recover` finishes."""
+    """The staged versions beside ``directory`` whose commit was interrupted past its commit
+    point (their manifest written), which the next :func:`recover` finishes."""
     if not directory.parent.is_dir():
         return []
     return sorted(
         p
         for p in directory.parent.iterdir()
-        if leftover_kind(directory.name, p.name) == "old"
-        or (leftover_kind(directory.name, p.name) == "new" and (p / MANIFEST).is_file())
+        if staged_golden(p.name) == directory.name and (p / MANIFEST).is_file()
     )
 
 
@@ -154,7 +152,7 @@ def _move_in(staged: Path, directory: Path) -> None:
     """Move the files of a staged version (its manifest written) into ``directory``.
 
     Its files first (each rename replaces one file whole), then the files of the version
-    it replaces that it no longer lists are deleted, then its manifest replaces the old
+    it replaces that it does not list are deleted, then its manifest replaces the old
     one. Only names the old or the new manifest lists are touched. Repeating it after an
     interruption at any point finishes the same version.
     """
@@ -184,24 +182,6 @@ def _replace_into(source: Path, directory: Path, tries: int = 10) -> None:
         except FileNotFoundError:
             if attempt == tries - 1 or not source.exists() or directory.is_dir():
                 raise
-
-
-def _return_unlisted(source: Path, home: Path, owned: set[str]) -> bool:
-    """Move what ``source`` holds beyond ``owned`` back into ``home`` before ``source`` goes.
-
-    An earlier version of this plugin moved entries its golden did not own (a golden nested
-    in this one, a user's file) into the staged version; a crash must not delete them with
-    it. Returns False (keep ``source``) if something could not be put back.
-    """
-    returned = True
-    for entry in source.iterdir():
-        if entry.name in owned:
-            continue
-        if not home.is_dir() or (home / entry.name).exists():
-            returned = False
-            continue
-        os.rename(entry, home / entry.name)
-    return returned
 
 
 class Transaction:
@@ -300,25 +280,6 @@ class Transaction:
                     break
 
 
-def _discard(version: Path) -> None:
-    """Delete a replaced version of a golden, its manifest last.
-
-    A crash part-way then leaves a version whose manifest still names what is left, so
-    :func:`recover` deletes the rest instead of taking it for a user's files to put back.
-    """
-    owned = listed_files(version) or set()
-    try:
-        entries = sorted(version.iterdir(), key=lambda e: (e.name in owned, e.name == MANIFEST))
-        for entry in entries:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        version.rmdir()
-    except OSError:
-        pass  # what is left is finished by the next recover()
-
-
 def listed_files(directory: Path) -> set[str] | None:
     """Names of the files the golden in ``directory`` owns (its manifest's table and the
     manifest itself); ``None`` if its manifest is missing or is not one of ours. A listed
@@ -344,7 +305,7 @@ def listed_files(directory: Path) -> set[str] | None:
 
 def _plain_name(name: str) -> bool:
     """A non-hidden name directly inside the directory (hidden names beside and inside a
-    golden are staging directories, backups, lock files and temporary files)."""
+    golden are staging directories, lock files and temporary files)."""
     return bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name
 
 

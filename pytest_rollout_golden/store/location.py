@@ -17,9 +17,8 @@ Inside a golden directory: :data:`MANIFEST` (written last, it makes the director
 golden), :data:`METRICS`, :data:`TOLERANCES`, and one safetensors file per rollout
 (:func:`rollout_filename`) and per ``check_tensors`` call (:func:`tensors_filename`).
 Beside golden ``NAME``, only while it is being written: ``.NAME.new-PID`` (the staged
-version) and ``.NAME.lock``; ``.NAME.old-PID`` (the replaced version) is left only by
-earlier versions of this plugin. A file being written is ``.FILE.tmp-PID`` until it is
-renamed into place. No file of a golden is a hidden name.
+version) and ``.NAME.lock``. A file being written is ``.FILE.tmp-PID`` until it is renamed
+into place. No file of a golden is a hidden name.
 
 Outside the golden root: the temporary folder in which a torchrun rank above 0 replays
 copies of goldens, ``rollout-golden-rankRANK-HOST-PID-XXXXXXXX`` (:func:`rank_snapshot_prefix`).
@@ -37,7 +36,7 @@ from pathlib import Path
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
-TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (see calibrate.py)
+TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (calibration.py)
 
 _DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.=\[\]-]")
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -106,6 +105,8 @@ def link_out_of_root(root: Path, directory: Path) -> Path | None:
 
 
 SHARED = "@shared"
+LANES = "@lanes"  # a golden's lanes other than its base lane (see _internal/golden/lanes.py)
+LANE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
 def shared_golden_dir(root: Path, name: str) -> Path:
@@ -116,7 +117,8 @@ def shared_golden_dir(root: Path, name: str) -> Path:
 def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
     """Every golden directory at or below ``root``, sorted.
 
-    Hidden entries (staging and backup directories, lock files) are never goldens.
+    Hidden entries (staging directories, lock files) are never goldens, nor are a golden's
+    lanes (``@lanes/``): they belong to the golden above them.
     ``follow_symlinks`` also descends into symlinked directories, as replay does
     (each real directory once, so a symlink loop ends).
     """
@@ -132,7 +134,7 @@ def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
                 dirs[:] = []
                 continue
             seen.add(real)
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != LANES]
         if MANIFEST in files and folder != str(root):
             found.append(Path(folder))
     return sorted(found, key=lambda p: p.relative_to(root).parts)
@@ -204,7 +206,7 @@ def find_manifestless(root: Path) -> list[Path]:
         return []
     found = []
     for folder, dirs, _ in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != LANES]
         if files_without_manifest(Path(folder)):
             found.append(Path(folder))
     return sorted(found)
@@ -230,36 +232,20 @@ def temp_file(path: Path) -> Path:
 
 def staging_dir(directory: Path) -> Path:
     """Where this process stages a new version of a golden: ``.NAME.new-PID`` beside it."""
-    return _leftover(directory, "new")
+    return directory.parent / f".{directory.name}.new-{os.getpid()}"
 
 
-def backup_dir(directory: Path) -> Path:
-    """Where earlier versions of this plugin moved the version they replaced:
-    ``.NAME.old-PID`` beside it (still recovered, see :func:`.store.recover`)."""
-    return _leftover(directory, "old")
+def staged_golden(entry: str) -> str | None:
+    """The name of the golden whose staging directory ``entry`` is, else ``None``.
 
-
-def _leftover(directory: Path, kind: str) -> Path:
-    return directory.parent / f".{directory.name}.{kind}-{os.getpid()}"
-
-
-def leftover_kind(name: str, sibling: str) -> str | None:
-    """``"old"`` or ``"new"`` if ``sibling`` is a backup or staging directory of golden ``name``.
-
-    The match is exact (``.NAME.old-PID``, ``.NAME.new-PID``): ``.layout.old-ref.new-7``
-    is the staging directory of golden ``layout.old-ref``, not a backup of ``layout``.
+    The match is exact: ``.layout.new-ref.new-7`` stages golden ``layout.new-ref``, never
+    golden ``layout``, so recovering one golden never touches another's staged version.
     """
-    parsed = leftover_name(sibling)
-    return parsed[1] if parsed is not None and parsed[0] == name else None
+    match = _STAGING.fullmatch(entry)
+    return match.group(1) if match else None
 
 
-def leftover_name(entry: str) -> tuple[str, str] | None:
-    """``(golden name, "old" or "new")`` if ``entry`` is a backup or staging directory."""
-    match = _LEFTOVER.fullmatch(entry)
-    return (match.group(1), match.group(2)) if match else None
-
-
-_LEFTOVER = re.compile(r"\.(.+)\.(old|new)-([0-9]+)")
+_STAGING = re.compile(r"\.(.+)\.new-[0-9]+")
 
 
 def lock_path(directory: Path) -> Path:

@@ -31,16 +31,33 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
     golden either, and reads it without a lock.
     """
     try:
-        import fcntl
+        import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover - Windows: single-process use only
         yield
         return
-    import time
-
     if timeout is None:
         timeout = _lock_timeout()
     path = lock_path(directory)
     created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    fd = _acquire(directory, path, timeout)
+    if fd is None:  # a read-only checkout: nothing can be written, so read unlocked
+        yield
+        return
+    with suppress(OSError):  # a read-only lock file (another user's) still locks
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {_hostname()}\n".encode(), 0)
+    try:
+        yield
+    finally:
+        _release(fd, path, created)
+
+
+def _acquire(directory: Path, path: Path, timeout: float) -> int | None:
+    """A descriptor of the live lock file ``path``, locked; ``None`` where it cannot be
+    created (a read-only checkout). A holder that releases unlinks the file, so after
+    waiting the descriptor may be of a file no longer there: then the new one is locked."""
+    import time
+
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -55,55 +72,68 @@ def locked(directory: Path, *, timeout: float | None = None) -> Iterator[None]:
                 raise unwritable_error(directory, exc) from None
             fd = None
         if fd is None:
-            yield
-            return
-        wait = 0.005
-        notice = time.monotonic() + min(NOTICE_AFTER, timeout / 2)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if notice is not None and time.monotonic() >= notice:
-                    notice = None
-                    _say(
-                        f"waiting for the lock of the golden {directory}, held by "
-                        f"{_lock_holder(fd)}; gives up after {timeout:g} s "
-                        f"({LOCK_TIMEOUT_ENV} sets it)"
-                    )
-                if time.monotonic() >= deadline:
-                    holder = _lock_holder(fd)
-                    os.close(fd)
-                    raise GoldenError(
-                        f"{path}: timed out after {timeout:g} s waiting for the lock of the "
-                        f"golden {directory}, held by {holder}. If no run of pytest is using "
-                        f"this golden, end that process; set {LOCK_TIMEOUT_ENV} to wait longer."
-                    ) from None
-                time.sleep(wait)
-                wait = min(wait * 2, 0.2)
-        try:
-            st = os.stat(path, follow_symlinks=False)
-            fst = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
-                break  # still the live lock file: we hold the lock
-        except FileNotFoundError:
-            pass
+            return None
+        _wait_for_lock(fd, directory, path, timeout, deadline)
+        if _is_live(path, fd):
+            return fd
         os.close(fd)  # the holder unlinked it while we waited; lock the new file instead
-    with suppress(OSError):  # a read-only lock file (another user's) still locks
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {_hostname()}\n".encode(), 0)
+
+
+def _wait_for_lock(fd: int, directory: Path, path: Path, timeout: float, deadline: float) -> None:
+    """Wait until ``fd`` is locked; say who holds it after ``NOTICE_AFTER`` seconds (or half
+    the timeout); at ``deadline`` close ``fd`` and raise a GoldenError naming the holder."""
+    import fcntl
+    import time
+
+    wait = 0.005
+    notice: float | None = time.monotonic() + min(NOTICE_AFTER, timeout / 2)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if notice is not None and time.monotonic() >= notice:
+                notice = None
+                _say(
+                    f"waiting for the lock of the golden {directory}, held by "
+                    f"{_lock_holder(fd)}; gives up after {timeout:g} s "
+                    f"({LOCK_TIMEOUT_ENV} sets it)"
+                )
+            if time.monotonic() >= deadline:
+                holder = _lock_holder(fd)
+                os.close(fd)
+                raise GoldenError(
+                    f"{path}: timed out after {timeout:g} s waiting for the lock of the "
+                    f"golden {directory}, held by {holder}. If no run of pytest is using "
+                    f"this golden, end that process; set {LOCK_TIMEOUT_ENV} to wait longer."
+                ) from None
+            time.sleep(wait)
+            wait = min(wait * 2, 0.2)
+
+
+def _is_live(path: Path, fd: int) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not one its holder unlinked)."""
     try:
-        yield
-    finally:
-        with suppress(OSError):
-            path.unlink()  # before unlocking, so no lock file is left behind
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-        for folder in created:  # only empty folders this lock created (nothing was recorded)
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _release(fd: int, path: Path, created: list[Path]) -> None:
+    """Unlock and remove the lock file, then the empty folders the lock created."""
+    import fcntl
+
+    with suppress(OSError):
+        path.unlink()  # before unlocking, so no lock file is left behind
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    for folder in created:  # only empty folders this lock created (nothing was recorded)
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _say(line: str) -> None:

@@ -29,28 +29,31 @@ def _staged(directory: Path, pid: int) -> Path:
 
 
 def test_recovery_of_one_golden_leaves_a_prefixed_goldens_staging_alone(tmp_path):
-    """Recovering ``layout`` leaves ``.layout.old-ref.new-7`` (golden ``layout.old-ref``) alone."""
+    """Recovering ``layout`` leaves ``.layout.new-ref.new-7`` (golden ``layout.new-ref``) alone."""
     layout = tmp_path / "test_x" / "layout"
-    other = tmp_path / "test_x" / "layout.old-ref"
+    other = tmp_path / "test_x" / "layout.new-ref"
     in_progress = _staged(other, os.getpid() + 1)
-    # ``layout`` does not exist: a prefix match took the staging directory for its backup
+    # a prefix match (``.layout.new-``) would take it for a staging directory of ``layout``
     store.recover(layout)
     assert in_progress.is_dir() and (in_progress / "batch.safetensors").is_file()
     assert not layout.exists()
     layout.mkdir()
     store.recover(layout)
-    assert in_progress.is_dir(), "recovery of `layout` deleted the staging of `layout.old-ref`"
+    assert in_progress.is_dir(), "recovery of `layout` deleted the staging of `layout.new-ref`"
 
 
-def test_recovery_still_finishes_and_cleans_its_own_leftovers(tmp_path):
+def test_recovery_finishes_a_committed_staging_and_drops_an_uncommitted_one(tmp_path):
     layout = tmp_path / "test_x" / "layout"
-    backup = layout.parent / f".layout.old-{os.getpid() + 1}"
-    backup.mkdir(parents=True)
-    (backup / "manifest.json").write_text("{}")
-    staging = _staged(layout, os.getpid() + 2)
+    committed = layout.parent / f".layout.new-{os.getpid() + 1}"
+    committed.mkdir(parents=True)
+    (committed / "metrics.json").write_text("{}")
+    files = {"metrics.json": {"digest": "d"}}
+    manifest = {"format": store.FORMAT, "schema": store.SCHEMA, "files": files}
+    (committed / "manifest.json").write_text(json.dumps(manifest))
+    uncommitted = _staged(layout, os.getpid() + 2)
     store.recover(layout)
-    assert (layout / "manifest.json").is_file(), "the interrupted swap was not finished"
-    assert not backup.exists() and not staging.exists()
+    assert sorted(p.name for p in layout.iterdir()) == ["manifest.json", "metrics.json"]
+    assert not committed.exists() and not uncommitted.exists()
 
 
 HOLDER = textwrap.dedent(
@@ -363,13 +366,12 @@ def test_verify_reports_a_half_committed_golden(tmp_path, capsys):
     root = tmp_path / "golden"
     golden = root / "test_x" / "test_y"
     _golden(golden)
-    backup = golden.parent / ".test_y.old-4242"
-    shutil.copytree(golden, backup)  # killed after the swap, before the backup was removed
+    staged = golden.parent / ".test_y.new-4242"
+    shutil.copytree(golden, staged)  # killed after the commit point, before moving files in
     status, out, _ = _verify(capsys, root)
-    assert status == 1 and f"FAIL {golden}: half-committed" in out and backup.name in out
-    shutil.rmtree(golden)  # killed between the two renames: only the backup is left
-    status, out, _ = _verify(capsys, root)
-    assert status == 1 and f"FAIL {golden}: missing" in out and backup.name in out
+    assert status == 1 and f"FAIL {golden}: half-committed" in out and staged.name in out
+    (staged / "manifest.json").unlink()  # killed before the commit point: the golden stands
+    assert _verify(capsys, root)[0] == 0
 
 
 def test_verify_follows_symlinked_goldens_like_replay(tmp_path, capsys):
@@ -473,8 +475,8 @@ def _commit(directory: Path, files: dict[str, int]) -> None:
 def test_a_kill_while_the_old_version_is_deleted_is_recovered_cleanly(
     tmp_path, monkeypatch, removed_before_the_kill
 ):
-    """SIGKILL after the swap, part-way through deleting the backup: the next recovery
-    deletes the rest of the backup and moves none of its stale files into the golden;
+    """SIGKILL after the commit point, part-way through deleting the files the new version
+    drops: the next recovery deletes the rest and brings none of them back;
     what the golden does not own (a user's file, a nested golden) is never deleted."""
     golden = tmp_path / "test_x" / "test_a"
     old = {f"old_{i}.json": i for i in range(4)} | {"metrics.json": 0}

@@ -430,24 +430,3 @@ def test_a_commit_failing_past_its_commit_point_leaves_nested_entries_alone(tmp_
     assert store.read_json(outer / "metrics.json") == {"v": 2}
     assert (outer / "NOTES.txt").read_text() == "mine"
     assert store.read_json(outer / "inner" / "metrics.json") == {"v": "inner"}
-
-
-def test_recovery_after_a_crash_mid_commit_puts_what_was_moved_back(tmp_path):
-    outer = _golden_with_an_inner_one(tmp_path)
-    # The state a SIGKILL leaves between moving unlisted entries into the staged version and
-    # the swap: the staged version (manifest written) holds the inner golden and the note.
-    staged = outer.parent / ".outer.new-999999"
-    tx = store.Transaction(outer)
-    tx.write_json("metrics.json", {"v": 2})
-    tx.commit({})  # a complete version to copy the staged layout from
-    staged.mkdir()
-    for name in ("metrics.json", "manifest.json"):
-        (staged / name).write_bytes((outer / name).read_bytes())
-    os.rename(outer / "inner", staged / "inner")
-    os.rename(outer / "NOTES.txt", staged / "NOTES.txt")
-    with store.locked(outer):
-        store.recover(outer)
-    assert not staged.exists()
-    assert (outer / "NOTES.txt").read_text() == "mine"
-    assert store.read_json(outer / "inner" / "metrics.json") == {"v": "inner"}
-    assert store.read_json(outer / "metrics.json") == {"v": 2}  # the committed version stays

@@ -34,9 +34,17 @@ def test_lazy_names_are_listed_and_importing_the_package_loads_no_torch(package,
 # The core that decides and reports: what the plugin, the CLI and a replayed golden's
 # bookkeeping need before any tensor is read.
 TORCH_FREE = [
-    "location", "store", "results", "presentation", "modes", "golden_files", "options",
-    "markers", "prune", "session", "tolerance", "plugin", "cli", "checks", "replay", "calibrate",
-    "mismatch_bounds",
+    "plugin", "cli", "store", "store.location",
+    "_internal.golden.results", "_internal.golden.modes", "_internal.golden.files",
+    "_internal.golden.checks", "_internal.golden.replay", "_internal.golden.lanes",
+    "_internal.report.presentation",
+    "_internal.tolerance.stack", "_internal.tolerance.calibration",
+    "_internal.tolerance.mismatch_bounds",
+    "_internal.pytest_plugin.options", "_internal.pytest_plugin.flags",
+    "_internal.pytest_plugin.markers", "_internal.pytest_plugin.prune",
+    "_internal.pytest_plugin.session", "_internal.pytest_plugin.golden_plugin",
+    "_internal.pytest_plugin.calibrate_plugin", "_internal.pytest_plugin.prune_plugin",
+    "_internal.pytest_plugin.rank_plugin", "_internal.pytest_plugin.xdist_plugin",
 ]  # fmt: skip
 
 

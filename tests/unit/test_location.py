@@ -109,23 +109,18 @@ def test_shared_goldens_cannot_collide_with_test_file_goldens(tmp_path):
         assert shared not in directory.parents and directory not in shared.parents
 
 
-def test_names_beside_a_golden_round_trip_through_the_leftover_parser(tmp_path):
-    directory = tmp_path / "test_x" / "layout.old-ref"
-    staging, backup = location.staging_dir(directory), location.backup_dir(directory)
+def test_names_beside_a_golden_round_trip_through_the_staging_parser(tmp_path):
+    directory = tmp_path / "test_x" / "layout.new-ref"
+    staging = location.staging_dir(directory)
     lock, tmp = location.lock_path(directory), location.temp_file(directory / location.MANIFEST)
-    assert staging.parent == backup.parent == lock.parent == directory.parent
-    assert location.leftover_name(staging.name) == ("layout.old-ref", "new")
-    assert location.leftover_name(backup.name) == ("layout.old-ref", "old")
-    assert location.leftover_kind("layout.old-ref", staging.name) == "new"
-    assert location.leftover_kind("layout.old-ref", backup.name) == "old"
-    assert location.leftover_kind("layout", staging.name) is None  # no prefix match
-    for other in (lock.name, tmp.name, directory.name, location.MANIFEST):
-        assert location.leftover_name(other) is None, other
+    assert staging.parent == lock.parent == directory.parent
+    assert location.staged_golden(staging.name) == "layout.new-ref"  # not "layout": no prefix
+    for other in (lock.name, tmp.name, directory.name, location.MANIFEST, ".layout.new-x"):
+        assert location.staged_golden(other) is None, other
     # hidden, so that a scan of the golden root never takes them for goldens
-    for hidden in (staging, backup):
-        hidden.mkdir(parents=True)
-        (hidden / location.MANIFEST).write_text("{}")
-    assert all(p.name.startswith(".") for p in (staging, backup, lock, tmp))
+    staging.mkdir(parents=True)
+    (staging / location.MANIFEST).write_text("{}")
+    assert all(p.name.startswith(".") for p in (staging, lock, tmp))
     assert location.find_goldens(tmp_path) == []
     directory.mkdir()
     (directory / location.MANIFEST).write_text("{}")
@@ -158,7 +153,7 @@ ON_DISK = re.compile(
 
 
 def test_every_on_disk_name_is_spelled_only_in_location():
-    package = Path(location.__file__).parent
+    package = Path(location.__file__).parents[1]  # the whole package, not only store/
     modules = [p for p in package.rglob("*.py") if p.name != "location.py"]
     assert len(modules) > 20
     spelled = {

@@ -654,7 +654,8 @@ WRITER = textwrap.dedent(
 
     import numpy as np
 
-    from pytest_rollout_golden import location, store
+    from pytest_rollout_golden import store
+    from pytest_rollout_golden.store import location
 
     directory, pause = Path(sys.argv[1]), sys.argv[4]
     version, numel = int(sys.argv[2]), int(sys.argv[3])

@@ -404,3 +404,31 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
 
 def summary(value: Any) -> dict[str, Any]:
     return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+
+
+def to_device(batch: Any, device: Any) -> Any:
+    """``batch`` with its tensors on ``device``: containers rebuilt, anything with a ``to``
+    method (a tensor, TensorDict, DataProto) moved by it, other values as they are."""
+    if isinstance(batch, Mapping):
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        return type(batch)(moved) if isinstance(batch, dict) else moved
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(to_device(v, device) for v in batch)
+    move = getattr(batch, "to", None)
+    return move(device) if callable(move) else batch
+
+
+# Fields the trainer computes from the engine's output; recorded in a rollout, they are
+# replayed, so the code that computes them is never tested.
+DERIVED_FIELDS = ("advantages", "returns", "kl", "kl_penalty", "token_level_rewards")
+
+
+def derived_fields(batch: Any) -> list[str]:
+    """The top-level fields of a rollout batch named like :data:`DERIVED_FIELDS`: a dict's
+    keys, a TensorDict's, a DataProto-like batch's ``batch`` and ``non_tensor_batch``."""
+    names: list[str] = []
+    for part in (batch, getattr(batch, "batch", None), getattr(batch, "non_tensor_batch", None)):
+        keys = getattr(part, "keys", None)
+        if callable(keys) and not isinstance(part, type):
+            names += [k for k in keys() if isinstance(k, str)]
+    return sorted({n for n in names if n.lower() in DERIVED_FIELDS})

@@ -107,14 +107,31 @@ def fingerprint() -> dict[str, Any]:
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "platform": f"{platform.system()}-{platform.machine()}",
+        **_accelerator(cuda),
     }
 
 
+def _accelerator(cuda: bool) -> dict[str, Any]:
+    """The accelerator's architecture, which decides a golden's lane (:mod:`.lanes`): the
+    compute capability of a CUDA device, the gfx architecture of a ROCm one."""
+    if not cuda:
+        return {}
+    import torch
+
+    if torch.version.hip:
+        arch = torch.cuda.get_device_properties(0).gcnArchName
+        return {"hip": torch.version.hip, "gpu_arch": arch}
+    return {"capability": "{}.{}".format(*torch.cuda.get_device_capability())}
+
+
 def fingerprint_changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
-    """Human lines for every fingerprint field that differs, e.g. ``torch: 2.3.0 -> 2.4.0``."""
+    """Human lines for every fingerprint field that differs, e.g. ``torch: 2.3.0 -> 2.4.0``.
+
+    A field the recorded fingerprint does not hold (it was added to fingerprints after the
+    recording) is not a change: nothing says it differed."""
     if not recorded:
         return []
-    keys = list(dict.fromkeys([*recorded, *current]))
+    keys = list(recorded)
     return [
         f"{k}: {recorded.get(k)} -> {current.get(k)}"
         for k in keys

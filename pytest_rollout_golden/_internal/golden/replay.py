@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from ...errors import (
     REMEDY_UPDATE,
     GoldenError,
+    GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
     GoldenToleranceWarning,
@@ -30,6 +31,10 @@ from ...errors import (
 from ...store.location import TOLERANCES, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
+    derived_fields_note,
+    input_outside_base_lane,
+    lane_missing,
+    lane_on_other_inputs,
     mismatch_bound_exceeded,
     mismatch_message,
     missing_input,
@@ -37,6 +42,7 @@ from ..report.presentation import (
     never_recorded_metric,
     never_recorded_tensors,
     recorded_lines,
+    regenerate_in_lane,
     stand_in_note,
     unused_tolerance,
 )
@@ -46,6 +52,7 @@ from ..tolerance.stack import Stack, ToleranceUsage
 from . import checks, metric_codec
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
+from .lanes import LaneSetting
 from .modes import ModePolicy, ReplayOnly
 from .results import Comparison, Mode, Outcome, Verdict
 
@@ -108,6 +115,7 @@ class Golden:
         missing_step: str | None = None,
         mismatch_bounds: Mapping[str, Bound] | None = None,
         session: SessionLinks | None = None,
+        lane: LaneSetting | None = None,
     ):
         """``tolerances``: per-metric tolerances (name or glob -> :class:`Tolerance` or
         dict) above the built-in defaults. ``test_id``: the name recorded in the manifest.
@@ -117,7 +125,9 @@ class Golden:
         (:data:`~.modes.MISSING_STEP_POLICIES`; default ``record``, ``error`` in strict
         mode). ``mismatch_bounds``: the bounds :meth:`check_mismatch` enforces (default:
         the published ones, :data:`~.mismatch_bounds.DEFAULT_BOUNDS`). ``session``: how
-        the pytest plugin ties this golden into its session; scripts leave it out."""
+        the pytest plugin ties this golden into its session; scripts leave it out.
+        ``lane``: the lane whose values this run compares and records (:mod:`.lanes`;
+        default: lanes off, the values beside the inputs)."""
         links = session or SessionLinks()
         usage, registry, replay_only = links.usage, links.registry, links.replay_only
         missing_step_source = links.missing_step_source
@@ -138,16 +148,20 @@ class Golden:
         self._resolver = self._stack.resolver()  # rebuilt only where the stack changes
         self._usage = usage or ToleranceUsage()
         self._registry = registry
-        self._files = GoldenFiles(self.directory, rebuild=rebuild)
+        self._inputs = GoldenFiles(self.directory, rebuild=rebuild)
+        self._files = self._inputs  # the values: another lane's directory once opened
+        self._lane = lane or LaneSetting()
+        self._rebuild = rebuild
         self._outcome = Outcome(self.test_id, str(self.directory))
         self._opened = False
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
+        self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
         self._rollouts = RolloutInputs(
-            self._files,
+            self._inputs,
             notes=self._outcome.rollouts,
             touched=self._touched,
             missing=self._missing,
@@ -165,15 +179,16 @@ class Golden:
         if self._opened:
             return
         try:
-            self._files.open(damaged_is_missing=self.policy.replaces_damaged)
+            self._inputs.open(damaged_is_missing=self.policy.replaces_damaged)
         finally:
-            self._opened = self._files.is_open
-        if self.policy.refuses_missing_golden(self._files.exists):
+            self._opened = self._inputs.is_open
+        if self.policy.refuses_missing_golden(self._inputs.exists):
             only = self._replay_only
             assert only is not None
             text = missing_recording(self.test_id, only.recorder, self.directory, only.remedy)
             raise GoldenMissingError(text)
-        updated = self._registry is not None and self._registry.contains(self.directory)
+        self._open_lane()
+        updated = self._registry is not None and self._registry.contains(self._files.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
         self._files.replaces_damaged = self.policy.replaces_damaged
 
@@ -191,8 +206,75 @@ class Golden:
             self._outcome.environment_changes = changes
             if changes and stack.exact:
                 stack = stack.replace(exact=False)
-        if stack != self._stack:  # the golden's tolerances.json, or the exact lane dropped
+        if self._outcome.lane.get("fallback"):
+            stack = stack.replace(exact=False, lane_fallback=self._lane.fallback_tolerances)
+        if stack != self._stack:  # tolerances.json, the exact lane dropped, a fallback lane
             self._stack, self._resolver = stack, stack.resolver()
+
+    def _open_lane(self) -> None:
+        """Make :attr:`_files` the values of this run's lane (:mod:`.lanes`).
+
+        The base lane's values sit beside the inputs; another lane's are opened (and
+        locked) in ``@lanes/<lane>/``. A lane never recorded is recorded where the mode
+        records; in strict mode it is compared against the declared fallback lane, else it
+        is missing.
+        """
+        from . import lanes
+
+        lane = self._lane
+        if lane.on:
+            self._outcome.lane = {"name": lane.name, "source": lane.source}
+        if not self._inputs.exists:
+            return
+        base = lanes.base_lane(self._inputs.manifest)  # type: ignore[arg-type]
+        in_base = not lane.on or base == lane.name
+        self._refuse_regenerating(base, in_base=in_base)
+        if in_base:
+            if lane.on:
+                self._outcome.lane["base"] = base
+            return
+        self._outcome.lane["base"] = base
+        values = self._open_values(lane.name)
+        if values.exists or self.policy.records:
+            self._files = values
+            self._refuse_stale_lane()
+            return
+        values.close()
+        recorded = [base, *lanes.other_lanes(self.directory)]
+        if lane.fallback is None or lane.fallback not in recorded:
+            raise GoldenMissingError(lane_missing(self.directory, lane, recorded))
+        self._files = self._inputs if lane.fallback == base else self._open_values(lane.fallback)
+        self._outcome.lane["fallback"] = lane.fallback
+
+    def _open_values(self, lane: str) -> GoldenFiles:
+        from .lanes import lane_dir
+
+        values = GoldenFiles(lane_dir(self.directory, lane), rebuild=self._rebuild)
+        values.open(damaged_is_missing=self.policy.replaces_damaged)
+        return values
+
+    def _refuse_stale_lane(self) -> None:
+        """GoldenFormatError if this lane's values were computed on other inputs."""
+        from .lanes import input_digests, stale_inputs
+
+        if not self._files.exists or self.policy.rerecords:
+            return
+        inputs = input_digests(self._inputs.recorded)
+        stale = stale_inputs(self._files.manifest, inputs)  # type: ignore[arg-type]
+        if stale:
+            raise GoldenFormatError(lane_on_other_inputs(self._files.directory, self._lane, stale))
+
+    def _refuse_regenerating(self, base: str | None, *, in_base: bool) -> None:
+        """GoldenError if ``--golden-regenerate`` would change the inputs of another lane:
+        from a lane other than the base lane, or from the base lane while others exist."""
+        from .lanes import other_lanes
+
+        if not (self.policy.rerecords and self.policy.regenerate):
+            return
+        others = [name for name in other_lanes(self.directory) if name != base]
+        if not in_base or others:
+            lane = self._lane.name if not in_base else base
+            raise GoldenError(regenerate_in_lane(self.directory, lane, base, others))
 
     @property
     def _replaying(self) -> bool:
@@ -217,7 +299,14 @@ class Golden:
     # ------------------------------------------------------------------ public API
 
     @user_facing
-    def rollout(self, generate: Callable[[], Any], *, step: int = 0, name: str = "rollout") -> Any:
+    def rollout(
+        self,
+        generate: Callable[[], Any],
+        *,
+        step: int = 0,
+        name: str = "rollout",
+        device: Any = None,
+    ) -> Any:
         """Rollout batch ``name`` at ``step``: replayed if recorded, else generated and recorded.
 
         Replay never calls ``generate``; it returns the same structure, dtypes,
@@ -227,11 +316,22 @@ class Golden:
         the outer streams are restored afterwards). Under ``--update-golden`` a recorded
         rollout is kept
         unless ``regenerate``; a step never recorded follows the missing-step policy.
+
+        A batch is read onto the CPU, where it was recorded or not; ``device`` (``"cuda"``,
+        a ``torch.device``) puts its tensors there: every tensor of a dict, list or tuple,
+        or the batch's own ``.to(device)`` (a tensor, TensorDict, DataProto).
         """
         checks.require_generator(generate, name)
         key = checks.step_key(step)
         self._open()
-        return self._rollouts.get(self.policy, generate, name, int(key))
+        batch = self._rollouts.get(self.policy, generate, name, int(key))
+        if self._inputs is not self._files and self._inputs.staging:
+            self._inputs.abort()
+            raise GoldenMissingError(
+                input_outside_base_lane(name, step, self.directory, self._lane.name)
+            )
+        self._note_derived(name, step, batch)
+        return batch if device is None else checks.to_device(batch, device)
 
     @user_facing
     def check(
@@ -377,6 +477,17 @@ class Golden:
         self._outcome.comparisons.extend(results)
         return results
 
+    def _note_derived(self, name: str, step: int, batch: Any) -> None:
+        """Note, once per rollout name, a recorded batch holding fields the trainer derives."""
+        from ...store.location import rollout_filename
+
+        if name in self._derived_noted or not self._inputs.staged(rollout_filename(name, step)):
+            return
+        self._derived_noted.add(name)
+        fields = checks.derived_fields(batch)
+        if fields:
+            self._outcome.rollouts.append(derived_fields_note(name, fields))
+
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's tolerances.json looser than without it."""
         files = (self._stack.calibrated, self._stack.calibrated_layout)
@@ -474,6 +585,7 @@ class Golden:
             return self._outcome
         finally:
             self._files.close()
+            self._inputs.close()
 
     def _unchecked(self) -> list[Comparison]:
         """A missing comparison per recorded value this run did not check."""
@@ -498,12 +610,25 @@ class Golden:
             replace=self.policy.rerecords,
         )
         manifest = self._files.new_manifest(self.test_id, fresh=fresh, stand_ins=stand_ins)
+        manifest.update(self._lane_fields(fresh))
         files = self._files.commit(manifest, metrics=steps, keep=keep)
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
         self._outcome.recorded = recorded_lines(
             files, fresh, self._files.recorded, self._outcome.comparisons
         )
+
+    def _lane_fields(self, fresh: bool) -> dict[str, Any]:
+        """The lane fields of the manifest a commit writes: a lane's name, and for a lane
+        apart from the inputs the digests of the inputs its values were computed on."""
+        from .lanes import input_digests
+
+        recorded = (self._files.manifest or {}).get("lane")
+        lane = self._lane.name if self._lane.on and (fresh or recorded is None) else recorded
+        fields: dict[str, Any] = {} if lane is None else {"lane": lane}
+        if self._files is not self._inputs:
+            fields["inputs"] = input_digests(self._inputs.recorded)
+        return fields
 
     def _discard(self) -> None:
         """Drop what this run staged; the outcome says whether new values were lost."""

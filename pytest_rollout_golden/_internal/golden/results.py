@@ -134,6 +134,9 @@ class Outcome:
     loosened: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     # the test that recorded the golden this test replayed, where another (key=, shared=)
     recorded_by: str = ""
+    # the lane this run used (lanes.py): name, source, the golden's base lane, and the
+    # fallback lane compared against where this one was never recorded; {} with lanes off
+    lane: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def fail(self) -> None:
         """The golden failed: a mismatch, or it was missing or unreadable."""
@@ -156,6 +159,7 @@ class Outcome:
             "rollouts": self.rollouts,
             "loosened": self.loosened,
             **({"recorded_by": self.recorded_by} if self.recorded_by else {}),
+            **({"lane": self.lane} if self.lane else {}),
         }
 
     @classmethod
@@ -172,6 +176,7 @@ class Outcome:
             rollouts=list(data.get("rollouts", [])),
             loosened=dict(data.get("loosened", {})),
             recorded_by=str(data.get("recorded_by", "")),
+            lane=dict(data.get("lane", {})),
         )
 
 

@@ -17,7 +17,7 @@ from ..golden.modes import ReplayOnly
 from ..report.presentation import close_match
 from ..tolerance.spec import Layer, ignore_and_tolerance_layers
 from ..tolerance.stack import Stack
-from .options import OptionError
+from .options import OptionError, with_precision
 
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
@@ -30,7 +30,9 @@ MARKER_DOC = (
     "reference's golden (see parallel.variants()); mismatch_bounds={metric: bound} for "
     "golden.check_mismatch"
 )
-_OPTIONS = {"key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild"}
+_OPTIONS = {
+    "key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild", "precision",
+}  # fmt: skip
 _MISMATCH_OPTIONS = {"mismatch_bounds"}  # golden.check_mismatch (mismatch_bounds.py)
 _INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
@@ -70,6 +72,13 @@ def marker_options(
             )
     if options.get("key") is not None and options.get("shared") is not None:
         raise OptionError(f"{test_id}: golden key= and shared= exclude each other")
+    if "precision" in options:
+        from ..tolerance.families import precision_layer
+
+        try:
+            precision_layer(str(options["precision"]), "@pytest.mark.golden precision=")
+        except ValueError as exc:
+            raise OptionError(f"{test_id}: {exc}") from None
     return options
 
 
@@ -134,6 +143,8 @@ def tolerance_stack(
     ``marker`` level; ``exact``: ``--golden-exact``. For a layout variant, also how its
     golden is recorded."""
     stack = session.replace(marker=marker, exact=bool(options.get("exact")) or exact)
+    if options.get("precision") is not None:
+        stack = with_precision(stack, str(options["precision"]), "marker precision")
     if not replays_reference(options):
         return stack, None
     # Another layout recorded these values: the layout lane replaces the same-layout

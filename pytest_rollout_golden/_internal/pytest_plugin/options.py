@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..golden.modes import MISSING_STEP_POLICIES
 from ..golden.results import Mode
 from ..tolerance.spec import ignore_and_tolerance_layers as layers
 from ..tolerance.stack import Stack
+
+if TYPE_CHECKING:
+    from ..golden.lanes import LaneSetting
 
 
 class OptionError(ValueError):
@@ -59,15 +62,26 @@ def session_tolerances(
     ini_tolerances: Any,
     ini_ignore: Any,
     profile: str = "",
+    precision: str = "",
 ) -> Stack:
     """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` over
-    ini ``golden_tolerances``/``golden_ignore`` over the ``golden_metric_profile``
-    (ValueError naming the source on a bad entry or an unknown profile)."""
+    ini ``golden_tolerances``/``golden_ignore`` over ``golden_precision`` over the
+    ``golden_metric_profile`` (ValueError naming the source on a bad entry or an unknown
+    profile or precision)."""
     stack = Stack(
         cli=layers("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
         ini=layers("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
     )
-    return with_profile(stack, profile)
+    return with_precision(with_profile(stack, profile), precision, "ini golden_precision")
+
+
+def with_precision(stack: Stack, precision: str, source: str) -> Stack:
+    """``stack`` with the layer of a declared training precision (none if empty)."""
+    if not precision.strip():
+        return stack
+    from ..tolerance.families import precision_layer
+
+    return stack.replace(precision=precision_layer(precision, source))
 
 
 def with_profile(stack: Stack, profile: str) -> Stack:
@@ -79,6 +93,46 @@ def with_profile(stack: Stack, profile: str) -> Stack:
 
     layers, across_variants = profile_layers(profile)
     return stack.replace(profile=layers, across_variants=across_variants)
+
+
+def lane_setting(
+    flag: str | None, ini: str, fallback: str, fallback_tolerances: Any, environ: Any
+) -> LaneSetting:
+    """The session's lane (:mod:`..golden.lanes`): ``--golden-lane``, else the environment's
+    ``ROLLOUT_GOLDEN_LANE``, else ini ``golden_lane``; ``auto`` stays as it is until a golden
+    needs it (:func:`resolved_lane`: deciding imports torch). OptionError on a bad name."""
+    from ..golden.lanes import AUTO, LaneSetting, lane_problem, resolve_setting
+
+    try:
+        name, source = resolve_setting(flag, ini.strip(), environ)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    fallback = fallback.strip()
+    if (fallback and lane_problem(fallback) is not None) or fallback == AUTO:
+        raise OptionError(f"ini golden_lane_fallback: {lane_problem(fallback) or 'not auto'}")
+    source_of = "ini golden_lane_fallback_tolerances"
+    try:
+        tolerances = layers(source_of, fallback_tolerances, "", None)[1]
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    if name is None and (fallback or tolerances.entries):
+        raise OptionError(
+            "ini golden_lane_fallback and golden_lane_fallback_tolerances apply to lanes: "
+            "set golden_lane (or --golden-lane, ROLLOUT_GOLDEN_LANE), e.g. golden_lane = auto"
+        )
+    return LaneSetting(name, source, fallback or None, tolerances if tolerances.entries else None)
+
+
+def resolved_lane(setting: LaneSetting) -> LaneSetting:
+    """``setting`` with ``auto`` replaced by this environment's lane."""
+    import dataclasses
+
+    from ..golden.determinism import fingerprint
+    from ..golden.lanes import AUTO, environment_lane
+
+    if setting.name != AUTO:
+        return setting
+    return dataclasses.replace(setting, name=environment_lane(fingerprint()) or "cpu")
 
 
 def parse_seed(value: Any, source: str, *, text: bool = True) -> int:

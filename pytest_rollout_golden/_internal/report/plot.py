@@ -43,6 +43,7 @@ _MARKED = 8  # labelled non-finite points per curve and panel (all are drawn)
 _BARS = 100  # past this many steps: thin lines instead of bars, curves without step markers
 _EQUALS = 60  # "=" marks in a difference strip, at most this many steps
 _TOP, _BOTTOM = 0.95, 0.05  # where non-finite values sit, in fractions of the panel's height
+_PANEL_WIDTH = 5.0  # inches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,67 +168,29 @@ def plot_metrics(
         raise GoldenError(f"nothing to plot for {title or out}: no scalar metrics")
     first_divergence = first_divergence or {}
     allowed = allowed or {}
-    excess = dict(excess or {})
-    if b is not None:
-        for name, tol in allowed.items():
-            if name not in excess and name in a and name in b:
-                excess[name] = _excess(a[name], b[name], tol)
+    excess = _excess_by_metric(a, b, allowed, excess or {})
     ordered = _order(names, first_divergence, excess)
     shown, hidden = ordered[: max(1, max_panels)], ordered[max(1, max_panels) :]
 
     ncols = min(3, len(shown))
-    nrows = math.ceil(len(shown) / ncols)
     strip = b is not None  # a difference strip below each panel
-    panel_w, panel_h = 5.0, (3.6 if strip else 2.8)
-    width = panel_w * ncols
-    heading = title or str(out)
-    diverged: list[tuple[int, str]] = []
-    if b is not None:
-        diverged = sorted((s, n) for n, s in first_divergence.items() if s is not None)
-        line = f"{labels[0]} (solid) vs {labels[1]} (dashed): "
-        if diverged:
-            line += f"first divergence at step {diverged[0][0]}: "
-            step = diverged[0][0]
-            earliest = [n for n in ordered if first_divergence.get(n) == step]
-            earliest += [n for s, n in diverged if s == step and n not in earliest]  # tensors
-            line += _some(earliest, chars=max(40, ncols * 50 - len(line)))
-        else:
-            line += "all metrics within tolerance"
-        heading += "\n" + line
-    chars = int(width * 11)  # of the title's font in the figure's width
-    heading = "\n".join(textwrap.fill(part, chars) for part in heading.split("\n"))
-
+    heading, diverged = _heading(
+        title or str(out), labels if b is not None else None, first_divergence, ordered, ncols
+    )
     note, note_text = [], ""
     if hidden:
         prefix, items = _not_drawn_note(hidden, len(names), first_divergence, max_panels)
         note_text = f"{prefix} {', '.join(items)}"
-        note = _wrap(prefix, items, chars=int(width * 12.5), lines=_NOTE_LINES)
+        note = _wrap(prefix, items, chars=int(_PANEL_WIDTH * ncols * 12.5), lines=_NOTE_LINES)
     title_lines = max(
         _panel_title(n, first_divergence.get(n), n in ignored).count("\n") + 1
         for n in shown[:ncols]
     )
     top = 0.2 + 0.22 * (heading.count("\n") + 1) + 0.2 * title_lines  # inches, for the titles
     bottom = 0.55 + (0.2 + 0.16 * len(note) if note else 0.0)  # tick labels, "step", the note
-    height = panel_h * nrows + top + bottom
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    outer = fig.add_gridspec(
-        nrows,
-        ncols,
-        left=0.75 / width,
-        right=1 - 0.25 / width,
-        top=1 - top / height,
-        bottom=bottom / height,
-        wspace=0.3,
-        hspace=0.45 if strip else 0.55,
-    )
+    fig, outer, height = _grid(Figure, FigureCanvasAgg, len(shown), ncols, strip, top, bottom)
     for index, name in enumerate(shown):
-        cell = outer[index // ncols, index % ncols]
-        if strip:
-            inner = cell.subgridspec(2, 1, height_ratios=(3, 1), hspace=0.08)
-            ax, ax_diff = fig.add_subplot(inner[0]), fig.add_subplot(inner[1])
-        else:
-            ax, ax_diff = fig.add_subplot(cell), None
+        ax, ax_diff = _axes(fig, outer[index // ncols, index % ncols], strip)
         _panel(ax, ax_diff, name, a.get(name, {}), None if b is None else b.get(name, {}),
                labels, first_divergence.get(name), allowed.get(name),
                ignored=name in ignored)  # fmt: skip
@@ -246,6 +209,88 @@ def plot_metrics(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return Picture(out, tuple(shown), tuple(hidden), note_text)
+
+
+def _grid(
+    Figure: Any,
+    FigureCanvasAgg: Any,
+    panels: int,
+    ncols: int,
+    strip: bool,
+    top: float,
+    bottom: float,
+) -> tuple[Any, Any, float]:
+    """The figure, its grid of ``panels`` cells in ``ncols`` columns, and its height (inches),
+    with ``top`` and ``bottom`` inches for the titles and the foot. The grid is fixed (no
+    constrained layout), so the cost does not grow with the number of metrics."""
+    nrows = math.ceil(panels / ncols)
+    panel_h = 3.6 if strip else 2.8
+    width = _PANEL_WIDTH * ncols
+    height = panel_h * nrows + top + bottom
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    outer = fig.add_gridspec(
+        nrows,
+        ncols,
+        left=0.75 / width,
+        right=1 - 0.25 / width,
+        top=1 - top / height,
+        bottom=bottom / height,
+        wspace=0.3,
+        hspace=0.45 if strip else 0.55,
+    )
+    return fig, outer, height
+
+
+def _axes(fig: Any, cell: Any, strip: bool) -> tuple[Any, Any]:
+    """The axes of one panel in grid ``cell``: its curves, and below them (``strip``) the
+    difference strip, else ``None``."""
+    if not strip:
+        return fig.add_subplot(cell), None
+    inner = cell.subgridspec(2, 1, height_ratios=(3, 1), hspace=0.08)
+    return fig.add_subplot(inner[0]), fig.add_subplot(inner[1])
+
+
+def _excess_by_metric(
+    a: Series,
+    b: Series | None,
+    allowed: Mapping[str, tuple[float, float]],
+    excess: Mapping[str, float],
+) -> dict[str, float]:
+    """``excess``, completed from ``allowed`` for the metrics both curves have."""
+    out = dict(excess)
+    if b is not None:
+        for name, tol in allowed.items():
+            if name not in out and name in a and name in b:
+                out[name] = _excess(a[name], b[name], tol)
+    return out
+
+
+def _heading(
+    heading: str,
+    labels: tuple[str, str] | None,
+    first_divergence: Mapping[str, int | None],
+    ordered: list[str],
+    ncols: int,
+) -> tuple[str, bool]:
+    """The picture's title, with (``labels`` given: two curves) a line saying which curve is
+    which and where they first diverge, wrapped to the figure's width; and whether any
+    metric diverged."""
+    diverged = []
+    if labels is not None:
+        diverged = sorted((s, n) for n, s in first_divergence.items() if s is not None)
+        line = f"{labels[0]} (solid) vs {labels[1]} (dashed): "
+        if diverged:
+            line += f"first divergence at step {diverged[0][0]}: "
+            step = diverged[0][0]
+            earliest = [n for n in ordered if first_divergence.get(n) == step]
+            earliest += [n for s, n in diverged if s == step and n not in earliest]  # tensors
+            line += _some(earliest, chars=max(40, ncols * 50 - len(line)))
+        else:
+            line += "all metrics within tolerance"
+        heading += "\n" + line
+    chars = int(_PANEL_WIDTH * ncols * 11)  # of the title's font in the figure's width
+    return "\n".join(textwrap.fill(part, chars) for part in heading.split("\n")), bool(diverged)
 
 
 def _not_drawn_note(
@@ -347,6 +392,37 @@ def _panel(
     *,
     ignored: bool = False,
 ) -> None:
+    """One metric's panel: its curves in ``ax``; with ``b`` and ``ax_diff``, the relative
+    difference per step below them, and the first step beyond tolerance circled."""
+    steps = _curves(ax, ax_diff, name, a, b, labels, first, ignored)
+    if ax_diff is None or b is None:
+        ax.set_xlabel("step")
+        _integer_steps(ax, steps)
+        return
+    ax.tick_params(labelbottom=False)
+    _difference_strip(ax_diff, a, b, steps, first, allowed, ignored)
+    _integer_steps(ax, steps)
+    if first is not None and first in b:
+        if math.isfinite(b[first]):
+            ax.plot([first], [b[first]], "o", mfc="none", mec=_BAD, ms=12, mew=1.5)
+        else:
+            y = _edge(b[first])[0]
+            ax.plot([first], [y], "o", mfc="none", mec=_BAD, ms=14, mew=1.5, clip_on=False,
+                    transform=ax.get_xaxis_transform())  # fmt: skip
+
+
+def _curves(
+    ax: Any,
+    ax_diff: Any,
+    name: str,
+    a: Mapping[int, float],
+    b: Mapping[int, float] | None,
+    labels: tuple[str, str],
+    first: int | None,
+    ignored: bool,
+) -> list[int]:
+    """Draw curve A (solid) and B (dashed), the panel's title and the first divergence (a
+    dotted line in ``ax`` and ``ax_diff``); return every step either curve has."""
     steps_a, values_a, odd_a = _split(a)
     dots = len(a) <= _BARS and (b is None or len(b) <= _BARS)  # a marker per step
     ax.plot(steps_a, values_a, "-o" if dots else "-", color=_A_COLOR, label=labels[0], ms=4)
@@ -369,47 +445,30 @@ def _panel(
     steps = sorted(set(a) | set(b or {}))
     if steps:
         ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-    if ax_diff is None or b is None:
-        ax.set_xlabel("step")
-        _integer_steps(ax, steps)
-        return
-    ax.tick_params(labelbottom=False)
+    return steps
+
+
+def _difference_strip(
+    ax_diff: Any,
+    a: Mapping[int, float],
+    b: Mapping[int, float],
+    steps: list[int],
+    first: int | None,
+    allowed: tuple[float, float] | None,
+    ignored: bool,
+) -> None:
+    """The strip below a panel: ``|B-A|/|A|`` per step on a log scale (bars, or stems past
+    :data:`_BARS` steps), non-finite differences marked, ``=`` on equal steps, the allowed
+    difference as a dashed line."""
     shared = [s for s in steps if s in a and s in b]
-    same = {s for s in shared if a[s] == b[s]}  # equal infinities too; never NaN
-    rel: dict[int, float] = {}
-    odd: dict[int, str] = {}  # steps whose difference is not a finite number
-    for s in shared:
-        if s in same:
-            continue
-        diff = abs(b[s] - a[s])
-        if math.isnan(a[s]) or math.isnan(b[s]):
-            odd[s] = "nan"
-        elif not math.isfinite(diff):
-            odd[s] = "inf"
-        else:
-            rel[s] = diff / abs(a[s]) if a[s] else diff
+    same, rel, odd = _relative_differences(a, b, shared)
     nonzero = {s: r for s, r in rel.items() if r > 0}
     limits = {} if ignored else _allowed_relative(a, shared, allowed)
     rtol, atol = allowed or (0.0, 0.0)
     if rtol > 0:  # atol adds little where the values are not ~0: one line at rtol
         limits = dict.fromkeys(limits, rtol)
     if nonzero:
-        grey = _IGNORED if ignored else "#7f7f7f"
-        colors = [_BAD if first is not None and s >= first else grey for s in nonzero]
-        values = [*nonzero.values(), *limits.values()]
-        ax_diff.set_yscale("log")
-        if len(nonzero) <= _BARS:
-            ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
-        else:  # one line per color, its stems separated by NaN: cheap for many steps
-            low = min(values) / 10
-            for color in set(colors):
-                xs, ys = [], []
-                for (step, r), c in zip(nonzero.items(), colors, strict=True):
-                    if c == color:
-                        xs += [step, step, math.nan]
-                        ys += [low, r, math.nan]
-                ax_diff.plot(xs, ys, color=color, lw=1)
-        ax_diff.set_ylim(min(values) / 10, max(values) * 10)
+        _difference_bars(ax_diff, nonzero, [*nonzero.values(), *limits.values()], first, ignored)
     else:
         ax_diff.set_yticks([])
         if not odd:
@@ -447,14 +506,49 @@ def _panel(
     ax_diff.grid(alpha=0.3, axis="y")
     ax_diff.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     _integer_steps(ax_diff, steps)
-    _integer_steps(ax, steps)
-    if first is not None and first in b:
-        if math.isfinite(b[first]):
-            ax.plot([first], [b[first]], "o", mfc="none", mec=_BAD, ms=12, mew=1.5)
+
+
+def _relative_differences(
+    a: Mapping[int, float], b: Mapping[int, float], shared: list[int]
+) -> tuple[set[int], dict[int, float], dict[int, str]]:
+    """Of the ``shared`` steps: those where A and B are equal; ``|B-A|/|A|`` (``|B-A|`` where
+    A is 0) of the others; and ``"nan"`` or ``"inf"`` where that is not a finite number."""
+    same = {s for s in shared if a[s] == b[s]}  # equal infinities too; never NaN
+    rel: dict[int, float] = {}
+    odd: dict[int, str] = {}
+    for s in shared:
+        if s in same:
+            continue
+        diff = abs(b[s] - a[s])
+        if math.isnan(a[s]) or math.isnan(b[s]):
+            odd[s] = "nan"
+        elif not math.isfinite(diff):
+            odd[s] = "inf"
         else:
-            y = _edge(b[first])[0]
-            ax.plot([first], [y], "o", mfc="none", mec=_BAD, ms=14, mew=1.5, clip_on=False,
-                    transform=ax.get_xaxis_transform())  # fmt: skip
+            rel[s] = diff / abs(a[s]) if a[s] else diff
+    return same, rel, odd
+
+
+def _difference_bars(
+    ax_diff: Any, nonzero: dict[int, float], values: list[float], first: int | None, ignored: bool
+) -> None:
+    """The non-zero relative differences on a log scale spanning ``values`` (they and the
+    allowed ones); red from the first divergence on."""
+    grey = _IGNORED if ignored else "#7f7f7f"
+    colors = [_BAD if first is not None and s >= first else grey for s in nonzero]
+    ax_diff.set_yscale("log")
+    if len(nonzero) <= _BARS:
+        ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
+    else:  # one line per color, its stems separated by NaN: cheap for many steps
+        low = min(values) / 10
+        for color in set(colors):
+            xs, ys = [], []
+            for (step, r), c in zip(nonzero.items(), colors, strict=True):
+                if c == color:
+                    xs += [step, step, math.nan]
+                    ys += [low, r, math.nan]
+            ax_diff.plot(xs, ys, color=color, lw=1)
+    ax_diff.set_ylim(min(values) / 10, max(values) * 10)
 
 
 def _allowed_relative(

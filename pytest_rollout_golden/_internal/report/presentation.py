@@ -358,6 +358,86 @@ def missing_recording(test_id: str, recorder: str, directory: Path, remedy: str)
     )
 
 
+def derived_fields_note(name: str, fields: Sequence[str]) -> str:
+    """A recorded rollout that holds fields the trainer computes (advantages, returns, kl)."""
+    return (
+        f"rollout {name!r}: recorded with {', '.join(fields)}, which look computed by the "
+        "trainer, not returned by the engine; replayed, their code is never tested: record "
+        "the engine's output and compute them in the test (docs/guide/recording.md, "
+        "'Where to record')"
+    )
+
+
+def lane_missing(directory: Path, lane: Any, recorded: Sequence[str | None]) -> str:
+    """A golden without this run's lane (a :class:`~.lanes.LaneSetting`), in strict mode."""
+    held = ", ".join(name or "(unnamed)" for name in recorded)
+    text = (
+        f"golden {display(directory)} has no lane {lane.name!r} ({lane.source}); it holds "
+        f"lane {held}. Record this lane on this hardware: `pytest --update-golden "
+        f"--golden-lane {lane.name}` (or the tests without CI=true), then commit the golden/ "
+        "directory"
+    )
+    if lane.fallback is None:
+        return (
+            text + "; or compare against a recorded lane with ini `golden_lane_fallback = "
+            "NAME` and `golden_lane_fallback_tolerances`."
+        )
+    return text + f"; the fallback lane {lane.fallback!r} (golden_lane_fallback) is not recorded."
+
+
+def lane_on_other_inputs(directory: Path, lane: Any, stale: Sequence[str]) -> str:
+    """A lane whose values were computed on inputs that have since been re-recorded."""
+    return (
+        f"{display(directory)}: the values of lane {lane.name!r} were computed on other "
+        f"inputs than the golden holds ({', '.join(stale)} changed since); re-record this lane "
+        f"on its hardware: `pytest --update-golden --golden-lane {lane.name}`, then commit the "
+        "golden/ directory."
+    )
+
+
+def regenerate_in_lane(
+    directory: Path, lane: str | None, base: str | None, others: Sequence[str]
+) -> str:
+    """``--golden-regenerate`` where new inputs would orphan another lane's values."""
+    if lane != base:
+        return (
+            f"golden {display(directory)}: --golden-regenerate re-records the inputs, which "
+            f"belong to its base lane {base!r}, not to lane {lane!r}; regenerate them with "
+            f"`--golden-lane {base}` on that hardware, then re-record every other lane."
+        )
+    return (
+        f"golden {display(directory)}: --golden-regenerate would re-record the inputs that "
+        f"lane {', '.join(others)} was computed on; record without --golden-regenerate, or "
+        f"delete {display(directory / '@lanes')} first and record those lanes again on their "
+        "hardware."
+    )
+
+
+def input_outside_base_lane(name: str, step: int, directory: Path, lane: str | None) -> str:
+    """A rollout step the golden's inputs lack, asked for in a lane that cannot record inputs."""
+    return (
+        f"rollout {name!r} step {step} is not among the inputs of golden {display(directory)}, "
+        f"and lane {lane!r} records values only: inputs are recorded in the golden's base lane "
+        "(`rollout-golden show` names it); record the step there, then this lane."
+    )
+
+
+def _lane(outcome: Outcome) -> str:
+    """`` (lane NAME)`` after a golden's path where the run used lanes."""
+    name = outcome.lane.get("name")
+    return f" (lane {name})" if name else ""
+
+
+def lane_note(lane: Mapping[str, Any]) -> str | None:
+    """The summary line of a golden compared against a fallback lane (``None``: it was not)."""
+    if not lane.get("fallback"):
+        return None
+    return (
+        f"lane {lane['name']!r} is not recorded: compared against lane {lane['fallback']!r} "
+        "(golden_lane_fallback) under golden_lane_fallback_tolerances"
+    )
+
+
 def mismatch_message(
     outcome: Outcome,
     failures: list[Comparison],
@@ -467,7 +547,35 @@ def _mismatch_notes(outcome: Outcome, notes: Sequence[str]) -> list[str]:
             "note: replayed under another environment than recorded: "
             + "; ".join(outcome.environment_changes)
         )
-    return lines + [f"note: {note}" for note in notes]
+    fallback = lane_note(outcome.lane)
+    lines += [f"note: {note}" for note in [*([fallback] if fallback else []), *notes]]
+    return lines + [f"note: {note}" for note in cancelled_notes(outcome.comparisons)]
+
+
+# The rounding level of float32 terms of order 1 (8 ulps): a metric whose recorded magnitude
+# never rises above it holds no value of its own, only the rounding of terms that cancel.
+ROUNDING_LEVEL = 1e-6
+
+
+def cancelled_notes(comparisons: Iterable[Comparison]) -> list[str]:
+    """A note per failed metric measured against a recorded magnitude at rounding level."""
+    names = {
+        c.name: c.scale
+        for c in comparisons
+        if c.verdict == Verdict.FAIL
+        and c.kind == "metric"
+        and c.tolerance is not None
+        and c.tolerance.scale == "recorded"
+        and c.scale is not None
+        and c.scale <= ROUNDING_LEVEL
+    }
+    return [
+        f"{name} is at most {number(scale, 3)} over every recorded step: the rounding level of "
+        "float32 terms of order 1, not a value of its own; if it cancels to zero by "
+        "construction (a mean of centred advantages), compare it on the scale of its terms: "
+        f"golden_tolerances = {name}:atol=1e-6 (or {name}:scale=1.0)"
+        for name, scale in names.items()
+    ]
 
 
 def stand_in_note(
@@ -615,9 +723,9 @@ def summary_lines(
             moved = [
                 _moved(c) for c in o.comparisons if c.verdict in (Verdict.NEW, Verdict.UPDATED)
             ]
-            lines += _section(f"updated {o.test} -> {rel(o.directory)}:", moved)
+            lines += _section(f"updated {o.test} -> {rel(o.directory)}{_lane(o)}:", moved)
         elif o.status is Status.RECORDED:
-            lines += _section(f"recorded {o.test} -> {rel(o.directory)}:", o.recorded)
+            lines += _section(f"recorded {o.test} -> {rel(o.directory)}{_lane(o)}:", o.recorded)
         if o.discarded:
             lines.append(f"not recorded (the test failed): new values of {o.test}")
         lines += _section(f"rollout inputs of {o.test}:", o.rollouts)
@@ -628,6 +736,10 @@ def summary_lines(
     ]
     lines += _section(
         "replayed under another environment than recorded (exact lane not applied):", envs
+    )
+    lines += _section(
+        "compared against another lane (golden_lane_fallback):",
+        [f"{o.test}: {note}" for o in state.outcomes if (note := lane_note(o.lane))],
     )
     lines += _section("not compared (excluded on purpose):", not_compared(state.outcomes))
     lines += _section(

@@ -28,6 +28,14 @@ from .spec import IGNORE, RECORDED, Layer, Tolerance
 # grad_norm <= 1.1e-5, log-probs <= 2.3e-6. rtol 1e-4 leaves >= 6x for that noise and
 # fails a drift of 1e-3 by 10x at the metric's largest step. docs/numerics.md has the table.
 LOSS = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
+# A loss that is a mean of centred terms: group-normalized or leave-one-out advantages sum to
+# 0 per group, so at ratio 1 the loss is 0 up to rounding (TRL's RLOO logs |loss| <= 3.7e-8 for
+# terms |A| of 0.19-0.86; a GRPO loss with beta is ~beta*kl). Against its own magnitude that
+# rounding (<= 9.7e-8 absolute under a same-math change) reads as 1-7x beyond rtol. An absolute
+# floor at the rounding level of float32 terms of order 1 (8 ulps: 1e-6) passes it by 10x, while
+# a loss that does not cancel (dapo) keeps its relative gate: a 1e-3 error still fails by ~10x,
+# and loss over padding (0.076) fails by 1e5x (tests/realtrainer/trl/MEASURED.md).
+CENTRED_LOSS = Tolerance(rtol=1e-4, atol=1e-6, scale=RECORDED)
 # grad norms and entropies: norms and means of same-sign terms, no cancellation, but their
 # inputs (log-probs, gradients) carry the reordering noise of the losses.
 POSITIVE = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
@@ -55,6 +63,7 @@ TRAINING = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
 
 FAMILIES: dict[str, Tolerance] = {
     "loss": LOSS,
+    "centred_loss": CENTRED_LOSS,
     "positive": POSITIVE,
     "log_ratio": LOG_RATIO,
     "fraction": FRACTION,
@@ -180,7 +189,8 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "trl",
             families={
-                "loss": "loss",
+                # GRPO, RLOO: minus the mean of centred advantages times the ratio
+                "loss": "centred_loss",
                 "grad_norm": "positive",
                 "entropy": "positive",
                 "kl": "log_ratio",
@@ -213,6 +223,34 @@ PROFILES: dict[str, Profile] = {
     )
 }
 PROFILES["megatron"] = dataclasses.replace(PROFILES["slime"], name="megatron")
+
+
+# bf16 training (ini golden_precision = bf16, marker precision="bf16"): gradients pass through
+# bf16 matmuls, so a same-math change (gradient accumulation 8x1 -> 4x2 -> 2x4) moves TRL
+# GRPOTrainer's grad_norm by 1.1e-4 to 9.4e-4 of its largest value (3 seeds); 2x the largest.
+# Losses and log probs are accumulated in float32 (<= 5.5e-6) and keep their families. A 1e-3
+# error moves grad_norm by 4e-4 to 2.2e-3 there: in bf16 one comparison of grad_norm cannot
+# tell it from noise (docs/tolerances.md).
+BF16_GRAD_NORM = Tolerance(rtol=2e-3, atol=1e-8, scale=RECORDED)
+PRECISIONS: dict[str, dict[str, Tolerance]] = {
+    "float32": {},
+    "bf16": {"grad_norm": BF16_GRAD_NORM},
+}
+_PRECISION_ALIASES = {"bfloat16": "bf16", "fp32": "float32"}
+
+
+def precision_layer(value: str, source: str) -> Layer | None:
+    """The layer of a declared training precision (``None`` for float32, the defaults'
+    own); ValueError naming ``source`` and the known precisions for another value."""
+    key = value.strip().lower()
+    key = _PRECISION_ALIASES.get(key, key)
+    if key not in PRECISIONS:
+        raise ValueError(
+            f"{source}: unknown precision {value!r}; use one of {', '.join(PRECISIONS)}"
+        )
+    if not PRECISIONS[key]:
+        return None
+    return Layer(f"{source} = {key}", PRECISIONS[key], defaults=True)
 
 
 def profile(name: str) -> Profile:

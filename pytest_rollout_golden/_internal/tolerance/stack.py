@@ -6,10 +6,13 @@ is the one place that puts them in order (top wins)::
     golden.check(tolerances=)                     Resolver.above (one call's)
     @pytest.mark.golden(ignore=, tolerances=)     marker
     --golden-ignore, --golden-tolerance           cli
+    ini golden_lane_fallback_tolerances           lane_fallback (compared against a
+                                                  fallback lane only, lanes.py)
     calibrated variant lane (tolerances.json)     calibrated_layout   } variants
     variant lane (same_math(), parallel.variants) layout              } only
     calibrated (tolerances.json)                  calibrated
     ini golden_ignore, golden_tolerances          ini
+    marker precision=, ini golden_precision       precision
     ini golden_metric_profile                     profile
     built-in RL defaults (families.py)            (always)
     the training-value default                    (always)
@@ -61,9 +64,11 @@ class Stack:
     marker: Sequence[Layer] = ()
     calibrated_layout: Layer | None = None
     layout: Layer | None = None
+    lane_fallback: Layer | None = None
     calibrated: Layer | None = None
     cli: Sequence[Layer] = ()
     ini: Sequence[Layer] = ()
+    precision: Layer | None = None
     profile: Sequence[Layer] = ()
     across_variants: Layer | None = None
     variant: bool = False
@@ -75,10 +80,12 @@ class Stack:
             *self.marker,
             self.across_variants if self.variant else None,
             *self.cli,
+            self.lane_fallback,
             self.calibrated_layout,
             self.layout,
             self.calibrated,
             *self.ini,
+            self.precision,
             *self.profile,
             *builtin_layers(),
         ]

@@ -1,36 +1,56 @@
-"""A tiny, offline, CPU-only run of TRL's ``GRPOTrainer`` with hook points for a golden.
+"""A tiny, offline, CPU-only run of TRL's ``GRPOTrainer`` or ``RLOOTrainer`` with golden hooks.
 
 Everything is built locally (no model hub): a Qwen2 from a config (hidden 64, 2 layers,
 float32, seeded) saved to a folder and loaded from there (``beta > 0`` rebuilds the reference
 model from ``model.config._name_or_path``), a ByteLevel BPE tokenizer trained on a few strings,
 ``datasets.Dataset.from_list`` prompts and a deterministic reward.
 
+The recording boundary is what the engine and the environment return, nothing the trainer
+computes from them:
+
+* ``generation``: wraps ``_generate_single_turn`` (both trainers), the call that hands the
+  tokenized prompts to ``model.generate`` (or vLLM) and gets the sampled token ids back. The
+  batch holds ``prompt_ids``/``prompt_lengths`` (what the engine was given, ragged rows padded
+  with -1), ``completion_ids``/``completion_lengths`` (what it returned, cut after the first EOS
+  by TRL) and, where the engine returns them (GRPO with vLLM), ``logprobs``. On replay the
+  prompts the trainer tokenized must equal the recorded ones (else the rollout belongs to
+  other prompts: :class:`RuntimeError`).
+* ``rewards``: wraps ``_calculate_rewards``, the reward functions' ``rewards_per_func``
+  (``[completions, reward functions]``).
+
+Everything between and after (decoding, padding and masks, old and reference log-probs, the
+KL penalty, group baselines, advantages and their normalization, the loss) is the trainer's
+code and runs on replay too, so a bug there changes the replayed run. Generation-side metrics
+(``completions/*``, ``reward*``) are therefore logged on replay as well.
+
 Hook points:
 
-* ``rollout(step, generate) -> batch``: wraps ``GRPOTrainer._generate_and_score_completions``,
-  the method that produces the generated batch of one optimizer step (with the default
-  ``steps_per_generation == gradient_accumulation_steps`` it runs once per optimizer step, on
-  ``per_device_train_batch_size * gradient_accumulation_steps`` completions; ``_prepare_inputs``
-  then shuffles the batch and splits it into the micro-batches). The batch is a flat dict of
-  tensors (``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``,
-  ``advantages``, ``num_items_in_batch`` and, with ``beta > 0``, ``ref_per_token_logps``).
-  Pass ``lambda step, generate: golden.rollout(generate, step=step)`` to record/replay it.
-  Generation-side metrics (``reward``, ``completions/*``...) are logged only when the batch is
-  really generated, so a replayed run does not log them: compare :data:`TRAINING_METRICS`.
+* ``rollout(step, generate, name) -> batch``: called with ``name`` ``"generation"`` and then
+  ``"rewards"`` once per generated batch: with the default ``steps_per_generation ==
+  gradient_accumulation_steps`` once per optimizer step; ``step`` is the optimizer step it
+  happens at; a further engine call at the same step (GRPO's tool loop) is
+  ``"generation-1"``, and so on. ``generate()`` returns the batch (a flat dict of CPU
+  tensors). Pass
+  ``lambda step, generate, name: golden.rollout(generate, step=step, name=name)``.
 * ``on_step(step, metrics)``: the metrics TRL logs after optimizer step ``step`` (0-based),
   taken from ``TrainerCallback.on_log`` with ``logging_steps=1``.
 
-Knobs (:class:`Knobs`): ``batch`` (per_device_train_batch_size), ``ga``
-(gradient_accumulation_steps), ``loss_type``, ``beta``, ``max_grad_norm``, ``num_iterations``,
-``dtype``/``bf16`` and ``bug``, a seeded bug monkeypatched into the trainer instance (see
-:data:`BUGS`).
+Knobs (:class:`Knobs`): ``algo`` (``grpo``/``rloo``), ``batch`` (per_device_train_batch_size),
+``ga`` (gradient_accumulation_steps), ``loss_type`` (GRPO), ``normalize_advantages`` (RLOO),
+``beta``, ``max_grad_norm``, ``num_iterations``, ``dtype``/``bf16`` and ``bug``, a seeded bug
+monkeypatched into the trainer instance (see :data:`BUGS`).
+
+What RLOO logs as ``loss``: ``-mean over sequences of min(r*A, clip(r)*A)`` with ``r = exp(logp -
+old_logp)`` of whole sequences; with ``num_iterations=1`` ``r`` is 1 up to rounding, and the
+leave-one-out advantages sum to zero in every group (and are centred again by
+``normalize_advantages``), so the logged loss is ``-mean(A)``: zero up to rounding (~1e-8).
 
 Numerics worth knowing:
 
-* ``bf16=False`` by default here. TRL's ``GRPOConfig`` defaults to ``bf16=True``, which on CPU
-  is bf16 autocast, and TRL's fused log-prob head (``trl/kernels/chunked_logprob.py``) then
-  computes its logit tiles in bf16: gradients carry ~2e-3 relative error (even a float64
-  model) and same-math micro-batching moves grad_norm by up to ~5e-4.
+* ``bf16=False`` by default here. TRL's configs default to ``bf16=True``, which on CPU is bf16
+  autocast, and TRL's fused log-prob head (``trl/kernels/chunked_logprob.py``) then computes
+  its logit tiles in bf16: gradients carry ~2e-3 relative error (even a float64 model) and
+  same-math micro-batching moves grad_norm by up to ~1e-3 (``MEASURED.md``).
 * Plain SGD (lr 0.2, clipped at max_grad_norm 1) by default; ``optim="adamw_torch"`` (lr
   1e-3) gives the same same-math agreement (loss <= 3e-7 relative, grad_norm bit-equal over
   3 steps with bf16 off).
@@ -46,7 +66,6 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -72,15 +91,23 @@ TRAINING_METRICS = (
 
 BUGS = {
     # loss not divided by gradient_accumulation_steps (gradients GA times too large; with
-    # max_grad_norm the clipped update hides it, so grad_norm and loss are what show it)
+    # max_grad_norm the clipped update hides it, so grad_norm and loss are what show it).
+    # GRPO divides inside _compute_loss, RLOO leaves it to the HF Trainer: x GA undoes either.
     "drop_ga_scale": "loss not divided by gradient_accumulation_steps",
     # dapo promises one token-mean over the whole optimizer step (num_items_in_batch); this
     # normalizes each micro-batch by its own token count instead (then divides by GA)
     "microbatch_token_mean": "dapo normalized per micro-batch instead of by num_items_in_batch",
     # padding after EOS counted as completion tokens in the loss
     "loss_on_padding": "completion_mask ignored: padding after EOS enters the loss",
-    # KL penalty sign flipped (per_token_loss - beta*kl): needs beta > 0
+    # KL penalty sign flipped (GRPO: per_token_loss - beta*kl; RLOO: reward + beta*kl): needs
+    # beta > 0
     "kl_sign": "KL penalty subtracted instead of added",
+    # KL computed and logged, but its penalty never applied (GRPO: to the loss, RLOO: to the
+    # reward): needs beta > 0
+    "beta_ignored": "beta ignored: KL computed and logged, its penalty multiplied by 0",
+    # GRPO: scale_rewards "group" acts as "none"; RLOO: normalize_advantages=True ignored (its
+    # centring is a no-op: leave-one-out advantages already sum to 0 per group)
+    "advantage_no_std": "advantages not divided by their std",
     # the PPO ratio left unclipped (needs num_iterations > 1: else the ratio is always 1)
     "no_clip": "PPO clipping dropped: the ratio is never clipped",
     # not a bug: the smallest error the lane must still catch (loss off by 1e-3 relative)
@@ -114,9 +141,11 @@ CHAT_TEMPLATE = (
 
 @dataclasses.dataclass(frozen=True)
 class Knobs:
+    algo: str = "grpo"  # "grpo": GRPOTrainer, "rloo": RLOOTrainer
     batch: int = 8  # per_device_train_batch_size
     ga: int = 1  # gradient_accumulation_steps
-    loss_type: str = "dapo"
+    loss_type: str = "dapo"  # GRPO only
+    normalize_advantages: bool = False  # RLOO only (TRL's default False)
     beta: float = 0.04
     max_grad_norm: float = 1.0
     bug: str | None = None
@@ -132,7 +161,11 @@ class Knobs:
 
     @property
     def id(self) -> str:
-        text = f"{self.loss_type}-b{self.batch}ga{self.ga}"
+        if self.algo == "rloo":
+            text = "rloo" + ("-norm" if self.normalize_advantages else "")
+        else:
+            text = self.loss_type
+        text += f"-b{self.batch}ga{self.ga}"
         text += "-f64" if self.dtype == "float64" else ""
         text += "-bf16" if self.bf16 else ""
         text += f"-mu{self.num_iterations}" if self.num_iterations != 1 else ""
@@ -205,34 +238,80 @@ def dataset():
     return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
 
 
-def plain_batch(batch: dict[str, Any]) -> dict[str, Any]:
-    """The generated batch as a flat dict of CPU tensors (what a golden store saves)."""
+def _ragged(rows: list[list], dtype: torch.dtype, fill) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rows as (a right-padded [rows, longest] tensor, the row lengths)."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    out = torch.full((len(rows), max((len(r) for r in rows), default=0)), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out, lengths
+
+
+def _rows(values: torch.Tensor, lengths: torch.Tensor) -> list[list]:
+    return [values[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
+
+
+def engine_batch(prompt_ids, completion_ids, logprobs=None) -> dict[str, torch.Tensor]:
+    """What the engine was given and returned (ragged token-id lists) as flat CPU tensors."""
     out = {}
-    for key, value in batch.items():
-        if value is None:
-            continue
-        if isinstance(value, torch.Tensor):
-            out[key] = value.detach().cpu()
-        elif isinstance(value, (int, float, bool)):
-            out[key] = torch.tensor(value)
-        else:
-            raise TypeError(f"generated batch entry {key!r} is a {type(value).__name__}")
+    out["prompt_ids"], out["prompt_lengths"] = _ragged(prompt_ids, torch.long, -1)
+    out["completion_ids"], out["completion_lengths"] = _ragged(completion_ids, torch.long, -1)
+    if logprobs is not None:
+        out["logprobs"], _ = _ragged(logprobs, torch.float32, 0.0)
     return out
 
 
-def _install_bug(trainer, bug: str | None) -> None:
+class _IgnoredBeta(float):
+    """0.0 that claims to be non-zero: TRL's ``if self.beta != 0.0`` branches still compute and
+    log the KL, and ``self.beta * kl`` adds nothing."""
+
+    def __new__(cls):
+        return super().__new__(cls, 0.0)
+
+    def __eq__(self, other):
+        return False
+
+    def __ne__(self, other):
+        return True
+
+    __hash__ = float.__hash__
+
+
+def _install_bug(trainer, knobs: Knobs) -> None:
+    bug = knobs.bug
     if bug is None:
         return
     if bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r}; known: {sorted(BUGS)}")
-    original = trainer._compute_loss
+    rloo = knobs.algo == "rloo"
 
+    # bugs in what _generate_and_score_completions computes: an attribute TRL reads there
+    if bug in ("kl_sign", "beta_ignored"):
+        if knobs.beta == 0.0:
+            raise ValueError(f"bug {bug!r} needs beta > 0")
+        trainer.beta = -knobs.beta if bug == "kl_sign" else _IgnoredBeta()
+        return
+    if bug == "advantage_no_std":
+        if rloo and not knobs.normalize_advantages:
+            raise ValueError("bug 'advantage_no_std' needs normalize_advantages=True under RLOO")
+        if rloo:
+            trainer.normalize_advantages = False
+        elif trainer.scale_rewards == "none":
+            raise ValueError("bug 'advantage_no_std' needs scale_rewards != 'none'")
+        else:
+            trainer.scale_rewards = "none"
+        return
+
+    # bugs in the loss
+    original = trainer._compute_loss
     if bug == "drop_ga_scale":
 
         def compute(model, inputs):
             return original(model, inputs) * trainer.current_gradient_accumulation_steps
 
     elif bug == "microbatch_token_mean":
+        if rloo or knobs.loss_type != "dapo":
+            raise ValueError("bug 'microbatch_token_mean' is a GRPO loss_type='dapo' bug")
 
         def compute(model, inputs):
             local = inputs["completion_mask"].sum()
@@ -260,38 +339,18 @@ def _install_bug(trainer, bug: str | None) -> None:
             finally:
                 trainer.epsilon_low, trainer.epsilon_high = low, high
 
-    elif bug == "loss_x1.001":
+    else:  # loss_x1.001
 
         def compute(model, inputs):
             return original(model, inputs) * 1.001
 
-    else:  # kl_sign
-        beta = trainer.beta
-        if beta == 0.0:
-            raise ValueError("bug 'kl_sign' needs beta > 0")
-
-        def compute(model, inputs):
-            # -beta on the per-token KL: run TRL's code with beta negated
-            trainer.beta = -beta
-            try:
-                return original(model, inputs)
-            finally:
-                trainer.beta = beta
-
     trainer._compute_loss = compute
 
 
-def make_trainer(
-    knobs: Knobs,
-    model_dir: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    rollout: Callable[[int, Callable[[], dict]], dict] | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
-):
-    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def _config(knobs: Knobs, output_dir):
+    import trl
 
-    config = GRPOConfig(
+    kwargs = dict(
         output_dir=str(output_dir),
         use_cpu=True,
         num_generations=NUM_GENERATIONS,
@@ -299,14 +358,13 @@ def make_trainer(
         gradient_accumulation_steps=knobs.ga,
         max_completion_length=MAX_COMPLETION,
         max_steps=knobs.steps,
-        loss_type=knobs.loss_type,
         beta=knobs.beta,
         max_grad_norm=knobs.max_grad_norm,
         learning_rate=knobs.learning_rate,
         optim=knobs.optim,
         num_iterations=knobs.num_iterations,
         model_init_kwargs={"dtype": getattr(torch, knobs.dtype)},
-        # GRPOConfig defaults to bf16=True: on CPU that is bf16 autocast, and TRL's fused
+        # TRL's configs default to bf16=True: on CPU that is bf16 autocast, and TRL's fused
         # log-prob head then computes its logit tiles in bf16 (~2e-3 relative gradient error)
         bf16=knobs.bf16,
         lr_scheduler_type="constant",
@@ -318,35 +376,90 @@ def make_trainer(
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    if knobs.algo == "grpo":
+        return trl.GRPOConfig(loss_type=knobs.loss_type, **kwargs), trl.GRPOTrainer
+    if knobs.algo == "rloo":
+        config = trl.RLOOConfig(normalize_advantages=knobs.normalize_advantages, **kwargs)
+        return config, trl.RLOOTrainer
+    raise ValueError(f"unknown algo {knobs.algo!r}: grpo or rloo")
+
+
+def _install_boundary(trainer, rollout) -> None:
+    """Route the engine call and the reward functions through ``rollout`` (module docstring)."""
+    from trl import GRPOTrainer
+
+    generate_single_turn = trainer._generate_single_turn
+    calculate_rewards = trainer._calculate_rewards
+    device = trainer.accelerator.device
+    # GRPO's returns (completion_ids, logprobs), RLOO's the completion ids alone
+    returns_logprobs = isinstance(trainer, GRPOTrainer)
+
+    calls: dict[tuple[str, int], int] = {}
+
+    def through(name, generate):
+        if rollout is None:
+            return generate()
+        step = trainer.state.global_step
+        # a second engine call at one step (GRPO's tool loop) is a rollout of its own
+        n = calls[name, step] = calls.get((name, step), -1) + 1
+        return rollout(step, generate, name if n == 0 else f"{name}-{n}")
+
+    def engine(prompt_ids, *args, **kwargs):
+        def generate():
+            out = generate_single_turn(prompt_ids, *args, **kwargs)
+            completion_ids, logprobs = out if returns_logprobs else (out, None)
+            return engine_batch(prompt_ids, completion_ids, logprobs)
+
+        batch = through("generation", generate)
+        recorded = _rows(batch["prompt_ids"], batch["prompt_lengths"])
+        if recorded != [list(p) for p in prompt_ids]:
+            raise RuntimeError(
+                f"step {trainer.state.global_step}: the recorded generation was for other "
+                "prompts than the trainer tokenized (the data order or the chat template changed)"
+            )
+        completion_ids = _rows(batch["completion_ids"], batch["completion_lengths"])
+        if not returns_logprobs:
+            return completion_ids
+        logprobs = batch.get("logprobs")
+        if logprobs is not None:
+            logprobs = _rows(logprobs, batch["completion_lengths"])
+        return completion_ids, logprobs
+
+    def rewards(*args, **kwargs):
+        def generate():
+            return {"rewards_per_func": calculate_rewards(*args, **kwargs).detach().cpu()}
+
+        return through("rewards", generate)["rewards_per_func"].to(device)
+
+    trainer._generate_single_turn = engine
+    trainer._calculate_rewards = rewards
+
+
+def make_trainer(
+    knobs: Knobs,
+    model_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    rollout: Callable[[int, Callable[[], dict], str], dict] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+):
+    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+
+    config, trainer_class = _config(knobs, output_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     # A random model almost never samples EOS, so every completion would run to
     # max_completion_length and micro-batching could not matter. A sampling-only bias on EOS
     # (~15% per token) makes completions ragged; training log-probs are the model's own.
     config.generation_kwargs = {"sequence_bias": {(tokenizer.eos_token_id,): EOS_BIAS}}
-    trainer = GRPOTrainer(
+    trainer = trainer_class(
         model=str(model_dir),
         reward_funcs=reward_vowels,
         args=config,
         train_dataset=dataset(),
         processing_class=tokenizer,
     )
-
-    original = trainer._generate_and_score_completions
-
-    def generate_and_score(inputs):
-        step = trainer.state.global_step
-
-        def generate():
-            return plain_batch(original(inputs))
-
-        if rollout is None:
-            return generate()
-        batch = rollout(step, generate)
-        return {k: v.to(trainer.accelerator.device) for k, v in batch.items()}
-
-    trainer._generate_and_score_completions = generate_and_score
+    _install_boundary(trainer, rollout)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict with disable_tqdm
-    _install_bug(trainer, knobs.bug)
+    _install_bug(trainer, knobs)
 
     if on_step is not None:
 
@@ -393,12 +506,13 @@ class Recorder:
     """A stand-in golden for :func:`train`: records batches, then replays them."""
 
     def __init__(self) -> None:
-        self.batches: dict[int, dict[str, torch.Tensor]] = {}
+        self.batches: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
 
-    def __call__(self, step: int, generate: Callable[[], dict]) -> dict:
-        if step in self.batches:
-            return {k: v.clone() for k, v in self.batches[step].items()}
+    def __call__(self, step: int, generate: Callable[[], dict], name: str = "rollout") -> dict:
+        key = (name, step)
+        if key in self.batches:
+            return {k: v.clone() for k, v in self.batches[key].items()}
         with torch.random.fork_rng():  # like golden.rollout: replay consumes no randomness
             batch = generate()
-        self.batches[step] = {k: v.clone() for k, v in batch.items()}
+        self.batches[key] = {k: v.clone() for k, v in batch.items()}
         return batch

@@ -1,9 +1,12 @@
-"""TRL's real GRPOTrainer through the plugin: same-math variants pass, seeded bugs fail.
+"""TRL's real GRPOTrainer and RLOOTrainer through the plugin: same-math variants pass, seeded
+bugs fail.
 
 An inner project (pytester, one subprocess per run: TRL and transformers cannot be imported
-twice in one process) trains a tiny Qwen2 with ``GRPOTrainer`` on CPU (``grpo_harness.py``),
-wraps generation in ``golden.rollout`` and checks the logged training metrics per step with
-``golden.check`` under ``golden_metric_profile = trl``. The reference of each lane records
+twice in one process) trains a tiny Qwen2 with ``GRPOTrainer``/``RLOOTrainer`` on CPU
+(``grpo_harness.py``), records what the engine and the reward function return with
+``golden.rollout`` (advantages, KL and log-probs are recomputed by TRL on replay, so bugs there
+are caught) and checks the logged training metrics per step with ``golden.check`` under
+``golden_metric_profile = trl``. The reference of each lane records
 with ``--update-golden``; then one replay run covers every variant: the same-math ones must
 pass, every seeded bug must fail naming the metric that shows it.
 
@@ -57,6 +60,8 @@ DAPO = {{
     "b4ga2-mbmean": Knobs(loss_type="dapo", batch=4, ga=2, bug="microbatch_token_mean"),
     "padloss": Knobs(loss_type="dapo", bug="loss_on_padding"),
     "klsign": Knobs(loss_type="dapo", bug="kl_sign"),
+    "betaignored": Knobs(loss_type="dapo", bug="beta_ignored"),
+    "advnostd": Knobs(loss_type="dapo", bug="advantage_no_std"),
     "x1.001": Knobs(loss_type="dapo", bug="loss_x1.001"),
 }}
 GRPO = {{
@@ -67,6 +72,33 @@ GRPO = {{
 BNPO = {{
     "b8ga1": Knobs(loss_type="bnpo"),
     "b4ga2": Knobs(loss_type="bnpo", batch=4, ga=2),  # per-micro-batch token-mean: real change
+}}
+# RLOO's loss is -mean(A) of centred advantages: zero up to rounding (~1e-8); the trl profile
+# holds it against the scale of its terms (|A| ~ 1), not its recorded magnitude
+RLOO = {{
+    "b8ga1": Knobs(algo="rloo", normalize_advantages=True),
+    "b4ga2": Knobs(algo="rloo", normalize_advantages=True, batch=4, ga=2),
+    "b2ga4": Knobs(algo="rloo", normalize_advantages=True, batch=2, ga=4),
+    "x1.001": Knobs(algo="rloo", normalize_advantages=True, bug="loss_x1.001"),
+    "padloss": Knobs(algo="rloo", normalize_advantages=True, bug="loss_on_padding"),
+    "klsign": Knobs(algo="rloo", normalize_advantages=True, bug="kl_sign"),
+    "advnostd": Knobs(algo="rloo", normalize_advantages=True, bug="advantage_no_std"),
+    "b4ga2-dropga": Knobs(
+        algo="rloo", normalize_advantages=True, batch=4, ga=2, bug="drop_ga_scale"
+    ),
+}}
+RLOO_RAW = {{
+    "b8ga1": Knobs(algo="rloo"),
+    "b4ga2": Knobs(algo="rloo", batch=4, ga=2),
+    "b2ga4": Knobs(algo="rloo", batch=2, ga=4),
+}}
+# TRL's default bf16=True (CPU autocast), declared with precision="bf16"
+BF16 = {{
+    "b8ga1": Knobs(loss_type="dapo", bf16=True),
+    "b4ga2": Knobs(loss_type="dapo", bf16=True, batch=4, ga=2),
+    "b2ga4": Knobs(loss_type="dapo", bf16=True, batch=2, ga=4),
+    "b4ga2-dropga": Knobs(loss_type="dapo", bf16=True, batch=4, ga=2, bug="drop_ga_scale"),
+    "x1.001": Knobs(loss_type="dapo", bf16=True, bug="loss_x1.001"),
 }}
 # two optimizer steps per generated batch: old_per_token_logps in the batch, clipping active
 MU2 = {{
@@ -81,7 +113,7 @@ def train(golden, knobs, model_dir, out):
         knobs,
         model_dir,
         out,
-        rollout=lambda step, generate: golden.rollout(generate, step=step),
+        rollout=lambda step, generate, name: golden.rollout(generate, step=step, name=name),
         on_step=lambda step, logs: golden.check(training_metrics(logs), step=step),
     )
     with quiet():
@@ -100,6 +132,22 @@ def test_grpo(golden, knobs, model_dir, tmp_path):
 
 @pytest.mark.parametrize("knobs", same_math(BNPO))
 def test_bnpo(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(RLOO))
+def test_rloo(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.parametrize("knobs", same_math(RLOO_RAW))
+def test_rloo_raw(golden, knobs, model_dir, tmp_path):
+    train(golden, knobs, model_dir, tmp_path)
+
+
+@pytest.mark.golden(precision="bf16")
+@pytest.mark.parametrize("knobs", same_math(BF16))
+def test_bf16(golden, knobs, model_dir, tmp_path):
     train(golden, knobs, model_dir, tmp_path)
 
 
@@ -133,12 +181,30 @@ EXPECTED = {
     "test_dapo[b4ga2-mbmean]": (False, ("loss", "grad_norm")),
     "test_dapo[padloss]": (False, ("loss", "grad_norm")),
     "test_dapo[klsign]": (False, ("loss",)),
+    "test_dapo[betaignored]": (False, ("loss",)),
+    "test_dapo[advnostd]": (False, ("loss", "grad_norm")),
     "test_dapo[x1.001]": (False, ("loss",)),
     "test_grpo[b8ga1]": (True, ()),
     "test_grpo[b4ga2]": (True, ()),
     "test_grpo[b4ga2-dropga]": (False, ("grad_norm", "loss")),
     "test_bnpo[b8ga1]": (True, ()),
     "test_bnpo[b4ga2]": (False, ("loss",)),
+    "test_rloo[b8ga1]": (True, ()),
+    "test_rloo[b4ga2]": (True, ()),
+    "test_rloo[b2ga4]": (True, ()),
+    "test_rloo[x1.001]": (False, ("grad_norm",)),
+    "test_rloo[padloss]": (False, ("loss", "grad_norm")),
+    "test_rloo[klsign]": (False, ("grad_norm",)),
+    "test_rloo[advnostd]": (False, ("grad_norm",)),
+    "test_rloo[b4ga2-dropga]": (False, ("grad_norm",)),
+    "test_rloo_raw[b8ga1]": (True, ()),
+    "test_rloo_raw[b4ga2]": (True, ()),
+    "test_rloo_raw[b2ga4]": (True, ()),
+    "test_bf16[b8ga1]": (True, ()),
+    "test_bf16[b4ga2]": (True, ()),
+    "test_bf16[b2ga4]": (True, ()),
+    "test_bf16[b4ga2-dropga]": (False, ("grad_norm", "loss")),
+    "test_bf16[x1.001]": (False, ("loss",)),
     "test_mu2[b8ga1]": (True, ()),
     "test_mu2[b4ga2]": (True, ()),
     "test_mu2[noclip]": (False, ("loss",)),

@@ -1,0 +1,169 @@
+"""Golden lanes: one set of recorded values per platform over one set of inputs.
+
+A golden directory holds its rollout inputs once, with the values of the lane that recorded
+them: the *base lane*, named in its manifest (a golden recorded before lanes existed: the lane
+of the environment its fingerprint describes). Every other lane keeps its values
+(``metrics.json``, ``check_tensors`` files, ``tolerances.json``) in ``@lanes/<lane>/``, a
+directory with a manifest, a lock and commits of its own, so recording one lane never changes
+another lane's files or the inputs. A lane's manifest lists the digests of the inputs its
+values were computed on, so values recorded on other inputs are refused, not compared.
+
+A lane is named by the user (``--golden-lane``, ini ``golden_lane``, environment
+``ROLLOUT_GOLDEN_LANE``) or derived from the environment with ``auto``: ``cpu``,
+``cuda-sm90`` (compute capability 9.0), ``rocm-gfx942``, ``mps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...store.location import LANE_NAME as _NAME, LANES, MANIFEST
+
+AUTO = "auto"
+ENVIRONMENT_VARIABLE = "ROLLOUT_GOLDEN_LANE"
+
+# Goldens recorded before the fingerprint held a compute capability name only their device;
+# these are the data-centre and workstation GPUs whose capability the name tells.
+_CAPABILITY_BY_NAME = (
+    (("B200", "GB200", "B100"), "100"),
+    (("H100", "H200", "H800", "H20", "GH200"), "90"),
+    (("A100", "A800", "A30"), "80"),  # before "A10", which "A100" contains
+    (("L4", "L40", "RTX 40", "RTX 6000 Ada"), "89"),
+    (("A10", "A40", "RTX 30", "A6000"), "86"),
+    (("T4", "RTX 20"), "75"),
+    (("V100",), "70"),
+)
+
+
+def lane_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a lane (``None``: it can)."""
+    if name == AUTO or _NAME.fullmatch(name):
+        return None
+    return (
+        f"{name!r} is not a lane name: use lower-case letters, digits, '.', '_' and '-' "
+        f"(at most 64, starting with a letter or digit), or {AUTO!r} for this machine's lane"
+    )
+
+
+def environment_lane(fingerprint: Mapping[str, Any] | None) -> str | None:
+    """The lane an environment fingerprint (:func:`.determinism.fingerprint`) belongs to:
+    ``cpu``, ``cuda-sm<major><minor>``, ``rocm-<arch>``, ``mps``; ``None`` for no fingerprint."""
+    if not fingerprint:
+        return None
+    device = str(fingerprint.get("device") or "")
+    if not fingerprint.get("cuda") and not fingerprint.get("hip"):
+        return "mps" if device == "mps" else "cpu"
+    if fingerprint.get("hip"):
+        arch = str(fingerprint.get("gpu_arch") or "").split(":")[0].lower()
+        return f"rocm-{arch}" if _NAME.fullmatch(arch or "-") else "rocm"
+    capability = fingerprint.get("capability")
+    if isinstance(capability, str) and re.fullmatch(r"[0-9]+\.[0-9]+", capability):
+        return "cuda-sm" + capability.replace(".", "")
+    for names, sm in _CAPABILITY_BY_NAME:
+        if any(name in device for name in names):
+            return f"cuda-sm{sm}"
+    return "cuda"
+
+
+def base_lane(manifest: Mapping[str, Any]) -> str | None:
+    """The lane whose values sit beside the inputs: the manifest's ``lane``, else the lane
+    of the environment that recorded it."""
+    lane = manifest.get("lane")
+    if isinstance(lane, str) and _NAME.fullmatch(lane):
+        return lane
+    fingerprint = manifest.get("fingerprint")
+    return environment_lane(fingerprint if isinstance(fingerprint, Mapping) else None)
+
+
+def lane_dir(directory: Path, lane: str) -> Path:
+    """Where a lane other than the base lane keeps its values."""
+    return directory / LANES / lane
+
+
+def other_lanes(directory: Path) -> list[str]:
+    """The lanes recorded under ``@lanes/`` (each a directory with a manifest), sorted."""
+    folder = directory / LANES
+    if not folder.is_dir():
+        return []
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if _NAME.fullmatch(entry.name) and (entry / MANIFEST).is_file()
+    )
+
+
+def input_digests(recorded: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """``{rollout file: digest}`` of a manifest's file table: the inputs a lane was computed on."""
+    return {
+        name: str(info["digest"])
+        for name, info in sorted(recorded.items())
+        if info.get("kind") == "rollout"
+    }
+
+
+def stale_inputs(lane_manifest: Mapping[str, Any], inputs: Mapping[str, str]) -> list[str]:
+    """The input files whose digest differs from the one a lane recorded (its values were
+    computed on other inputs), sorted; a file the lane never saw is not stale."""
+    seen = lane_manifest.get("inputs")
+    if not isinstance(seen, Mapping):
+        return []
+    return sorted(name for name, digest in seen.items() if inputs.get(name, digest) != digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneSetting:
+    """The lane a session runs in and its declared fallback.
+
+    ``name``: the lane (``None``: lanes are off and a golden's values are the ones beside its
+    inputs). ``source``: where it was set, for messages. ``fallback``: the lane a golden is
+    compared against where this lane was never recorded and the run cannot record it (CI),
+    under the tolerances of ``fallback_tolerances`` (a layer, or ``None``: the usual ones).
+    """
+
+    name: str | None = None
+    source: str = ""
+    fallback: str | None = None
+    fallback_tolerances: Any = None
+
+    @property
+    def on(self) -> bool:
+        return self.name is not None
+
+
+def resolve_setting(
+    option: str | None, ini: str | None, environ: Mapping[str, str]
+) -> tuple[str | None, str]:
+    """``(lane, source)`` from the option, the environment and the ini value, first set
+    first (``auto`` as it is: deciding it needs torch). Raises ValueError naming a bad
+    value's source."""
+    for value, source in (
+        (option, "--golden-lane"),
+        (environ.get(ENVIRONMENT_VARIABLE), ENVIRONMENT_VARIABLE),
+        (ini, "ini golden_lane"),
+    ):
+        if not value:
+            continue
+        problem = lane_problem(value)
+        if problem is not None:
+            raise ValueError(f"{source}: {problem}")
+        return value, (f"{source} = {AUTO}" if value == AUTO else source)
+    return None, ""
+
+
+__all__ = [
+    "AUTO",
+    "ENVIRONMENT_VARIABLE",
+    "LaneSetting",
+    "base_lane",
+    "environment_lane",
+    "input_digests",
+    "lane_dir",
+    "lane_problem",
+    "other_lanes",
+    "resolve_setting",
+    "stale_inputs",
+]

@@ -1,0 +1,147 @@
+"""``--golden-calibrate N``: each golden test runs N times under perturbed reduction
+orders; the spread of its metrics becomes the tolerances written into its golden.
+
+Registered only when the flag is given; the core plugin keeps the golden of each run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from . import markers
+from .golden_plugin import SETTINGS, GoldenPlugin, expected_to_fail
+
+if TYPE_CHECKING:
+    from ..golden.replay import Golden
+
+CALIBRATION_RUN = pytest.StashKey[int]()  # which of the N runs of its test an item is
+
+
+class CalibrationPlugin:
+    """The copies of each golden test, their perturbations, their samples, the tolerances."""
+
+    def __init__(self, core: GoldenPlugin):
+        opt = core.config.option
+        self.core = core
+        self.runs: int = opt.golden_calibrate
+        self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
+        self.progress = CalibrationProgress()
+        core.finishers.append(self.sample)
+
+    @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Collection: each golden test becomes its N runs."""
+        items[:] = [
+            copy
+            for item in items
+            for copy in (
+                calibration_copies(item, self.runs)
+                if "golden" in getattr(item, "fixturenames", ())
+                else [item]
+            )
+        ]
+
+    @pytest.hookimpl(wrapper=True)  # inside the core's setup, which opens the settings stack
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        """Setup: this run's perturbations, after the deterministic settings they change and
+        before the test's first fixture; teardown restores them first."""
+        if CALIBRATION_RUN in item.stash:
+            from ..tolerance.calibration import perturbed
+
+            how = item.stash[SETTINGS].enter_context(
+                perturbed(item.stash[CALIBRATION_RUN], self.perturb)
+            )
+            item.user_properties.append(("golden_calibration_run", how))
+        return (yield)
+
+    def sample(self, item: pytest.Item, golden: Golden, error: bool) -> None:
+        """A run's golden finished: keep its metrics, unless the test is expected to fail or
+        raised itself; its outcome does not list the perturbations as environment changes."""
+        if CALIBRATION_RUN not in item.stash:
+            return
+        from ..tolerance.calibration import unperturbed
+
+        options = self.core.marker_options(item)
+        layout = options.get("variant")
+        skipped = "the test raised" if error else ""
+        if expected_to_fail(item):
+            skipped = "expected to fail (xfail)"
+        self.core.state.add_calibration_run(
+            str(golden.directory),
+            item.nodeid,
+            golden.calibration_sample(),
+            layout=None if layout is None else str(layout),
+            replaying=markers.replays_reference(options),
+            skipped=skipped,
+        )
+        outcome = golden.outcome
+        outcome.environment_changes = unperturbed(outcome.environment_changes)
+
+    # Before the core's session end, which reports what this wrote.
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self) -> None:
+        """Session end (controller): write the calibrated tolerances."""
+        if not self.core.is_worker:
+            self.write()
+
+    def write(self) -> None:
+        """Derive and write ``tolerances.json`` for every golden calibrated this session."""
+        from ..tolerance.calibration import calibrate_goldens
+
+        state, tolerances = self.core.state, self.core.session_tolerances
+        state.calibrated = calibrate_goldens(
+            state.calibration,
+            state.calibration_skipped,
+            tolerances.resolver(),
+            runs=self.runs,
+            perturbations=self.perturb,
+            layouts=state.calibration_layouts,
+            replaying=sorted(state.calibration_replaying),
+            variant_resolver=tolerances.replace(variant=True).resolver(),
+        )
+
+
+class CalibrationProgress:
+    """``--golden-calibrate N``: the progress counts tests, each run N times, up to 100%.
+
+    pytest's terminal counts the distinct test ids it has reported against the items
+    collected; the N runs of a test share its id (its golden and report entries are keyed
+    on it), so the count of items becomes that of distinct ids."""
+
+    def __init__(self) -> None:
+        self.session: pytest.Session | None = None
+        self.tests = 0  # distinct test ids; 0: not known (yet)
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.tests = len({item.nodeid for item in session.items})
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reports the progress
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.tests and self.session is not None:
+            self.session.testscollected = self.tests
+
+
+def calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
+    """``item`` and ``runs - 1`` copies of it (same node id, fresh fixtures), numbered."""
+    copies = [item]
+    if isinstance(item, pytest.Function):
+        for _ in range(runs - 1):
+            copies.append(
+                pytest.Function.from_parent(
+                    item.parent,
+                    name=item.name,
+                    callspec=getattr(item, "callspec", None),
+                    callobj=item.obj,
+                    fixtureinfo=item._fixtureinfo,
+                    originalname=item.originalname,
+                )
+            )
+    for run, copy in enumerate(copies):
+        copy.stash[CALIBRATION_RUN] = run
+    return copies

@@ -1,0 +1,569 @@
+"""The core plugin: each golden test's golden, its settings, its verdict, and the summary.
+
+Pruning, calibration, a torchrun rank's copies and the xdist merge are plugins of their
+own (``*_plugin.py`` beside this one), registered only in the sessions that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+import pytest
+
+from ...errors import (
+    GoldenError,
+    GoldenFormatError,
+    GoldenMismatch,
+    GoldenMissingError,
+    GoldenNotFetchedError,
+)
+from ...store.location import link_out_of_root
+from ..golden.results import Status, Verdict
+from ..report.presentation import (
+    CI_UPDATE,
+    close_match,
+    link_outside_root,
+    rootdir_note,
+    summary_lines,
+)
+from ..tolerance import mismatch_bounds
+from ..tolerance.stack import Layer
+from . import markers
+from .options import (
+    OptionError,
+    golden_root,
+    lane_setting,
+    missing_step_policy,
+    parse_seed,
+    plot_dir,
+    report_path,
+    resolved_lane,
+    session_mode,
+    session_tolerances,
+    truthy_env,
+)
+from .prune import Unused, partial_project, unused_and_pruned
+from .session import SessionState, UpdateMarks, write_report
+
+if TYPE_CHECKING:
+    from ..golden.lanes import LaneSetting
+    from ..golden.replay import Golden
+    from .snapshot import RankSnapshot
+
+PLUGIN = pytest.StashKey["GoldenPlugin"]()
+GOLDEN = pytest.StashKey["Golden"]()
+MARKER_LAYER = pytest.StashKey[Layer]()
+DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
+SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
+WORKER_OUTPUT = "rollout_golden"
+
+# The package's own frames, hidden from a golden error's traceback.
+_PACKAGE_DIR = Path(__file__).parents[2]
+
+Finisher = Callable[[pytest.Item, "Golden", bool], None]
+
+
+@contextlib.contextmanager
+def as_usage_error() -> Iterator[None]:
+    """A mistake in a flag, ini value or marker option, as pytest's usage error."""
+    try:
+        yield
+    except (OptionError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+class GoldenPlugin:
+    """Session-wide settings and state; one instance per pytest process."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        opt = config.option
+        if opt.golden_regenerate:
+            opt.update_golden = True  # regenerating a rollout re-records what depends on it
+        self.mode = session_mode(
+            update=opt.update_golden,
+            strict=opt.golden_strict,
+            calibrate=opt.golden_calibrate,
+            ci=truthy_env("CI"),
+        )
+        self.rootdir = Path(config.rootpath)
+        _check_space_form(config)
+        self.root = golden_root(
+            self.rootdir,
+            opt.golden_dir if opt.golden_dir is not None else config.getini("golden_dir"),
+        )
+        self.report_path = report_path(opt.golden_report)
+        # A torchrun rank above 0 replays copies (set by rank_plugin.RankSnapshotPlugin).
+        self.snapshot: RankSnapshot | None = None
+        with as_usage_error():
+            self.session_tolerances = session_tolerances(
+                opt.golden_tolerance,
+                opt.golden_ignore,
+                config.getini("golden_tolerances"),
+                config.getini("golden_ignore"),
+                config.getini("golden_metric_profile"),
+                config.getini("golden_precision"),
+            )
+        with as_usage_error():  # checked at start-up; each test's marker adds its own layer
+            mismatch_bounds.session_bounds(
+                None, opt.golden_mismatch_bound, config.getini("golden_mismatch_bounds")
+            )
+        with as_usage_error():
+            self.lane = lane_setting(
+                opt.golden_lane,
+                config.getini("golden_lane"),
+                config.getini("golden_lane_fallback"),
+                config.getini("golden_lane_fallback_tolerances"),
+                os.environ,
+            )
+        self.seed = parse_seed(config.getini("golden_seed"), "ini golden_seed")
+        with as_usage_error():  # a bad ini policy stops the run here, not each test at its setup
+            missing_step_policy(
+                None, None, config.getini("golden_missing_step"), where=str(config.inipath)
+            )
+        self.deterministic = (
+            opt.golden_deterministic
+            if opt.golden_deterministic is not None
+            else config.getini("golden_deterministic")
+        )
+        workerinput = getattr(config, "workerinput", None)
+        self.is_worker = workerinput is not None
+        self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
+        self.registry = UpdateMarks(self.token)
+        self.state = SessionState()
+        self.plot_dir = plot_dir(opt.golden_plot)
+        # Called as (item, golden, error) once a golden finished, before its outcome is kept.
+        self.finishers: list[Finisher] = []
+        self.unused: Unused | None = None  # judged at session end (by the prune plugin if on)
+        self.report_error = ""
+        self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
+
+    # ------------------------------------------------------------------ per test
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:  # subtests report their failures here while the test itself passes
+            self.failed_ids.add(report.nodeid)
+
+    def marker_options(self, item: pytest.Item) -> dict[str, Any]:
+        found = ((m.args, m.kwargs) for m in item.iter_markers("golden"))
+        with as_usage_error():
+            return markers.marker_options(found, item.nodeid)
+
+    def directory_of(self, item: pytest.Item) -> Path:
+        options = self.marker_options(item)
+        name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
+        with as_usage_error():
+            return markers.golden_directory(
+                self.root, self.rootdir, Path(item.path), item.nodeid, name, options
+            )
+
+    def golden_for(self, item: pytest.Item) -> Golden:
+        from ..golden.replay import Golden, SessionLinks
+
+        options = self.marker_options(item)
+        with as_usage_error():
+            marker = markers.marker_level(options)
+        item.stash[MARKER_LAYER] = marker[1]
+        tolerances, replay_only = markers.tolerance_stack(
+            self.session_tolerances, marker, options, exact=self.config.option.golden_exact
+        )
+        directory = self.directory_of(item)
+        self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
+        link = link_out_of_root(self.root, directory)
+        if link is not None:
+            raise GoldenError(link_outside_root(directory, link, self.root))
+        if self.snapshot is not None:
+            directory = self.snapshot.copy_of(directory)
+        inputs = self._input_options(item, options)
+        links = SessionLinks(
+            usage=self.state.tolerance_usage,
+            registry=self.registry,
+            replay_only=replay_only,
+            missing_step_source=inputs.pop("missing_step_source"),
+        )
+        return Golden(
+            directory,
+            mode=self.mode,
+            tolerances=tolerances,
+            test_id=item.nodeid,
+            rebuild=options.get("rebuild"),
+            mismatch_bounds=self._mismatch_bounds(item, options),
+            session=links,
+            lane=self._lane(),
+            **inputs,
+        )
+
+    def _lane(self) -> LaneSetting:
+        """The session's lane, ``auto`` decided on first use (it needs torch)."""
+        self.lane = resolved_lane(self.lane)
+        return self.lane
+
+    def _mismatch_bounds(self, item: pytest.Item, options: dict[str, Any]) -> Any:
+        """The bounds of ``golden.check_mismatch``: marker, then flag, then ini."""
+        with as_usage_error():
+            try:
+                return mismatch_bounds.session_bounds(
+                    options.get("mismatch_bounds"),
+                    self.config.option.golden_mismatch_bound,
+                    self.config.getini("golden_mismatch_bounds"),
+                )
+            except ValueError as exc:
+                raise ValueError(f"{item.nodeid}: {exc}") from None
+
+    def _input_options(self, item: pytest.Item, options: dict[str, Any]) -> dict[str, Any]:
+        """``regenerate`` and the missing-step policy: marker, then flag, then ini."""
+        opt = self.config.option
+        with as_usage_error():
+            policy, source = missing_step_policy(
+                options.get("missing_step"),
+                opt.golden_missing_step,
+                self.config.getini("golden_missing_step"),
+                where=item.nodeid,
+            )
+        return {
+            "regenerate": bool(options.get("regenerate")) or opt.golden_regenerate,
+            "missing_step": policy,
+            "missing_step_source": source,
+        }
+
+    def wants_determinism(self, item: pytest.Item) -> bool:
+        if "golden" not in getattr(item, "fixturenames", ()):
+            return False
+        return bool(self.marker_options(item).get("deterministic", self.deterministic))
+
+    def seed_of(self, item: pytest.Item) -> int:
+        options = self.marker_options(item)
+        if "seed" not in options:
+            return self.seed
+        with as_usage_error():
+            return parse_seed(options["seed"], f"{item.nodeid}: golden marker seed=", text=False)
+
+    def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
+        """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
+        golden = item.stash.get(GOLDEN, None)
+        if golden is None:
+            return
+        del item.stash[GOLDEN]
+        layer = item.stash.get(MARKER_LAYER, None)
+        try:
+            path, lineno, _ = item.location  # the test's own line, for tolerance warnings
+            warn_at = (str(self.rootdir / path), (lineno or 0) + 1)
+            golden.finish(error=error, tolerance_layers=[layer] if layer else [], warn_at=warn_at)
+        finally:
+            if golden_error:  # missing (strict) or unreadable golden: a failed golden too
+                golden.outcome.fail()
+            if expected_to_fail(item):
+                golden.outcome.expected_failure()
+            for finisher in self.finishers:
+                finisher(item, golden, error)
+            outcome = golden.outcome
+            self.state.add_outcome(outcome)
+            if self.plot_dir is not None and outcome.status is Status.FAILED:
+                from ..report.plot import plot_failure
+
+                picture = plot_failure(outcome.to_json(), self.plot_dir, item.nodeid)
+                if picture is not None:
+                    self.state.plots.append(str(picture))
+
+    # ------------------------------------------------------------------ session end
+
+    def unused_tolerances(self) -> list[str]:
+        """``--golden-tolerance``/ini entries that named nothing checked in any process."""
+        stack, used = self.session_tolerances, self.state.tolerance_usage
+        return [
+            label + close_match(key, used.names())
+            for label, key in used.unused_entries([*stack.cli, *stack.ini])
+        ]
+
+    def partial_project(self) -> str:
+        """Why this run may have left out test files of the project (``""``: it did not)."""
+        config, opt = self.config, self.config.option
+        invoked = Path(config.invocation_params.dir)
+        return partial_project(
+            [invoked / str(arg).split("::")[0] for arg in config.args],
+            self.rootdir,
+            [self.rootdir / p for p in config.getini("testpaths")],
+            from_testpaths=config.args_source == pytest.Config.ArgsSource.TESTPATHS,
+            ignored=[*(opt.ignore or ()), *(opt.ignore_glob or ())],
+            skipped=sorted(self.state.skipped_files),
+        )
+
+    def find_unused(
+        self, session: pytest.Session, *, prune_gone: bool = False, prune_tests: bool = False
+    ) -> Unused:
+        """The goldens no test of this session used; pruned as ``prune_*`` ask
+        (:func:`.prune.unused_and_pruned`)."""
+        return unused_and_pruned(
+            self.state,
+            self.root,
+            self.rootdir,
+            prune_gone=prune_gone,
+            prune_tests=prune_tests,
+            stopped=bool(session.shouldstop or session.shouldfail),
+            failed=bool(session.testsfailed),
+            partial=self.partial_project(),
+        )
+
+    def close(self, session: pytest.Session) -> None:
+        """The controller's session end: unused goldens, the JSON report, the update marks."""
+        opt = self.config.option
+        if self.unused is None:
+            self.unused = self.find_unused(session)
+        if self.report_path is not None and not opt.collectonly:
+            unused, pruned = self.unused.goldens, self.unused.pruned.deleted
+            try:
+                write_report(
+                    self.report_path, self.state, mode=self.mode.value, unused=unused, pruned=pruned
+                )
+            except GoldenError as exc:
+                self.report_error = str(exc)
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.registry.remove()
+
+    # ------------------------------------------------------------------ hooks
+
+    @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """Collection: which files and goldens this run covers."""
+        for arg in config.args:
+            if "::" in arg:
+                # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
+                named = Path(config.invocation_params.dir) / arg.split("::")[0]
+                self.state.partial_files.add(os.path.abspath(named))
+        for item in items:
+            self.state.collected_files.add(str(Path(item.path)))
+            if "golden" in getattr(item, "fixturenames", ()):
+                try:
+                    self.state.expected_dirs.add(str(self.directory_of(item)))
+                except pytest.UsageError:
+                    # xdist reports a worker's usage error at collection as "no tests ran", with
+                    # no message: there the test's golden fixture raises it again, as its error.
+                    if not self.is_worker:
+                        raise
+
+    @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        """Collection: every test a file or class produced, before any filter trims them."""
+        report = yield
+        if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
+            self.state.skipped_files.add(str(Path(collector.path)))
+        if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
+            produced = self.state.produced
+            ids = produced.setdefault(str(Path(collector.path)), set())
+            ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
+        return report
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Collection done: the tests left to run."""
+        self.state.selected.update(i.nodeid for i in session.items)
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Collection: a bad marker ``seed=`` stops the run before any test."""
+        # A bad seed= stops the run before any test; xdist hides a worker's usage error at
+        # collection, so there each such test fails its setup with it instead.
+        if item.get_closest_marker("golden") is not None and not self.is_worker:
+            self.seed_of(item)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """Collection: files with deselected tests are not run whole."""
+        for item in items:
+            self.state.partial_files.add(str(Path(item.path)))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        """Setup (outermost): the deterministic settings, before the test's first fixture.
+
+        They are entered into the test's ``SETTINGS`` stack, which the calibration plugin's
+        perturbations join and teardown closes.
+        """
+        self.failed_ids.discard(item.nodeid)
+        stack = item.stash[SETTINGS] = contextlib.ExitStack()
+        bad_seed = None
+        try:
+            wanted = self.wants_determinism(item)
+            seed = self.seed_of(item) if wanted else None
+        except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
+            wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
+        if wanted:
+            from ..golden.determinism import deterministic
+
+            stack.enter_context(deterministic(seed))
+            item.stash[DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+        result = yield
+        if bad_seed is not None:
+            raise bad_seed
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        """Call: finish the test's golden (commit, or raise the mismatch)."""
+        try:
+            result = yield
+        except BaseException as exc:
+            unusable = isinstance(
+                exc, (GoldenMissingError, GoldenFormatError, GoldenNotFetchedError)
+            )
+            self.finish(item, error=True, golden_error=unusable)
+            raise
+        self.finish(item, error=item.nodeid in self.failed_ids)  # e.g. a failed subtest
+        return result
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        """Teardown (innermost): finish a golden the call did not; restore the settings after the
+        last fixture."""
+        try:
+            return (yield)
+        finally:
+            self.finish(item, error=True)  # no-op once finished
+            stack = item.stash.get(SETTINGS, None)
+            if stack is not None:
+                stack.close()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        """Report: a mismatch as its table; a golden error with the user's frames only."""
+        report = yield
+        excinfo = call.excinfo
+        if not report.failed or excinfo is None:
+            return report
+        if excinfo.errisinstance(GoldenMismatch):
+            report.longrepr = str(excinfo.value)  # the table says it all; no traceback
+        elif excinfo.errisinstance(pytest.UsageError) and str(
+            excinfo.traceback[-1].path
+        ).startswith(
+            str(_PACKAGE_DIR)
+        ):  # a marker or option mistake found by this plugin: the message names the fix
+            report.longrepr = f"UsageError: {excinfo.value}"
+        elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
+            # Golden's methods re-raise with the user's frames only (replay.user_facing); an
+            # error raised by this plugin's own hooks (a commit at the end of the call) has
+            # hook-runner frames above it instead.
+            pytest_dir = Path(pytest.__file__).parent
+            hidden = (str(pytest_dir), str(pytest_dir.parent / "_pytest"))
+            hidden += (str(Path(pluggy.__file__).parent), str(_PACKAGE_DIR))
+            hidden += (contextlib.__file__,)  # `with` glue
+            excinfo.traceback = excinfo.traceback.filter(
+                lambda entry: not str(entry.path).startswith(hidden)
+            )
+            style = item.config.getoption("tbstyle", "auto")
+            report.longrepr = excinfo.getrepr(
+                style="long" if style == "auto" else style,
+                tbfilter=False,
+                showlocals=item.config.getoption("showlocals", False),
+            )
+        return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Session end: workers hand their state over; the controller merges, writes;
+        worker pools stop."""
+        if self.is_worker:
+            session.config.workeroutput[WORKER_OUTPUT] = self.state.to_json()  # type: ignore[attr-defined]
+        else:
+            self.close(session)
+        launcher = sys.modules.get("pytest_rollout_golden.parallel.launcher")
+        if launcher is not None:  # worker pools of parallel.launch(): stop them with the session
+            launcher.shutdown()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Summary: the ``rollout golden`` section."""
+        if self.is_worker:
+            return
+        unused = self.unused or Unused()
+        lines = summary_lines(
+            self.state,
+            unused=unused.goldens,
+            pruned=unused.pruned.deleted,
+            unused_tolerances=self.unused_tolerances(),
+            report_path=None
+            if self.report_error or terminalreporter.config.option.collectonly
+            else terminalreporter.config.option.golden_report,
+            relative_to=self.rootdir,
+        )
+        lines.extend(unused.notes())
+        lines.extend(_recording_notes(self))
+        if self.report_error:
+            lines.append(self.report_error)
+        if lines:
+            terminalreporter.write_sep("=", "rollout golden")
+            for line in lines:
+                terminalreporter.write_line(line)
+
+
+_PATH_OPTIONS = ("--golden-report", "--golden-dir", "--golden-plot")
+
+
+def _check_space_form(config: pytest.Config) -> None:
+    """Refuse ``--golden-report PATH`` (a space, no ``=``) when pytest took PATH for a test path.
+
+    pytest picks the rootdir and ini file before plugin options are known, so it reads an
+    existing PATH after a plugin option as a test path; no plugin can undo that choice.
+    """
+    args = [str(a) for a in config.invocation_params.args]
+    for i, arg in enumerate(args[:-1]):
+        if arg in _PATH_OPTIONS and Path(config.invocation_params.dir, args[i + 1]).exists():
+            rootdir, inipath = _intended_setup(config, args)
+            if rootdir is not None and (rootdir, inipath) != (config.rootpath, config.inipath):
+                raise pytest.UsageError(
+                    f"`{arg} {args[i + 1]}`: pytest took {args[i + 1]} for a test path before "
+                    f"this plugin could claim it, and chose rootdir {config.rootpath} "
+                    f"(ini file {config.inipath}) instead of {rootdir} ({inipath}); "
+                    f"write `{arg}={args[i + 1]}`"
+                )
+
+
+def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
+    """The (rootdir, ini file) pytest would pick knowing this plugin's options."""
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        ns = config._parser.parse_known_args(args)
+        rootdir, inipath, *_ = determine_setup(
+            inifile=config.option.inifilename,
+            override_ini=config.option.override_ini,
+            args=ns.file_or_dir,
+            rootdir_cmd_arg=config.option.rootdir or None,
+            invocation_dir=config.invocation_params.dir,
+        )
+    except Exception:  # pytest's private API changed: no check rather than a wrong one
+        return None, None
+    return rootdir, inipath
+
+
+def expected_to_fail(item: pytest.Item) -> bool:
+    """Whether an ``xfail`` marker applies (pytest itself reports the xfail/xpass verdict)."""
+    if item.config.option.runxfail:
+        return False
+    for marker in item.iter_markers("xfail"):
+        condition = marker.kwargs.get("condition", marker.args[0] if marker.args else True)
+        if isinstance(condition, bool) and condition:
+            return True
+    return False
+
+
+def _recording_notes(plugin: GoldenPlugin) -> list[str]:
+    """Warnings about where and when this session recorded goldens, or found none."""
+    outcomes = plugin.state.outcomes
+    recorded = any(o.status in (Status.RECORDED, Status.UPDATED) for o in outcomes)
+    missing = any(
+        o.status is Status.FAILED and any(c.verdict == Verdict.MISSING for c in o.comparisons)
+        for o in outcomes
+    )
+    notes = []
+    if recorded and plugin.config.option.update_golden and truthy_env("CI"):
+        notes.append(CI_UPDATE)
+    if (recorded or missing) and plugin.config.inipath is None and plugin.snapshot is None:
+        rel = os.path.relpath(plugin.root, plugin.rootdir)
+        other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
+        if other is not None:
+            notes.append(rootdir_note(plugin.root, other, plugin.rootdir, recorded=recorded))
+    return notes

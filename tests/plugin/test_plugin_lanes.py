@@ -1,0 +1,124 @@
+"""Golden lanes through pytest: one golden serves two platforms, each with its own values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+TRAIN = """
+import torch
+
+
+def test_step(golden, values, generated):
+    batch = golden.rollout(lambda: generated("rollout", {"x": torch.arange(4.0)}))
+    golden.check({"pg_loss": values["loss"] * float(batch["x"].sum()) / 6.0})
+"""
+
+
+def _lanes(project) -> list[str]:
+    folder = project.golden_dir("test_step") / "@lanes"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def _base_files(project) -> dict[str, bytes]:
+    return {k: v for k, v in project.golden_files().items() if "@lanes" not in k}
+
+
+def test_two_lanes_record_replay_and_update_apart(project):
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    manifest = json.loads((project.golden_dir("test_step") / "manifest.json").read_text())
+    assert manifest["lane"] == "cpu"
+    base = _base_files(project)
+
+    project.set_values(loss=0.51)  # another platform's numbers
+    recorded = project.run("--golden-lane", "gpu")
+    recorded.assert_outcomes(passed=1)
+    assert project.calls() == ["rollout"]  # only the first recording generated
+    recorded.stdout.fnmatch_lines(["recorded test_it.py::test_step -> *test_step (lane gpu):"])
+    assert _lanes(project) == ["gpu"] and _base_files(project) == base
+
+    project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)
+    failed = project.run("--golden-strict", "--golden-lane", "cpu")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*pg_loss*0.5*0.51*"])
+
+    project.set_values(loss=0.52)
+    project.run("--update-golden", "--golden-lane", "gpu").assert_outcomes(passed=1)
+    assert _base_files(project) == base, "updating a lane never touches the inputs or the base"
+    assert project.calls() == []
+    project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)
+
+
+def test_ci_without_the_lane_fails_naming_it_and_the_remedy(project, monkeypatch):
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("ROLLOUT_GOLDEN_LANE", "cuda-sm90")
+    failed = project.run()
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(
+        [
+            "*has no lane 'cuda-sm90' (ROLLOUT_GOLDEN_LANE); it holds lane cpu.*",
+            "*--golden-lane cuda-sm90*",
+        ]
+    )
+    assert _lanes(project) == []
+
+
+def test_a_declared_fallback_compares_under_its_tolerances_and_the_summary_says_so(project):
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    project.pytester.makeini(
+        """
+        [pytest]
+        golden_lane = cuda-sm90
+        golden_lane_fallback = cpu
+        golden_lane_fallback_tolerances = pg_loss:rtol=0.05
+        """
+    )
+    project.set_values(loss=0.51)
+    passed = project.run("--golden-strict")
+    passed.assert_outcomes(passed=1)
+    passed.stdout.fnmatch_lines(
+        [
+            "compared against another lane (golden_lane_fallback):",
+            "*test_step: lane 'cuda-sm90' is not recorded: compared against lane 'cpu'*",
+        ]
+    )
+    project.set_values(loss=0.6)
+    failed = project.run("--golden-strict")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*rtol from ini golden_lane_fallback_tolerances*"])
+    assert _lanes(project) == []
+
+
+def test_auto_names_this_machines_lane(project):
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run().assert_outcomes(passed=1)  # recorded before lanes: no lane field
+    manifest = json.loads((project.golden_dir("test_step") / "manifest.json").read_text())
+    assert "lane" not in manifest
+    replayed = project.run("--golden-strict", "--golden-lane", "auto")
+    replayed.assert_outcomes(passed=1)  # the golden's fingerprint says cpu, as does this run
+    assert _lanes(project) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [
+        (["--golden-lane", "../up"], "", "*--golden-lane: '../up' is not a lane name*"),
+        ([], "golden_lane_fallback = cpu", "*golden_lane_fallback*apply to lanes*"),
+        ([], "golden_lane = Big", "*ini golden_lane: 'Big' is not a lane name*"),
+    ],
+)
+def test_bad_lane_settings_stop_the_run(project, args, ini, message):
+    project.write(TRAIN)
+    project.pytester.makeini(f"[pytest]\n{ini}\n")
+    result = project.run(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
