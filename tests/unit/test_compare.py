@@ -177,3 +177,49 @@ def test_means_and_counts_leave_non_finite_differences_out():
     assert d.rel_mean == pytest.approx(0.25 / 2)  # so is the relative difference against 0
     same = compare_values(expected, expected.clone(), Tolerance(equal_nan=True), check_dtype=True)
     assert (same.ok, same.mismatched, same.abs_mean) == (True, 0, 0.0)
+
+
+def _drifted(dtype, seed):
+    """Two chunks and a bit of values, a few of them drifted, one NaN pair, -0.0 for 0.0."""
+    g = torch.Generator().manual_seed(seed)
+    expected = torch.randn((1 << 18) + 500, generator=g, dtype=torch.float64)
+    actual = expected.clone()
+    for i in torch.randint(0, expected.numel(), (5,), generator=g):
+        actual[i] = actual[i] * (1 + 1e-3) + 1e-6
+    expected[7], actual[7] = NAN, NAN
+    expected[9], actual[9] = 0.0, -0.0
+    actual[(1 << 18) + 3] = INF
+    return expected.to(dtype), actual.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize(
+    "tol",
+    [TOL, NAN_OK, EXACT, Tolerance(rtol=1e-3, scale="recorded"), Tolerance(atol=1.0)],
+    ids=["plain", "equal_nan", "exact", "recorded", "atol"],
+)
+def test_only_differing_elements_analysed_give_the_numbers_of_analysing_all(
+    monkeypatch, dtype, tol
+):
+    """The scan that passes over equal chunks and gathers the differing elements reports
+    what analysing every element reports, bit for bit, and says it in the same words."""
+    from pytest_rollout_golden._internal.tolerance import compare
+
+    expected, actual = _drifted(dtype, seed=3)
+    fast = compare.compare_values(expected, actual, tol, check_dtype=True)
+    monkeypatch.setattr(compare, "_SMALL", 1 << 30)  # no scan: every element analysed
+    full = compare.compare_values(expected, actual, tol, check_dtype=True)
+    assert repr(fast) == repr(full)
+    assert difference_detail(fast) == difference_detail(full)
+    same = compare.compare_values(expected, expected.clone(), tol, check_dtype=True)
+    assert repr(same) == repr(compare.compare_values(expected, expected, tol, check_dtype=True))
+
+
+def test_float8_under_a_recorded_scale_is_measured():
+    expected = torch.tensor([1.0, 2.0, 4.0]).to(torch.float8_e4m3fn)
+    actual = torch.tensor([1.0, 2.5, 4.0]).to(torch.float8_e4m3fn)
+    diff = compare_values(
+        expected, actual, Tolerance(rtol=1e-3, scale="recorded"), check_dtype=True
+    )
+    assert (diff.ok, diff.scale, diff.abs_diff) == (False, 4.0, 0.5)
+    assert "(up to 0.004 allowed)" in difference_detail(diff)

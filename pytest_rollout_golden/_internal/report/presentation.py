@@ -1,7 +1,8 @@
 """Every text the package prints: mismatch messages, the terminal summary, CLI tables, the report.
 
-Torch-free. The records come from :mod:`.results` (and :mod:`.diff` for the CLI);
-nothing here decides what passed, only how it reads. The building blocks are
+Torch-free. The records come from :mod:`.results` (and :mod:`.diff` for the CLI), the
+numbers of one comparison from :class:`.compare.Difference`; nothing here decides what
+passed, only how it reads. The building blocks are
 shared by every text: :func:`number`, :func:`location`, :func:`steps`,
 :func:`display` and :func:`table`.
 """

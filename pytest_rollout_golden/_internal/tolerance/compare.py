@@ -5,9 +5,9 @@ a :class:`Difference`; :func:`.presentation.difference_detail` writes its text, 
 follows torch.testing's: mismatched elements k / n (p%), greatest absolute and relative
 difference and their index.
 
-Bit-equal inputs cost one pass that compares bytes. Only the elements whose bits differ
-pay for the element-wise analysis, and only where they are: a drift in a few elements
-costs a few divisions.
+Equal inputs cost one pass that compares them (by value, NaN never equal to NaN; by bytes
+in the exact lane). Only the elements that differ pay for the element-wise analysis, and
+only where they are: a drift in a few elements costs a few divisions.
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def _outcome(stats: _Stats, e: Any, n: int, tol: Tolerance, facts: dict[str, Any
     allowed_there = math.nan
     if stats.bad and scale and not tol.exact and e.dim():  # where a detail states it
         value = e.reshape(-1)[stats.abs_idx]
-        value = value.int() if value.dtype == torch.bool else value  # no abs() for bool
+        if value.dtype == torch.bool or _float8(value):  # abs(), clamp_min() lack them
+            value = value.float()
         allowed_there = tol.atol + tol.rtol * abs(float(value.abs().clamp_min(scale)))
     return Difference(
         stats.bad == 0,
@@ -209,6 +210,10 @@ def _equal(e: Any, a: Any, *, bits: bool) -> bool:
     return torch.equal(_bits(e), _bits(a)) if bits else torch.equal(e, a)
 
 
+def _float8(t: Any) -> bool:
+    return t.is_floating_point() and t.element_size() == 1
+
+
 def _bits(t: Any) -> Any:
     import torch
 
@@ -234,6 +239,8 @@ def finite_magnitude(value: Any) -> float:
         t = t.abs()
     if not t.is_floating_point():
         t = t.double()
+    if _float8(t):  # aminmax() and isfinite() lack it
+        t = t.float()
     if t.numel() == 0:
         return 0.0
     low, high = (float(x) for x in torch.aminmax(t))
@@ -319,8 +326,8 @@ def _above(value: float, current: float) -> bool:
 def _elementwise(e: Any, a: Any, tol: Tolerance, magnitude: float | None) -> _Stats:
     """The element-wise analysis of every chunk that may hold a difference.
 
-    A chunk passed over holds only equal bits (and, outside the exact lane, no NaN): its
-    differences are zeros, all counted as finite.
+    A chunk passed over holds only equal values (no NaN; in the exact lane, equal bits):
+    its differences are zeros, all counted as finite.
     """
     same_dtype = e.dtype == a.dtype
     flat_e, flat_a = _flat(e), _flat(a)
@@ -408,7 +415,6 @@ def _equality(e: Any, a: Any, *, bits: bool) -> Callable[[int, int], bool]:
     """``(start, stop) -> whether elements start:stop of the same-dtype rows are equal``:
     in bits (``bits``), else in value, where NaN never equals NaN (as ``torch.equal``
     says; bytes compare several times faster on the CPU)."""
-
     memcmp = _memcmp() if e.device.type == "cpu" else None
     if memcmp is None:
         return lambda start, stop: _equal(e[start:stop], a[start:stop], bits=bits)
@@ -508,8 +514,8 @@ class _Positions:
 def _chunk_analysis(ce: Any, ca: Any, where: _Positions, lane: _Lane) -> _Chunk:
     """Mismatches, NaN counts, greatest differences and their sums in one chunk.
 
-    Only the elements at ``where`` may differ: the others hold equal bits, and outside
-    the exact lane no NaN.
+    Only the elements at ``where`` may differ: the others hold equal values, no NaN (in
+    the exact lane, equal bits).
     """
     e, a = where.take(ce), where.take(ca)
     same_bits = _bit_equal_elements(e, a) if lane.bitwise else None
