@@ -238,7 +238,7 @@ def test_diff_of_a_lane_a_golden_lacks_could_not_compare(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert main(["diff", f"{g / 'nope'}@cpu", str(g), "--no-config"]) == 2
-    assert "no such file or directory" in capsys.readouterr().err
+    assert f"{g / 'nope'}@cpu: no such file or directory" in capsys.readouterr().err
 
 
 def test_a_golden_recorded_before_lanes_diffs_as_its_fingerprints_lane(tmp_path, capsys):
@@ -254,6 +254,34 @@ def test_plot_draws_two_lanes_of_one_golden(tmp_path, capsys):
     assert main(["plot", f"{g}@cpu", f"{g}@cuda-sm90", "-o", str(out)]) == 0
     assert out.read_bytes().startswith(b"\x89PNG")
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out}"
+
+
+def test_plot_of_two_roots_lanes_names_a_golden_without_the_lane(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    root = tmp_path / "golden"
+    two_lanes(root / "t" / "both")
+    record(root / "t" / "cpu_only", "cpu", 0.5)
+    out = tmp_path / "plots"
+    assert main(["plot", f"{root}@cpu", f"{root}@cuda-sm90", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "t" / "both.png").read_bytes().startswith(b"\x89PNG")
+    assert not (out / "t" / "cpu_only.png").exists()
+    assert (
+        f"not drawn: t/cpu_only: golden {root / 't' / 'cpu_only'} has no lane 'cuda-sm90'; "
+        "it holds lane cpu"
+    ) in printed
+
+
+def test_only_an_existing_golden_followed_by_a_lane_name_is_split(tmp_path):
+    from pytest_rollout_golden._internal.golden.lanes import split_lane
+
+    (tmp_path / "g").mkdir()
+    (tmp_path / "named@cpu").mkdir()
+    assert split_lane(tmp_path / "g@cpu") == (tmp_path / "g", "cpu")
+    assert split_lane(tmp_path / "named@cpu") == (tmp_path / "named@cpu", None)
+    assert split_lane(tmp_path / "nope@cpu") == (tmp_path / "nope@cpu", None)
+    assert split_lane(tmp_path / "g@CPU") == (tmp_path / "g@CPU", None)
+    assert split_lane(tmp_path / "@shared") == (tmp_path / "@shared", None)
 
 
 # ------------------------------------------------------------------ devices

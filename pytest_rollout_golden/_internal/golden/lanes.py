@@ -156,15 +156,17 @@ def resolve_setting(
 
 
 def split_lane(path: Path) -> tuple[Path, str | None]:
-    """``GOLDEN@LANE`` (as ``rollout-golden diff`` and ``plot`` take it) as ``(GOLDEN, LANE)``;
-    a path that exists, or whose name ends in no ``@<lane name>``, as ``(path, None)``.
+    """``GOLDEN@LANE`` (as ``rollout-golden diff`` and ``plot`` take it) as ``(GOLDEN, LANE)``
+    where ``GOLDEN`` exists; any other path (one that exists, or whose name ends in no
+    ``@<lane name>``) as ``(path, None)``.
 
     A golden's own name never holds ``@`` (:func:`~.location.safe_name`), so the split is
     unambiguous for every golden the plugin writes."""
     stem, at, lane = path.name.rpartition("@")
     if path.exists() or not (at and stem and _NAME.fullmatch(lane)):
         return path, None
-    return path.with_name(stem), lane
+    golden = path.with_name(stem)
+    return (golden, lane) if golden.exists() else (path, None)
 
 
 @dataclasses.dataclass(frozen=True)
