@@ -1,14 +1,17 @@
 """``rollout-golden``: verify, show, diff, plot and import goldens outside pytest.
 
-    rollout-golden verify [PATH ...]          check every checksum of every golden
-    rollout-golden show PATH [--json]         steps x metrics, per-tensor statistics
+    rollout-golden verify [PATH ...]          check every checksum of every golden and lane
+    rollout-golden show PATH [--json]         lanes, steps x metrics, per-tensor statistics
+    rollout-golden show GOLDEN --lane NAME    that lane's values, with the golden's inputs
     rollout-golden diff A B [--json] [...]    two goldens, golden roots or batch files
+    rollout-golden diff G@cpu G@cuda-sm90     two lanes of a golden (or of every golden of a root)
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
     rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
-the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`.
+the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
+compares on the CPU, whatever device each side was recorded on.
 Exit status: 0 fine, 1 a difference (or failed check), 2 unusable input.
 """
 
@@ -17,26 +20,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import store
 from ._internal.report.presentation import (
     diff_summary,
     golden_diff_lines,
+    lane_inputs_changed,
     location,
     manifestless,
     metric_cell,
+    not_a_lane,
     number,
     table,
     verify_row,
-    verify_summary,
+    verify_totals,
 )
 from ._internal.tolerance.spec import Layer, ignore_and_tolerance_layers
 from ._internal.tolerance.stack import Stack
 from .errors import GoldenError
 from .store.location import (
+    LANE_NAME,
+    LANES,
     MANIFEST,
     METRICS,
     TOLERANCES,
@@ -54,18 +61,21 @@ def _load_dir(directory: Path) -> dict[str, Any]:
 
 
 def verify(paths: Sequence[Path]) -> int:
-    """Check every golden under ``paths``; 0 all intact, 1 a problem found, 2 could not check.
+    """Check every golden under ``paths``, and every lane of each; 0 all intact, 1 a problem
+    found, 2 could not check.
 
-    Every golden is reported, whatever the others hold. A golden whose update was
+    Every golden and lane is reported, whatever the others hold. A golden whose update was
     interrupted past its commit point (a staged ``.NAME.new-PID`` with its manifest left
-    beside it) is a problem; symlinked goldens are followed, as replay does.
+    beside it) is a problem, as is a lane computed on other inputs than its golden holds and
+    an entry of ``@lanes/`` that is no lane (reported, never deleted); symlinked goldens are
+    followed, as replay does.
     """
     missing = [p for p in paths if not p.exists()]
     for path in missing:
         print(f"error: {path}: no such file or directory", file=sys.stderr)
     if missing:
         return 2
-    problems = unchecked = checked = 0
+    problems = unchecked = checked = lanes = 0
     for path in paths:
         directories = find_goldens(path, follow_symlinks=True)
         unlisted = find_manifestless(path)
@@ -82,16 +92,19 @@ def verify(paths: Sequence[Path]) -> int:
             print(verify_row("FAIL", directory, f": {problem}"))
         for directory in directories:
             checked += 1
-            status, message = _verify_one(directory)
-            problems += status == "FAIL"
-            unchecked += status == "ERROR"
-            print(verify_row(status, directory, message))
-    print(verify_summary(checked, problems, unchecked))
+            rows = [(*_verify_one(directory), directory, False), *_verify_lanes(directory)]
+            for status, message, where, lane in rows:
+                lanes += lane
+                problems += status == "FAIL"
+                unchecked += status == "ERROR"
+                print(verify_row(status, where, message))
+    print(verify_totals(checked, lanes, problems, unchecked))
     return 2 if unchecked else 1 if problems else 0
 
 
-def _verify_one(directory: Path) -> tuple[str, str]:
-    """``(status, what follows the directory in the report)`` of one golden."""
+def _verify_one(directory: Path, what: str = "") -> tuple[str, str]:
+    """``(status, what follows the directory in the report)`` of one golden or lane
+    (``what``: how its row names it, before the count of its files)."""
     interrupted = [p.name for p in store.interrupted_commits(directory)]
     if interrupted:  # its files may be half moved in: say why before any checksum does
         return "FAIL", (
@@ -104,23 +117,60 @@ def _verify_one(directory: Path) -> tuple[str, str]:
         return "FAIL", f": {exc}"
     except Exception as exc:  # a file this version cannot read: say so, check the rest
         return "ERROR", f": could not be checked ({type(exc).__name__}: {exc})"
-    return "ok", f" ({len(files)} files)"
+    return "ok", f" ({what}{len(files)} files)"
 
 
-def show(path: Path, *, as_json: bool = False) -> int:
-    """Print a golden (structure, steps × metrics, per-tensor statistics) or one batch file."""
+def _verify_lanes(directory: Path) -> list[tuple[str, str, Path, bool]]:
+    """``verify``'s rows of the entries of a golden's ``@lanes/``: ``(status, message,
+    path, whether it is a lane)``. Hidden entries (a lane's lock, its staged update) are the
+    lane's, checked with it."""
+    from ._internal.golden.lanes import input_digests, stale_inputs
+
+    folder = directory / LANES
+    if not folder.is_dir():
+        return [("FAIL", f": {not_a_lane(folder)}", folder, False)] if folder.exists() else []
+    try:
+        inputs = input_digests((store.read_manifest(directory) or {}).get("files", {}))
+    except GoldenError:
+        inputs = {}  # the golden's own row says why; each lane is still checked
+    rows = []
+    for entry in sorted(e for e in folder.iterdir() if not e.name.startswith(".")):
+        orphans = files_without_manifest(entry) if LANE_NAME.fullmatch(entry.name) else []
+        if orphans:
+            lane = f" (a lane: with `--golden-lane {entry.name}` on its hardware)"
+            rows.append(("FAIL", f": {manifestless(entry, orphans)}{lane}", entry, False))
+            continue
+        if not (LANE_NAME.fullmatch(entry.name) and (entry / MANIFEST).is_file()):
+            rows.append(("FAIL", f": {not_a_lane(entry)}", entry, False))
+            continue
+        status, message = _verify_one(entry, f"lane {entry.name}, ")
+        stale = stale_inputs(store.read_manifest(entry) or {}, inputs) if status == "ok" else []
+        if stale:
+            status, message = "FAIL", f": {lane_inputs_changed(entry.name, stale)}"
+        rows.append((status, message, entry, True))
+    return rows
+
+
+def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
+    """Print a golden (structure, lanes, steps × metrics, per-tensor statistics) or one batch
+    file; ``lane``: the values of that lane of the golden, with the golden's inputs."""
     if path.is_file():
+        if lane is not None:
+            raise GoldenError(f"{path}: a batch file has no lanes; --lane takes a golden")
         manifest, steps = None, {}
         document, files = _batch_file_document(path)
     else:
-        manifest, steps, document, files = _golden_document(path)
+        manifest, steps, document, files = _golden_document(path, lane)
     if as_json:
         print(json.dumps(document, indent=2, allow_nan=False, default=str))
         return 0
     if manifest is not None:
         print(_golden_line(path, manifest))
-        if manifest.get("fingerprint") is not None:
-            print("fingerprint:", json.dumps(manifest.get("fingerprint")))
+        for line in _lane_lines(path, document, shown=lane):
+            print(line)
+        if document.get("fingerprint") is not None:
+            print("fingerprint:", json.dumps(document.get("fingerprint")))
+        _print_lanes(document["lanes"])
     if steps:
         names = sorted({n for m in steps.values() for n in m})
         rows = [("step", *names)]
@@ -139,6 +189,36 @@ def show(path: Path, *, as_json: bool = False) -> int:
     return 0
 
 
+def _lane_lines(path: Path, document: dict[str, Any], *, shown: str | None) -> list[str]:
+    """What ``show --lane`` says of the lane it shows (nothing without ``--lane``)."""
+    if shown is None:
+        return []
+    lane = next(x for x in document["lanes"] if x["lane"] == shown)
+    if lane["base"]:
+        return [f"lane {shown}: the base lane, its values beside the inputs"]
+    lines = [f"lane {shown}: values from {lane['directory']}, inputs from {path}"]
+    if lane["stale"]:
+        lines.append(f"lane {shown}: {lane_inputs_changed(shown, lane['stale'])}")
+    return lines
+
+
+def _print_lanes(lanes: list[dict[str, Any]]) -> None:
+    """``show``'s table of a golden's lanes: where each keeps its values, what recorded them."""
+    if not lanes:
+        return
+    rows = [("lane", "values", "recorded on")]
+    for lane in lanes:
+        where = "beside the inputs (base lane)" if lane["base"] else f"{LANES}/{lane['lane']}"
+        if lane["stale"]:
+            where += " (computed on other inputs: re-record it)"
+        device = lane["device"] or "-"
+        if lane["problem"]:
+            device = "unreadable (rollout-golden verify says why)"
+        rows.append((lane["lane"], where, device))
+    print(f"lanes ({len(lanes)}):")
+    print("\n".join(table(rows)))
+
+
 def _batch_file_document(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """What ``show`` says of one batch file: its JSON document, and its one file entry."""
     from ._internal.report.stats import tensor_stats
@@ -153,18 +233,24 @@ def _batch_file_document(path: Path) -> tuple[dict[str, Any], dict[str, dict[str
 
 
 def _golden_document(
-    path: Path,
+    path: Path, lane: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
-    """What ``show`` says of a golden: its manifest, its metrics by step, its JSON document,
-    and an entry per batch file (manifest info, tensor statistics, non-tensor values)."""
+    """What ``show`` says of a golden (of its lane ``lane``: that lane's values, the golden's
+    inputs): its manifest, its metrics by step, its JSON document, and an entry per batch file
+    (manifest info, tensor statistics, non-tensor values)."""
     from ._internal.golden import metric_codec
     from ._internal.golden.files import load_golden
+    from ._internal.golden.lanes import golden_lanes
     from ._internal.report.stats import tensor_stats
     from .store import codec
 
     if not (path / MANIFEST).is_file():
         raise GoldenError(f"{path}: no {MANIFEST}; not a golden directory")
     manifest, content = load_golden(path)
+    lanes = golden_lanes(path, manifest)
+    info, values = manifest["files"], manifest
+    if lane is not None:
+        info, content, values = _lane_content(path, manifest, content, lane)
     steps = content.get(METRICS, {}).get("steps", {})
     files = {}
     for filename, value in content.items():
@@ -172,15 +258,17 @@ def _golden_document(
             continue
         arrays, layout = codec.flatten(value)
         files[filename] = {
-            "info": manifest["files"][filename],
+            "info": info[filename],
             "tensors": tensor_stats(arrays),
             "values": _values(layout),
         }
     document = {
         "golden": str(path),
         "test": manifest.get("test"),
-        "fingerprint": manifest.get("fingerprint"),
+        "lane": values.get("lane") if lane is None else lane,
+        "fingerprint": values.get("fingerprint"),
         "imported": manifest.get("imported"),
+        "lanes": [_lane_json(x) for x in lanes],
         "metrics": {
             step: {
                 name: _json_scalar(metric_codec.scalar(node), node) for name, node in names.items()
@@ -194,6 +282,37 @@ def _golden_document(
         "tolerances": content.get(TOLERANCES),
     }
     return manifest, steps, document, files
+
+
+def _lane_content(
+    path: Path, manifest: dict[str, Any], content: dict[str, Any], lane: str
+) -> tuple[dict[str, Any], dict[str, Any], Mapping[str, Any]]:
+    """``(file table, {filename: content}, manifest of the values)`` of lane ``lane`` of the
+    golden in ``path``: the golden's inputs with that lane's values, every checksum verified."""
+    from ._internal.golden.files import load_golden
+    from ._internal.golden.lanes import input_digests, lane_values
+
+    chosen = lane_values(path, lane)
+    if chosen.base:
+        return manifest["files"], content, manifest
+    recorded, values = load_golden(chosen.directory)
+    inputs = input_digests(manifest["files"])
+    info = {name: manifest["files"][name] for name in inputs} | recorded["files"]
+    return info, {name: content[name] for name in inputs} | values, recorded
+
+
+def _lane_json(lane: Any) -> dict[str, Any]:
+    """One lane in ``show --json``'s ``lanes``."""
+    fingerprint = (lane.manifest or {}).get("fingerprint")
+    return {
+        "lane": lane.lane,
+        "base": lane.base,
+        "directory": str(lane.directory),
+        "device": lane.device,
+        "fingerprint": fingerprint,
+        "stale": lane.stale,
+        "problem": lane.problem,
+    }
 
 
 def _print_file(filename: str, entry: dict[str, Any]) -> None:
@@ -336,17 +455,22 @@ def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: 
 def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     """Draw the metric curves of golden ``a`` (against ``b``) into the PNG ``out``.
 
-    Paths resolve as for ``diff`` (:func:`~.diff.pair_paths`). Given golden roots, ``out`` is
-    a directory: one PNG per golden (pair), at the golden's path relative to its root
-    (``OUT/REL.png``); a golden on one side only is named, not drawn.
+    Paths resolve as for ``diff`` (:func:`~.diff.pair_paths`), ``GOLDEN@LANE`` included. Given
+    golden roots, ``out`` is a directory: one PNG per golden (pair), at the golden's path
+    relative to its root (``OUT/REL.png``); a golden on one side only, or without the lane
+    asked for, is named, not drawn.
     """
+    from ._internal.golden.lanes import split_lane
     from ._internal.report.diff import pair_paths
 
+    a, lane_a = split_lane(a)
+    b, lane_b = split_lane(b) if b is not None else (None, None)
+    lanes = (lane_a, lane_b)
     pairs = pair_paths(a, b)
     if a.is_file():
         raise GoldenError(f"{a}: a batch file holds no metric curves; plot takes goldens or roots")
     if (a / MANIFEST).is_file():
-        return _plot_pair(pairs[0].a or a, pairs[0].b, out, tolerances)
+        return _plot_pair(_plot_sides(pairs[0].a or a, pairs[0].b, lanes), out, tolerances)
     if out.suffix.lower() == ".png":
         raise GoldenError(
             f"{out}: given golden roots, -o names a directory (one PNG per golden in it)"
@@ -356,16 +480,56 @@ def plot(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
             side, path = ("A", pair.a) if pair.a is not None else ("B", pair.b)
             print(f"not drawn: {pair.label}: golden only in {side} ({path})")
             continue
-        _plot_pair(pair.a, pair.b, out / f"{pair.label}.png", tolerances)
+        try:
+            sides = _plot_sides(pair.a, pair.b, lanes)
+        except GoldenError as exc:
+            if lanes == (None, None):
+                raise
+            print(f"not drawn: {pair.label}: {exc}")
+            continue
+        _plot_pair(sides, out / f"{pair.label}.png", tolerances)
     return 0
 
 
-def _plot_pair(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
+class _Sides(NamedTuple):
+    """What one picture of ``plot`` draws: the directories of the values, its title, the
+    legend's names, and whether only values are compared (lanes: the inputs are shared)."""
+
+    a: Path
+    b: Path | None
+    title: str
+    labels: tuple[str, str]
+    values_only: bool
+
+
+def _plot_sides(a: Path, b: Path | None, lanes: tuple[str | None, str | None]) -> _Sides:
+    """Where the values of golden ``a`` (and ``b``) are, in lanes ``lanes`` if any. Raises
+    :class:`GoldenError` for a lane a golden lacks, or one computed on other inputs."""
+    from ._internal.golden.lanes import lane_values
+
+    if lanes == (None, None):
+        title = f"{a}" if b is None else f"{a} vs {b}"
+        labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
+        return _Sides(a, b, title, labels, False)
+    sides = [lane_values(a, lanes[0]), *([] if b is None else [lane_values(b, lanes[1])])]
+    for side in sides:
+        if side.stale:
+            changed = lane_inputs_changed(str(side.lane), side.stale)
+            raise GoldenError(f"{side.directory}: {changed}")
+    named = [f"{golden}@{side.lane}" for golden, side in zip((a, b), sides, strict=False)]
+    names = [str(side.lane) for side in sides]
+    labels = (names[0], names[1]) if len(set(names)) == 2 else ("A", "B")
+    b_values = sides[1].directory if b is not None else None
+    return _Sides(sides[0].directory, b_values, " vs ".join(named), labels, True)
+
+
+def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
     """One picture: golden ``a``'s curves, against ``b``'s when given."""
     from ._internal.golden.files import load_golden
     from ._internal.report.diff import diff_goldens
     from ._internal.report.plot import plot_metrics, series
 
+    a, b = sides.a, sides.b
     curves = [
         series(load_golden(path)[1].get(METRICS, {}).get("steps", {}))
         for path in (a, b)
@@ -373,7 +537,7 @@ def _plot_pair(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     ]
     first, allowed = None, None
     if b is not None:
-        result = diff_goldens(a, b, tolerances, label=a.name)
+        result = diff_goldens(a, b, tolerances, label=a.name, values_only=sides.values_only)
         first = {n: s for n, s in result.first_divergence().items()}
         allowed = {}
         for row in result.rows:
@@ -384,14 +548,12 @@ def _plot_pair(a: Path, b: Path | None, out: Path, tolerances: Stack) -> int:
     else:
         resolver = tolerances.resolver()
         ignored = {n for n in curves[0] if resolver.resolve(n)[0].ignore}
-    title = f"{a}" if b is None else f"{a} vs {b}"
-    labels = (a.name, b.name) if b is not None and a.name != b.name else ("A", "B")
     picture = plot_metrics(
         curves[0],
         out,
         b=curves[1] if b is not None else None,
-        labels=labels,
-        title=title,
+        labels=sides.labels,
+        title=sides.title,
         first_divergence=first,
         allowed=allowed,
         ignored=ignored,
@@ -471,7 +633,8 @@ def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
     return stack, config
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per verb, each option with its help."""
     parser = argparse.ArgumentParser(prog="rollout-golden", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="check every checksum of every golden under PATHs")
@@ -479,6 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_show = sub.add_parser("show", help="print a golden directory or a .safetensors batch")
     p_show.add_argument("path", type=Path)
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
+    p_show.add_argument(
+        "--lane", metavar="NAME", help="that lane's values (metrics, tensors) with the inputs"
+    )
     p_plot = sub.add_parser(
         "plot", help="draw metric curves of golden A (against B) to a PNG (goldens or roots)"
     )
@@ -512,10 +678,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="allow full unpickling of dumps that need it (runs code from the files)",
     )
     p_diff = sub.add_parser(
-        "diff", help="compare B against A (goldens, golden roots or batch files)"
+        "diff",
+        help="compare B against A (goldens, golden roots or batch files; GOLDEN@LANE: a lane)",
     )
-    p_diff.add_argument("a", type=Path)
-    p_diff.add_argument("b", type=Path)
+    p_diff.add_argument("a", type=Path, help="golden, root or batch file; GOLDEN@LANE: a lane")
+    p_diff.add_argument("b", type=Path, help="the same kind of path as A")
     p_diff.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
     p_diff.add_argument(
         "--ignore", action="append", default=[], metavar="NAME", help="do not compare (glob)"
@@ -528,12 +695,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_diff.add_argument(
         "--no-config", action="store_true", help="ignore the project's golden_tolerances"
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "verify":
             return verify(args.paths)
         if args.command == "show":
-            return show(args.path, as_json=args.json)
+            return show(args.path, as_json=args.json, lane=args.lane)
         if args.command == "import":
             return import_dumps(args)
         if args.command == "plot":

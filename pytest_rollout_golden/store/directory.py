@@ -23,7 +23,7 @@ from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .batchfile import save_batch
 from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
-from .location import LANE_NAME, MANIFEST, staged_golden, staging_dir
+from .location import LANE_NAME, LANES, MANIFEST, staged_golden, staging_dir
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -310,8 +310,9 @@ def _plain_name(name: str) -> bool:
 
 
 def remove_golden(directory: Path, root: Path) -> list[str]:
-    """Delete the golden in ``directory``: the files its manifest lists, then the manifest,
-    then the directory if nothing else is in it. Returns the names of what was left.
+    """Delete the golden in ``directory``: its lanes (each as a golden, :func:`_remove_lanes`),
+    then the files its manifest lists, then the manifest, then the directory if nothing else
+    is in it. Returns the names of what was left (a lane's as ``@lanes/LANE/NAME``).
 
     Refuses (raises GoldenError) a directory that is not a golden of ours, is reached
     through a symbolic link, or lies outside the golden ``root``.
@@ -333,13 +334,39 @@ def remove_golden(directory: Path, root: Path) -> list[str]:
         raise GoldenError(
             f"{directory}: {MANIFEST} is not a pytest-rollout-golden manifest; not deleted"
         )
+    lanes_left = _remove_lanes(directory, root)  # first: an interrupted removal leaves a golden
     for name in [*sorted(owned - {MANIFEST}), MANIFEST]:
         path = directory / name
         if path.is_file() or path.is_symlink():  # a link itself, never what it points to
             path.unlink(missing_ok=True)
-    left = sorted(e.name for e in directory.iterdir())
-    if not left:
+    left = sorted(e.name for e in directory.iterdir() if e.name != LANES or not lanes_left)
+    if not left and not lanes_left:
         directory.rmdir()
+    return sorted(left + lanes_left)
+
+
+def _remove_lanes(directory: Path, root: Path) -> list[str]:
+    """Delete the lanes of the golden in ``directory`` (``@lanes/LANE/``), each through
+    :func:`remove_golden`, then ``@lanes/`` if emptied; returns what was left, by its path
+    inside the golden. A link (``@lanes/`` itself or an entry in it) is never followed, and
+    an entry that is no lane of ours is left where it is."""
+    folder = directory / LANES
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return [LANES]
+    if not folder.exists():
+        return []
+    left = []
+    for entry in sorted(folder.iterdir()):
+        name = f"{LANES}/{entry.name}"
+        if entry.is_symlink() or not entry.is_dir() or not LANE_NAME.fullmatch(entry.name):
+            left.append(name)
+            continue
+        try:
+            left += [f"{name}/{rest}" for rest in remove_golden(entry, root)]
+        except GoldenError:  # not a lane of ours: its files stay, named
+            left.append(name)
+    if not left:
+        folder.rmdir()
     return left
 
 

@@ -9,6 +9,8 @@ End-to-end through pytester on the real filesystem.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 PRUNE_FLAGS = ["--golden-prune", "--golden-prune-tests"]
@@ -99,6 +101,8 @@ def test_a_golden_root_inside_the_rootdir_prunes_gone_files_as_before(project):
 # ------------------------------------------------------------------ (b) shared= goldens
 
 REFERENCE = """
+import shutil
+
 import pytest
 
 @pytest.mark.golden(shared="policy")
@@ -106,6 +110,8 @@ def test_reference(golden):
     golden.check({"pg_loss": 0.5})
 """
 USER = """
+import shutil
+
 import pytest
 
 @pytest.mark.golden(shared="policy")
@@ -294,3 +300,86 @@ def test_opened_and_skipped_files_survive_the_xdist_merge():
     merged.merge_json(worker.to_json())
     assert merged.used_dirs() == {"/p/golden/test_it/test_dynamic"}
     assert merged.skipped_files == {"/p/test_vllm.py"}
+
+
+# ------------------------------------------------------------------ (d) a golden's lanes
+
+LANED = """
+import torch
+
+
+def test_step(golden, values):
+    batch = golden.rollout(lambda: {"x": torch.arange(4.0)})
+    golden.check({"pg_loss": values.get("loss", 0.5) * float(batch["x"].sum())})
+"""
+
+
+@pytest.fixture
+def laned(project):
+    """test_gone.py's and test_it.py's goldens, each with lane cpu (its base) and lane gpu."""
+    project.write(LANED, "test_gone")
+    project.write(LANED)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=2)
+    project.set_values(loss=0.6)
+    project.run("--golden-lane", "gpu").assert_outcomes(passed=2)
+    for module in ("test_gone", "test_it"):
+        lane = project.golden_dir("test_step", module) / "@lanes" / "gpu"
+        assert (lane / "manifest.json").is_file()
+    return project
+
+
+def test_prune_deletes_an_unused_golden_with_its_lanes(laned):
+    project = laned
+    (project.path / "test_gone.py").unlink()
+    result = project.run("--golden-prune", "--golden-lane", "gpu")
+    result.assert_outcomes(passed=1)
+    assert not (project.golden / "test_gone").exists(), "the golden, its lanes and its folder"
+    assert unused_lines(result) == ["golden/test_gone/test_step"]
+    assert "kept" not in result.stdout.str()
+    kept = project.golden_dir("test_step") / "@lanes" / "gpu"
+    assert (kept / "manifest.json").is_file() and (kept / "metrics.json").is_file()
+
+
+def test_a_lane_holding_what_it_does_not_list_is_left_with_it_and_reported(laned, tmp_path):
+    project = laned
+    golden = project.golden_dir("test_step", "test_gone")
+    (golden / "@lanes" / "gpu" / "notes.txt").write_text("mine")
+    elsewhere = tmp_path / "elsewhere"  # a lane linked in from outside the golden root
+    shutil.copytree(golden / "@lanes" / "gpu", elsewhere)
+    (golden / "@lanes" / "linked").symlink_to(elsewhere, target_is_directory=True)
+    outside = sorted(p.name for p in elsewhere.iterdir())
+    (project.path / "test_gone.py").unlink()
+
+    result = project.run("--golden-prune", "--golden-lane", "gpu")
+    result.assert_outcomes(passed=1)
+    assert sorted(p.name for p in elsewhere.iterdir()) == outside, "a link is never followed"
+    assert (golden / "@lanes" / "gpu" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (golden / "@lanes" / "gpu").iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in golden.iterdir()) == ["@lanes"]
+    result.stdout.fnmatch_lines(
+        [
+            "--golden-prune kept *test_gone/test_step: it holds files its golden does not list "
+            "(@lanes/gpu/notes.txt, @lanes/linked)"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("lane", "loss"), [([], 0.5), (["--golden-lane", "gpu"], 0.6), (["--golden-lane", "cpu"], 0.5)]
+)
+def test_the_lanes_of_a_golden_in_use_are_never_pruned(laned, lane, loss):
+    project = laned
+    project.set_values(loss=loss)
+    before = project.golden_files()
+    result = project.run("--golden-prune-tests", *lane)
+    result.assert_outcomes(passed=2)
+    assert project.golden_files() == before
+    assert unused_lines(result) == []
+
+
+def test_a_lane_is_never_a_golden_of_its_own(laned):
+    project = laned
+    (project.path / "test_gone.py").unlink()
+    result = project.run("--golden-lane", "gpu")
+    result.assert_outcomes(passed=1)
+    assert unused_lines(result) == ["golden/test_gone/test_step"]

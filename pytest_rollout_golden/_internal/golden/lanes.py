@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...errors import GoldenError
 from ...store.location import LANE_NAME as _NAME, LANES, MANIFEST
 
 AUTO = "auto"
@@ -154,16 +155,99 @@ def resolve_setting(
     return None, ""
 
 
+def split_lane(path: Path) -> tuple[Path, str | None]:
+    """``GOLDEN@LANE`` (as ``rollout-golden diff`` and ``plot`` take it) as ``(GOLDEN, LANE)``
+    where ``GOLDEN`` exists; any other path (one that exists, or whose name ends in no
+    ``@<lane name>``) as ``(path, None)``.
+
+    A golden's own name never holds ``@`` (:func:`~.location.safe_name`), so the split is
+    unambiguous for every golden the plugin writes."""
+    stem, at, lane = path.name.rpartition("@")
+    if path.exists() or not (at and stem and _NAME.fullmatch(lane)):
+        return path, None
+    golden = path.with_name(stem)
+    return (golden, lane) if golden.exists() else (path, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneValues:
+    """One lane of a golden as the command line reads it.
+
+    ``directory``: where its values are (the golden itself for its base lane); ``manifest``:
+    the manifest there (``None`` where it could not be read, see ``problem``); ``stale``: the
+    input files changed since its values were computed (:func:`stale_inputs`).
+    """
+
+    lane: str | None
+    directory: Path
+    base: bool
+    manifest: Mapping[str, Any] | None
+    stale: list[str] = dataclasses.field(default_factory=list)
+    problem: str | None = None
+
+    @property
+    def device(self) -> str | None:
+        """The device line of the fingerprint of the run that recorded these values."""
+        fingerprint = (self.manifest or {}).get("fingerprint")
+        return str(fingerprint.get("device")) if isinstance(fingerprint, Mapping) else None
+
+
+def golden_lanes(directory: Path, manifest: Mapping[str, Any]) -> list[LaneValues]:
+    """Every lane of the golden in ``directory`` (``manifest``: its own, read): its base lane
+    (where it has one: a golden imported without a fingerprint has none), then the others by
+    name. A lane whose manifest is unreadable is listed with the reason as its ``problem``."""
+    from ... import store
+
+    base = base_lane(manifest)
+    found = [] if base is None else [LaneValues(base, directory, True, manifest)]
+    inputs = input_digests(manifest.get("files", {}))
+    for name in other_lanes(directory):
+        folder = lane_dir(directory, name)
+        try:
+            recorded = store.read_manifest(folder)
+        except GoldenError as exc:
+            found.append(LaneValues(name, folder, False, None, problem=str(exc)))
+            continue
+        stale = stale_inputs(recorded or {}, inputs)
+        found.append(LaneValues(name, folder, False, recorded, stale))
+    return found
+
+
+def lane_values(directory: Path, lane: str | None) -> LaneValues:
+    """Lane ``lane`` of the golden in ``directory`` (``None``: its base lane, the values
+    beside its inputs). Raises :class:`~.errors.GoldenError` naming the lanes it holds if it
+    has no such lane, or naming the file if it is not a golden or its manifest is damaged."""
+    from ... import store
+    from ..report.presentation import lane_not_held
+
+    manifest = store.read_manifest(directory)
+    if manifest is None:
+        raise GoldenError(f"{directory}: no {MANIFEST}; not a golden directory")
+    held = golden_lanes(directory, manifest)
+    if lane is None:
+        return LaneValues(base_lane(manifest), directory, True, manifest)
+    for values in held:
+        if values.lane == lane:
+            if values.problem is not None:
+                raise GoldenError(values.problem)
+            return values
+    raise GoldenError(lane_not_held(directory, lane, [v.lane for v in held if v.lane]))
+
+
 __all__ = [
     "AUTO",
     "ENVIRONMENT_VARIABLE",
     "LaneSetting",
+    "LaneValues",
     "base_lane",
     "environment_lane",
+    "golden_lanes",
     "input_digests",
     "lane_dir",
     "lane_problem",
+    "lane_values",
     "other_lanes",
     "resolve_setting",
+    "split_lane",
     "stale_inputs",
 ]

@@ -34,11 +34,18 @@ from ... import store
 from ...errors import GoldenError
 from ...store.location import MANIFEST, METRICS, TOLERANCES, find_goldens
 from ..golden.files import load_golden
+from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
 from ..tolerance.spec import Layer
 from ..tolerance.stack import Resolver, Stack
-from .presentation import ALLOW_NAN, diff_allow_nan, diff_mask_note, difference_detail
+from .presentation import (
+    ALLOW_NAN,
+    diff_allow_nan,
+    diff_mask_note,
+    difference_detail,
+    lane_inputs_changed,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,27 +110,76 @@ def one_sided(pair: Pair) -> GoldenDiff:
 def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
     """Compare B against A: two golden directories, two golden roots or two batch files
     (paired by :func:`pair_paths`); a golden found on one side only is a difference.
-    Raises :class:`GoldenError` for a path that is missing, unreadable or not ours.
+    ``GOLDEN@LANE`` (or ``ROOT@LANE``) takes that lane's values (:func:`lane_pair`).
+    Raises :class:`GoldenError` for a path that is missing, unreadable or not ours, and for a
+    lane that a golden given as such lacks.
     """
+    (a, lane_a), (b, lane_b) = split_lane(a), split_lane(b)
     pairs = pair_paths(a, b)
     if a.is_file():
+        if lane_a or lane_b:
+            raise GoldenError(f"{a} and {b}: batch files have no lanes; GOLDEN@LANE takes goldens")
         return [_diff_batches(a, b, tolerances.resolver())]
-    return [
-        diff_goldens(p.a, p.b, tolerances, label=p.label)
-        if p.a is not None and p.b is not None
-        else one_sided(p)
-        for p in pairs
+    lanes = (lane_a, lane_b)
+    single = (a / MANIFEST).is_file()
+    return [diff_pair(p, tolerances, lanes, strict=single) for p in pairs]
+
+
+def diff_pair(
+    pair: Pair, tolerances: Stack, lanes: tuple[str | None, str | None], *, strict: bool = False
+) -> GoldenDiff:
+    """Compare a pair of goldens, lane ``lanes[1]`` of B against lane ``lanes[0]`` of A
+    (both ``None``: the goldens as they are; one ``None``: that golden's base lane).
+
+    A golden without the lane asked for is a difference, or with ``strict`` a
+    :class:`GoldenError`; a lane computed on other inputs than its golden holds is a
+    difference, not compared."""
+    if pair.a is None or pair.b is None:
+        return one_sided(pair)
+    if lanes == (None, None):
+        return diff_goldens(pair.a, pair.b, tolerances, label=pair.label)
+    try:
+        values = lane_pair(pair.a, pair.b, lanes)
+    except GoldenError as exc:
+        if strict:
+            raise
+        label = f"{pair.label} (lane {lanes[0]} vs {lanes[1]})"
+        return GoldenDiff(label, str(pair.a), str(pair.b), problems=[str(exc)])
+    label = f"{pair.label} (lane {values[0].lane} vs {values[1].lane})"
+    stale = [
+        f"{side.directory}: {lane_inputs_changed(str(side.lane), side.stale)}"
+        for side in values
+        if side.stale
     ]
+    a, b = values[0].directory, values[1].directory
+    if stale:
+        return GoldenDiff(label, str(a), str(b), problems=stale)
+    return diff_goldens(a, b, tolerances, label=label, values_only=True)
 
 
-def diff_goldens(a: Path, b: Path, tolerances: Stack, *, label: str) -> GoldenDiff:
-    """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply)."""
+def lane_pair(a: Path, b: Path, lanes: tuple[str | None, str | None]) -> tuple[LaneValues, ...]:
+    """Where lane ``lanes[0]`` of golden ``a`` and lane ``lanes[1]`` of ``b`` keep their
+    values (``None``: the golden's base lane). Raises :class:`GoldenError` for a lane a
+    golden lacks."""
+    return lane_values(a, lanes[0]), lane_values(b, lanes[1])
+
+
+def diff_goldens(
+    a: Path, b: Path, tolerances: Stack, *, label: str, values_only: bool = False
+) -> GoldenDiff:
+    """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply).
+
+    ``values_only``: leave out the inputs (rollout files), which two lanes of a golden share
+    and a lane's directory does not hold."""
     manifest_a, left = load_golden(a)
-    _, right = load_golden(b)
+    manifest_b, right = load_golden(b)
     calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES)
     resolver = tolerances.replace(calibrated=calibrated).resolver()
     result = GoldenDiff(label, str(a), str(b))
-    for filename in sorted((left.keys() | right.keys()) - {TOLERANCES}):
+    skipped = {TOLERANCES}
+    if values_only:
+        skipped |= {*input_digests(manifest_a["files"]), *input_digests(manifest_b["files"])}
+    for filename in sorted((left.keys() | right.keys()) - skipped):
         if filename not in left or filename not in right:
             result.problems.append(f"{filename} only in {'A' if filename in left else 'B'}")
             continue
@@ -216,6 +272,7 @@ def _tensor_rows(
 
     arrays_a, layout_a = codec.flatten(left)
     arrays_b, layout_b = codec.flatten(right)
+    arrays_a, arrays_b = _on_cpu(arrays_a), _on_cpu(arrays_b)
     prefix = f"{info['name']}/" if info.get("name") else ""
     where = {"step": info.get("step"), "rank": info.get("rank"), "micro": info.get("micro")}
     same_keys = arrays_a.keys() == arrays_b.keys()
@@ -252,6 +309,15 @@ def _tensor_rows(
             row.mask_selected, row.note = selected, diff_mask_note(selected, row.numel)
         rows.append(row)
     return rows
+
+
+def _on_cpu(arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """The tensors of a loaded batch on the CPU. A golden loads onto the device it was recorded
+    on where this machine has it (:mod:`~.store.codec`), so a CUDA golden and a CPU one would
+    meet in one torch op; the CPU holds either."""
+    from ...store import codec
+
+    return {key: v.cpu() if codec.is_torch_tensor(v) else v for key, v in arrays.items()}
 
 
 def _mask_selected(info: Mapping[str, Any], key: str, numel: int) -> int | None:

@@ -1015,3 +1015,39 @@ def diff_summary(counts: Mapping[str, int]) -> str:
         f"{counts['differ']} differ beyond tolerance, {counts['within_tolerance']} within "
         f"tolerance, {counts['one_sided']} on one side only"
     )
+
+
+def lane_not_held(directory: Path, lane: str, held: Sequence[str]) -> str:
+    """``rollout-golden show --lane`` or ``diff GOLDEN@LANE`` of a lane the golden lacks."""
+    holds = f"lane{'s' if len(held) > 1 else ''} {', '.join(held)}" if held else "no named lane"
+    return f"golden {directory} has no lane {lane!r}; it holds {holds}"
+
+
+def lane_inputs_changed(lane: str, stale: Sequence[str]) -> str:
+    """A lane whose values were computed on inputs the golden no longer holds, as
+    ``rollout-golden`` reports it (replay refuses it with :func:`lane_on_other_inputs`)."""
+    return (
+        f"the values of lane {lane!r} were computed on other inputs than the golden holds "
+        f"({', '.join(stale)} changed since); re-record this lane on its hardware: "
+        f"`pytest --update-golden --golden-lane {lane}`, then commit the golden/ directory"
+    )
+
+
+def not_a_lane(entry: Path) -> str:
+    """An entry of a golden's ``@lanes/`` that is no lane, in ``rollout-golden verify``."""
+    return (
+        f"not a lane of this golden (a lane is a directory named like `cpu` or `cuda-sm90` "
+        f"holding a {MANIFEST}); nothing reads it, and verify deletes nothing: move "
+        f"{entry.name} out of {entry.parent.name}/ if it is yours, else delete it"
+    )
+
+
+def verify_totals(goldens: int, lanes: int, problems: int, unchecked: int) -> str:
+    """The last line of ``rollout-golden verify``, counting the lanes it checked too."""
+    if not lanes:
+        return verify_summary(goldens, problems, unchecked)
+    return (
+        f"{goldens} golden{'s' if goldens != 1 else ''} and {lanes} lane"
+        f"{'s' if lanes != 1 else ''} checked, {problems} with problems, {unchecked} could "
+        "not be checked"
+    )
