@@ -548,26 +548,34 @@ def _finite_chunk(e: Any, diff: Any, total: float, where: _Positions, lane: _Lan
     ok = diff <= allowed
     n_bad = diff.numel() - int(torch.count_nonzero(ok))
     rel = diff.div(e_abs).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)  # 0 / 0
-    abs_max, abs_idx = _greatest(diff, nan=False)
-    rel_max, rel_idx = _greatest(rel, nan=False)
-    if where.positions is None:
-        abs_sum, abs_count = total, diff.numel()
-    else:
-        abs_sum, abs_count = where.finite_sum(diff)
-    rel_sum, rel_count = where.finite_sum(rel)
+    abs_sums = (total, diff.numel()) if where.positions is None else where.finite_sum(diff)
+    found = _extremes(diff, rel, where, nan=False, abs_sums=abs_sums)
     return _Chunk(
         bad=n_bad,
-        abs_max=abs_max,
-        abs_idx=where.of(abs_idx),
-        rel_max=rel_max,
-        rel_idx=where.of(rel_idx),
-        abs_sum=abs_sum,
-        abs_count=abs_count,
-        rel_sum=rel_sum,
-        rel_count=rel_count,
+        **found,
         excess=_excess(diff, allowed, ~ok, lane.tol.exact) if n_bad else 0.0,
-        differs=abs_max > 0,
+        differs=found["abs_max"] > 0,
     )
+
+
+def _extremes(
+    diff: Any, rel: Any, where: _Positions, *, nan: bool, abs_sums: tuple[float, int]
+) -> dict[str, Any]:
+    """The greatest absolute and relative differences of a chunk, where they are, and the
+    sums and counts of their finite values: the :class:`_Chunk` fields both analyses share."""
+    abs_max, abs_idx = _greatest(diff, nan=nan)
+    rel_max, rel_idx = _greatest(rel, nan=nan)
+    rel_sum, rel_count = where.finite_sum(rel)
+    return {
+        "abs_max": abs_max,
+        "abs_idx": where.of(abs_idx),
+        "rel_max": rel_max,
+        "rel_idx": where.of(rel_idx),
+        "abs_sum": abs_sums[0],
+        "abs_count": abs_sums[1],
+        "rel_sum": rel_sum,
+        "rel_count": rel_count,
+    }
 
 
 def _any_chunk(
@@ -601,20 +609,9 @@ def _any_chunk(
     nan_mismatch = e_nan ^ a_nan
     n_nan = int(torch.count_nonzero(nan_mismatch))
     nan = n_nan > 0 or e.is_complex()  # complex: inf - inf in one part is NaN
-    abs_max, abs_idx = _greatest(diff, nan=nan)
-    rel_max, rel_idx = _greatest(rel, nan=nan)
-    abs_sum, abs_count = where.finite_sum(diff)
-    rel_sum, rel_count = where.finite_sum(rel)
     return _Chunk(
         bad=n_bad,
-        abs_max=abs_max,
-        abs_idx=where.of(abs_idx),
-        rel_max=rel_max,
-        rel_idx=where.of(rel_idx),
-        abs_sum=abs_sum,
-        abs_count=abs_count,
-        rel_sum=rel_sum,
-        rel_count=rel_count,
+        **_extremes(diff, rel, where, nan=nan, abs_sums=where.finite_sum(diff)),
         excess=_excess(diff, allowed, bad, lane.tol.exact) if n_bad else 0.0,
         differs=not bool((same_bits if same_bits is not None else equal).all()),
         nan_vs_value=n_nan,
