@@ -88,6 +88,24 @@ def test_a_bug_among_the_variants_is_excluded_from_the_lane_and_still_fails(proj
     assert failed == ["test_x[noscale]", "test_x[x1.001]"]
 
 
+def test_without_the_reference_selected_the_variants_median_stands_in_for_it(project):
+    project.write(VARIANTS)
+    project.set_values(variants=TRUE + BUGS)
+    project.run().assert_outcomes(passed=4, failed=2)
+    result = project.run("--golden-calibrate", "2", "-k", "not mb8")
+    result.assert_outcomes(passed=6, failed=4, deselected=1)
+    written = lane(project)
+    assert written["how"]["tests"] == sorted(
+        f"test_it.py::test_x[{v}]" for v in ["mb4", "mb2", "mb1", *BUGS]
+    )
+    excluded = {t: set(r["excluded"]) for t, r in written["variants"].items() if r["excluded"]}
+    assert excluded == {
+        "test_it.py::test_x[x1.001]": {"loss", "grad_norm"},
+        "test_it.py::test_x[noscale]": {"grad_norm"},
+    }
+    assert all(tol["rtol"] < 1e-4 for tol in written["layout_tolerances"].values())
+
+
 # RLOO's loss: 0 up to rounding at every step (~1e-8), moved by ~5e-8 as the thread count
 # changes; the reward is an ordinary value.
 NOISE_LEVEL = """

@@ -49,8 +49,10 @@ with ``OUTLIER = 10``, at least 2 other variants or a same-layout spread to comp
 (with one variant, the same-layout spread alone; with neither, nothing is excluded), and
 the baseline at least the dtype floor (``ROUNDING_LEVEL / OUTLIER`` at rounding level), so
 rounding is never an outlier. Why: true same-math variants reorder the same sums, so their
-distances are of one order (the project's parallel matrix: its 32 layouts' spread within
-10x of the same-layout spread); a bug of 1e-3 is 30-1000x beyond float32 reordering noise.
+distances are of one order (the project's parallel matrices, float32, 3 runs: of 31 policy
+and 47 MoE layouts, the farthest is 2.6x the median of the others); a bug of 1e-3 is >= 60x
+beyond float32 same-math noise (<= 1.6e-5 of the largest value on verl and TRL; in bf16
+grad_norm's noise is within 10x of it, and such a bug stays in that value's lane).
 Pooling every variant instead let one bug widen the lane to itself (a loss x1.001 variant
 made the lane rtol 2e-3, and then passed), or push it over ``MAX_RTOL`` so that nothing was
 written (a dropped accumulation scale, spread 0.5). The spread over the runs of the
@@ -111,9 +113,9 @@ MAX_ATOL = 1e-5
 # A variant whose distance to the reference, for a value, exceeds OUTLIER x the larger of the
 # median distance of the other variants and the same-layout spread is no same-math variant
 # of that value: it is left out of the variant lane it would widen. True same-math variants
-# reorder the same sums, so their distances are of one order (the 32 layouts of the
-# project's parallel matrix: within 10x of the same-layout spread, docs/guide/tolerances.md);
-# a bug of 1e-3 is 30-1000x beyond float32 reordering noise (1e-6 to 3e-5).
+# reorder the same sums, so their distances are of one order (the project's parallel
+# matrices: of 31 policy and 47 MoE layouts the farthest is 2.6x the others' median);
+# a bug of 1e-3 is >= 60x beyond float32 same-math noise (<= 1.6e-5, tolerance/families.py).
 OUTLIER = 10.0
 
 
@@ -445,7 +447,7 @@ def _spread_entry(spread: Spread, below: Tolerance) -> dict[str, Any]:
     }
     if spread.scaled:
         entry["distance"] = "to the golden, relative to the recorded magnitude"
-    elif at_rounding_level(spread):
+    elif at_rounding_level(spread) and spread.abs:
         entry["at_rounding_level"] = True
         entry["largest_magnitude"] = spread.magnitude
     elif measured:
@@ -588,11 +590,10 @@ def calibrate_goldens(
             continue
         of_layout = {t: lay for t, lay in (layouts or {}).get(directory, {}).items() if t in usable}
         ignored = {n for runs in usable.values() for run in runs for n in run.get("ignored", ())}
-        same = _same_layout_spreads(usable, replaying)
         across_base = functools.partial(_below, variant_resolver or resolver, ignored)
-        lane = variant_lane(usable, of_layout, replaying, same, across_base)
+        lane = variant_lane(usable, of_layout, replaying, across_base)
         content = document(
-            same,
+            _same_layout_spreads(usable, replaying),
             functools.partial(_below, resolver, ignored),
             runs=runs,
             perturbations=perturbations,
@@ -607,18 +608,29 @@ def calibrate_goldens(
 
 
 def _same_layout_spreads(
-    usable: Mapping[str, Sequence[Any]], replaying: Sequence[str]
+    usable: Mapping[str, Sequence[Any]], replaying: Collection[str]
 ) -> dict[str, Spread]:
     """Each value's spread over the runs of each test (``usable``: test id -> its runs'
     samples), merged over the tests."""
     found: dict[str, Spread] = {}
-    for test, test_runs in usable.items():
-        measured = spreads([run["metrics"] for run in test_runs])
-        if test not in replaying:  # a variant's distance to the golden is no same-layout noise
-            measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
+    for measured in _own_spreads(usable, replaying).values():
         for name, spread in measured.items():
             found[name] = spread if name not in found else found[name].merge(spread)
     return found
+
+
+def _own_spreads(
+    usable: Mapping[str, Sequence[Any]], replaying: Collection[str]
+) -> dict[str, dict[str, Spread]]:
+    """Per test, each value's spread over its own runs (a test that replays another's golden:
+    metrics only, as its tensors' distance to that golden is no same-layout noise)."""
+    out = {}
+    for test, test_runs in usable.items():
+        measured = spreads([run["metrics"] for run in test_runs])
+        if test not in replaying:
+            measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
+        out[test] = measured
+    return out
 
 
 # --------------------------------------------------------------------------- variants
@@ -628,17 +640,18 @@ def variant_lane(
     usable: Mapping[str, Sequence[Any]],
     of_layout: Mapping[str, str],
     replaying: Collection[str],
-    same: Mapping[str, Spread],
     base: Callable[[str, str], Tolerance],
 ) -> tuple[dict[str, Spread], dict[str, Any]] | None:
     """The spreads of the calibrated variant lane, and per variant test its record:
     ``None`` unless the tests are of two variants or more (``of_layout``: test id ->
-    variant id; ``replaying``: the variants' test ids; ``same``: the same-layout spreads).
+    variant id; ``replaying``: the variants' test ids).
 
     Each variant is measured on its own: per value, its distance to the reference's runs
     (:func:`variant_distances`). A variant whose distance is an outlier (:func:`outliers`)
-    is left out of that value's lane, which pools the runs of the reference and of the
-    variants kept.
+    against the other variants and the same-layout spread (the reference's own, which no
+    variant can inflate; the median of the variants' own where the reference was not
+    selected) is left out of that value's lane, which pools the runs of the reference and
+    of the variants kept.
     """
     if len(set(of_layout.values())) < 2:
         return None
@@ -649,7 +662,8 @@ def variant_lane(
     else:  # the reference was not selected: the variants' median stands in for it
         center = _median_run([_mean_run([r["metrics"] for r in usable[t]]) for t in variants])
     distances = {t: variant_distances(center, usable[t]) for t in variants}
-    excluded = _judge(distances, same, base)
+    own = _own_spreads({t: usable[t] for t in reference or variants}, replaying)
+    excluded = _judge(distances, list(own.values()), base)
     records = {
         t: _record(of_layout[t], distances[t], excluded.get(t, {}), usable[t], base)
         for t in variants
@@ -715,11 +729,12 @@ def _measured(spread: Spread, base: Tolerance, absolute: bool) -> float:
 
 def _judge(
     distances: Mapping[str, Mapping[str, Spread]],
-    same: Mapping[str, Spread],
+    same: Sequence[Mapping[str, Spread]],
     base: Callable[[str, str], Tolerance],
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Test id -> value -> why the variant is an outlier for that value (:func:`outliers`),
-    each value measured the way its tolerance measures; values not compared are not judged."""
+    each value measured the way its tolerance measures; values not compared are not judged.
+    ``same``: per test, the spreads over its own runs; their median is the noise."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in sorted({n for found in distances.values() for n in found}):
         first = next(found[name] for found in distances.values() if name in found)
@@ -732,7 +747,8 @@ def _judge(
             for t, found in distances.items()
             if name in found
         }
-        noise = _measured(same[name], below, absolute) if name in same else 0.0
+        own = [_measured(test[name], below, absolute) for test in same if name in test]
+        noise = statistics.median(own) if own else 0.0
         eps = EPS.get(first.dtype, EPS["float64"])
         floor = ROUNDING_LEVEL / OUTLIER if absolute else DTYPE_FLOOR * eps
         for test, why in outliers(measured, noise=noise, floor=floor).items():
