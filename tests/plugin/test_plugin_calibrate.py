@@ -77,7 +77,7 @@ def test_spread_times_margin_becomes_the_tolerance(calibrated):
             "calibrated tolerances written to golden/test_it/test_noisy/tolerances.json:",
             "    metric  rel spread  abs spread  at step  rtol * atol*",
             "    loss    *",
-            "    steady  0           0           -        default kept  -",
+            "    steady  0           0           -        default: spread 0  -",
         ]
     )
     # The thread counts calibration changes on purpose are not reported as environment changes.
@@ -284,7 +284,8 @@ def test_calibration_across_layouts_becomes_the_variants_layout_lane(project):
     written = json.loads((project.golden / "@shared" / "policy" / "tolerances.json").read_text())
     assert written["how"]["layouts"] == [REF, VARIANT]
     assert written["tolerances"] == {}  # no layout moves with the thread count
-    rel = (0.5 * (1 + 2e-6) - 0.5) / (0.5 * (1 + 2e-6))
+    # against the reference's magnitude, the one the comparison's scale="recorded" uses
+    rel = (0.5 * (1 + 2e-6) - 0.5) / 0.5
     lane = written["layout_tolerances"]
     assert lane["pg_loss"]["rtol"] == pytest.approx(MARGIN * rel)
     assert "grad_norm" not in lane  # equal across layouts: the shipped lane stays
@@ -369,9 +370,9 @@ def test_calibration_where_every_value_keeps_its_default_writes_nothing_and_remo
         [
             "calibrated golden/test_it/test_steady: every value keeps its default; nothing "
             "written (the earlier tolerances.json removed):",
-            "    metric  rel spread  abs spread  at step  rtol          atol",
-            "    loss    0           0           -        default kept  -",
-            "    timing  *  not compared  -",
+            "    metric  rel spread  abs spread  at step  rtol               atol",
+            "    loss    0           0           -        default: spread 0  -",
+            "    timing  *  not compared       -",
         ]
     )
     assert main(["verify", str(project.golden)]) == 0

@@ -58,10 +58,12 @@ class CalibrationPlugin:
         return (yield)
 
     def sample(self, item: pytest.Item, golden: Golden, error: bool) -> None:
-        """A run's golden finished: keep its metrics, unless the test is expected to fail or
-        raised itself; its outcome does not list the perturbations as environment changes."""
+        """A run's golden finished: keep its metrics and the values that failed against the
+        golden, unless the test is expected to fail or raised itself; its outcome does not
+        list the perturbations as environment changes."""
         if CALIBRATION_RUN not in item.stash:
             return
+        from ..golden.results import Verdict
         from ..tolerance.calibration import unperturbed
 
         options = self.core.marker_options(item)
@@ -69,15 +71,19 @@ class CalibrationPlugin:
         skipped = "the test raised" if error else ""
         if expected_to_fail(item):
             skipped = "expected to fail (xfail)"
+        outcome = golden.outcome
+        sample = golden.calibration_sample()
+        sample["failed"] = sorted(
+            {c.name for c in outcome.comparisons if c.verdict == Verdict.FAIL}
+        )
         self.core.state.add_calibration_run(
             str(golden.directory),
             item.nodeid,
-            golden.calibration_sample(),
+            sample,
             layout=None if layout is None else str(layout),
             replaying=markers.replays_reference(options),
             skipped=skipped,
         )
-        outcome = golden.outcome
         outcome.environment_changes = unperturbed(outcome.environment_changes)
 
     # Before the core's session end, which reports what this wrote.

@@ -661,12 +661,17 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
         cells = [("lane", *cells[0])]
     for row in entry["rows"]:
         kept = "rtol" not in row
-        kept_as = {"not compared": "not compared"}.get(row.get("kept", ""), "default kept")
+        why = row.get("why")  # spread 0, = measured, over the cap, not compared
+        labels = {None: "default kept", "not compared": why, "over the cap": f"refused: {why}"}
+        kept_as = labels.get(why, f"default: {why}")
+        rel = number(row["rel_spread"], 3)
+        if row.get("at_rounding_level"):  # its spread is taken as absolute
+            rel = "- (rounding level)"
         cells.append(
             (
                 *((row.get("lane", "same layout"),) if lanes else ()),
                 row["metric"],
-                number(row["rel_spread"], 3),
+                rel,
                 number(row["abs_spread"], 3),
                 number(row["at_step"]),
                 kept_as if kept else number(row["rtol"], 3),
@@ -674,9 +679,51 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
             )
         )
     lines += table(cells, "    ")
+    for row in entry["rows"]:
+        if row.get("refused"):
+            lines.append(
+                f"    refused: {row.get('lane', 'same layout')} {row['metric']}: {row['refused']}"
+            )
+    lines += [f"    {line}" for line in calibrated_variants(entry.get("variants", ()))]
     if entry["skipped"]:
         lines.append(f"    left out: {entry['skipped']}")
     return lines
+
+
+def calibrated_variants(variants: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``--golden-calibrate``: a line per variant left out of the variant lane for some value
+    (how far it moved, against what) or failed against the golden during calibration."""
+    lines = []
+    for v in variants:
+        parts = []
+        excluded = sorted(v["excluded"].items(), key=lambda item: -item[1]["times"])
+        if excluded:
+            moved = "; ".join(
+                f"{name} by {_distance(why['distance'], why['absolute'])}, "
+                f"{_times(why['times'])} {why['against']}"
+                for name, why in excluded
+            )
+            parts.append(f"moved {moved}: excluded from the variant lane (not same math?)")
+        failed = []
+        for name in v["failed"]:
+            distance = v["distances"].get(name)
+            if name in v["excluded"] or distance is None:
+                failed.append(name)
+            else:
+                moved = _distance(distance["distance"], distance["measure"] == "absolute")
+                failed.append(f"{name} (moved by {moved}: kept in the variant lane)")
+        if failed:
+            parts.append(f"failed against the golden during calibration on {', '.join(failed)}")
+        lines.append(f"{v['test']}: {'; '.join(parts)}")
+    return lines
+
+
+def _distance(value: float, absolute: bool) -> str:
+    return f"{value:.1e}" + (" (absolute)" if absolute else "")
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio < 1e4 else f"{ratio:.0e}x"
 
 
 def not_compared(outcomes: Iterable[Outcome]) -> list[str]:

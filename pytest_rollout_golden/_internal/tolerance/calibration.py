@@ -18,6 +18,17 @@ the steps, adds to ``atol`` only: there a relative spread is meaningless (0 agai
 1e-7 is 100%) and would disarm the gate at the steps where the metric is large. A value
 the tolerances below do not compare gets no entry.
 
+A metric whose every recorded value lies below ``ROUNDING_LEVEL`` (1e-6, the rounding of
+float32 terms of order 1: a loss that cancels to 0, as TRL RLOO's does) has no magnitude to
+be relative to; its spread is absolute::
+
+    atol = max(MARGIN * max absolute spread, lower layers' atol)   (rtol, scale: the layers')
+
+Calibration writes nothing it could not defend, and says why in the summary: an rtol beyond
+``MAX_RTOL`` (0.05), an atol at rounding level beyond ``MAX_ATOL`` (1e-5: 10x the rounding
+level, 100x below a loss that stops cancelling), an atol around 0 beyond ``MAX_RTOL`` x the
+metric's largest magnitude: a check that cannot fail is a defect, not a tolerance.
+
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default; nor does one whose measured tolerance equals the default. The result is
 ``tolerances.json`` inside the golden directory, listed in its manifest (so an update's
@@ -26,9 +37,30 @@ derived from. A golden where every value keeps its default gets no file, and los
 an earlier calibration wrote: the defaults are what the measurement says.
 
 Variants that gate against one golden (``same_math()``, ``parallel.variants()``) are
-also measured *across* variants: the spread over every run of every variant becomes the
-golden's calibrated variant lane (``layout_tolerances``), which variants use in place of
-the built-in defaults or the shipped layout lane: measured on the user's code.
+also measured *across* variants, each on its own first: per value, its distance to the
+reference is the largest ``|mean of its runs - mean of the reference's runs|`` over steps,
+measured as the tolerance measures (over the reference's largest magnitude under
+``scale="recorded"``; absolute at rounding level; a tensor's distance to the golden). A
+variant is an **outlier** for a value, and left out of that value's lane, when::
+
+    distance > OUTLIER * max(median distance of the other variants, same-layout spread)
+
+with ``OUTLIER = 10``, at least 2 other variants or a same-layout spread to compare against
+(with one variant, the same-layout spread alone; with neither, nothing is excluded), and
+the baseline at least the dtype floor (``ROUNDING_LEVEL / OUTLIER`` at rounding level), so
+rounding is never an outlier. Why: true same-math variants reorder the same sums, so their
+distances are of one order (the project's parallel matrices, float32, 3 runs: of 31 policy
+and 47 MoE layouts, the farthest is 2.6x the median of the others); a bug of 1e-3 is >= 60x
+beyond float32 same-math noise (<= 1.6e-5 of the largest value on verl and TRL; in bf16
+grad_norm's noise is within 10x of it, and such a bug stays in that value's lane).
+Pooling every variant instead let one bug widen the lane to itself (a loss x1.001 variant
+made the lane rtol 2e-3, and then passed), or push it over ``MAX_RTOL`` so that nothing was
+written (a dropped accumulation scale, spread 0.5). The spread over the runs of the
+reference and the variants kept becomes the golden's calibrated variant lane
+(``layout_tolerances``), which variants use in place of the built-in defaults or the shipped
+layout lane: measured on the user's code. ``tolerances.json`` keeps every variant's
+distances, what was excluded and why, and the values that failed against the golden during
+calibration (``variants``); the summary names the excluded and the failed.
 
 Tensors (``check_tensors``) are measured by their distance to the golden: per run, the
 greatest ``|actual - recorded|`` relative to the tensor's recorded magnitude (or to
@@ -42,6 +74,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +98,25 @@ LAYOUT_SOURCE = "calibrated variant lane (tolerances.json)"
 # by more than the order of their sums (a non-deterministic op, sampling left on).
 MAX_RTOL = 0.05
 _WRITTEN = ("rtol", "atol", "scale", "equal_nan")  # the fields calibration writes
+# The rounding level of float32 terms of order 1 (8 ulps; presentation.ROUNDING_LEVEL, the
+# failure notes' own): a metric whose every recorded value lies below it (TRL RLOO's loss, a
+# mean of centred advantages: |loss| <= 3.7e-8) holds no value of its own, only the rounding
+# of terms that cancel. Its spread is taken as absolute: relative to ~1e-8, rounding reads as
+# 100% (RLOO's 1.33 under --golden-calibrate 3) and would be refused over MAX_RTOL.
+ROUNDING_LEVEL = 1e-6
+# The largest atol calibration writes for such a metric: 10x the rounding level. Rounding of
+# terms of order 1 moves a cancelling value by <= 1e-6 (RLOO: <= 9.7e-8 under a same-math
+# change), so MARGIN x its spread stays below; a value that stops cancelling (dapo's loss,
+# ~1e-3; a loss summed over padding, 0.076) is 100x beyond. A wider atol would be a check that
+# cannot fail: beyond it calibration writes nothing and says why.
+MAX_ATOL = 1e-5
+# A variant whose distance to the reference, for a value, exceeds OUTLIER x the larger of the
+# median distance of the other variants and the same-layout spread is no same-math variant
+# of that value: it is left out of the variant lane it would widen. True same-math variants
+# reorder the same sums, so their distances are of one order (the project's parallel
+# matrices: of 31 policy and 47 MoE layouts the farthest is 2.6x the others' median);
+# a bug of 1e-3 is >= 60x beyond float32 same-math noise (<= 1.6e-5, tolerance/families.py).
+OUTLIER = 10.0
 
 
 def calibrated_layer(document: Any, path: Path) -> Layer:
@@ -213,6 +265,7 @@ class Spread:
     near_zero_abs: float = 0.0  # the largest absolute spread at such steps
     scaled: bool = False  # a tensor's distance, relative to its recorded magnitude
     of_magnitude: float = 0.0  # a metric's largest spread over its largest magnitude
+    magnitude: float = math.inf  # the largest |value| recorded (inf: not known, a tensor)
 
     def merge(self, other: Spread) -> Spread:
         """The larger of two spreads (of two steps, or two tests sharing a golden)."""
@@ -223,15 +276,25 @@ class Spread:
             near_zero=self.near_zero or other.near_zero,
             near_zero_abs=max(self.near_zero_abs, other.near_zero_abs),
             of_magnitude=max(self.of_magnitude, other.of_magnitude),
+            magnitude=max(self.magnitude, other.magnitude),
         )
 
 
-def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread]:
+def at_rounding_level(spread: Spread) -> bool:
+    """Whether every recorded value of a metric lies below :data:`ROUNDING_LEVEL`."""
+    return not spread.scaled and spread.magnitude < ROUNDING_LEVEL
+
+
+def spreads(
+    runs: Sequence[Mapping[str, Mapping[str, Any]]], recorded: int | None = None
+) -> dict[str, Spread]:
     """Per metric, the spread over ``runs`` (each ``{step: {name: (value, dtype)}}``).
 
     Only steps every run checked count; NaN or infinite values are skipped. A step
     whose values touch 0 or lie below ``NEAR_ZERO`` times the metric's largest
     magnitude adds to the absolute spread only: relative to ~0 any noise is "100%".
+    ``recorded``: the first ``recorded`` runs are those of the test that recorded the golden
+    (the reference), whose magnitude the tolerance measures against; default all.
     """
     out: dict[str, Spread] = {}
     if len(runs) < 2:
@@ -244,14 +307,14 @@ def spreads(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Spread
             if all(math.isfinite(v) for v in values):
                 table.setdefault(name, []).append((int(step), values, runs[0][step][name][1]))
     for name, rows in table.items():
-        magnitude = max(abs(v) for _, values, _ in rows for v in values)
+        magnitude = max(abs(v) for _, values, _ in rows for v in values[:recorded])
         for step, values, dtype in rows:
             width, scale = max(values) - min(values), max(abs(v) for v in values)
             small = min(abs(v) for v in values) <= width or scale < NEAR_ZERO * magnitude
             rel = width / scale if scale and not small else 0.0
             of_magnitude = width / magnitude if magnitude else 0.0
             spread = Spread(rel, width, step, small, dtype, width if small else 0.0)
-            spread.of_magnitude = of_magnitude
+            spread.of_magnitude, spread.magnitude = of_magnitude, magnitude
             out[name] = spread if name not in out else out[name].merge(spread)
     return out
 
@@ -293,9 +356,15 @@ def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
 
     Under a ``base`` measured against the recorded magnitude (``scale="recorded"``), so is
     the spread: ``rtol = MARGIN * largest spread / largest magnitude``, keeping that scale.
+    A metric at rounding level (:func:`at_rounding_level`) keeps ``base``'s rtol and scale
+    and gets ``atol = MARGIN * its absolute spread`` (bounded by :data:`MAX_ATOL` in
+    :func:`refusal`).
     """
     if spread.abs == 0 or base.ignore:
         return None
+    if at_rounding_level(spread):
+        atol = max(base.atol, MARGIN * spread.abs)
+        return Tolerance(rtol=base.rtol, atol=atol, equal_nan=base.equal_nan, scale=base.scale)
     floor = DTYPE_FLOOR * EPS.get(spread.dtype, EPS["float64"])
     if base.scale == RECORDED and not spread.scaled:
         rtol = max(MARGIN * spread.of_magnitude, floor)
@@ -309,6 +378,32 @@ def tolerance_for(spread: Spread, base: Tolerance) -> Tolerance | None:
     return Tolerance(rtol=rtol, atol=atol, equal_nan=base.equal_nan, scale=scale)
 
 
+def refusal(tol: Tolerance, base: Tolerance, spread: Spread) -> str:
+    """Why calibration does not write ``tol`` (measured from ``spread`` over ``base``), or
+    "": its rtol beyond :data:`MAX_RTOL`, or an atol it raised beyond :data:`MAX_ATOL` (at
+    rounding level) or beyond ``MAX_RTOL`` x the metric's largest magnitude (around 0)."""
+    if tol.rtol > MAX_RTOL:
+        return (
+            f"rtol {tol.rtol:.3g} is beyond what calibration writes ({MAX_RTOL}): the runs "
+            "differ by more than the order of their sums"
+        )
+    if tol.atol <= base.atol:
+        return ""
+    if at_rounding_level(spread):
+        if tol.atol > MAX_ATOL:
+            return (
+                f"atol {tol.atol:.2g} is beyond what calibration writes at rounding level "
+                f"({MAX_ATOL:g}): the runs differ by more than the rounding of terms of order 1"
+            )
+    elif math.isfinite(spread.magnitude) and tol.atol > MAX_RTOL * spread.magnitude:
+        return (
+            f"atol {tol.atol:.2g} is beyond what calibration writes ({MAX_RTOL} x the largest "
+            f"magnitude, {spread.magnitude:.3g}): the runs differ by more than the order of "
+            "their sums"
+        )
+    return ""
+
+
 def _section(
     found: Mapping[str, Spread], base: Callable[[str, str], Tolerance]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -317,37 +412,47 @@ def _section(
     for name, spread in sorted(found.items()):
         below = base(name, spread.dtype)
         tol = tolerance_for(spread, below)
-        measured = below.scale == RECORDED and not spread.scaled
-        entry = {
-            "rel_spread": spread.of_magnitude if measured else spread.rel,
-            "abs_spread": spread.abs,
-            "at_step": spread.step if spread.abs else None,
-            "dtype": spread.dtype,
-        }
+        table[name] = entry = _spread_entry(spread, below)
         if below.ignore:
-            entry["kept"] = "not compared"
-        elif tol is None:
-            entry["kept"] = "spread 0: the default tolerance applies"
-        elif _same(tol, below):
+            entry["kept"] = entry["why"] = "not compared"
+            continue
+        if tol is None:
+            entry["kept"], entry["why"] = "spread 0: the default tolerance applies", "spread 0"
+            continue
+        if _same(tol, below):
             entry["kept"] = "the measured tolerance is the default"
-            tol = None
-        elif tol.rtol > MAX_RTOL:
-            entry["kept"] = (
-                f"rtol {tol.rtol:.3g} is beyond what calibration writes ({MAX_RTOL}): the runs "
-                "differ by more than the order of their sums; the default tolerance applies"
-            )
-        if tol is not None and tol.rtol <= MAX_RTOL and not below.ignore:
-            tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
-            if tol.scale:
-                tolerances[name]["scale"] = tol.scale
-            if tol.equal_nan:
-                tolerances[name]["equal_nan"] = True
-        if spread.scaled:
-            entry["distance"] = "to the golden, relative to the recorded magnitude"
-        elif measured:
-            entry["relative_to"] = "the largest recorded magnitude"
-        table[name] = entry
+            entry["why"] = "= measured"
+            continue
+        refused = refusal(tol, below, spread)
+        if refused:
+            entry["kept"] = f"{refused}; the default tolerance applies"
+            entry["why"], entry["refused"] = "over the cap", refused
+            continue
+        tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
+        if tol.scale:
+            tolerances[name]["scale"] = tol.scale
+        if tol.equal_nan:
+            tolerances[name]["equal_nan"] = True
     return tolerances, table
+
+
+def _spread_entry(spread: Spread, below: Tolerance) -> dict[str, Any]:
+    """A spread as ``tolerances.json`` lists it, measured as the tolerance ``below`` does."""
+    measured = below.scale == RECORDED and not spread.scaled
+    entry = {
+        "rel_spread": spread.of_magnitude if measured else spread.rel,
+        "abs_spread": spread.abs,
+        "at_step": spread.step if spread.abs else None,
+        "dtype": spread.dtype,
+    }
+    if spread.scaled:
+        entry["distance"] = "to the golden, relative to the recorded magnitude"
+    elif at_rounding_level(spread) and spread.abs:
+        entry["at_rounding_level"] = True
+        entry["largest_magnitude"] = spread.magnitude
+    elif measured:
+        entry["relative_to"] = "the largest recorded magnitude"
+    return entry
 
 
 def _same(tol: Tolerance, base: Tolerance) -> bool:
@@ -365,12 +470,15 @@ def document(
     across_layouts: Mapping[str, Spread] | None = None,
     layouts: Sequence[str] = (),
     across_base: Callable[[str, str], Tolerance] | None = None,
+    variants: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of ``tolerances.json``: tolerances, and the spreads they come from.
 
-    ``across_layouts``: spreads over the runs of every variant in ``layouts``, which
-    become the calibrated variant lane, over ``across_base`` (default ``base``): the
-    tolerances a variant has below that lane.
+    ``across_layouts``: spreads over the runs of the reference and the variants of
+    ``layouts`` the lane kept, which become the calibrated variant lane, over
+    ``across_base`` (default ``base``): the tolerances a variant has below that lane;
+    ``variants``: per variant test, its distances to the reference and what was excluded
+    (:func:`variant_lane`).
     """
     tolerances, table = _section(found, base)
     content: dict[str, Any] = {
@@ -389,8 +497,13 @@ def document(
     if across_layouts is not None:
         lane, lane_table = _section(across_layouts, across_base or base)
         content["how"]["layouts"] = list(layouts)
+        content["how"]["outlier"] = (
+            f"a variant whose distance exceeds {OUTLIER:g} x max(median distance of the other "
+            "variants, same-layout spread) is left out of the lane for that value"
+        )
         content["layout_tolerances"] = lane
         content["layout_spreads"] = lane_table
+        content["variants"] = dict(variants or {})
     return content
 
 
@@ -477,46 +590,240 @@ def calibrate_goldens(
             continue
         of_layout = {t: lay for t, lay in (layouts or {}).get(directory, {}).items() if t in usable}
         ignored = {n for runs in usable.values() for run in runs for n in run.get("ignored", ())}
+        across_base = functools.partial(_below, variant_resolver or resolver, ignored)
+        lane = variant_lane(usable, of_layout, replaying, across_base)
         content = document(
             _same_layout_spreads(usable, replaying),
             functools.partial(_below, resolver, ignored),
             runs=runs,
             perturbations=perturbations,
             tests=sorted(usable),
-            across_layouts=_across_layout_spreads(usable, of_layout),
+            across_layouts=lane[0] if lane else None,
             layouts=sorted(set(of_layout.values())),
-            across_base=functools.partial(_below, variant_resolver or resolver, ignored),
+            across_base=across_base,
+            variants=lane[1] if lane else None,
         )
         out.append(_write_calibrated(directory, content, left_out))
     return out
 
 
 def _same_layout_spreads(
-    usable: Mapping[str, Sequence[Any]], replaying: Sequence[str]
+    usable: Mapping[str, Sequence[Any]], replaying: Collection[str]
 ) -> dict[str, Spread]:
     """Each value's spread over the runs of each test (``usable``: test id -> its runs'
     samples), merged over the tests."""
     found: dict[str, Spread] = {}
-    for test, test_runs in usable.items():
-        measured = spreads([run["metrics"] for run in test_runs])
-        if test not in replaying:  # a variant's distance to the golden is no same-layout noise
-            measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
+    for measured in _own_spreads(usable, replaying).values():
         for name, spread in measured.items():
             found[name] = spread if name not in found else found[name].merge(spread)
     return found
 
 
-def _across_layout_spreads(
-    usable: Mapping[str, Sequence[Any]], of_layout: Mapping[str, str]
-) -> dict[str, Spread] | None:
-    """Each value's spread over the runs of every variant, pooled (``of_layout``: test id
-    -> variant id); ``None`` unless the tests are of two variants or more."""
+def _own_spreads(
+    usable: Mapping[str, Sequence[Any]], replaying: Collection[str]
+) -> dict[str, dict[str, Spread]]:
+    """Per test, each value's spread over its own runs (a test that replays another's golden:
+    metrics only, as its tensors' distance to that golden is no same-layout noise)."""
+    out = {}
+    for test, test_runs in usable.items():
+        measured = spreads([run["metrics"] for run in test_runs])
+        if test not in replaying:
+            measured.update(tensor_spreads([run["tensors"] for run in test_runs]))
+        out[test] = measured
+    return out
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def variant_lane(
+    usable: Mapping[str, Sequence[Any]],
+    of_layout: Mapping[str, str],
+    replaying: Collection[str],
+    base: Callable[[str, str], Tolerance],
+) -> tuple[dict[str, Spread], dict[str, Any]] | None:
+    """The spreads of the calibrated variant lane, and per variant test its record:
+    ``None`` unless the tests are of two variants or more (``of_layout``: test id ->
+    variant id; ``replaying``: the variants' test ids).
+
+    Each variant is measured on its own: per value, its distance to the reference's runs
+    (:func:`variant_distances`). A variant whose distance is an outlier (:func:`outliers`)
+    against the other variants and the same-layout spread (the reference's own, which no
+    variant can inflate; the median of the variants' own where the reference was not
+    selected) is left out of that value's lane, which pools the runs of the reference and
+    of the variants kept.
+    """
     if len(set(of_layout.values())) < 2:
         return None
-    pooled = [run for test in sorted(of_layout) for run in usable[test]]
-    across = spreads([run["metrics"] for run in pooled])
-    across.update(tensor_spreads([run["tensors"] for run in pooled]))
-    return across
+    reference = [t for t in sorted(of_layout) if t not in replaying]
+    variants = [t for t in sorted(of_layout) if t in replaying]
+    if reference:
+        center = _mean_run([run["metrics"] for t in reference for run in usable[t]])
+    else:  # the reference was not selected: the variants' median stands in for it
+        center = _median_run([_mean_run([r["metrics"] for r in usable[t]]) for t in variants])
+    distances = {t: variant_distances(center, usable[t]) for t in variants}
+    own = _own_spreads({t: usable[t] for t in reference or variants}, replaying)
+    excluded = _judge(distances, list(own.values()), base)
+    records = {
+        t: _record(of_layout[t], distances[t], excluded.get(t, {}), usable[t], base)
+        for t in variants
+    }
+    return _pooled(usable, reference, variants, excluded), records
+
+
+def variant_distances(
+    center: Mapping[str, Mapping[str, Any]], runs: Sequence[Any]
+) -> dict[str, Spread]:
+    """Per value, a variant's distance to the reference: for a metric, the largest
+    ``|mean over its runs - center|`` over steps (``center``: the mean of the reference's
+    runs), as a :class:`Spread` measured against the reference's magnitude; for a tensor,
+    the largest distance of its runs to the golden (:func:`tensor_spreads`)."""
+    mean = _mean_run([run["metrics"] for run in runs])
+    found = spreads([center, mean], recorded=1) if center and mean else {}
+    found.update(tensor_spreads([run["tensors"] for run in runs]))
+    return found
+
+
+def outliers(
+    distances: Mapping[str, float], *, noise: float, floor: float
+) -> dict[str, dict[str, Any]]:
+    """Of one value: the variants (test id -> distance to the reference) that are outliers.
+
+    A variant is one when its distance exceeds ``OUTLIER x baseline``, the baseline being
+    the larger of the median distance of the other variants (when there are 2 or more)
+    and ``noise``, the same-layout spread, and at least ``floor`` (distances within
+    rounding are no outliers). With fewer than 2 other variants and no same-layout spread
+    there is nothing to compare against: no variant is one.
+    """
+    out = {}
+    for test, distance in distances.items():
+        others = [d for t, d in distances.items() if t != test]
+        candidates = [(noise, "the same-layout spread")] if noise > 0 else []
+        if len(others) >= 2:
+            candidates.append((statistics.median(others), "the other variants"))
+        if not candidates:
+            continue
+        baseline, against = max(candidates)
+        if baseline < floor:
+            baseline, against = floor, "rounding"
+        if distance > OUTLIER * baseline:
+            out[test] = {
+                "distance": distance,
+                "times": distance / baseline,
+                "against": against,
+                "baseline": baseline,
+            }
+    return out
+
+
+def _measured(spread: Spread, base: Tolerance, absolute: bool) -> float:
+    """The number a tolerance is derived from: the absolute spread at rounding level, a
+    tensor's distance, the spread over the largest magnitude under ``scale="recorded"``,
+    else the relative spread."""
+    if absolute:
+        return spread.abs
+    if spread.scaled or base.scale != RECORDED:
+        return spread.rel
+    return spread.of_magnitude
+
+
+def _judge(
+    distances: Mapping[str, Mapping[str, Spread]],
+    same: Sequence[Mapping[str, Spread]],
+    base: Callable[[str, str], Tolerance],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Test id -> value -> why the variant is an outlier for that value (:func:`outliers`),
+    each value measured the way its tolerance measures; values not compared are not judged.
+    ``same``: per test, the spreads over its own runs; their median is the noise."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in sorted({n for found in distances.values() for n in found}):
+        first = next(found[name] for found in distances.values() if name in found)
+        below = base(name, first.dtype)
+        if below.ignore:
+            continue
+        absolute = at_rounding_level(first)
+        measured = {
+            t: _measured(found[name], below, absolute)
+            for t, found in distances.items()
+            if name in found
+        }
+        own = [_measured(test[name], below, absolute) for test in same if name in test]
+        noise = statistics.median(own) if own else 0.0
+        eps = EPS.get(first.dtype, EPS["float64"])
+        floor = ROUNDING_LEVEL / OUTLIER if absolute else DTYPE_FLOOR * eps
+        for test, why in outliers(measured, noise=noise, floor=floor).items():
+            out.setdefault(test, {})[name] = {**why, "absolute": absolute}
+    return out
+
+
+def _record(
+    variant: str,
+    distances: Mapping[str, Spread],
+    excluded: Mapping[str, Any],
+    runs: Sequence[Any],
+    base: Callable[[str, str], Tolerance],
+) -> dict[str, Any]:
+    """What ``tolerances.json`` keeps of a variant: its distances, as measured, what was
+    excluded and why, and the values that failed against the golden during calibration."""
+    shown = {}
+    for name, spread in sorted(distances.items()):
+        below = base(name, spread.dtype)
+        if not below.ignore:
+            absolute = at_rounding_level(spread)
+            shown[name] = {
+                "distance": _measured(spread, below, absolute),
+                "measure": "absolute" if absolute else "relative",
+            }
+    failed = sorted({name for run in runs for name in run.get("failed", ())})
+    return {"variant": variant, "distances": shown, "excluded": dict(excluded), "failed": failed}
+
+
+def _pooled(
+    usable: Mapping[str, Sequence[Any]],
+    reference: Sequence[str],
+    variants: Sequence[str],
+    excluded: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Spread]:
+    """Each value's spread over the runs of the reference and of every variant not excluded
+    for it, measured against the reference's magnitude."""
+    left_out: dict[str, set[str]] = {}  # value -> the tests excluded for it
+    for test, names in excluded.items():
+        for name in names:
+            left_out.setdefault(name, set()).add(test)
+    out: dict[str, Spread] = {}
+    for leaving in {frozenset(), *(frozenset(tests) for tests in left_out.values())}:
+        ref_runs = [run for t in reference for run in usable[t]]
+        runs = ref_runs + [run for t in variants if t not in leaving for run in usable[t]]
+        found = spreads([run["metrics"] for run in runs], recorded=len(ref_runs) or None)
+        found.update(tensor_spreads([run["tensors"] for run in runs]))
+        for name, spread in found.items():
+            if frozenset(left_out.get(name, ())) == leaving:
+                out[name] = spread
+    return out
+
+
+def _mean_run(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``{step: {name: (mean over runs, dtype)}}`` over the steps and values every run has."""
+    if not runs:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for step in set.intersection(*(set(r) for r in runs)):
+        for name in set.intersection(*(set(r[step]) for r in runs)):
+            mean = math.fsum(float(r[step][name][0]) for r in runs) / len(runs)
+            out.setdefault(step, {})[name] = (mean, runs[0][step][name][1])
+    return out
+
+
+def _median_run(means: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per step and value, the median of ``means`` (:func:`_mean_run` of each variant)."""
+    if not means:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for step in set.intersection(*(set(m) for m in means)):
+        for name in set.intersection(*(set(m[step]) for m in means)):
+            median = statistics.median(float(m[step][name][0]) for m in means)
+            out.setdefault(step, {})[name] = (median, means[0][step][name][1])
+    return out
 
 
 def _write_calibrated(
@@ -534,6 +841,7 @@ def _write_calibrated(
         "directory": directory,
         "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
         "rows": _summary_rows(content),
+        "variants": _notable_variants(content),
         "written": not nothing,
         "removed": nothing and changed,
     }
@@ -555,3 +863,13 @@ def _summary_rows(content: Mapping[str, Any]) -> list[dict[str, Any]]:
         for name, entry in content.get("layout_spreads", {}).items()
     ]
     return rows
+
+
+def _notable_variants(content: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The variants the summary names: those excluded from the lane for some value, and
+    those that failed against the golden during calibration, with their distances."""
+    return [
+        {"test": test, **record}
+        for test, record in sorted(content.get("variants", {}).items())
+        if record["excluded"] or record["failed"]
+    ]

@@ -1,0 +1,254 @@
+"""--golden-calibrate across same-math variants: each variant is measured on its own against
+the reference's runs, and a variant whose distance is an outlier (a bug among the selected
+variants) is left out of the variant lane it would widen, named in the summary with its
+distance. A metric at rounding level (a loss that cancels to 0) is calibrated on an absolute
+spread, capped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_rollout_golden._internal.tolerance import calibration as calibrate
+from pytest_rollout_golden._internal.tolerance.spec import RECORDED, Tolerance
+
+# A reference (mb8), three true same-math variants that move every value by 1e-6 to 3e-6
+# relative, and two bugs: a loss scaled by 1.001 (x1.001: every value 1e-3 off) and a dropped
+# accumulation scale (noscale: grad_norm x2). Every value also moves by 1e-8 relative per
+# thread, the same-layout noise.
+VARIANTS = """
+import json, pathlib
+import pytest
+import torch
+from pytest_rollout_golden import same_math
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+NOISE = {"mb8": 0.0, "mb4": 1e-6, "mb2": -2e-6, "mb1": 3e-6, "x1.001": 0.0, "noscale": 0.0}
+
+
+@pytest.mark.parametrize("v", same_math(V["variants"]))
+def test_x(golden, v):
+    noise = 1 + NOISE[v] + 1e-8 * torch.get_num_threads()
+    bug = 1.001 if v == "x1.001" else 1.0
+    for step in range(3):
+        golden.check(
+            {
+                "loss": (0.5 - 0.1 * step) * noise * bug,
+                "grad_norm": (2.0 + step) * noise * bug * (2.0 if v == "noscale" else 1.0),
+            },
+            step=step,
+        )
+"""
+TRUE = ["mb8", "mb4", "mb2", "mb1"]
+BUGS = ["x1.001", "noscale"]
+
+
+def lane(project) -> dict:
+    path = project.golden_dir("test_x[mb8]") / "tolerances.json"
+    return json.loads(path.read_text())
+
+
+def test_a_bug_among_the_variants_is_excluded_from_the_lane_and_still_fails(project):
+    project.write(VARIANTS)
+    project.set_values(variants=TRUE + BUGS)
+    project.run().assert_outcomes(passed=4, failed=2)  # mb8 records, the bugs fail
+
+    project.set_values(variants=TRUE)
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=12)
+    clean = lane(project)["layout_tolerances"]
+    assert set(clean) == {"loss", "grad_norm"}
+
+    project.set_values(variants=TRUE + BUGS)
+    result = project.run("--golden-calibrate", "3")
+    result.assert_outcomes(passed=12, failed=6)  # the bugs fail against the golden meanwhile
+    written = lane(project)
+    for name, tol in clean.items():  # the lane is the one written without the bugs
+        got = written["layout_tolerances"][name]
+        assert tol["rtol"] / 2 <= got["rtol"] <= 2 * tol["rtol"], (name, got, tol)
+        assert got["rtol"] < 1e-4  # tighter than the default, far below the bug's 1e-3
+    judged = written["variants"]
+    bug, noscale = judged["test_it.py::test_x[x1.001]"], judged["test_it.py::test_x[noscale]"]
+    assert set(bug["excluded"]) == {"loss", "grad_norm"}
+    assert bug["distances"]["loss"]["distance"] == pytest.approx(1e-3, rel=1e-3)
+    assert set(noscale["excluded"]) == {"grad_norm"}  # its loss is the reference's: kept
+    assert noscale["distances"]["grad_norm"]["distance"] == pytest.approx(1.0, rel=1e-3)
+    assert sorted(bug["failed"]) == ["grad_norm", "loss"]
+    for variant in ("mb4", "mb2", "mb1"):
+        assert not judged.get(f"test_it.py::test_x[{variant}]", {}).get("excluded")
+    out = result.stdout.str()
+    assert "test_it.py::test_x[x1.001]: moved loss by 1.0e-03, 667x the other variants" in out
+    assert "test_it.py::test_x[noscale]: moved grad_norm by 1.0e+00, " in out
+    assert out.count("excluded from the variant lane (not same math?)") == 2
+    assert "failed against the golden during calibration" in out
+
+    result = project.run("--golden-strict")
+    result.assert_outcomes(passed=4, failed=2)
+    failed = sorted(x.split("::")[1].split(" ")[0] for x in result.outlines if "FAILED" in x)
+    assert failed == ["test_x[noscale]", "test_x[x1.001]"]
+
+
+def test_without_the_reference_selected_the_variants_median_stands_in_for_it(project):
+    project.write(VARIANTS)
+    project.set_values(variants=TRUE + BUGS)
+    project.run().assert_outcomes(passed=4, failed=2)
+    result = project.run("--golden-calibrate", "2", "-k", "not mb8")
+    result.assert_outcomes(passed=6, failed=4, deselected=1)
+    written = lane(project)
+    assert written["how"]["tests"] == sorted(
+        f"test_it.py::test_x[{v}]" for v in ["mb4", "mb2", "mb1", *BUGS]
+    )
+    excluded = {t: set(r["excluded"]) for t, r in written["variants"].items() if r["excluded"]}
+    assert excluded == {
+        "test_it.py::test_x[x1.001]": {"loss", "grad_norm"},
+        "test_it.py::test_x[noscale]": {"grad_norm"},
+    }
+    assert all(tol["rtol"] < 1e-4 for tol in written["layout_tolerances"].values())
+
+
+# RLOO's loss: 0 up to rounding at every step (~1e-8), moved by ~5e-8 as the thread count
+# changes; the reward is an ordinary value.
+NOISE_LEVEL = """
+import json, pathlib
+import torch
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+def test_rloo(golden):
+    for step in range(2):
+        loss = 1e-8 + 5e-8 * (torch.get_num_threads() % 3) + V.get("drift", 0.0)
+        golden.check({"loss": loss, "reward": 0.5 + step}, step=step)
+"""
+
+
+def test_a_metric_at_rounding_level_gets_an_absolute_capped_tolerance(project):
+    project.write(NOISE_LEVEL)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    outcomes = project.run("--golden-calibrate", "3").parseoutcomes()
+    # the runs whose loss moved fail against the golden: its default is relative to ~1e-8
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 3
+    doc = json.loads((project.golden_dir("test_rloo") / "tolerances.json").read_text())
+    entry, spread = doc["tolerances"]["loss"], doc["spreads"]["loss"]
+    assert 5e-8 <= spread["abs_spread"] <= 1e-7
+    assert entry == {"rtol": 1e-4, "atol": pytest.approx(calibrate.MARGIN * spread["abs_spread"]),
+                     "scale": "recorded"}  # fmt: skip
+    assert entry["atol"] <= calibrate.MAX_ATOL
+    assert spread["at_rounding_level"]
+    project.run("--golden-strict").assert_outcomes(passed=1)
+    project.set_values(drift=1e-5)  # the loss stops cancelling: fails
+    project.run("--golden-strict").assert_outcomes(failed=1)
+
+
+def test_an_absolute_spread_beyond_the_cap_writes_nothing_and_says_why():
+    # a variant lane whose reference is at rounding level, a variant 8e-6 away
+    spread = calibrate.Spread(abs=8e-6, step=0, dtype="float32", magnitude=5e-8)
+    content = calibrate.document(
+        {},
+        lambda name, dtype: Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED),
+        runs=3,
+        perturbations=["threads"],
+        tests=["t"],
+        across_layouts={"loss": spread},
+    )
+    assert content["layout_tolerances"] == {}
+    kept = content["layout_spreads"]["loss"]["kept"]
+    assert "atol 1.6e-05 is beyond what calibration writes at rounding level (1e-05)" in kept
+    rows = calibrate._summary_rows(content)
+    assert rows[0]["refused"].startswith("atol 1.6e-05")
+
+
+def test_near_zero_atol_is_bounded_by_the_metric_magnitude():
+    # a value that crosses 0 at one step, ~0.4 elsewhere, with runs 0.34 apart at the crossing:
+    # atol 0.68 would let a 2.8x drift pass
+    runs = [
+        {"0": {"v": (0.0, "float32")}, "1": {"v": (0.4, "float32")}},
+        {"0": {"v": (0.34, "float32")}, "1": {"v": (0.4, "float32")}},
+    ]
+    found = calibrate.spreads(runs)
+    content = calibrate.document(
+        found, lambda name, dtype: Tolerance(rtol=1e-4, atol=1e-8), runs=2,
+        perturbations=["threads"], tests=["t"],
+    )  # fmt: skip
+    assert content["tolerances"] == {}
+    assert "beyond what calibration writes" in content["spreads"]["v"]["kept"]
+
+
+@pytest.mark.parametrize(
+    ("distances", "noise", "excluded"),
+    [
+        # three true variants and a bug: the bug alone is out, 667x the others' median
+        ({"a": 1e-6, "b": 2e-6, "c": 3e-6, "bug": 1e-3}, 0.0, {"bug"}),
+        # one variant only: against the same-layout spread
+        ({"bug": 1e-3}, 1e-6, {"bug"}),
+        ({"v": 5e-6}, 1e-6, set()),
+        # nothing to compare against: one other variant, no same-layout spread
+        ({"a": 1e-6, "bug": 1e-3}, 0.0, set()),
+        # the other variants agree bit for bit: a few ulps is no outlier, 1e-3 is
+        ({"a": 0.0, "b": 0.0, "c": 1e-15}, 0.0, set()),
+        ({"a": 0.0, "b": 0.0, "bug": 1e-3}, 0.0, {"bug"}),
+    ],
+)
+def test_the_outlier_rule(distances, noise, excluded):
+    floor = calibrate.DTYPE_FLOOR * calibrate.EPS["float64"]
+    judged = calibrate.outliers(distances, noise=noise, floor=floor)
+    assert set(judged) == excluded
+    for test, why in judged.items():
+        assert why["times"] > calibrate.OUTLIER
+        assert why["distance"] == distances[test]
+
+
+def test_the_rounding_level_is_the_one_the_failure_notes_use():
+    from pytest_rollout_golden._internal.report.presentation import ROUNDING_LEVEL
+
+    assert calibrate.ROUNDING_LEVEL == ROUNDING_LEVEL
+
+
+def test_the_summary_says_why_a_value_keeps_its_default_and_names_the_variants():
+    from pytest_rollout_golden._internal.report import presentation
+
+    content = calibrate.document(
+        {"loss": calibrate.Spread(rel=0.3, abs=0.1, step=1, dtype="float32", magnitude=0.5)},
+        lambda name, dtype: Tolerance(rtol=1e-4, atol=1e-8),
+        runs=3,
+        perturbations=["threads"],
+        tests=["t"],
+        across_layouts={"loss": calibrate.Spread(abs=4e-8, step=0, magnitude=3e-8)},
+        variants={
+            "t[bug]": {
+                "variant": "bug",
+                "distances": {"loss": {"distance": 2e-6, "measure": "absolute"}},
+                "excluded": {"loss": {"distance": 2e-6, "times": 20.0, "absolute": True,
+                                      "against": "the same-layout spread", "baseline": 1e-7}},
+                "failed": ["loss"],
+            },
+            "t[mb4]": {
+                "variant": "mb4",
+                "distances": {"loss": {"distance": 3e-5, "measure": "relative"}},
+                "excluded": {},
+                "failed": ["loss"],
+            },
+            "t[mb2]": {"variant": "mb2", "distances": {}, "excluded": {}, "failed": []},
+        },
+    )  # fmt: skip
+    entry = {
+        "rows": calibrate._summary_rows(content),
+        "variants": calibrate._notable_variants(content),
+        "skipped": "",
+    }
+    assert presentation.calibrated_table(entry, "golden/t") == [
+        "calibrated tolerances written to golden/t/tolerances.json:",
+        "    lane             metric  rel spread          abs spread  at step  rtol"
+        "                   atol",
+        "    same layout      loss    0.3                 0.1         1        "
+        "refused: over the cap  -",
+        "    across variants  loss    - (rounding level)  4e-08       0        0.0001"
+        "                 8e-08",
+        "    refused: same layout loss: rtol 0.6 is beyond what calibration writes (0.05): the "
+        "runs differ by more than the order of their sums",
+        "    t[bug]: moved loss by 2.0e-06 (absolute), 20x the same-layout spread: excluded from "
+        "the variant lane (not same math?); failed against the golden during calibration on loss",
+        "    t[mb4]: failed against the golden during calibration on loss (moved by 3.0e-05: kept "
+        "in the variant lane)",
+    ]
