@@ -122,3 +122,29 @@ def test_bad_lane_settings_stop_the_run(project, args, ini, message):
     result = project.run(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+CALIBRATED = """
+import torch
+
+
+def test_step(golden):
+    batch = golden.rollout(lambda: {"x": torch.ones(4)})
+    # a reduction-order noise of 1e-7 per thread count, as calibration perturbs it
+    golden.check({"pg_loss": float(batch["x"].mean()) + 1e-7 * torch.get_num_threads()})
+"""
+
+
+def test_calibration_writes_into_the_runs_lane_only(project):
+    project.write(CALIBRATED)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    project.run("--golden-lane", "gpu").assert_outcomes(passed=1)
+    base = _base_files(project)
+    project.run("--golden-calibrate", "3", "--golden-lane", "gpu").assert_outcomes(passed=3)
+    assert _base_files(project) == base, "calibrating one lane never touches another"
+    lane = project.golden_dir("test_step") / "@lanes" / "gpu"
+    manifest = json.loads((lane / "manifest.json").read_text())
+    assert manifest["lane"] == "gpu" and "tolerances.json" in manifest["files"]
+    assert (lane / "tolerances.json").is_file()
+    assert not any(name.endswith("tolerances.json") for name in _base_files(project))
+    project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)

@@ -671,6 +671,12 @@ class Golden:
     def outcome(self) -> Outcome:
         return self._outcome
 
+    @property
+    def values_directory(self) -> Path:
+        """Where this run's lane keeps its values: the golden's directory, or its
+        ``@lanes/<lane>/`` (:mod:`.lanes`); calibration writes its tolerances there."""
+        return self._files.directory
+
     def checked_metrics(self) -> dict[str, dict[str, tuple[Any, str]]]:
         """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
         return metric_codec.numbers(self._metrics)

@@ -71,13 +71,18 @@ class CalibrationPlugin:
         skipped = "the test raised" if error else ""
         if expected_to_fail(item):
             skipped = "expected to fail (xfail)"
+        if golden.outcome.lane.get("fallback"):
+            skipped = (
+                "compared against another lane (golden_lane_fallback): record this lane "
+                "first, then calibrate it"
+            )
         outcome = golden.outcome
         sample = golden.calibration_sample()
         sample["failed"] = sorted(
             {c.name for c in outcome.comparisons if c.verdict == Verdict.FAIL}
         )
         self.core.state.add_calibration_run(
-            str(golden.directory),
+            str(golden.values_directory),  # the run's lane keeps its own tolerances.json
             item.nodeid,
             sample,
             layout=None if layout is None else str(layout),
