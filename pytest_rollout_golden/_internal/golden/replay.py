@@ -695,8 +695,4 @@ class Golden:
         }
 
 
-__all__ = [
-    "Golden",
-    "GoldenError",
-    "ReplayOnly",
-]
+__all__ = ["Golden", "SessionLinks", "UpdateRegistry", "user_facing"]
