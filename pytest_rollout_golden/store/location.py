@@ -140,48 +140,72 @@ def find_goldens(root: Path, *, follow_symlinks: bool = False) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 
-def owning_test_file(
-    root: Path, rootdir: Path, directory: Path, *, is_file: Callable[[Path], bool] = Path.is_file
-) -> Path | None:
-    """The test file a golden directory belongs to (inverse of :func:`golden_dir`), if any.
+Entries = tuple[dict[str, list[Path]], dict[str, Path]]
 
-    The common case (names :func:`safe_name` kept as they were) is a direct look-up.
-    Otherwise (``rl+ppo/``, ``test_v1.2.py``, ``_external/``) the directories are
-    walked, matching each level by applying :func:`safe_name` to what exists on disk.
+
+def test_file_entries(folder: Path) -> Entries:
+    """The files in ``folder`` by their name without its suffix, made safe, and its
+    directories by their name made safe: the names a golden path gives them."""
+    files: dict[str, list[Path]] = {}
+    folders: dict[str, Path] = {}
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return files, folders
+    for entry in entries:
+        if entry.is_file():
+            files.setdefault(safe_name(entry.stem), []).append(entry)
+        elif entry.is_dir():
+            folders.setdefault(safe_name(entry.name), entry)
+    return files, folders
+
+
+def owning_test_files(
+    root: Path,
+    rootdir: Path,
+    directory: Path,
+    *,
+    entries: Callable[[Path], Entries] = test_file_entries,
+) -> list[Path]:
+    """The test files a golden directory may belong to (inverse of :func:`golden_dir`).
+
+    A file of any kind counts (a ``.py`` module, a ``.md`` doctest file, a custom
+    collector's file): every file whose name without its suffix, made safe, names a level
+    of ``directory``, at the deepest level that has one. Several files at that level
+    (``guide.py`` and ``guide.md``) may each own it. ``[]``: no such file exists.
+    A ``shared=`` golden belongs to the file of the test that recorded it.
+    ``entries``: lists a folder (:func:`test_file_entries`); pass a cached one when
+    judging many goldens.
     """
     rel = directory.relative_to(root)
     if rel.parts and rel.parts[0] == SHARED:
-        return _recorder_file(rootdir, directory, is_file)
-    for i in range(len(rel.parts) - 1, 0, -1):
-        candidate = rootdir.joinpath(*rel.parts[:i])
-        candidate = candidate.with_name(candidate.name + ".py")  # not with_suffix: "v1.2"
-        if is_file(candidate):
-            return candidate
-    parts, current = rel.parts, rootdir
+        recorder = _recorder_file(rootdir, directory)
+        return [] if recorder is None else [recorder]
+    parts, current = rel.parts[:-1], rootdir
     if parts and parts[0] == "_external":
         current, parts = Path(rootdir.anchor), parts[1:]
-    for part in parts[:-1]:
-        try:
-            children = sorted(current.iterdir())
-        except OSError:
-            return None
-        for child in children:
-            if child.suffix == ".py" and safe_name(child.stem) == part and is_file(child):
-                return child
-        current = next((c for c in children if safe_name(c.name) == part and c.is_dir()), None)
-        if current is None:
-            return None
-    return None
+    levels: list[tuple[Path, str]] = []
+    for part in parts:
+        levels.append((current, part))
+        found = entries(current)[1].get(part)
+        if found is None:
+            break
+        current = found
+    for folder, part in reversed(levels):
+        files = entries(folder)[0].get(part)
+        if files:
+            return files
+    return []
 
 
-def _recorder_file(rootdir: Path, directory: Path, is_file: Callable[[Path], bool]) -> Path | None:
+def _recorder_file(rootdir: Path, directory: Path) -> Path | None:
     """A shared golden belongs to the file of the test that recorded it (``manifest.json``)."""
     try:
         test = json.loads((directory / MANIFEST).read_text())["test"]
         candidate = rootdir / str(test).split("::", 1)[0]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return candidate if is_file(candidate) else None
+    return candidate if candidate.is_file() else None
 
 
 _RECORDED_FILE = re.compile(r"(rollout|tensors)-.+-step[0-9]{6}.*\.safetensors")

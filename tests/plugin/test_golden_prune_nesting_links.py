@@ -164,8 +164,8 @@ def test_prune_deletes_only_the_files_a_golden_lists(project, tmp_path):
     assert sorted(p.name for p in directory.iterdir()) == ["notes.txt"], "only ours deleted"
     result.stdout.fnmatch_lines(
         [
-            "--golden-prune kept */test_gone/test_one: it holds files its golden does not list "
-            "(notes.txt)"
+            "--golden-prune deleted golden/test_gone/test_one but kept its directory: it holds "
+            "entries that golden does not list (notes.txt)"
         ]
     )
     assert not project.golden_dir("test_two", "test_gone").exists()

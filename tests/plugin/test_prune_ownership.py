@@ -154,7 +154,7 @@ def test_a_shared_golden_whose_recorder_moved_is_kept_while_another_file_may_use
         result.stdout.fnmatch_lines(
             [
                 "--golden-prune-tests left alone 1 shared golden(s) (@shared/policy): this run "
-                "did not collect the whole project*every test file (from the rootdir*"
+                "did not collect the whole project*every test file (the rootdir as test path*"
             ]
         )
 
@@ -267,22 +267,18 @@ def test_a_golden_root_outside_the_rootdir_or_linked_out_of_it_may_be_shared(tmp
 def test_partial_project_says_why_a_run_may_have_left_test_files_out(tmp_path):
     from pytest_rollout_golden._internal.pytest_plugin.prune import partial_project
 
-    def why(args, testpaths=(), from_testpaths=False, ignored=(), skipped=()):
+    def why(args, testpaths="", ignored=(), skipped=()):
         return partial_project(
-            args,
-            tmp_path,
-            testpaths,
-            from_testpaths=from_testpaths,
-            ignored=ignored,
-            skipped=skipped,
+            args, tmp_path, testpaths=testpaths, ignored=ignored, skipped=skipped
         )
 
     tests = tmp_path / "tests"
     assert why([tmp_path]) == ""
-    assert why([tests], from_testpaths=True) == ""
-    assert why([tests, tmp_path / "docs"], testpaths=[tests]) == ""
+    assert why([tmp_path], testpaths="testpaths = . (pytest.ini)") == ""
+    ini = "testpaths = tests (pytest.ini)"  # benchmarks/ may declare a shared golden
+    assert why([tests], testpaths=ini) == f"it collected only {ini}"
+    assert why([tests, tmp_path / "docs"]) == "it collected only docs, tests"
     assert why([tests / "test_c.py"]) == "it collected only tests/test_c.py"
-    assert why([tests / "unit"], testpaths=[tests]) == "it collected only tests/unit"
     assert why([tmp_path], ignored=["tests/slow"]) == "--ignore tests/slow left files out"
     skipped = [str(tests / "test_vllm.py"), str(tests / "test_cuda.py")]
     assert why([tmp_path], skipped=skipped) == (
@@ -358,8 +354,8 @@ def test_a_lane_holding_what_it_does_not_list_is_left_with_it_and_reported(laned
     assert sorted(p.name for p in golden.iterdir()) == ["@lanes"]
     result.stdout.fnmatch_lines(
         [
-            "--golden-prune kept *test_gone/test_step: it holds files its golden does not list "
-            "(@lanes/gpu/notes.txt, @lanes/linked)"
+            "--golden-prune deleted golden/test_gone/test_step but kept its directory: it holds "
+            "entries that golden does not list (@lanes/gpu/notes.txt, @lanes/linked)"
         ]
     )
 

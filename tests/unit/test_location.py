@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rollout_golden.store import location
-from pytest_rollout_golden.store.location import golden_dir, owning_test_file, safe_name
+from pytest_rollout_golden.store.location import golden_dir, owning_test_files, safe_name
 
 ROOTDIR = Path("/repo")
 ROOT = ROOTDIR / "golden"
@@ -65,38 +65,54 @@ def test_test_files_outside_the_rootdir_go_under_external():
     assert path == ROOT / "_external" / "elsewhere" / "tests" / "test_x" / "test_y"
 
 
-def test_owning_test_file_inverts_golden_dir(tmp_path):
+def test_owning_test_files_inverts_golden_dir(tmp_path):
     rootdir, root = tmp_path, tmp_path / "golden"
     test_file = rootdir / "tests" / "test_ppo.py"
     test_file.parent.mkdir()
     test_file.write_text("")
     for name, key in [("test_a", None), ("Cls::test_b[1-2]", None), ("test_c", "shared")]:
         directory = golden_dir(root, rootdir, test_file, name, key=key)
-        assert owning_test_file(root, rootdir, directory) == test_file
+        assert owning_test_files(root, rootdir, directory) == [test_file]
     gone = golden_dir(root, rootdir, rootdir / "tests" / "test_gone.py", "test_a")
-    assert owning_test_file(root, rootdir, gone) is None
+    assert owning_test_files(root, rootdir, gone) == []
 
 
 @pytest.mark.parametrize(
     "relative", ["tests/rl+ppo/test_x.py", "tests/test_v1.2.py", "my tests/test_ä.py", "test_x.py"]
 )
-def test_owning_test_file_of_names_that_had_to_change(tmp_path, relative):
+def test_owning_test_files_of_names_that_had_to_change(tmp_path, relative):
     rootdir, root = tmp_path, tmp_path / "golden"
     test_file = rootdir / relative
     test_file.parent.mkdir(parents=True, exist_ok=True)
     test_file.write_text("")
     directory = golden_dir(root, rootdir, test_file, "TestA::test_b[x/y]")
-    assert owning_test_file(root, rootdir, directory) == test_file
+    assert owning_test_files(root, rootdir, directory) == [test_file]
 
 
-def test_owning_test_file_outside_the_rootdir(tmp_path):
+def test_owning_test_files_of_every_kind_at_the_deepest_level(tmp_path):
+    rootdir, root = tmp_path, tmp_path / "golden"
+    (rootdir / "docs" / "guide").mkdir(parents=True)
+    for name in ("docs/guide.md", "docs/guide.py", "docs/guide/intro.rst", "docs/notes.txt"):
+        (rootdir / name).write_text("")
+    guide = golden_dir(root, rootdir, rootdir / "docs" / "guide.md", "guide.md")
+    assert owning_test_files(root, rootdir, guide) == [
+        rootdir / "docs" / "guide.md",
+        rootdir / "docs" / "guide.py",
+    ]
+    nested = golden_dir(root, rootdir, rootdir / "docs" / "guide" / "intro.rst", "intro.rst")
+    assert owning_test_files(root, rootdir, nested) == [rootdir / "docs" / "guide" / "intro.rst"]
+    (rootdir / "docs" / "guide" / "intro.rst").unlink()  # nearer the root: guide.md, guide.py
+    assert len(owning_test_files(root, rootdir, nested)) == 2
+
+
+def test_owning_test_files_outside_the_rootdir(tmp_path):
     rootdir, root = tmp_path / "repo", tmp_path / "repo" / "golden"
     test_file = tmp_path / "shared tests" / "test_x.py"
     test_file.parent.mkdir(parents=True)
     test_file.write_text("")
     directory = golden_dir(root, rootdir, test_file, "test_y")
     assert directory.relative_to(root).parts[0] == "_external"
-    assert owning_test_file(root, rootdir, directory) == test_file
+    assert owning_test_files(root, rootdir, directory) == [test_file]
 
 
 def test_shared_goldens_cannot_collide_with_test_file_goldens(tmp_path):

@@ -28,6 +28,7 @@ from ..golden.results import Status, Verdict
 from ..report.presentation import (
     CI_UPDATE,
     close_match,
+    display,
     link_outside_root,
     rootdir_note,
     summary_lines,
@@ -285,11 +286,14 @@ class GoldenPlugin:
         """Why this run may have left out test files of the project (``""``: it did not)."""
         config, opt = self.config, self.config.option
         invoked = Path(config.invocation_params.dir)
+        testpaths = ""
+        if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+            ini = f" ({display(config.inipath, self.rootdir)})" if config.inipath else ""
+            testpaths = f"testpaths = {' '.join(config.getini('testpaths'))}{ini}"
         return partial_project(
             [invoked / str(arg).split("::")[0] for arg in config.args],
             self.rootdir,
-            [self.rootdir / p for p in config.getini("testpaths")],
-            from_testpaths=config.args_source == pytest.Config.ArgsSource.TESTPATHS,
+            testpaths=testpaths,
             ignored=[*(opt.ignore or ()), *(opt.ignore_glob or ())],
             skipped=sorted(self.state.skipped_files),
         )
@@ -356,9 +360,8 @@ class GoldenPlugin:
         report = yield
         if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
             self.state.skipped_files.add(str(Path(collector.path)))
-        if isinstance(collector, (pytest.File, pytest.Class)) and report.result:
-            produced = self.state.produced
-            ids = produced.setdefault(str(Path(collector.path)), set())
+        if isinstance(collector, (pytest.File, pytest.Class)):  # a file without tests too
+            ids = self.state.produced.setdefault(str(Path(collector.path)), set())
             ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
         return report
 
@@ -433,6 +436,9 @@ class GoldenPlugin:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         """Report: a mismatch as its table; a golden error with the user's frames only."""
         report = yield
+        if report.skipped:  # whether it would use its golden is unknown: it keeps it
+            with contextlib.suppress(pytest.UsageError):  # a bad marker: reported elsewhere
+                self.state.expected_dirs.add(str(self.directory_of(item)))
         excinfo = call.excinfo
         if not report.failed or excinfo is None:
             return report

@@ -5,12 +5,14 @@ test that could use it was collected and run. ``--golden-prune`` deletes the gol
 test files that are gone; ``--golden-prune-tests`` also those of files that still exist
 (a removed test, or a case collected only on other machines).
 
-Ownership: a golden directory is named by its test file's path relative to the rootdir, so
-only a golden root inside the rootdir is this project's alone. Under a root outside it
-(``golden_dir = ../golden``, which another project may share), goldens whose test file is
-not under this rootdir, and ``shared=`` goldens, are never judged. A ``shared=`` golden
-belongs to every file that declares it: it is unused only on a run that collected every
-test file of the project. Works without pytest.
+Ownership: a golden directory is named by its test file's path relative to the rootdir,
+without its suffix; a file of any kind may own it (a module, a ``.md`` doctest file, a
+custom collector's file). Only a golden root inside the rootdir is this project's alone.
+Under a root outside it (``golden_dir = ../golden``, which another project may share),
+goldens whose test file is not under this rootdir, and ``shared=`` goldens, are never
+judged. A ``shared=`` golden belongs to every file that declares it: it is unused only on a
+run that collected every test file of the project (the rootdir among its test paths), the
+file that recorded it included. Works without pytest.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import GoldenError
-from ...store.location import SHARED, find_goldens, owning_test_file
+from ...store.location import SHARED, find_goldens, owning_test_files, test_file_entries
 from ..report.presentation import display, unused_kept_note
 from .session import SessionState
 
@@ -60,12 +62,19 @@ class Pruned:
 
 
 def prune(
-    root: Path, goldens: Sequence[tuple[Path, Path | None]], *, tests: bool, refused: str = ""
+    root: Path,
+    rootdir: Path,
+    goldens: Sequence[tuple[Path, Path | None]],
+    *,
+    tests: bool,
+    refused: str = "",
 ) -> Pruned:
     """Delete unused ``(golden, its test file or None)``; those of existing files if ``tests``.
 
     ``refused``: why this session may not prune (:func:`not_full_run`); then nothing is
-    deleted. Emptied test-file folders are removed too.
+    deleted. Emptied test-file folders are removed too. A deleted golden whose directory
+    still holds entries it does not list (a user's file, a golden nested in it that is
+    kept) is named with them.
     """
     from ... import store
 
@@ -73,29 +82,28 @@ def prune(
     if refused:
         out.notes.append(f"--golden-prune skipped: {refused}; nothing was deleted")
         return out
-    kept = 0
+    kept, left = 0, {}
     for directory, owner in goldens:
         if not tests and not gone(root, directory, owner):
             kept += 1
             continue
         try:
-            left = store.remove_golden(directory, root)
+            left[directory] = store.remove_golden(directory, root)
         except GoldenError as exc:
             out.notes.append(f"--golden-prune kept {exc}")
             continue
-        if left:
-            out.notes.append(
-                f"--golden-prune kept {directory}: it holds files its golden does not "
-                f"list ({', '.join(left[:5])})"
-            )
-            continue
         out.deleted.append(directory)
         parent = directory.parent  # the test file's folder, if now empty
-        while parent != root and root in parent.parents:
-            if any(parent.iterdir()):
-                break
+        while parent != root and root in parent.parents and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
+    for directory, names in left.items():
+        stayed = [name for name in names if os.path.lexists(directory / name)]
+        if stayed:  # a nested golden deleted after its outer one is gone by now
+            out.notes.append(
+                f"--golden-prune deleted {display(directory, rootdir)} but kept its directory: "
+                f"it holds entries that golden does not list ({', '.join(stayed[:_LISTED])})"
+            )
     if kept:
         out.notes.append(
             f"--golden-prune kept {kept} unused golden(s) of test files that still exist "
@@ -114,31 +122,31 @@ def outside_rootdir(root: Path, rootdir: Path) -> bool:
 def partial_project(
     args: Sequence[Path],
     rootdir: Path,
-    testpaths: Sequence[Path],
     *,
-    from_testpaths: bool,
+    testpaths: str,
     ignored: Sequence[str],
     skipped: Sequence[str],
 ) -> str:
     """Why this run may have left out test files of the project (``""``: it collected all).
 
-    ``args``: the paths the run collected (``from_testpaths``: the ini's ``testpaths``
-    chose them); ``ignored``: ``--ignore``/``--ignore-glob`` values; ``skipped``: files
-    skipped at collection (e.g. ``pytest.importorskip``), whose tests were never seen.
+    Only a run whose test paths include the rootdir (or a folder above it) collects the
+    whole project: the ini's ``testpaths`` are a part of it like any other test paths.
+    ``args``: the paths the run collected; ``testpaths``: how the ini's ``testpaths``
+    chose them (``"testpaths = tests (pytest.ini)"``), ``""`` if they did not;
+    ``ignored``: ``--ignore``/``--ignore-glob`` values; ``skipped``: files skipped at
+    collection (e.g. ``pytest.importorskip``), whose tests were never seen.
     """
     if skipped:
         more = f" and {len(skipped) - 1} more were" if len(skipped) > 1 else " was"
         return f"{display(sorted(skipped)[0], rootdir)}{more} skipped at collection"
     if ignored:
         return f"--ignore {ignored[0]} left files out"
-    if from_testpaths:
-        return ""
     real = Path(os.path.realpath(rootdir))
     paths = {Path(os.path.realpath(a)) for a in args}
     if any(p == real or p in real.parents for p in paths):
         return ""
-    if testpaths and {Path(os.path.realpath(t)) for t in testpaths} <= paths:
-        return ""
+    if testpaths:
+        return f"it collected only {testpaths}"
     named = ", ".join(sorted(display(p, real) for p in paths)[:_LISTED]) or "no path"
     return f"it collected only {named}"
 
@@ -149,14 +157,28 @@ class Judged:
 
     unused: list[tuple[Path, Path | None]] = field(default_factory=list)  # (golden, test file)
     foreign: list[Path] = field(default_factory=list)  # maybe another project's: never judged
-    shared_left: list[Path] = field(default_factory=list)  # shared; the run missed some files
+    # shared goldens a test file the run left out may declare, by why it may have left one out
+    shared_left: dict[str, list[Path]] = field(default_factory=dict)
+
+
+def _shared_left_out(state: SessionState, rootdir: Path, recorder: list[Path], partial: str) -> str:
+    """Why a test file this run did not collect may declare a ``shared=`` golden recorded
+    by ``recorder`` (``""``: none can)."""
+    if partial:
+        return partial
+    if state.partial_collection():
+        return "some tests were left out"
+    if recorder and str(recorder[0]) not in state.produced:
+        return f"it did not collect {display(recorder[0], rootdir)}, which recorded them"
+    return ""
 
 
 def judge(state: SessionState, root: Path, rootdir: Path, *, partial: str) -> Judged:
     """Sort the goldens under ``root`` no test of ``state`` used (see the module docstring).
 
-    A golden of a test file is unused if that file is gone or was collected and run whole;
-    a ``shared=`` golden only if the run collected the whole project (``partial``: why not).
+    A golden is unused if every file that may own it (:func:`owning_test_files`, files of
+    any kind) is gone or was collected and run whole; a ``shared=`` golden only if the run
+    collected the whole project (``partial``: why not), its recording file included.
     Only directories whose manifest is a pytest-rollout-golden manifest count.
     """
     import functools
@@ -167,25 +189,25 @@ def judge(state: SessionState, root: Path, rootdir: Path, *, partial: str) -> Ju
     used = state.used_dirs()
     outside = outside_rootdir(root, rootdir)
     whole = state.whole_files()
-    is_file = functools.lru_cache(maxsize=None)(Path.is_file)  # goldens share test files
+    entries = functools.lru_cache(maxsize=None)(test_file_entries)  # goldens share folders
     for directory in find_goldens(root):
         if str(directory) in used or directory == root:
             continue
         if store.listed_files(directory) is None:  # not a golden of ours: never touched
             continue
+        owners = owning_test_files(root, rootdir, directory, entries=entries)
         if directory.relative_to(root).parts[0] == SHARED:
+            why = _shared_left_out(state, rootdir, owners, partial)
             if outside:
                 out.foreign.append(directory)
-            elif partial or state.partial_collection():
-                out.shared_left.append(directory)
+            elif why:
+                out.shared_left.setdefault(why, []).append(directory)
             else:
                 out.unused.append((directory, None))
-            continue
-        owner = owning_test_file(root, rootdir, directory, is_file=is_file)
-        if owner is None and outside:
+        elif not owners and outside:
             out.foreign.append(directory)
-        elif owner is None or str(owner) in whole:
-            out.unused.append((directory, owner))
+        elif all(str(owner) in whole for owner in owners):
+            out.unused.append((directory, owners[0] if owners else None))
     return out
 
 
@@ -226,14 +248,13 @@ def ownership_notes(
             "them (shared= goldens too); delete them by hand once unused, or keep golden_dir "
             "inside the rootdir"
         )
-    if judged.shared_left and flag == "--golden-prune-tests":
-        why = partial or "some tests were left out"
+    shared_left = judged.shared_left if flag == "--golden-prune-tests" else {}
+    for why, left in shared_left.items():
         notes.append(
-            f"{flag} left alone {len(judged.shared_left)} shared golden(s) "
-            f"({_names(root, judged.shared_left)}): this run did not collect the whole project "
-            f"({why}), and a test file it left out may declare them; prune them on a run that "
-            "collects every test file (from the rootdir, no test paths, nothing ignored or "
-            "skipped at collection)"
+            f"{flag} left alone {len(left)} shared golden(s) ({_names(root, left)}): this run "
+            f"did not collect the whole project ({why}), and a test file it left out may "
+            "declare them; prune them on a run that collects every test file (the rootdir as "
+            "test path, nothing ignored or skipped at collection)"
         )
     shared = [d for d in deleted if d.relative_to(root).parts[0] == SHARED]
     if shared:
@@ -268,7 +289,7 @@ def unused_and_pruned(
     out.kept = sum(1 for d, owner in judged.unused if not gone(root, d, owner))
     if out.deleting:
         refused = not_full_run(state, rootdir, stopped=stopped, failed=failed)
-        out.pruned = prune(root, judged.unused, tests=prune_tests, refused=refused)
+        out.pruned = prune(root, rootdir, judged.unused, tests=prune_tests, refused=refused)
         if not refused:
             flag = "--golden-prune-tests" if prune_tests else "--golden-prune"
             out.ownership = ownership_notes(

@@ -51,7 +51,7 @@ class SessionState:
     """Outcomes of every golden test plus what collection saw, for unused-golden detection."""
 
     outcomes: list[Outcome] = field(default_factory=list)
-    expected_dirs: set[str] = field(default_factory=set)  # of collected tests declaring golden
+    expected_dirs: set[str] = field(default_factory=set)  # declared, or of a test skipped here
     opened_dirs: set[str] = field(default_factory=set)  # goldens opened, however reached
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
@@ -165,8 +165,9 @@ class SessionState:
         return {f for f, ids in self.produced.items() if ids and f not in partial}
 
     def used_dirs(self) -> set[str]:
-        """Golden directories this session used: declared by a collected test (even one
-        skipped on this machine) or opened, however the ``golden`` fixture was reached."""
+        """Golden directories this session used: declared by a collected test, of a test
+        skipped on this machine (of any kind: a doctest may reach ``golden`` only when it
+        runs), or opened, however the ``golden`` fixture was reached."""
         return self.expected_dirs | self.opened_dirs
 
 
