@@ -8,7 +8,13 @@ weight is the checker's ``weights=`` tensor, which carries the gradient of a rat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
+
+K123 = ("k1", "k2", "k3")
 
 
 def areal(estimator: str, apply_clamp: bool = True):
@@ -93,3 +99,63 @@ def trl_inline(use_bias_correction_kl: bool = False):
     if use_bias_correction_kl:
         return lambda logps, ref_logps, coef_1: kl(logps, ref_logps) * coef_1
     return kl
+
+
+@dataclass(frozen=True)
+class Config:
+    """One framework setting: its function, what ``check_kl_penalty`` is told, and the
+    ``kl_batches`` options that fit it (code that exponentiates padding gets none there)."""
+
+    name: str
+    fn: Callable[..., Any]
+    estimator: str
+    check: dict[str, Any] = field(default_factory=dict)
+    batches: dict[str, Any] = field(default_factory=dict)
+
+
+_CLEAN = {"garbage": {"advantages"}}
+_WEIGHTED = {"is_weights": True}
+_NEMO_CLAMPS = {"input_clamp": 20.0, "output_clamp": 10.0}
+
+
+def _slime(estimator: str, weighted: bool) -> Config:
+    check: dict[str, Any] = {"output_clamp": 10.0 if estimator == "low_var_kl" else None}
+    if weighted:
+        # A float32 estimate times a float64 ratio: float64 out, float32 precision.
+        check.update(weights="is_weights", compute_dtype=torch.float32)
+    name = f"slime {estimator}" + (" use_unbiased_kl" if weighted else "")
+    batches = {**_CLEAN, **(_WEIGHTED if weighted else {})}
+    return Config(name, slime(estimator, weighted), estimator, check, batches)
+
+
+FAMILIES: dict[str, list[Config]] = {
+    "AReaL": [
+        *(Config(f"AReaL {e} apply_clamp", areal(e), e, {"output_clamp": 10.0}) for e in K123),
+        *(Config(f"AReaL {e}", areal(e, False), e, {"output_clamp": None}, _CLEAN) for e in K123),
+    ],
+    "NeMo-RL": [
+        *(Config(f"NeMo-RL {e}", nemo_rl(e), e, _NEMO_CLAMPS) for e in K123),
+        *(
+            Config(
+                f"NeMo-RL {e} weighted",
+                nemo_rl(e),
+                e,
+                {**_NEMO_CLAMPS, "weights": "is_weights"},
+                _WEIGHTED,
+            )
+            for e in K123
+        ),
+    ],
+    "slime": [_slime(e, w) for e in ("k1", "k2", "k3", "low_var_kl") for w in (False, True)],
+    "TRL": [
+        Config("TRL k3", trl_inline(), "k3", {"output_clamp": None}, _CLEAN),
+        Config(
+            "TRL k3 use_bias_correction_kl",
+            trl_inline(True),
+            "k3",
+            {"output_clamp": None, "weights": "is_weights"},
+            {**_CLEAN, **_WEIGHTED},
+        ),
+    ],
+}
+"""Every framework setting of the conformance test, by framework."""

@@ -262,3 +262,33 @@ def test_finds_a_missing_input_clamp():
         hunt_kl(fw.nemo_rl("k1", input_clamp=None, output_clamp=None), "k1",
                 options={"is_weights": True}, input_clamp=20.0, output_clamp=None,
                 weights="is_weights")()  # fmt: skip
+
+
+# --------------------------------------------------------------------------- conformance
+
+MASKS = ["bool", "int64", "float"]
+
+
+def configured_batches(family: str, dtype: torch.dtype, mask: str):
+    """``(config, batch)``: a setting of ``family`` and a batch that fits it."""
+    mask_dtype = {"bool": torch.bool, "int64": torch.int64, "float": dtype}[mask]
+    return st.sampled_from(fw.FAMILIES[family]).flatmap(
+        lambda config: kl_batches(dtype=dtype, mask_dtype=mask_dtype, **config.batches).map(
+            lambda batch: (config, batch)
+        )
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", sorted(fw.FAMILIES))
+def test_framework_kl_has_no_false_alarm(family, dtype, mask):
+    # 300 derandomized examples per framework, dtype and mask type; each draws a setting.
+    @passes_settings(300)
+    @given(configured_batches(family, dtype, mask))
+    def run(drawn):
+        config, batch = drawn
+        check_kl_penalty(config.fn, batch, estimator=config.estimator, **config.check)
+
+    run()
