@@ -142,7 +142,6 @@ class _KLRun:
             lp, rp, _base(spec.estimator), input_clamp=spec.readings[0].input_clamp
         ) * (1 if self.w is None else self.w)
         self.score = spec.weight_gradient and self.w is not None
-        self.input_error = 8 * self.eps * (1 + lp.abs() + rp.abs())
         self.value_tol, self.grad_tol = self.tolerances(self.eps)
         self.judged = valid & ~self._near_a_kink()
 
@@ -152,7 +151,7 @@ class _KLRun:
         score term ``w·k`` of a differentiated weight adds its own rounding."""
         diff = self.lp - self.rp
         weight = torch.ones_like(diff) if self.w is None else self.w.abs()
-        input_error = 8 * eps * (1 + self.lp.abs() + self.rp.abs())
+        input_error = self.input_error(eps)
         slope, curvature = _slopes(self.spec.estimator, diff)
         value_atol = weight * input_error * (1 + slope) + 1e-300
         value_tol = resolve_tolerance(8 * eps + GUARD_RTOL, value_atol, self.rtol, self.atol)
@@ -161,10 +160,14 @@ class _KLRun:
         grad_tol = resolve_tolerance(8 * eps + GUARD_RTOL, grad_atol, self.rtol, self.atol)
         return value_tol, grad_tol
 
+    def input_error(self, eps: float) -> Tensor:
+        """The rounding of ``logp - ref`` in a dtype of unit roundoff ``eps``, generously."""
+        return 8 * eps * (1 + self.lp.abs() + self.rp.abs())
+
     def _near_a_kink(self) -> Tensor:
         """Tokens within rounding of a clamp bound (either side is right there), and ``abs``
         at ``logp = ref``."""
-        diff, input_error = self.lp - self.rp, self.input_error
+        diff, input_error = self.lp - self.rp, self.input_error(self.eps)
         near = torch.zeros_like(self.valid)
         if _base(self.spec.estimator) == "abs":
             near |= diff == 0

@@ -29,6 +29,34 @@ def spike_batch(log_prob: float, ref_log_prob: float, dtype=torch.float64):
     }
 
 
+# --------------------------------------------------------------------------- reference
+
+
+@passes
+@given(kl_batches(is_weights=True), st.sampled_from(["k1", "k2", "k3"]))
+def test_reference_is_nemo_rl_calculate_kl_in_float64(batch, estimator):
+    lp = batch["log_probs"].clone().requires_grad_(True)
+    ratio = batch["is_weights"] * torch.exp(lp - lp.detach())
+    theirs = fw.nemo_rl(estimator)(lp, batch["ref_log_probs"], ratio)
+    ours = ref.kl_estimate(lp, batch["ref_log_probs"], estimator, input_clamp=20.0,
+                           output_clamp=10.0, weights=ratio)  # fmt: skip
+    # Equal up to float64 rounding (the reference's k3 is expm1(d) - d, NeMo-RL's exp(d) - 1 - d).
+    torch.testing.assert_close(theirs, ours, rtol=1e-9, atol=1e-12)
+    (g1,) = torch.autograd.grad(theirs.sum(), lp, retain_graph=True)
+    (g2,) = torch.autograd.grad(ours.sum(), lp)
+    torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-12)
+
+
+def test_kl_penalty_is_kl_estimate_with_verl_clamps():
+    lp = torch.tensor([-26.0, -1.0, 0.0, -3.0], dtype=torch.float64)
+    rp = torch.tensor([-1.0, -1.5, -30.0, -3.0], dtype=torch.float64)
+    for estimator in ["k1", "k2", "k3", "k3+", "abs"]:
+        clamps = {"input_clamp": 20.0, "output_clamp": 10.0} if "k3" in estimator else {}
+        verl = ref.kl_penalty(lp, rp, estimator)
+        assert torch.equal(verl, ref.kl_estimate(lp, rp, estimator, **clamps))
+    assert float(ref.kl_penalty(lp, rp, "k3")[0]) == 10.0
+
+
 # --------------------------------------------------------------------------- output clamps
 
 
