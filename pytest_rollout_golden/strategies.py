@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ._internal.hypothesis_profiles import register_profiles
 from .reference.correction import RS_CRITERIA
+from .reference.masking import as_bool_mask
 
 __all__ = [
     "GRID",
@@ -361,13 +362,29 @@ def _junk(size: int, width: int, scale: float, field: int = 0) -> torch.Tensor:
     return cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)] * scale * (1 + field)
 
 
-def kl_batches(**options: Any) -> st.SearchStrategy[dict[str, torch.Tensor]]:
+def kl_batches(
+    *, is_weights: bool = False, **options: Any
+) -> st.SearchStrategy[dict[str, torch.Tensor]]:
     """:func:`rollout_batches` (same options) with ``ref_log_probs``, the reference policy's
     log-probs: the rollout log-probs, so ``log_probs - ref_log_probs`` spans a few nats, with
-    spikes of about 25 (beyond k3's clamp at 10 and the ±20 log clamp)."""
-    return rollout_batches(**options).map(
-        lambda batch: {**batch, "ref_log_probs": batch["rollout_log_probs"].clone()}
-    )
+    spikes of about 25 (beyond k3's clamp at 10 and the ±20 log clamp).
+
+    With ``is_weights`` the batch also holds ``is_weights``, the importance weight of an
+    importance-weighted KL: the ratio ``exp(log_probs - old_log_probs)`` on valid tokens
+    (slime's ``importance_ratio``, TRL's ``coef_1``), computed in float64 and rounded to the
+    batch's dtype; padding holds positive garbage where ``log_probs`` holds garbage."""
+    return rollout_batches(**options).map(lambda batch: _with_kl_fields(batch, is_weights))
+
+
+def _with_kl_fields(batch: dict[str, torch.Tensor], is_weights: bool) -> dict[str, torch.Tensor]:
+    out = {**batch, "ref_log_probs": batch["rollout_log_probs"].clone()}
+    if is_weights:
+        log_probs, old = batch["log_probs"], batch["old_log_probs"]
+        valid = as_bool_mask(batch["response_mask"])
+        log_ratio = log_probs.to(torch.float64) - old.to(torch.float64)
+        junk = torch.where(log_probs != 0, 1.0 + log_ratio.abs(), 0.0)
+        out["is_weights"] = torch.where(valid, log_ratio.exp(), junk).to(log_probs.dtype)
+    return out
 
 
 def value_batches(

@@ -176,7 +176,9 @@ def project(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slow: full parallel variant matrix and torchrun runs; `pytest -m slow`"
+        "markers",
+        "slow: full parallel variant matrix, torchrun runs, framework KL conformance at 300 "
+        "examples; `pytest -m slow`",
     )
 
 
@@ -184,7 +186,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip ``slow`` tests unless a ``-m`` expression names them."""
     if "slow" in (config.option.markexpr or ""):
         return
-    skip = pytest.mark.skip(reason="slow (variant matrix, torchrun): run with `pytest -m slow`")
+    skip = pytest.mark.skip(
+        reason="slow (variant matrix, torchrun, conformance): run with `pytest -m slow`"
+    )
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)

@@ -26,6 +26,7 @@ TOKEN_FLOATS = (
     "advantages",
     "token_level_rewards",
     "values",
+    "is_weights",
 )
 
 GUARD_RTOL = 4e-6

@@ -45,6 +45,7 @@ from .correction import (
 )
 from .losses import (
     AGG_MODES,
+    K3_BOUND,
     KL_ESTIMATORS,
     RATIO_LEVELS,
     AggMode,
@@ -53,6 +54,7 @@ from .losses import (
     aggregate_loss,
     bypass_policy_loss,
     cispo_token_losses,
+    kl_estimate,
     kl_penalty,
     policy_log_ratio,
     policy_loss,
@@ -76,6 +78,7 @@ __all__ = [
     "AGG_MODES",
     "ESTIMATORS",
     "IS_LEVELS",
+    "K3_BOUND",
     "KL_ESTIMATORS",
     "METRIC_PREFIX",
     "NORMALIZE_MIN",
@@ -102,6 +105,7 @@ __all__ = [
     "grpo_advantages",
     "is_log_weights",
     "is_normalizer",
+    "kl_estimate",
     "kl_penalty",
     "masked_count",
     "masked_fill_zero",

@@ -34,6 +34,8 @@ LossType = Literal["ppo_clip", "reinforce", "cispo"]
 RatioLevel = Literal["token", "sequence"]
 RATIO_LEVELS: tuple[str, ...] = ("token", "sequence")
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+K3_BOUND = 10.0
+"""verl's clamp of the k3 value, ``[-10, 10]`` (NeMo-RL's and AReaL's default output clamp)."""
 
 
 def _denominator(count: int | float | Tensor, like: Tensor) -> Tensor:
@@ -323,28 +325,70 @@ def bypass_policy_loss(
 def kl_penalty(
     log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "low_var_kl", *, clamp: bool = True
 ) -> Tensor:
-    """Per-token KL estimate between the policy and the reference.
+    """Per-token KL estimate between the policy and the reference, with verl's clamps.
 
     ``k1``/``kl``: ``logp - ref``; ``abs``: ``|logp - ref|``; ``k2``/``mse``:
     ``½(logp - ref)²``; ``k3``/``low_var_kl``: ``clamp(e^d - d - 1, -10, 10)`` with
     ``d = clamp(ref - logp, ±20)`` (verl); ``clamp=False`` gives the exact ``e^d - d - 1``
     (TRL). A ``+`` suffix (``"k3+"``) keeps the estimator's value and takes the gradient of
-    k2 (straight-through), ``sg(k) + k2 - sg(k2)``.
+    k2 (straight-through), ``sg(k) + k2 - sg(k2)``. Other clamps: :func:`kl_estimate`.
+    """
+    if clamp and estimator.rstrip("+") in ("k3", "low_var_kl"):
+        return kl_estimate(
+            log_prob, ref_log_prob, estimator, input_clamp=SAFETY_BOUND, output_clamp=K3_BOUND
+        )
+    return kl_estimate(log_prob, ref_log_prob, estimator)
+
+
+def kl_estimate(
+    log_prob: Tensor,
+    ref_log_prob: Tensor,
+    estimator: str,
+    *,
+    input_clamp: float | None = None,
+    output_clamp: float | None = None,
+    weights: Tensor | None = None,
+) -> Tensor:
+    """``clamp(w · k(clamp(d, ±input_clamp)), ±output_clamp)``, per token, with
+    ``d = ref - logp`` and ``k`` the estimator of :func:`kl_penalty` (``+`` forms included);
+    each clamp is skipped when ``None``, ``w`` when ``weights`` is ``None``.
+
+    NeMo-RL's ``calculate_kl`` in this order (``kl_input_clamp_value=20``,
+    ``kl_output_clamp_value=10``, ``importance_sampling_weights``), AReaL and OpenRLHF with the
+    output clamp at 10 on every estimator, slime's weighted ``low_var_kl``. Where the input
+    clamp is active the weight is detached (NeMo-RL): a clamped token passes no gradient.
     """
     if estimator.endswith("+"):
-        forward = kl_penalty(log_prob, ref_log_prob, estimator[:-1], clamp=clamp)
-        backward = kl_penalty(log_prob, ref_log_prob, "k2")
+        forward = kl_estimate(
+            log_prob,
+            ref_log_prob,
+            estimator[:-1],
+            input_clamp=input_clamp,
+            output_clamp=output_clamp,
+            weights=weights,
+        )
+        backward = kl_estimate(log_prob, ref_log_prob, "k2", weights=weights)
         return forward.detach() + (backward - backward.detach())
-    diff = log_prob - ref_log_prob
+    d = ref_log_prob - log_prob
+    if input_clamp is not None:
+        clamped = d.clamp(-input_clamp, input_clamp)
+        if weights is not None:
+            weights = torch.where(d == clamped, weights, weights.detach())
+        d = clamped
+    kl = _estimator_value(d, estimator)
+    if weights is not None:
+        kl = weights * kl
+    return kl if output_clamp is None else kl.clamp(-output_clamp, output_clamp)
+
+
+def _estimator_value(d: Tensor, estimator: str) -> Tensor:
+    """The estimator at ``d = ref - logp``."""
     if estimator in ("k1", "kl"):
-        return diff
+        return -d
     if estimator == "abs":
-        return diff.abs()
+        return d.abs()
     if estimator in ("k2", "mse"):
-        return 0.5 * diff.square()
+        return 0.5 * d.square()
     if estimator in ("k3", "low_var_kl"):
-        if not clamp:
-            return torch.expm1(-diff) + diff
-        d = (-diff).clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        return (torch.expm1(d) - d).clamp(-10.0, 10.0)
+        return torch.expm1(d) - d
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
