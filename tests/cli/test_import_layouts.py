@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rollout_golden import Golden, Mode, dumps
+from pytest_rollout_golden import Golden, GoldenError, Mode, dumps
 from pytest_rollout_golden.cli import main
 
 
@@ -365,6 +365,42 @@ def test_flatten_names_nested_entries_and_keeps_float_bits():
     assert sorted(flat) == ["a/b", "a/c", "d/0/e"]
     assert flat["a/b"].dtype == torch.float64 and flat["a/b"].item() == 0.1
     assert flat["a/c"].dtype == torch.int64 and flat["d/0/e"].dtype == torch.bool
+
+
+def test_nexrl_keys_that_flatten_to_one_name_are_refused_and_nothing_is_written(tmp_path, capsys):
+    """Two of five values named ``metrics/actor/kl`` (a key holding "/" and a nested dict)
+    would keep one and drop the other: refused, naming the file, the step and both keys."""
+    root = tmp_path / "debug_dump"
+    (root / "loss").mkdir(parents=True)
+    torch.save({"step": 2, "loss": 0.5}, root / "loss" / "step_000001_rank0_micro0.pt")
+    loss = {"step": 2, "rank": 0, "micro_idx": 0, "loss": 0.5, "pg_loss": 0.25,
+            "metrics": {"actor/kl": 0.1, "actor": {"kl": 0.2, "clipfrac": 0.0}}}  # fmt: skip
+    path = root / "loss" / "step_000002_rank0_micro0.pt"
+    torch.save(loss, path)
+    out = tmp_path / "golden"
+    assert import_(root, out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: step 2, {path}: ")
+    assert "the keys ['metrics']['actor']['kl'] and ['metrics']['actor/kl']" in err
+    assert "both flatten to the name 'metrics/actor/kl'" in err
+    assert "rename one of the two keys" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "keys"),
+    [
+        ({"a/b": 1.0, "a": {"b": 2.0}}, ("['a/b']", "['a']['b']")),
+        ({1: 1.0, "1": 2.0}, ("[1]", "['1']")),
+        ({"x": [1, "s"], "x/0": 3}, ("['x'][0]", "['x/0']")),
+        ({"": {"a": 1}, "a": "text"}, ("['']['a']", "['a']")),
+    ],
+    ids=["slash", "int-and-str-key", "list-index", "empty-key"],
+)
+def test_flatten_refuses_two_values_of_one_name(value, keys):
+    with pytest.raises(GoldenError) as raised:
+        dumps.flatten(value)
+    assert keys[0] in str(raised.value) and keys[1] in str(raised.value)
 
 
 # --- slime: save_debug_rollout_data / save_debug_train_data ---------------------------
