@@ -67,10 +67,11 @@ def load(path: Path, *, trust_pickle: bool) -> Any:
 def _load(path: Path, *, trust_pickle: bool) -> Any:
     import torch
 
-    from ..store import TORCH_SAVE_HEAD, torch_save_format
+    from ..store import TORCH_SAVE_HEAD, is_pickle, torch_save_format
 
     with open(path, "rb") as f:
-        saved = torch_save_format(f.read(TORCH_SAVE_HEAD))  # zip, legacy, or a raw pickle
+        head = f.read(TORCH_SAVE_HEAD)
+    saved = torch_save_format(head)  # zip, legacy, or not torch.save's
     if saved:
         if saved == "zip":
             _check_archive(path)
@@ -82,6 +83,13 @@ def _load(path: Path, *, trust_pickle: bool) -> Any:
                 why = f"torch.load(weights_only=True): {refusal}"
                 raise GoldenError(_needs_trust(path, why)) from None
         return torch.load(path, map_location="cpu", weights_only=False)  # trusted by the caller
+    if not trust_pickle and not is_pickle(head):
+        start = f"it starts with {head[:11]!r}" if head else "it is empty"
+        raise GoldenError(
+            f"{path}: neither a torch.save archive nor a pickle ({start}); nothing was loaded "
+            "from it. If it is a pickle of protocol 0 or 1, pass --trust-pickle; else move it "
+            "out of the dump folder"
+        )
     if not trust_pickle:
         raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
     with open(path, "rb") as f:

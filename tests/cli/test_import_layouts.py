@@ -481,6 +481,49 @@ def test_slime_two_dumps_of_one_rollout_name_both_files(tmp_path, capsys):
     assert f"step 3, {root / 'b_3.pt'}: a second dump for rollout-rollout-step000003" in err
 
 
+@pytest.mark.parametrize("rollout_id", [-5, True, 2.0, "3"], ids=repr)
+def test_slime_rollout_id_that_is_not_a_step_is_refused_at_import(tmp_path, capsys, rollout_id):
+    """A step is an integer >= 0 (not a bool): what import accepts, verify accepts."""
+    root = tmp_path / "dump"
+    root.mkdir()
+    path = root / "rollout_7.pt"
+    torch.save({"rollout_id": rollout_id, "samples": [slime_sample(0, 7)]}, path)
+    out = tmp_path / "golden"
+    assert import_(root, out, "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: step 7, {path}: its rollout_id is {rollout_id!r}, not a step (an integer >= 0)"
+    )
+    assert "remove the key to take the step from the file name" in err
+    assert not out.exists()
+
+
+def test_slime_rank_that_is_not_a_rank_is_refused_at_import(tmp_path, capsys):
+    root = tmp_path / "dump"
+    root.mkdir()
+    path = root / "3_0.pt"
+    torch.save({"rollout_id": 3, "rank": True, "rollout_data": {"tokens": [1, 2]}}, path)
+    assert import_(root, tmp_path / "golden", "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: step 3, {path}: its rank is True, not a rank (an integer >= 0)")
+
+
+def test_slime_error_before_the_payload_is_read_names_the_step_of_the_file_name(tmp_path, capsys):
+    """A file that is neither a torch.save archive nor a pickle is not called a raw pickle."""
+    root = tmp_path / "dump" / "rollout_data"
+    root.mkdir(parents=True)
+    torch.save({"rollout_id": 3, "samples": [slime_sample(0, 3)]}, root / "3.pt")
+    (root / "4.pt").write_text("rollout 4 was not dumped: out of disk\n")
+    assert import_(tmp_path / "dump", tmp_path / "golden", "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: step 4, {root / '4.pt'}: neither a torch.save archive nor a pickle "
+        "(it starts with b'rollout 4 w')"
+    )
+    assert "raw pickle" not in err
+    assert "move it out of the dump folder" in err
+
+
 # --- AReaL: WorkflowExecutor._dump_trajectory (JSONL) ---------------------------------
 
 
@@ -516,6 +559,7 @@ def test_areal_jsonl_rollouts_per_version_replay_in_the_plugin(project, tmp_path
     same(v1, replay(target, 1))
     same(v2, replay(target, 2))
     same(ev, replay(target, 2, "eval"))
+    assert main(["verify", str(target)]) == 0
     project.write(
         "import pytest\n"
         "def test_replay(golden):\n"
