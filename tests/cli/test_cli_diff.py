@@ -396,3 +396,15 @@ def test_goldens_recorded_on_other_devices_diff_on_the_cpu(tmp_path, capsys, mon
     assert "log_probs" in capsys.readouterr().out
     assert main(["verify", str(tmp_path / "cuda")]) == 0
     assert main(["show", str(tmp_path / "cuda")]) == 0
+
+
+def test_a_tensordict_with_and_without_a_device_is_no_structure_difference(tmp_path, capsys):
+    """Where a TensorDict's tensors lived is not a value: diff does not report it."""
+    tensordict = pytest.importorskip("tensordict")
+
+    for name, device in (("a", None), ("b", "cpu")):
+        batch = tensordict.TensorDict({"ids": torch.arange(4)}, batch_size=[4], device=device)
+        with Golden(tmp_path / name, mode=Mode.AUTO) as golden:
+            golden.rollout(lambda batch=batch: batch, step=0)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "structure differ" not in capsys.readouterr().out
