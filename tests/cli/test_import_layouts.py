@@ -167,9 +167,11 @@ def test_verl_v0_rollout_skip_gen_batch_with_its_meta_json(tmp_path, verl_tq_ski
         assert replayed["meta_info"] == {"global_steps": step}
 
 
-def test_verl_tq_batch_outside_a_step_folder_is_named(tmp_path, capsys):
-    """Item 2: a tq_batch.pt not under {step}/{inner_idx}/ is an error naming the file."""
-    inner = tmp_path / "dump" / "GBS2_N1_in2_out4" / "3"
+@pytest.mark.parametrize("folders", ["GBS2_N1_in2_out4/3", "\u00b2/0"], ids=["name", "superscript"])
+def test_verl_tq_batch_outside_a_step_folder_is_named(tmp_path, capsys, folders):
+    """Item 2: a tq_batch.pt not under {step}/{inner_idx}/ is an error naming the file ("²"
+    is a digit to str.isdigit, not a number to int())."""
+    inner = tmp_path / "dump" / folders
     inner.mkdir(parents=True)
     torch.save({"tensordict": {"x": torch.zeros(2)}}, inner / "tq_batch.pt")
     assert import_(tmp_path / "dump", tmp_path / "golden") == 2
@@ -579,6 +581,16 @@ def test_areal_bad_json_line_names_file_line_and_step(tmp_path, capsys):
     assert import_(tmp_path / "log", tmp_path / "golden", "--layout", "areal") == 2
     err = capsys.readouterr().err
     assert f"step 4, {path}: line 2 is not JSON" in err
+
+
+def test_areal_names_of_digits_int_cannot_read_are_skipped_with_a_line(tmp_path, capsys):
+    """ "²" is a digit to str.isdigit, not a number to int(): skipped, never a traceback."""
+    records = areal_dump(tmp_path / "log", 5, [4], [1.0])
+    odd = tmp_path / "log" / "rollout" / "4" / "\u00b2.jsonl"
+    odd.write_text(json.dumps(records[0]) + "\n")
+    assert import_(tmp_path / "log", tmp_path / "golden", "--layout", "areal") == 0
+    assert f"skipped {odd}: not an AReaL dump" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "golden")]) == 0
 
 
 def test_import_help_lists_each_layouts_file_patterns(capsys):
