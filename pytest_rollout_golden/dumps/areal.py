@@ -35,7 +35,7 @@ def matches(files: list[Path]) -> bool:
 
 
 def _jsonl(path: Path) -> bool:
-    return path.suffix == ".jsonl" and path.stem.isdigit() and path.parent.name.isdigit()
+    return path.suffix == ".jsonl" and path.stem.isdecimal() and path.parent.name.isdecimal()
 
 
 def entries(source: Path, name: str) -> Iterator[Entry | Skipped]:

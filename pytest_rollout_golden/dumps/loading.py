@@ -19,13 +19,14 @@ import dataclasses
 import json
 import pickle
 import re
+import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import GoldenError
-from ..store.codec import is_dataproto_like, is_tensordict_like
+from ..store.codec import is_dataproto_like, is_tensordict_like, is_torch_tensor
 
 WHY_PICKLE = (
     "unpickling runs code named in the file (any import and call), so a dump from an "
@@ -33,7 +34,12 @@ WHY_PICKLE = (
 )
 EXPAND_FACTOR = 64  # a dump may make the import allocate 64x its size on disk...
 EXPAND_FREE = 64 << 20  # ...plus 64 MiB, and no more
-_NODE_COST = 64  # bytes charged for each dict, list, number, ... of a payload
+# Bytes charged per value of a payload, as measured converting JSON lines of each kind
+# (a number or string: <= 62 + its length; [] 140; {} 447, and 221 more per entry).
+_NODE_COST = 64
+_LIST_COST = 192
+_CONTAINER_COST = 512  # a dict, tuple, dataclass, ...: an object of the layout, and a list
+_ENTRY_COST = 256  # a dict's entry: a [key, value] pair of the layout
 _DATAPROTO = ("batch", "non_tensor_batch", "meta_info")
 _LONGEST = 500  # characters of a foreign error message shown, cut at a sentence's end
 
@@ -67,10 +73,11 @@ def load(path: Path, *, trust_pickle: bool) -> Any:
 def _load(path: Path, *, trust_pickle: bool) -> Any:
     import torch
 
-    from ..store import TORCH_SAVE_HEAD, torch_save_format
+    from ..store import TORCH_SAVE_HEAD, is_pickle, torch_save_format
 
     with open(path, "rb") as f:
-        saved = torch_save_format(f.read(TORCH_SAVE_HEAD))  # zip, legacy, or a raw pickle
+        head = f.read(TORCH_SAVE_HEAD)
+    saved = torch_save_format(head)  # zip, legacy, or not torch.save's
     if saved:
         if saved == "zip":
             _check_archive(path)
@@ -82,6 +89,13 @@ def _load(path: Path, *, trust_pickle: bool) -> Any:
                 why = f"torch.load(weights_only=True): {refusal}"
                 raise GoldenError(_needs_trust(path, why)) from None
         return torch.load(path, map_location="cpu", weights_only=False)  # trusted by the caller
+    if not trust_pickle and not is_pickle(head):
+        start = f"it starts with {head[:11]!r}" if head else "it is empty"
+        raise GoldenError(
+            f"{path}: neither a torch.save archive nor a pickle ({start}); nothing was loaded "
+            "from it. If it is a pickle of protocol 0 or 1, pass --trust-pickle; else move it "
+            "out of the dump folder"
+        )
     if not trust_pickle:
         raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
     with open(path, "rb") as f:
@@ -132,74 +146,99 @@ def _check_archive(path: Path) -> None:
         )
 
 
-def _check_expansion(path: Path, payload: Any) -> None:
-    """Refuse a payload that would expand beyond the allowance once converted.
+def _check_expansion(path: Path, payload: Any, *, left: int | None = None, line: int = 0) -> int:
+    """Refuse a payload that would expand beyond the allowance once converted; return what
+    is left of the allowance (``left``: what an earlier line of the file left of it).
 
-    The converter copies every tensor out to its logical size and writes every
-    shared object once per reference: a stride-0 view such as
-    ``torch.zeros(1).expand(2**33)`` takes 4 bytes in the file and 32 GiB once
-    copied, and a list holding itself never ends. Each tensor is charged its
-    logical size, each string its length, every other object ``_NODE_COST``,
-    once per path that reaches it; the walk stops when the allowance is spent.
-    A path is kept as ``(parent, label)`` links and spelled out only in an error.
+    The converter copies every tensor out to its logical size, writes every shared
+    object once per reference, and describes every container in its JSON layout: a
+    stride-0 view such as ``torch.zeros(1).expand(2**33)`` takes 4 bytes in the file
+    and 32 GiB once copied, a list holding itself never ends, and ``{}`` takes 3 bytes
+    of JSON and some 450 of memory. Each tensor is charged its logical size, each
+    string its length, each container what its layout costs (:func:`_cost`), once per
+    path that reaches it; the walk stops when the allowance is spent. A path is kept
+    as ``(parent, label)`` links and spelled out only in an error.
     """
-    import numpy as np
-    import torch
-
     allowance = _allowance(path)
-    left = allowance
-    stack: list[tuple[Any, Any]] = [(payload, None)]
+    left = allowance if left is None else left
+    stack: list[tuple[Any, Iterator[tuple[Any, str]]]] = [(None, iter([(payload, "")]))]
     while stack:
-        value, where = stack.pop()
-        parts: Any = ()
-        tensor = isinstance(value, torch.Tensor)
-        if tensor and value.is_nested:
-            cost, parts = _NODE_COST, [(row, f"[{i}]") for i, row in enumerate(value.unbind())]
-        elif tensor and value.layout == torch.strided and not value.is_meta:
-            cost = value.numel() * value.element_size()
-            held = value.untyped_storage().nbytes()
-            if cost > held and cost > left:
-                raise GoldenError(
-                    f"{path}: the tensor at {_spelled(where)} (shape {list(value.shape)}, "
-                    f"strides {list(value.stride())}) views {held:,} bytes of storage as "
-                    f"{cost:,} bytes (a stride-0, expanded or overlapping view); converting "
-                    "it would allocate that much, more than the file can describe. Refused: "
-                    "if the dump is genuine, save `t.contiguous()` in it"
-                )
-        elif isinstance(value, np.ndarray) and value.dtype != object:
-            cost = value.nbytes
-        elif isinstance(value, (str, bytes)):
-            cost = len(value)
-        elif isinstance(value, (int, float)) or value is None:
-            cost = _NODE_COST
-        else:
-            cost, parts = _NODE_COST, _parts(value)
+        parent, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            continue
+        value, label = child
+        where = (parent, label) if label else parent
+        cost, parts = _cost(path, value, where, left)
         left -= cost
         if left < 0:
+            at = f"line {line}, {_spelled(where)}" if line else _spelled(where)
             raise GoldenError(
-                f"{path}: its payload expands past {allowance:,} bytes (reached at "
-                f"{_spelled(where)}), more than a file of its size may ({EXPAND_FACTOR}x its "
-                f"size + {EXPAND_FREE >> 20} MiB): an object shared many times, or holding "
-                "itself. Refused: if the dump is genuine, dump it without shared references"
+                f"{path}: its payload expands past {allowance:,} bytes (reached at {at}), "
+                f"more than a file of its size may ({EXPAND_FACTOR}x its size + "
+                f"{EXPAND_FREE >> 20} MiB): very many small containers, an object shared many "
+                "times, or holding itself. Refused: if the dump is genuine, dump it without "
+                "shared references, or in several files"
             )
-        stack += [(child, (where, label)) for child, label in parts]
+        if parts is not None:
+            stack.append((where, parts))
+    return left
 
 
-def _parts(value: Any) -> list[tuple[Any, str]]:
-    """The (child, label) pairs the converter visits below ``value``."""
-    import numpy as np
+def _cost(path: Path, value: Any, where: Any, left: int) -> tuple[int, Any]:
+    """``(bytes, children)``: what converting ``value`` itself costs, and an iterator over
+    its ``(child, label)`` pairs (``None`` for a leaf). Imports neither torch nor numpy."""
+    if isinstance(value, (str, bytes)):
+        return _NODE_COST + len(value), None
+    if value is None or isinstance(value, (int, float)):
+        return _NODE_COST, None
+    if isinstance(value, list):
+        return _LIST_COST, ((v, f"[{i}]") for i, v in enumerate(value))
+    if isinstance(value, Mapping) or is_tensordict_like(value):
+        cost = _CONTAINER_COST + _ENTRY_COST * len(value)
+        return cost, ((v, f"[{k!r}]") for k, v in value.items())
+    if is_torch_tensor(value):
+        return _tensor_cost(path, value, where, left)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        if value.dtype != object:
+            return value.nbytes, None
+        return _CONTAINER_COST, ((v, f"[{i}]") for i, v in enumerate(value.reshape(-1)))
+    return _CONTAINER_COST, _parts(value)
 
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [(v, f"[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, (dict, Mapping)) or is_tensordict_like(value):
-        return [(v, f"[{k!r}]") for k, v in value.items()]
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        return [(v, f"[{i}]") for i, v in enumerate(value.reshape(-1))]
+
+def _tensor_cost(path: Path, value: Any, where: Any, left: int) -> tuple[int, Any]:
+    """:func:`_cost` of a tensor: its logical size, or its rows if nested."""
+    import torch
+
+    if value.is_nested:
+        return _NODE_COST, ((row, f"[{i}]") for i, row in enumerate(value.unbind()))
+    if value.layout != torch.strided or value.is_meta:
+        return _NODE_COST, None  # the converter refuses it, naming it
+    cost = value.numel() * value.element_size()
+    held = value.untyped_storage().nbytes()
+    if cost > held and cost > left:
+        raise GoldenError(
+            f"{path}: the tensor at {_spelled(where)} (shape {list(value.shape)}, "
+            f"strides {list(value.stride())}) views {held:,} bytes of storage as "
+            f"{cost:,} bytes (a stride-0, expanded or overlapping view); converting "
+            "it would allocate that much, more than the file can describe. Refused: "
+            "if the dump is genuine, save `t.contiguous()` in it"
+        )
+    return cost, None
+
+
+def _parts(value: Any) -> Iterator[tuple[Any, str]]:
+    """The (child, label) pairs the converter visits below any other ``value``."""
+    if isinstance(value, (tuple, set, frozenset)):
+        return ((v, f"[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [(getattr(value, f.name), f".{f.name}") for f in dataclasses.fields(value)]
+        fields = dataclasses.fields(value)
+        return ((getattr(value, f.name), f".{f.name}") for f in fields)
     if is_dataproto_like(value):
-        return [(getattr(value, name), f".{name}") for name in _DATAPROTO]
-    return []
+        return ((getattr(value, name), f".{name}") for name in _DATAPROTO)
+    return iter(())
 
 
 def _spelled(where: Any, shown: int = 8) -> str:
@@ -252,11 +291,12 @@ def _needs_trust(path: Path, why: str) -> str:
 
 
 def read_jsonl(path: Path) -> list[Any]:
-    """The JSON value of each non-empty line of ``path``; no code from the file runs."""
-    size, allowance = path.stat().st_size, _allowance(path)
-    if size > allowance:  # pragma: no cover - the allowance exceeds the file's own size
-        raise GoldenError(f"{path}: larger than {allowance:,} bytes")
-    out = []
+    """The JSON value of each non-empty line of ``path``; no code from the file runs.
+
+    Parsing a line allocates less than the allowance would for its size; what the
+    values then cost to convert is charged, line by line, against the file's allowance.
+    """
+    out, left = [], _allowance(path)
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -269,4 +309,5 @@ def read_jsonl(path: Path) -> list[Any]:
                     "written, or is not a dump: dump that step again, or move the file out of "
                     "the dump folder"
                 ) from None
+            left = _check_expansion(path, out[-1], left=left, line=number)
     return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import GoldenError
+
 
 def plain(value: Any) -> Any:
     """``value`` with dataclass objects turned into dicts, recursively, for the codec.
@@ -25,40 +27,66 @@ def flatten(value: Any) -> dict[str, Any]:
     tensor: ``float64`` if any number is a float (so the bits stay), else ``int64``, else
     ``bool``. Strings, ``None`` and empty lists are not numbers: :func:`split` returns them.
     Pass a dump's value through this to check it against the golden ``import`` wrote.
+    Two leaves of one name (``{"a/b": 1, "a": {"b": 2}}``) raise :class:`~..errors.GoldenError`.
     """
     return split(value)[0]
 
 
 def split(value: Any, prefix: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(tensors, others)``: :func:`flatten`'s tensors, and every other leaf by its name."""
+    """``(tensors, others)``: :func:`flatten`'s tensors, and every other leaf by its name.
+
+    Raises :class:`~..errors.GoldenError` if two leaves get one name (a key holding ``/``
+    beside a nested dict, ``1`` beside ``"1"``): one would hide the other.
+    """
     import numpy as np
     import torch
 
     tensors: dict[str, Any] = {}
     others: dict[str, Any] = {}
-    stack: list[tuple[str, Any]] = [(prefix, value)]
+    keys: dict[str, str] = {}  # each name's keys in the value, spelled ``['a'][0]``
+
+    def leaf(out: dict[str, Any], name: str, where: str, item: Any) -> None:
+        if name in keys:
+            raise GoldenError(_collision(name, keys[name], where))
+        keys[name] = where
+        out[name] = item
+
+    stack: list[tuple[str, str, Any]] = [(prefix, "", value)]
     while stack:
-        name, item = stack.pop()
+        name, where, item = stack.pop()
         if isinstance(item, torch.Tensor):
-            tensors[name] = item
+            leaf(tensors, name, where, item)
         elif isinstance(item, np.ndarray) and item.dtype != object:
-            tensors[name] = torch.from_numpy(item.copy())
+            leaf(tensors, name, where, torch.from_numpy(item.copy()))
         elif isinstance(item, (bool, int, float)):
-            tensors[name] = torch.tensor(item, dtype=_dtype([item]))
+            leaf(tensors, name, where, torch.tensor(item, dtype=_dtype([item])))
         elif isinstance(item, dict):
-            stack += [(f"{name}/{k}" if name else str(k), v) for k, v in item.items()]
+            stack += [(_joined(name, k), f"{where}[{k!r}]", v) for k, v in item.items()]
         elif isinstance(item, (list, tuple)) and item:
             leaves = _numbers(item)
             if leaves is not None:
                 try:
-                    tensors[name] = torch.tensor(item, dtype=_dtype(leaves))
+                    leaf(tensors, name, where, torch.tensor(item, dtype=_dtype(leaves)))
                     continue
                 except (ValueError, TypeError, RuntimeError):  # ragged: walk it
                     pass
-            stack += [(f"{name}/{i}" if name else str(i), v) for i, v in enumerate(item)]
+            stack += [(_joined(name, i), f"{where}[{i}]", v) for i, v in enumerate(item)]
         else:
-            others[name] = item
+            leaf(others, name, where, item)
     return dict(sorted(tensors.items())), dict(sorted(others.items()))
+
+
+def _joined(name: str, key: Any) -> str:
+    return f"{name}/{key}" if name else str(key)
+
+
+def _collision(name: str, first: str, second: str) -> str:
+    a, b = sorted((first or "the top level", second or "the top level"))
+    return (
+        f"the keys {a} and {b} both flatten to the name {name!r}, so one value would "
+        "hide the other; rename one of the two keys (a key holding '/' is the usual cause) "
+        "and save the dump again, or move the file out of the dump folder"
+    )
 
 
 def _numbers(items: Any) -> list[Any] | None:

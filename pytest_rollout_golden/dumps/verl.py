@@ -35,7 +35,7 @@ def entries(source: Path, name: str) -> Iterator[Entry | Skipped]:
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         if path.name == TQ_BATCH:
             inner, step = path.parent.name, path.parent.parent.name
-            if not (inner.isdigit() and step.isdigit()):
+            if not (inner.isdecimal() and step.isdecimal()):
                 raise GoldenError(
                     f"{path}: verl's RolloutTqSkip writes {{step}}/{{inner_idx}}/tq_batch.pt, "
                     f"and this file's folders ({step}/{inner}) are not two numbers; move it "

@@ -36,6 +36,7 @@ from .files import (
     atomic_write as atomic_write,
     checksum as checksum,
     format_error as format_error,
+    is_pickle as is_pickle,
     read_bytes as read_bytes,
     torch_save_format as torch_save_format,
 )

@@ -433,6 +433,7 @@ def load_batch(
     *,
     rebuild: Callable[..., Any] | None = None,
     expect_digest: str | None = None,
+    on_cpu: bool = False,
 ) -> Any:
     """Load and verify a batch written by :func:`save_batch`.
 
@@ -440,13 +441,15 @@ def load_batch(
     ``rebuild`` builds DataProto-like batches (called with ``batch``,
     ``non_tensor_batch`` and ``meta_info``); by default the recorded class is
     used if the process already imported it, else :class:`~.codec.RolloutBatch`.
+    Each tensor goes onto the device it was recorded on where this machine has it
+    (else the CPU), or onto the CPU whatever it was recorded on with ``on_cpu``.
     """
     path = Path(path)
     arrays, _, layout = _read(path, expect_digest=expect_digest, want="torch")
     if layout is NO_LAYOUT:
         return dict(arrays)
     try:
-        return codec.unflatten(arrays, layout, rebuild=rebuild)
+        return codec.unflatten(arrays, layout, rebuild=rebuild, on_cpu=on_cpu)
     except GoldenFormatError as exc:
         raise format_error(path, str(exc)) from None
     except (OverflowError, IndexError) as exc:  # a value that does not fit its recorded dtype

@@ -361,16 +361,23 @@ def _items(pairs: Any, path: list[str], node: Callable[[Any, list[str]], Any]) -
 
 
 def unflatten(
-    arrays: Mapping[str, Any], layout: Any, *, rebuild: Callable[..., Any] | None = None
+    arrays: Mapping[str, Any],
+    layout: Any,
+    *,
+    rebuild: Callable[..., Any] | None = None,
+    on_cpu: bool = False,
 ) -> Any:
     """Rebuild the value described by ``layout`` from ``arrays`` (inverse of :func:`flatten`).
+
+    Each tensor goes onto the device it was recorded on where this machine has it, or onto
+    the CPU with ``on_cpu`` (a reader that compares or prints, and needs no accelerator).
 
     Every TensorDict's batch_size and device is checked against its entries whether or not
     tensordict is imported, so what loads without it (``rollout-golden verify``) also loads
     with it (replay). Raises :class:`~.errors.GoldenFormatError` naming the key at fault.
     """
     try:
-        return _Unflattener(arrays, rebuild).node(layout, [])
+        return _Unflattener(arrays, rebuild, on_cpu).node(layout, [])
     except (KeyError, TypeError, ValueError) as exc:
         raise GoldenFormatError(f"layout does not match the stored arrays ({exc!r})") from exc
 
@@ -379,9 +386,17 @@ class _Unflattener:
     """One :func:`unflatten` call: each layout node back into its value, by the method
     ``decode_<tag>`` of its tag (:data:`_DECODERS`)."""
 
-    def __init__(self, arrays: Mapping[str, Any], rebuild: Callable[..., Any] | None) -> None:
+    def __init__(
+        self, arrays: Mapping[str, Any], rebuild: Callable[..., Any] | None, on_cpu: bool
+    ) -> None:
         self.arrays = arrays
         self.rebuild = rebuild
+        self.on_cpu = on_cpu
+
+    def device(self, recorded: Any, path: list[str]) -> str:
+        """Where a value recorded on device ``recorded`` goes (see :func:`_device_here`)."""
+        here = _device_here(recorded, path)  # checks the layout's device even for the CPU
+        return "cpu" if self.on_cpu else here
 
     def node(self, n: Any, path: list[str]) -> Any:
         if n is None or isinstance(n, (bool, int, float, str)):
@@ -400,7 +415,7 @@ class _Unflattener:
         return float(n["v"])
 
     def decode_torch(self, n: dict[str, Any], path: list[str]) -> Any:
-        return _to_device(self.arrays[n["k"]], _device_here(n.get("device", "cpu"), path))
+        return _to_device(self.arrays[n["k"]], self.device(n.get("device", "cpu"), path))
 
     def decode_numpy(self, n: dict[str, Any], path: list[str]) -> Any:
         return self.arrays[n["k"]]
@@ -429,7 +444,7 @@ class _Unflattener:
 
     def decode_tensordict(self, n: dict[str, Any], path: list[str]) -> Any:
         batch_size = _batch_size(n, path)
-        device = _device_here(n["device"], path) if "device" in n else None
+        device = self.device(n["device"], path) if "device" in n else None
         items = {}
         for key, child in n["items"]:
             items[key] = self.node(child, [*path, str(key)])
@@ -461,7 +476,7 @@ class _Unflattener:
     def decode_jagged(self, n: dict[str, Any], path: list[str]) -> Any:
         import torch
 
-        device = _device_here(n["device"], path)
+        device = self.device(n["device"], path)
         parts = {p: self.arrays[n[p]] for p in ("values", "offsets", "lengths") if p in n}
         nt = torch.nested.nested_tensor_from_jagged(**parts, jagged_dim=n["ragged_idx"])
         return _to_device(nt, device)

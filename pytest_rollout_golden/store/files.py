@@ -227,12 +227,17 @@ def torch_save_format(buf: bytes | bytearray) -> str | None:
     buf = bytes(buf[:TORCH_SAVE_HEAD])
     if buf.startswith(ZIP_MAGIC):
         return "zip"
-    if buf[:1] != b"\x80" or len(buf) < 2 or not 2 <= buf[1] <= 5:
+    if not is_pickle(buf):
         return None
     body = buf[2:]
     if body[:1] == b"\x95":  # protocol 4+: a FRAME opcode and its 8-byte length first
         body = body[9:]
     return "legacy" if body.startswith(_TORCH_LEGACY_MAGIC) else None
+
+
+def is_pickle(buf: bytes | bytearray) -> bool:
+    """Whether a file starting with ``buf`` begins as a pickle of protocol 2 to 5 does."""
+    return buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5
 
 
 def foreign_format(buf: bytes | bytearray) -> str | None:
@@ -245,7 +250,7 @@ def foreign_format(buf: bytes | bytearray) -> str | None:
     """
     if torch_save_format(buf) == "legacy":
         return "is a legacy torch.save file, not a safetensors golden; it was not deserialized"
-    if buf[:1] == b"\x80" and len(buf) > 1 and 2 <= buf[1] <= 5:
+    if is_pickle(buf):
         return (
             "is a pickle file, not a safetensors golden; it was not unpickled "
             "(unpickling runs code stored in the file)"

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import safetensors
 import torch
 
 from pytest_rollout_golden import Golden, Mode, save_batch
@@ -335,3 +336,75 @@ def test_a_nan_in_both_goldens_names_equal_nan_and_the_option_that_sets_it(tmp_p
     assert hint in capsys.readouterr().out
     allow = ["--tolerance", "pg_loss:equal_nan=true", "--tolerance", "fwd/x:equal_nan=true"]
     assert main(["diff", a, a, *allow]) == 0
+
+
+def record_rollout(directory: Path, bump: float = 0.0) -> None:
+    with Golden(directory, mode=Mode.AUTO) as golden:
+        golden.rollout(lambda: {"input_ids": torch.arange(6).view(2, 3)}, step=0)
+        golden.check({"pg_loss": 0.5}, step=0)
+        lp = -torch.arange(6, dtype=torch.float32).view(2, 3) / 7
+        golden.check_tensors("forward", {"log_probs": lp + bump}, step=0, rank=0)
+
+
+def recorded_on_cuda(monkeypatch, directory: Path, bump: float) -> None:
+    """``record_rollout`` as a CUDA machine records: every tensor's layout says ``cuda:0``."""
+    from pytest_rollout_golden.store import codec
+
+    tensor = codec._Flattener.tensor
+
+    def on_cuda(self, v, path):
+        return {**tensor(self, v, path), "device": "cuda:0"}
+
+    with monkeypatch.context() as m:
+        m.setattr(codec._Flattener, "tensor", on_cuda)
+        record_rollout(directory, bump)
+
+
+def a_gpu_that_fails(monkeypatch) -> None:
+    """This machine says it has one GPU, and moving a tensor onto it fails as a busy or
+    full GPU does."""
+    to = torch.Tensor.to
+
+    def failing(self, *args, **kwargs):
+        if "cuda" in str(args[0] if args else kwargs.get("device")):
+            raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.Tensor, "to", failing)
+
+
+def test_goldens_recorded_on_other_devices_diff_on_the_cpu(tmp_path, capsys, monkeypatch):
+    """A golden recorded on CUDA and one recorded on the CPU: diff loads both onto the CPU,
+    never onto this machine's GPU, and reports values, not devices."""
+    record_rollout(tmp_path / "cpu")
+    recorded_on_cuda(monkeypatch, tmp_path / "cuda", bump=1e-3)
+    with safetensors.safe_open(
+        tmp_path / "cuda" / "rollout-rollout-step000000.safetensors", "pt"
+    ) as f:
+        layout = json.loads(f.metadata()["prg.layout"])
+    assert layout["items"][0][1]["device"] == "cuda:0"  # as recorded on a GPU
+    a_gpu_that_fails(monkeypatch)
+
+    assert main(["diff", str(tmp_path / "cpu"), str(tmp_path / "cuda")]) == 1
+    out = capsys.readouterr().out
+    assert "forward/log_probs" in out and "DIFFERS (1 beyond tolerance)" in out
+    assert "structure differ" not in out
+    tensors = "tensors-forward-step000000-rank0.safetensors"
+    assert main(["diff", str(tmp_path / "cpu" / tensors), str(tmp_path / "cuda" / tensors)]) == 1
+    assert "log_probs" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "cuda")]) == 0
+    assert main(["show", str(tmp_path / "cuda")]) == 0
+
+
+def test_a_tensordict_with_and_without_a_device_is_no_structure_difference(tmp_path, capsys):
+    """Where a TensorDict's tensors lived is not a value: diff does not report it."""
+    tensordict = pytest.importorskip("tensordict")
+
+    for name, device in (("a", None), ("b", "cpu")):
+        batch = tensordict.TensorDict({"ids": torch.arange(4)}, batch_size=[4], device=device)
+        with Golden(tmp_path / name, mode=Mode.AUTO) as golden:
+            golden.rollout(lambda batch=batch: batch, step=0)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "structure differ" not in capsys.readouterr().out

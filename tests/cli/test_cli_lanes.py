@@ -327,9 +327,10 @@ def test_the_stand_in_for_a_cuda_tensor_fails_as_one_does():
 
 @pytest.mark.parametrize("cuda_side", ["a", "b"])
 def test_diff_compares_goldens_of_two_devices_on_the_cpu(tmp_path, capsys, monkeypatch, cuda_side):
-    """A golden recorded on a GPU loads onto the GPU where there is one (codec restores the
-    recorded device); diffed against a CPU golden, every comparison still runs on the CPU."""
+    """A golden whose tensors this machine would put on its GPU (codec restores the recorded
+    device), diffed against a CPU golden: every comparison runs on the CPU."""
     from pytest_rollout_golden._internal.report import diff as diff_module
+    from pytest_rollout_golden.store import codec
 
     record(tmp_path / "a", None, 0.5)
     record(tmp_path / "b", None, 0.5)
@@ -342,10 +343,11 @@ def test_diff_compares_goldens_of_two_devices_on_the_cpu(tmp_path, capsys, monke
     loaded = diff_module.load_golden
 
     def load_golden(directory):
-        manifest, content = loaded(directory)
-        if Path(directory) == cuda_dir:
-            content = {name: _on_gpu(value) for name, value in content.items()}
-        return manifest, content
+        with monkeypatch.context() as m:
+            if Path(directory) == cuda_dir:
+                m.setattr(codec, "_device_here", lambda device, path: "cuda:0")
+                m.setattr(codec, "_to_device", _on_gpu)
+            return loaded(directory)
 
     monkeypatch.setattr(diff_module, "load_golden", load_golden)
     code = main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--no-config"])
@@ -356,12 +358,9 @@ def test_diff_compares_goldens_of_two_devices_on_the_cpu(tmp_path, capsys, monke
     assert "--tolerance forward/log_probs:equal_nan=true" in row["detail"]
 
 
-def _on_gpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.as_subclass(OnAnotherDevice)
-    if isinstance(value, dict):
-        return {k: _on_gpu(v) for k, v in value.items()}
-    return value
+def _on_gpu(tensor, device):
+    """``codec._to_device`` on a machine whose GPU the stand-in plays."""
+    return tensor if device == "cpu" else tensor.as_subclass(OnAnotherDevice)
 
 
 # ------------------------------------------------------------------ the docs

@@ -19,19 +19,42 @@ from pytest_rollout_golden import Golden, Mode, dumps
 from pytest_rollout_golden.cli import main
 
 LIMIT = 3 << 30  # address space of the importing process: each bomb asks for more
-LIMITED_IMPORT = f"""
+LIMITED_IMPORT = """
 import resource, sys
-resource.setrlimit(resource.RLIMIT_AS, ({LIMIT}, {LIMIT}))
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 from pytest_rollout_golden.cli import main
-sys.exit(main(["import", *sys.argv[1:]]))
+code = main(["import", *sys.argv[2:]])
+peak = open("/proc/self/status").read().split("VmPeak:")[1].split()[0]
+print(f"VmPeak {int(peak) << 10}")
+sys.exit(code)
 """
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS bounds memory on Linux")
 
 
-def import_limited(source: Path, target: Path) -> subprocess.CompletedProcess:
-    """`rollout-golden import` in a process that cannot map more than LIMIT bytes."""
-    args = [sys.executable, "-c", LIMITED_IMPORT, str(source), "-o", str(target)]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+def import_limited(source: Path, target: Path, limit: int = LIMIT) -> subprocess.CompletedProcess:
+    """`rollout-golden import` in a process that cannot map more than ``limit`` bytes."""
+    args = [sys.executable, "-c", LIMITED_IMPORT, str(limit), str(source), "-o", str(target)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+
+
+def areal_line(root: Path, line: str) -> Path:
+    """An AReaL dump of one version (3) and one task whose one line is ``line``."""
+    path = root / "rollout" / "3" / "0.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(line + "\n")
+    return path
+
+
+def documented_limit(tmp_path: Path, dump: Path) -> int:
+    """The address space an import of ``dump`` may use: what importing a one-record dump maps,
+    plus the allowance of a dump of its size (64x its size on disk + 64 MiB)."""
+    small = areal_line(tmp_path / "small", '{"task_id": 0, "reward": 1.0}')
+    result = import_limited(small.parents[2], tmp_path / "small_golden")
+    assert result.returncode == 0, result.stderr
+    baseline = int(result.stdout.split("VmPeak ")[1])
+    size = sum(p.stat().st_size for p in dump.rglob("*") if p.is_file())
+    return baseline + dumps.loading.EXPAND_FACTOR * size + dumps.loading.EXPAND_FREE
 
 
 class _Storage:
@@ -130,6 +153,46 @@ def test_a_deflated_record_is_refused_before_torch_load_inflates_it(tmp_path):
     err = result.stderr
     assert f"step 5, {dump / 'step_000005.pt'}: member step_000005/data/0 inflates" in err
     assert f"to {size:,} bytes, more than 64x" in err and "decompression bomb" in err
+    assert not (tmp_path / "golden").exists()
+
+
+@linux_only
+def test_a_jsonl_line_of_empty_objects_is_refused_within_the_documented_bound(tmp_path):
+    """17 MB of ``{}`` once made the import allocate 148 times the file: it is refused,
+    naming the file and the line, before the import maps more than the bound."""
+    path = areal_line(tmp_path / "dump", "[" + ",".join(["{}"] * 5_800_000) + "]")
+    limit = documented_limit(tmp_path, tmp_path / "dump")
+
+    result = import_limited(tmp_path / "dump", tmp_path / "golden", limit)
+    assert result.returncode == 2, result.stderr[-2000:]
+    err = result.stderr
+    assert f"step 3, {path}: its payload expands past " in err
+    assert "(reached at line 1, [" in err and "64x its size + 64 MiB" in err
+    assert not (tmp_path / "golden").exists()
+
+
+@linux_only
+def test_a_jsonl_line_of_empty_objects_within_the_allowance_imports_within_it(tmp_path):
+    """What the expansion check accepts stays within the bound it documents."""
+    areal_line(tmp_path / "dump", "[" + ",".join(["{}"] * 150_000) + "]")
+    limit = documented_limit(tmp_path, tmp_path / "dump")
+    result = import_limited(tmp_path / "dump", tmp_path / "golden", limit)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert main(["verify", str(tmp_path / "golden")]) == 0
+
+
+def test_a_torch_save_of_one_dict_many_times_is_charged_what_converting_it_costs(tmp_path, capsys):
+    """Each reference to the one dict takes 2 bytes of pickle and ~450 of memory once
+    converted: charged so, it is refused before it is converted."""
+    dump = tmp_path / "dump" / "trajectory"
+    dump.mkdir(parents=True)
+    torch.save([{}] * 2_000_000, dump / "step_000001.pt")
+    assert (dump / "step_000001.pt").stat().st_size < 5_000_000
+
+    assert main(["import", str(tmp_path / "dump"), "-o", str(tmp_path / "golden")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: step 1, {dump / 'step_000001.pt'}: its payload expands past " in err
+    assert "(reached at [" in err and "very many small containers" in err
     assert not (tmp_path / "golden").exists()
 
 

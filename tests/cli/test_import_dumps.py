@@ -196,6 +196,7 @@ def test_areal_lists_of_dicts_per_dp_rank(tmp_path):
     assert import_(dump, out) == 0
     same(whole, replay(out, 4))
     same(whole[:1], replay(out, 4, name="rollout_dp1"))
+    assert main(["verify", str(out)]) == 0
 
 
 def test_slime_samples_take_the_step_from_rollout_id(tmp_path, capsys):
@@ -210,6 +211,7 @@ def test_slime_samples_take_the_step_from_rollout_id(tmp_path, capsys):
     replayed = replay(out, 9)
     assert replayed["rollout_id"] == 9
     same(samples, replayed["samples"])
+    assert main(["verify", str(out)]) == 0
 
 
 def test_imported_golden_replays_in_the_plugin(project, tmp_path):

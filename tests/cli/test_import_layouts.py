@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rollout_golden import Golden, Mode, dumps
+from pytest_rollout_golden import Golden, GoldenError, Mode, dumps
 from pytest_rollout_golden.cli import main
 
 
@@ -167,9 +167,11 @@ def test_verl_v0_rollout_skip_gen_batch_with_its_meta_json(tmp_path, verl_tq_ski
         assert replayed["meta_info"] == {"global_steps": step}
 
 
-def test_verl_tq_batch_outside_a_step_folder_is_named(tmp_path, capsys):
-    """Item 2: a tq_batch.pt not under {step}/{inner_idx}/ is an error naming the file."""
-    inner = tmp_path / "dump" / "GBS2_N1_in2_out4" / "3"
+@pytest.mark.parametrize("folders", ["GBS2_N1_in2_out4/3", "\u00b2/0"], ids=["name", "superscript"])
+def test_verl_tq_batch_outside_a_step_folder_is_named(tmp_path, capsys, folders):
+    """Item 2: a tq_batch.pt not under {step}/{inner_idx}/ is an error naming the file ("²"
+    is a digit to str.isdigit, not a number to int())."""
+    inner = tmp_path / "dump" / folders
     inner.mkdir(parents=True)
     torch.save({"tensordict": {"x": torch.zeros(2)}}, inner / "tq_batch.pt")
     assert import_(tmp_path / "dump", tmp_path / "golden") == 2
@@ -367,6 +369,42 @@ def test_flatten_names_nested_entries_and_keeps_float_bits():
     assert flat["a/c"].dtype == torch.int64 and flat["d/0/e"].dtype == torch.bool
 
 
+def test_nexrl_keys_that_flatten_to_one_name_are_refused_and_nothing_is_written(tmp_path, capsys):
+    """Two of five values named ``metrics/actor/kl`` (a key holding "/" and a nested dict)
+    would keep one and drop the other: refused, naming the file, the step and both keys."""
+    root = tmp_path / "debug_dump"
+    (root / "loss").mkdir(parents=True)
+    torch.save({"step": 2, "loss": 0.5}, root / "loss" / "step_000001_rank0_micro0.pt")
+    loss = {"step": 2, "rank": 0, "micro_idx": 0, "loss": 0.5, "pg_loss": 0.25,
+            "metrics": {"actor/kl": 0.1, "actor": {"kl": 0.2, "clipfrac": 0.0}}}  # fmt: skip
+    path = root / "loss" / "step_000002_rank0_micro0.pt"
+    torch.save(loss, path)
+    out = tmp_path / "golden"
+    assert import_(root, out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: step 2, {path}: ")
+    assert "the keys ['metrics']['actor']['kl'] and ['metrics']['actor/kl']" in err
+    assert "both flatten to the name 'metrics/actor/kl'" in err
+    assert "rename one of the two keys" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "keys"),
+    [
+        ({"a/b": 1.0, "a": {"b": 2.0}}, ("['a/b']", "['a']['b']")),
+        ({1: 1.0, "1": 2.0}, ("[1]", "['1']")),
+        ({"x": [1, "s"], "x/0": 3}, ("['x'][0]", "['x/0']")),
+        ({"": {"a": 1}, "a": "text"}, ("['']['a']", "['a']")),
+    ],
+    ids=["slash", "int-and-str-key", "list-index", "empty-key"],
+)
+def test_flatten_refuses_two_values_of_one_name(value, keys):
+    with pytest.raises(GoldenError) as raised:
+        dumps.flatten(value)
+    assert keys[0] in str(raised.value) and keys[1] in str(raised.value)
+
+
 # --- slime: save_debug_rollout_data / save_debug_train_data ---------------------------
 
 
@@ -445,6 +483,49 @@ def test_slime_two_dumps_of_one_rollout_name_both_files(tmp_path, capsys):
     assert f"step 3, {root / 'b_3.pt'}: a second dump for rollout-rollout-step000003" in err
 
 
+@pytest.mark.parametrize("rollout_id", [-5, True, 2.0, "3"], ids=repr)
+def test_slime_rollout_id_that_is_not_a_step_is_refused_at_import(tmp_path, capsys, rollout_id):
+    """A step is an integer >= 0 (not a bool): what import accepts, verify accepts."""
+    root = tmp_path / "dump"
+    root.mkdir()
+    path = root / "rollout_7.pt"
+    torch.save({"rollout_id": rollout_id, "samples": [slime_sample(0, 7)]}, path)
+    out = tmp_path / "golden"
+    assert import_(root, out, "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: step 7, {path}: its rollout_id is {rollout_id!r}, not a step (an integer >= 0)"
+    )
+    assert "remove the key to take the step from the file name" in err
+    assert not out.exists()
+
+
+def test_slime_rank_that_is_not_a_rank_is_refused_at_import(tmp_path, capsys):
+    root = tmp_path / "dump"
+    root.mkdir()
+    path = root / "3_0.pt"
+    torch.save({"rollout_id": 3, "rank": True, "rollout_data": {"tokens": [1, 2]}}, path)
+    assert import_(root, tmp_path / "golden", "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: step 3, {path}: its rank is True, not a rank (an integer >= 0)")
+
+
+def test_slime_error_before_the_payload_is_read_names_the_step_of_the_file_name(tmp_path, capsys):
+    """A file that is neither a torch.save archive nor a pickle is not called a raw pickle."""
+    root = tmp_path / "dump" / "rollout_data"
+    root.mkdir(parents=True)
+    torch.save({"rollout_id": 3, "samples": [slime_sample(0, 3)]}, root / "3.pt")
+    (root / "4.pt").write_text("rollout 4 was not dumped: out of disk\n")
+    assert import_(tmp_path / "dump", tmp_path / "golden", "--layout", "slime") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: step 4, {root / '4.pt'}: neither a torch.save archive nor a pickle "
+        "(it starts with b'rollout 4 w')"
+    )
+    assert "raw pickle" not in err
+    assert "move it out of the dump folder" in err
+
+
 # --- AReaL: WorkflowExecutor._dump_trajectory (JSONL) ---------------------------------
 
 
@@ -480,6 +561,7 @@ def test_areal_jsonl_rollouts_per_version_replay_in_the_plugin(project, tmp_path
     same(v1, replay(target, 1))
     same(v2, replay(target, 2))
     same(ev, replay(target, 2, "eval"))
+    assert main(["verify", str(target)]) == 0
     project.write(
         "import pytest\n"
         "def test_replay(golden):\n"
@@ -499,6 +581,16 @@ def test_areal_bad_json_line_names_file_line_and_step(tmp_path, capsys):
     assert import_(tmp_path / "log", tmp_path / "golden", "--layout", "areal") == 2
     err = capsys.readouterr().err
     assert f"step 4, {path}: line 2 is not JSON" in err
+
+
+def test_areal_names_of_digits_int_cannot_read_are_skipped_with_a_line(tmp_path, capsys):
+    """ "²" is a digit to str.isdigit, not a number to int(): skipped, never a traceback."""
+    records = areal_dump(tmp_path / "log", 5, [4], [1.0])
+    odd = tmp_path / "log" / "rollout" / "4" / "\u00b2.jsonl"
+    odd.write_text(json.dumps(records[0]) + "\n")
+    assert import_(tmp_path / "log", tmp_path / "golden", "--layout", "areal") == 0
+    assert f"skipped {odd}: not an AReaL dump" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "golden")]) == 0
 
 
 def test_import_help_lists_each_layouts_file_patterns(capsys):

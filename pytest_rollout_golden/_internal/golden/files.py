@@ -88,11 +88,12 @@ class GoldenFiles:
         """The manifest's file table: ``{filename: info}`` (empty without a golden)."""
         return self.manifest["files"] if self.manifest is not None else {}
 
-    def load(self, filename: str, *, damaged: Any = _RAISE) -> Any:
+    def load(self, filename: str, *, damaged: Any = _RAISE, on_cpu: bool = False) -> Any:
         """A recorded file's content, its checksum verified against the manifest.
 
         ``damaged``: what an unreadable file stands for while :attr:`replaces_damaged`
         (see :meth:`unless_damaged`); without it, an unreadable file always raises.
+        ``on_cpu``: every tensor on the CPU, not on the device it was recorded on.
         """
         if damaged is not _RAISE:
             return self.unless_damaged(filename, lambda: self.load(filename), damaged)
@@ -100,7 +101,9 @@ class GoldenFiles:
         try:
             if filename.endswith(".json"):
                 return store.read_json(path, expect_digest=digest)
-            return store.load_batch(path, rebuild=self._rebuild, expect_digest=digest)
+            return store.load_batch(
+                path, rebuild=self._rebuild, expect_digest=digest, on_cpu=on_cpu
+            )
         except FileNotFoundError:
             raise GoldenFormatError(
                 f"{path}: listed in {MANIFEST} but missing; restore it from version control "
@@ -152,15 +155,15 @@ class GoldenFiles:
         )
 
     def load_all(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``(manifest, {filename: content})``, every file verified; read-only (no lock,
-        no recovery), for the CLI. Raises :class:`~.errors.GoldenError` if the directory is
-        not a golden."""
+        """``(manifest, {filename: content})``, every file verified, every tensor on the CPU;
+        read-only (no lock, no recovery), for the CLI, which needs no accelerator. Raises
+        :class:`~.errors.GoldenError` if the directory is not a golden."""
         self.manifest = store.read_manifest(self.directory)
         if self.manifest is None:
             raise GoldenError(f"{self.directory}: no {MANIFEST}; not a golden directory")
         out = {}
         for filename in self.recorded:
-            out[filename] = self.load(filename)
+            out[filename] = self.load(filename, on_cpu=True)
             if filename == METRICS:
                 self._metrics = self._steps(out[filename])
             if filename == TOLERANCES:  # decoded as replay decodes it

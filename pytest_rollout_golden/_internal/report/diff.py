@@ -203,7 +203,7 @@ def _calibrated(document: Any, path: Path) -> Layer | None:
 
 def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:
     result = GoldenDiff(a.name, str(a), str(b))
-    left, right = store.load_batch(a), store.load_batch(b)
+    left, right = store.load_batch(a, on_cpu=True), store.load_batch(b, on_cpu=True)
     result.rows += _tensor_rows(left, right, resolver, {}, result.problems, a.name)
     return result
 
@@ -270,9 +270,8 @@ def _tensor_rows(
 ) -> list[Row]:
     from ...store import codec
 
-    arrays_a, layout_a = codec.flatten(left)
+    arrays_a, layout_a = codec.flatten(left)  # loaded onto the CPU, whatever they were on
     arrays_b, layout_b = codec.flatten(right)
-    arrays_a, arrays_b = _on_cpu(arrays_a), _on_cpu(arrays_b)
     prefix = f"{info['name']}/" if info.get("name") else ""
     where = {"step": info.get("step"), "rank": info.get("rank"), "micro": info.get("micro")}
     same_keys = arrays_a.keys() == arrays_b.keys()
@@ -309,15 +308,6 @@ def _tensor_rows(
             row.mask_selected, row.note = selected, diff_mask_note(selected, row.numel)
         rows.append(row)
     return rows
-
-
-def _on_cpu(arrays: Mapping[str, Any]) -> dict[str, Any]:
-    """The tensors of a loaded batch on the CPU. A golden loads onto the device it was recorded
-    on where this machine has it (:mod:`~.store.codec`), so a CUDA golden and a CPU one would
-    meet in one torch op; the CPU holds either."""
-    from ...store import codec
-
-    return {key: v.cpu() if codec.is_torch_tensor(v) else v for key, v in arrays.items()}
 
 
 def _mask_selected(info: Mapping[str, Any], key: str, numel: int) -> int | None:
@@ -373,13 +363,14 @@ def _nan_in_both(a: Any, b: Any) -> bool:
 
 
 def _strip_arrays(layout: Any) -> Any:
-    """The layout without array descriptors: what is left are the non-tensor values."""
+    """The layout without array descriptors and devices: what is left are the non-tensor
+    values and the structure."""
     if isinstance(layout, list):
         return [_strip_arrays(x) for x in layout]
     if isinstance(layout, dict):
         if layout.get("t") in ("torch", "numpy"):
             return {"t": "array"}
-        return {k: _strip_arrays(v) for k, v in layout.items()}
+        return {k: _strip_arrays(v) for k, v in layout.items() if k != "device"}
     return layout
 
 
