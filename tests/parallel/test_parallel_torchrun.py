@@ -69,6 +69,45 @@ def _dead_pid() -> int:
     return int(done.stdout)
 
 
+MAKES_A_COPY = """
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pytest_rollout_golden._internal.pytest_plugin.snapshot import RankSnapshot
+
+temp = Path(sys.argv[1])
+tempfile.tempdir = str(temp)
+snapshot = RankSnapshot(temp, 1)
+if sys.argv[2] == "abandon":  # a rank killed before it could remove its copy
+    os._exit(0)
+snapshot.path = snapshot.path.rename(temp / sys.argv[2])  # a name with a dead process id
+print("ready", flush=True)
+sys.stdin.read()
+snapshot.remove()
+"""
+
+
+def _rank_copy(temp: Path, name: str) -> subprocess.Popen[str]:
+    """A process that made a rank copy through the plugin's code: gone at once
+    (``name="abandon"``), or holding it, renamed to ``name``, until its stdin closes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", MAKES_A_COPY, str(temp), name],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    if name == "abandon":
+        assert process.wait(60) == 0
+    else:
+        assert process.stdout.readline() == "ready\n"
+    return process
+
+
 def test_a_rank_above_0_copies_only_its_selected_goldens_and_cleans_stale_copies(
     project, monkeypatch, tmp_path_factory
 ):
@@ -77,24 +116,40 @@ def test_a_rank_above_0_copies_only_its_selected_goldens_and_cleans_stale_copies
     monkeypatch.setenv("SEEN", str(seen))
     project.run().assert_outcomes(passed=2)  # not under torchrun: records both
     temp = tmp_path_factory.mktemp("temp")
-    stale = temp / (location.rank_snapshot_prefix(2, _dead_pid()) + "killed")
-    (stale / "test_it" / "test_big").mkdir(parents=True)
-    live = temp / (location.rank_snapshot_prefix(1, os.getpid()) + "running")
-    foreign = temp / "rollout-golden-rank1-not-ours"
-    for kept in (live, foreign):
+    # A live copy whose name carries a dead (or, in another PID namespace, reused) process id:
+    live = temp / (location.rank_snapshot_prefix(1, _dead_pid()) + "running")
+    holder = _rank_copy(temp, live.name)
+    _rank_copy(temp, "abandon")  # its marker, no lock held: removed
+    (abandoned,) = set(temp.iterdir()) - {live}
+    # Folders whose names match, but which the plugin never made:
+    host = location.rank_snapshot_prefix(0).split("-")[3]
+    foreign = temp / f"rollout-golden-rank0-{host}-999999-my_notes"
+    mine_by_name = temp / (location.rank_snapshot_prefix(1, os.getpid()) + "running")
+    unlike = temp / "rollout-golden-rank1-not-ours"
+    for kept in (foreign, mine_by_name, unlike):
         kept.mkdir()
+        (kept / "notes.txt").write_text("keep me")
+    assert location.is_rank_snapshot_name(foreign.name)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
 
-    project.run("-k", "small").assert_outcomes(passed=1, deselected=1)
+    try:
+        project.run("-k", "small").assert_outcomes(passed=1, deselected=1)
+        assert live.is_dir(), "a live rank's copy was deleted"
+    finally:
+        holder.communicate("")
+    assert not abandoned.exists()
+    others = {live.name, foreign.name, mine_by_name.name, unlike.name}
     copied = [Path(p) for p in json.loads(seen.read_text())]
-    copied = [p for p in copied if not p.name.startswith(".")]  # the lock replay takes
+    copied = [p for p in copied if not p.name.startswith(".") and p.parts[0] not in others]
     assert copied and all(p.parts[1:3] == ("test_it", "test_small") for p in copied), copied
     assert len({p.parts[0] for p in copied}) == 1
     assert copied[0].parts[0].startswith(location.rank_snapshot_prefix(1))
-    assert sorted(temp.iterdir()) == sorted([live, foreign])  # its own copy went at the end
+    # its own copy went at the end; the live one went with its process
+    assert sorted(temp.iterdir()) == sorted([foreign, mine_by_name, unlike])
+    assert all((p / "notes.txt").read_text() == "keep me" for p in temp.iterdir())
 
     gone = project.golden / "test_gone" / "test_x"  # a golden whose test file was deleted
     shutil.copytree(project.golden_dir("test_big"), gone)
