@@ -9,7 +9,9 @@ gloo thread, no process group, no CUDA: it never computes anything) and then onl
 Its environment sets ``OPENBLAS_NUM_THREADS=1``, since numpy's OpenBLAS starts a thread pool
 at import otherwise; each rank restores the test process's environment, ``sys.path``,
 working directory and standard streams of the moment its pool starts, reseeds ``random``
-(and numpy's global generator), and runs exactly what a spawned worker runs.
+(and numpy's global generator), and runs exactly what a spawned worker runs: every task
+then takes on the environment, ``sys.path`` and working directory of the launch that sent
+it (:func:`adopt`).
 
 Lifetimes: the server dies with the test process (``PR_SET_PDEATHSIG``, and end of file on
 its socket, which it checks between requests); each rank dies with the server
@@ -178,8 +180,7 @@ class Server:
     ) -> int:
         """Fork one rank; ``fds`` are its ends of the task pipe, reply pipe and lifeline."""
         stdio = [fd for fd in (0, 1, 2) if _is_open(fd)]
-        request = ("fork", rank, world_size, backend, port, dict(os.environ), list(sys.path))
-        request += (os.getcwd(), stdio)
+        request = ("fork", rank, world_size, backend, port, *surroundings(), stdio)
         return int(self.request(request, [*fds, *stdio]))
 
     def poll(self, pids: list[int]) -> list[int | None]:
@@ -353,10 +354,7 @@ def _fork(
             os.dup2(fd, target)
         for fd in fds[3:]:
             os.close(fd)
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:] = path
-        os.chdir(cwd)
+        adopt((env, path, cwd))
         random.seed()
         numpy_random = sys.modules.get("numpy.random")
         if numpy_random is not None:
@@ -405,6 +403,22 @@ def _stop(pids: list[int], grace: float, children: dict[int, int | None]) -> dic
 
 
 # ---------------------------------------------------------------------- every rank, forked or not
+
+
+def surroundings() -> tuple[dict[str, str], list[str], str]:
+    """This process's environment, ``sys.path`` and working directory, which every rank takes
+    on for each task (:func:`adopt`)."""
+    return dict(os.environ), list(sys.path), os.getcwd()
+
+
+def adopt(context: tuple[dict[str, str], list[str], str]) -> None:
+    """Take on the environment, ``sys.path`` and working directory :func:`surroundings`
+    returned in the test process, whatever an earlier task left."""
+    env, path, cwd = context
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:] = path
+    os.chdir(cwd)
 
 
 class Channel:
@@ -480,8 +494,9 @@ def worker_main(conn: Channel, rank: int, world_size: int, backend: str, port: i
             break
         if not task:
             break
-        call, body = pickle.loads(task)
+        call, context, body = pickle.loads(task)
         try:
+            adopt(context)
             fn, args = pickle.loads(body)
             reply = (call, "ok", pickle.dumps(fn(rank, *args)))
         except BaseException:

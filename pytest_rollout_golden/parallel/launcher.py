@@ -10,7 +10,9 @@ fresh interpreter per rank. At most :data:`MAX_WORKERS` idle workers are kept (t
 least recently used pool is stopped first). A pool whose ranks failed or hung, whose replies
 could not be read, or whose call was interrupted (a timeout plugin, Ctrl-C) is killed and
 started afresh on the next launch, since its process group is in an unknown state; every
-reply also names the call it answers, so no call ever takes an earlier call's results. Each
+reply also names the call it answers, so no call ever takes an earlier call's results. A
+reused worker runs each call in the environment variables, ``sys.path`` and working
+directory this process has at that call, never what an earlier test (or task) left. Each
 worker joins one process group at start (gloo on CPU; NCCL when every rank has its own
 CUDA device) through a rendezvous on a free TCP port of 127.0.0.1.
 
@@ -294,7 +296,7 @@ class _Pool:
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> list[Any]:
         call = next(self.calls)
-        task = pickle.dumps((call, pickle.dumps((fn, args))))
+        task = pickle.dumps((call, forkserver.surroundings(), pickle.dumps((fn, args))))
         for conn in self.conns:
             conn.send(task)
         return self._gather(call, pickle.loads, timeout, what=callable_name(fn))

@@ -231,6 +231,49 @@ def test_a_server_unfit_to_fork_falls_back_to_spawning_with_a_warning(monkeypatc
         launcher.shutdown(server=True)
 
 
+RANK_VIEW = """
+import os
+
+
+def view(rank, leave_behind):
+    seen = (os.environ.get("FROM_A"), os.environ.get("FROM_B"), os.environ.get("FROM_RANK"))
+    seen += (os.getcwd(),)
+    if leave_behind:  # what a rank of one test changes in its own process
+        os.environ["FROM_RANK"] = "left by a rank of test_a"
+        os.chdir("/")
+    return seen
+"""
+
+TWO_TESTS_ONE_POOL = """
+import os
+
+from rank_view import view
+
+from pytest_rollout_golden.parallel import launch, launcher
+
+
+def test_a(monkeypatch, tmp_path):
+    monkeypatch.setenv("FROM_A", "a")
+    monkeypatch.chdir(tmp_path)
+    assert launch(view, 2, True) == [("a", None, None, str(tmp_path))] * 2
+    os.environ["POOL"] = repr(launcher.pool_pids()[2])
+
+
+def test_b(monkeypatch):
+    monkeypatch.setenv("FROM_B", "b")
+    assert launch(view, 2, False) == [(None, "b", None, os.getcwd())] * 2
+    assert repr(launcher.pool_pids()[2]) == os.environ["POOL"]  # the same, reused pool
+"""
+
+
+def test_a_reused_pool_runs_each_launch_in_the_environment_and_directory_of_its_test(
+    pytester, start_path
+):
+    pytester.makepyfile(rank_view=RANK_VIEW, test_two=TWO_TESTS_ONE_POOL)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_two.py", timeout=300)
+    result.assert_outcomes(passed=2)
+
+
 def test_functions_workers_cannot_import_are_refused_up_front():
     def nested(rank: int) -> int:
         return rank
