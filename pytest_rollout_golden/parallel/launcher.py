@@ -416,19 +416,59 @@ def _launch_torchrun(
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         forkserver.STATE["backend"] = backend
-    try:
-        mine: tuple[str, Any] = ("ok", fn(rank, *args))
-    except Exception:
-        mine = ("error", traceback.format_exc())
+    key = (next(_TORCHRUN_LAUNCHES), _current_test(), callable_name(fn))
+    interrupted: BaseException | None = None
+    try:  # pickled here: a result all_gather_object cannot pickle would strand the others
+        mine: tuple[Any, str, Any] = (key, "ok", pickle.dumps(fn(rank, *args)))
+    except BaseException as exc:  # pytest.fail and Ctrl-C too: the others wait in the gather
+        mine = (key, "error", traceback.format_exc())
+        interrupted = exc if isinstance(exc, KeyboardInterrupt) else None
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, mine)
-    errors = {r: payload for r, (status, payload) in enumerate(gathered) if status != "ok"}
+    if interrupted is not None:
+        raise interrupted
+    return _torchrun_results(key, gathered)
+
+
+def _torchrun_results(key: tuple[int, str, str], gathered: list[Any]) -> list[Any]:
+    """Every rank's result of launch ``key``; LaunchError if a rank failed, answered another
+    launch, or returned what this process cannot unpickle."""
+    results: list[Any] = []
+    errors: dict[int, str] = {}
+    for r, (answered, status, payload) in enumerate(gathered):
+        if answered != key:
+            errors[r] = (
+                f"it answered launch {_describe(answered)} while this rank ran launch "
+                f"{_describe(key)}: the ranks are out of step (a rank failed, skipped or was "
+                "deselected before a launch), so every later launch of this job fails too"
+            )
+        elif status != "ok":
+            errors[r] = str(payload)
+        else:
+            try:
+                results.append(pickle.loads(payload))
+            except Exception as exc:
+                errors[r] = f"its result could not be unpickled: {type(exc).__name__}: {exc}"
     if errors:
-        lines = [f"{callable_name(fn)}: rank(s) {sorted(errors)} failed"]
+        world_size = len(gathered)
+        lines = [f"{key[2]}: rank(s) {sorted(errors)} failed"]
         for r, text in sorted(errors.items()):
             lines += [f"--- rank {r} of {world_size} failed:", text.rstrip()]
         raise LaunchError("\n".join(lines))
-    return [payload for _, payload in gathered]
+    return results
+
+
+_TORCHRUN_LAUNCHES = itertools.count(1)
+
+
+def _current_test() -> str:
+    """The node id of the test running in this process, or ''."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def _describe(key: tuple[int, str, str]) -> str:
+    number, test, name = key
+    return f"#{number} ({name} in {test or 'no test'})"
 
 
 atexit.register(shutdown, server=True)

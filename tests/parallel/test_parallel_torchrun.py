@@ -39,6 +39,89 @@ def test_gate_runs_under_torchrun_with_two_ranks():
     assert len(summaries) == 2 and all("failed" not in s for s in summaries), done.stdout
 
 
+OUT_OF_STEP_RANKS = """
+import pytest
+
+
+def tagged(rank, tag):
+    return f"{tag}-rank{rank}"
+
+
+def fails_on_rank_1(rank):
+    if rank == 1:
+        pytest.fail("deliberate pytest.fail on rank 1")  # a BaseException
+    return rank
+"""
+
+OUT_OF_STEP_CONFTEST = """
+import json
+import os
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        text = str(report.longrepr) if report.failed else ""
+        with open(f"outcomes.{os.environ['RANK']}", "a") as log:
+            log.write(json.dumps([report.nodeid.split("::")[-1], report.outcome, text]) + "\\n")
+
+
+def pytest_sessionfinish(session):
+    session.exitstatus = 0  # else torchrun stops the other rank mid-test
+"""
+
+OUT_OF_STEP_TESTS = """
+import os
+
+import pytest
+from ranks import fails_on_rank_1, tagged
+
+from pytest_rollout_golden.parallel import launch
+
+
+def test_1():
+    assert launch(tagged, 2, "test_1", timeout=30) == ["test_1-rank0", "test_1-rank1"]
+
+
+def test_2():
+    launch(fails_on_rank_1, 2)
+
+
+def test_3():
+    if os.environ["RANK"] == "1":
+        pytest.fail("rank 1 fails before its launch")
+    assert len(launch(tagged, 2, "test_3")) == 2
+
+
+def test_4():
+    assert len(launch(tagged, 2, "test_4")) == 2
+"""
+
+
+def test_under_torchrun_a_rank_that_fails_or_falls_out_of_step_never_lets_another_pass(pytester):
+    pytester.makepyfile(ranks=OUT_OF_STEP_RANKS, test_steps=OUT_OF_STEP_TESTS)
+    pytester.makeconftest(OUT_OF_STEP_CONFTEST)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(pytester.path)])
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["-m", "pytest", "test_steps.py", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    done = subprocess.run(
+        command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcomes = {}
+    for rank in (0, 1):
+        lines = (pytester.path / f"outcomes.{rank}").read_text().splitlines()
+        outcomes[rank] = {test: (outcome, text) for test, outcome, text in map(json.loads, lines)}
+    assert {rank: outcomes[rank]["test_1"][0] for rank in (0, 1)} == {0: "passed", 1: "passed"}
+    for rank in (0, 1):  # rank 1's BaseException reaches rank 0, which fails too
+        outcome, text = outcomes[rank]["test_2"]
+        assert outcome == "failed" and "deliberate pytest.fail on rank 1" in text, text
+    outcome, text = outcomes[0]["test_3"]  # paired with rank 1's launch of test_4
+    assert outcome == "failed", "rank 0 passed with another test's results"
+    assert "out of step" in text and "test_steps.py::test_4" in text, text
+    assert outcomes[0]["test_4"][0] == "failed"
+
+
 TWO_GOLDENS = """
 import json
 import os
