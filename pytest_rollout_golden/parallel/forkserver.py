@@ -17,7 +17,9 @@ Lifetimes: the server dies with the test process (``PR_SET_PDEATHSIG``, and end 
 its socket, which it checks between requests); each rank dies with the server
 (``PR_SET_PDEATHSIG``) and with the test process (the pool's lifeline pipe, as a spawned
 worker does), and runs in a process group of its own that the server kills, together with
-anything the rank started, when told to stop it or when the server itself stops. The server
+anything the rank started, when told to stop it or when the server itself stops. Each rank's
+guardian (:func:`die_with_parent`) kills that group when the test process or the rank is
+gone, even when the kernel killed the server and the rank at once. The server
 is the ranks' parent, so it reaps them and reports their exit codes: no process id is ever
 signalled after it was reaped.
 
@@ -441,6 +443,8 @@ class Channel:
 
 def die_with_parent(parent: int, lifeline: int) -> None:
     """End this worker, and whatever it started, soon after process ``parent`` dies."""
+    if os.getpgrp() == os.getpid() and hasattr(os, "fork"):  # a group of its own
+        _start_guardian(lifeline)
     if sys.platform.startswith("linux"):
         # The kernel's signal works while a rank holds the GIL. It follows the parent
         # *thread*: a pool started from a thread that ends dies with it and is restarted.
@@ -449,6 +453,44 @@ def die_with_parent(parent: int, lifeline: int) -> None:
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     if os.getppid() != parent:  # it died before either watch began
         _end_process_group()
+
+
+def _start_guardian(lifeline: int) -> None:
+    """Fork the process that kills this worker's group, the processes the rank started
+    included, once the test process (end of file on ``lifeline``) or this worker is gone.
+
+    The rank itself cannot be trusted with it: the kernel's ``PR_SET_PDEATHSIG`` kills it
+    at once, before its own watch can kill the group. Forked while this process is still
+    single-threaded; the guardian holds no GIL the rank could keep.
+    """
+    rank = os.getpid()
+    rank_gone, rank_alive = os.pipe()  # end of file once the rank (and its forks) exit
+    if os.fork():
+        os.close(rank_gone)
+        return  # rank_alive stays open, unread, for the rank's life
+    try:
+        os.close(rank_alive)
+        _guard(rank, lifeline, rank_gone)
+    finally:
+        os._exit(0)
+
+
+def _guard(rank: int, lifeline: int, rank_gone: int) -> None:
+    """The guardian's life: hold nothing of the rank's, wait, kill the group."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    low, high = sorted((lifeline, rank_gone))
+    os.closerange(3, low)
+    os.closerange(low + 1, high)
+    os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
+    watched = [lifeline, rank_gone]
+    # Polled too: a process the rank forked may hold the rank's end of the pipe.
+    while os.getppid() == rank:
+        ready, _, _ = select.select(watched, [], [], 1.0)
+        if any(not os.read(fd, 1) for fd in ready):
+            break
+    os.killpg(0, signal.SIGKILL)
 
 
 def _watch_lifeline(lifeline: int) -> None:

@@ -24,6 +24,9 @@ Workers die with the process that started them, even while a rank is stuck: each
 its own process group, which it kills when a pipe from that process reaches end of file,
 and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``): the test
 process, or for a forked rank the fork server, which itself dies with the test process.
+Since that signal kills a rank before it could kill its group, a small guardian process
+forked by each rank kills the group, and with it whatever the rank started, once the test
+process or the rank is gone.
 
 ``fn`` and ``args`` travel to the workers, and results back, through pickle over a pipe
 between processes of this session (by reference for ``fn``: it must be importable). Nothing
