@@ -443,7 +443,7 @@ class Channel:
 
 def die_with_parent(parent: int, lifeline: int) -> None:
     """End this worker, and whatever it started, soon after process ``parent`` dies."""
-    if os.getpgrp() == os.getpid() and hasattr(os, "fork"):  # a group of its own
+    if hasattr(os, "fork") and os.getpgrp() == os.getpid():  # a group of its own
         _start_guardian(lifeline)
     if sys.platform.startswith("linux"):
         # The kernel's signal works while a rank holds the GIL. It follows the parent
