@@ -9,13 +9,17 @@ gloo thread, no process group, no CUDA: it never computes anything) and then onl
 Its environment sets ``OPENBLAS_NUM_THREADS=1``, since numpy's OpenBLAS starts a thread pool
 at import otherwise; each rank restores the test process's environment, ``sys.path``,
 working directory and standard streams of the moment its pool starts, reseeds ``random``
-(and numpy's global generator), and runs exactly what a spawned worker runs.
+(and numpy's global generator), and runs exactly what a spawned worker runs: every task
+then takes on the environment, ``sys.path`` and working directory of the launch that sent
+it (:func:`adopt`).
 
 Lifetimes: the server dies with the test process (``PR_SET_PDEATHSIG``, and end of file on
 its socket, which it checks between requests); each rank dies with the server
 (``PR_SET_PDEATHSIG``) and with the test process (the pool's lifeline pipe, as a spawned
 worker does), and runs in a process group of its own that the server kills, together with
-anything the rank started, when told to stop it or when the server itself stops. The server
+anything the rank started, when told to stop it or when the server itself stops. Each rank's
+guardian (:func:`die_with_parent`) kills that group when the test process or the rank is
+gone, even when the kernel killed the server and the rank at once. The server
 is the ranks' parent, so it reaps them and reports their exit codes: no process id is ever
 signalled after it was reaped.
 
@@ -178,8 +182,7 @@ class Server:
     ) -> int:
         """Fork one rank; ``fds`` are its ends of the task pipe, reply pipe and lifeline."""
         stdio = [fd for fd in (0, 1, 2) if _is_open(fd)]
-        request = ("fork", rank, world_size, backend, port, dict(os.environ), list(sys.path))
-        request += (os.getcwd(), stdio)
+        request = ("fork", rank, world_size, backend, port, *surroundings(), stdio)
         return int(self.request(request, [*fds, *stdio]))
 
     def poll(self, pids: list[int]) -> list[int | None]:
@@ -353,10 +356,7 @@ def _fork(
             os.dup2(fd, target)
         for fd in fds[3:]:
             os.close(fd)
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:] = path
-        os.chdir(cwd)
+        adopt((env, path, cwd))
         random.seed()
         numpy_random = sys.modules.get("numpy.random")
         if numpy_random is not None:
@@ -407,6 +407,22 @@ def _stop(pids: list[int], grace: float, children: dict[int, int | None]) -> dic
 # ---------------------------------------------------------------------- every rank, forked or not
 
 
+def surroundings() -> tuple[dict[str, str], list[str], str]:
+    """This process's environment, ``sys.path`` and working directory, which every rank takes
+    on for each task (:func:`adopt`)."""
+    return dict(os.environ), list(sys.path), os.getcwd()
+
+
+def adopt(context: tuple[dict[str, str], list[str], str]) -> None:
+    """Take on the environment, ``sys.path`` and working directory :func:`surroundings`
+    returned in the test process, whatever an earlier task left."""
+    env, path, cwd = context
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:] = path
+    os.chdir(cwd)
+
+
 class Channel:
     """Both directions of the pipe pair between the test process and one worker."""
 
@@ -427,6 +443,8 @@ class Channel:
 
 def die_with_parent(parent: int, lifeline: int) -> None:
     """End this worker, and whatever it started, soon after process ``parent`` dies."""
+    if hasattr(os, "fork") and os.getpgrp() == os.getpid():  # a group of its own
+        _start_guardian(lifeline)
     if sys.platform.startswith("linux"):
         # The kernel's signal works while a rank holds the GIL. It follows the parent
         # *thread*: a pool started from a thread that ends dies with it and is restarted.
@@ -435,6 +453,44 @@ def die_with_parent(parent: int, lifeline: int) -> None:
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     if os.getppid() != parent:  # it died before either watch began
         _end_process_group()
+
+
+def _start_guardian(lifeline: int) -> None:
+    """Fork the process that kills this worker's group, the processes the rank started
+    included, once the test process (end of file on ``lifeline``) or this worker is gone.
+
+    The rank itself cannot be trusted with it: the kernel's ``PR_SET_PDEATHSIG`` kills it
+    at once, before its own watch can kill the group. Forked while this process is still
+    single-threaded; the guardian holds no GIL the rank could keep.
+    """
+    rank = os.getpid()
+    rank_gone, rank_alive = os.pipe()  # end of file once the rank (and its forks) exit
+    if os.fork():
+        os.close(rank_gone)
+        return  # rank_alive stays open, unread, for the rank's life
+    try:
+        os.close(rank_alive)
+        _guard(rank, lifeline, rank_gone)
+    finally:
+        os._exit(0)
+
+
+def _guard(rank: int, lifeline: int, rank_gone: int) -> None:
+    """The guardian's life: hold nothing of the rank's, wait, kill the group."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    low, high = sorted((lifeline, rank_gone))
+    os.closerange(3, low)
+    os.closerange(low + 1, high)
+    os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
+    watched = [lifeline, rank_gone]
+    # Polled too: a process the rank forked may hold the rank's end of the pipe.
+    while os.getppid() == rank:
+        ready, _, _ = select.select(watched, [], [], 1.0)
+        if any(not os.read(fd, 1) for fd in ready):
+            break
+    os.killpg(0, signal.SIGKILL)
 
 
 def _watch_lifeline(lifeline: int) -> None:
@@ -480,8 +536,9 @@ def worker_main(conn: Channel, rank: int, world_size: int, backend: str, port: i
             break
         if not task:
             break
-        call, body = pickle.loads(task)
+        call, context, body = pickle.loads(task)
         try:
+            adopt(context)
             fn, args = pickle.loads(body)
             reply = (call, "ok", pickle.dumps(fn(rank, *args)))
         except BaseException:

@@ -10,7 +10,9 @@ fresh interpreter per rank. At most :data:`MAX_WORKERS` idle workers are kept (t
 least recently used pool is stopped first). A pool whose ranks failed or hung, whose replies
 could not be read, or whose call was interrupted (a timeout plugin, Ctrl-C) is killed and
 started afresh on the next launch, since its process group is in an unknown state; every
-reply also names the call it answers, so no call ever takes an earlier call's results. Each
+reply also names the call it answers, so no call ever takes an earlier call's results. A
+reused worker runs each call in the environment variables, ``sys.path`` and working
+directory this process has at that call, never what an earlier test (or task) left. Each
 worker joins one process group at start (gloo on CPU; NCCL when every rank has its own
 CUDA device) through a rendezvous on a free TCP port of 127.0.0.1.
 
@@ -22,6 +24,9 @@ Workers die with the process that started them, even while a rank is stuck: each
 its own process group, which it kills when a pipe from that process reaches end of file,
 and on Linux the kernel also kills it when its parent dies (``PR_SET_PDEATHSIG``): the test
 process, or for a forked rank the fork server, which itself dies with the test process.
+Since that signal kills a rank before it could kill its group, a small guardian process
+forked by each rank kills the group, and with it whatever the rank started, once the test
+process or the rank is gone.
 
 ``fn`` and ``args`` travel to the workers, and results back, through pickle over a pipe
 between processes of this session (by reference for ``fn``: it must be importable). Nothing
@@ -294,7 +299,7 @@ class _Pool:
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> list[Any]:
         call = next(self.calls)
-        task = pickle.dumps((call, pickle.dumps((fn, args))))
+        task = pickle.dumps((call, forkserver.surroundings(), pickle.dumps((fn, args))))
         for conn in self.conns:
             conn.send(task)
         return self._gather(call, pickle.loads, timeout, what=callable_name(fn))
@@ -414,19 +419,59 @@ def _launch_torchrun(
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         forkserver.STATE["backend"] = backend
-    try:
-        mine: tuple[str, Any] = ("ok", fn(rank, *args))
-    except Exception:
-        mine = ("error", traceback.format_exc())
+    key = (next(_TORCHRUN_LAUNCHES), _current_test(), callable_name(fn))
+    interrupted: BaseException | None = None
+    try:  # pickled here: a result all_gather_object cannot pickle would strand the others
+        mine: tuple[Any, str, Any] = (key, "ok", pickle.dumps(fn(rank, *args)))
+    except BaseException as exc:  # pytest.fail and Ctrl-C too: the others wait in the gather
+        mine = (key, "error", traceback.format_exc())
+        interrupted = exc if isinstance(exc, KeyboardInterrupt) else None
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, mine)
-    errors = {r: payload for r, (status, payload) in enumerate(gathered) if status != "ok"}
+    if interrupted is not None:
+        raise interrupted
+    return _torchrun_results(key, gathered)
+
+
+def _torchrun_results(key: tuple[int, str, str], gathered: list[Any]) -> list[Any]:
+    """Every rank's result of launch ``key``; LaunchError if a rank failed, answered another
+    launch, or returned what this process cannot unpickle."""
+    results: list[Any] = []
+    errors: dict[int, str] = {}
+    for r, (answered, status, payload) in enumerate(gathered):
+        if answered != key:
+            errors[r] = (
+                f"it answered launch {_describe(answered)} while this rank ran launch "
+                f"{_describe(key)}: the ranks are out of step (a rank failed, skipped or was "
+                "deselected before a launch), so every later launch of this job fails too"
+            )
+        elif status != "ok":
+            errors[r] = str(payload)
+        else:
+            try:
+                results.append(pickle.loads(payload))
+            except Exception as exc:
+                errors[r] = f"its result could not be unpickled: {type(exc).__name__}: {exc}"
     if errors:
-        lines = [f"{callable_name(fn)}: rank(s) {sorted(errors)} failed"]
+        world_size = len(gathered)
+        lines = [f"{key[2]}: rank(s) {sorted(errors)} failed"]
         for r, text in sorted(errors.items()):
             lines += [f"--- rank {r} of {world_size} failed:", text.rstrip()]
         raise LaunchError("\n".join(lines))
-    return [payload for _, payload in gathered]
+    return results
+
+
+_TORCHRUN_LAUNCHES = itertools.count(1)
+
+
+def _current_test() -> str:
+    """The node id of the test running in this process, or ''."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def _describe(key: tuple[int, str, str]) -> str:
+    number, test, name = key
+    return f"#{number} ({name} in {test or 'no test'})"
 
 
 atexit.register(shutdown, server=True)

@@ -21,7 +21,8 @@ version) and ``.NAME.lock``. A file being written is ``.FILE.tmp-PID`` until it 
 into place. No file of a golden is a hidden name.
 
 Outside the golden root: the temporary folder in which a torchrun rank above 0 replays
-copies of goldens, ``rollout-golden-rankRANK-HOST-PID-XXXXXXXX`` (:func:`rank_snapshot_prefix`).
+copies of goldens, ``rollout-golden-rankRANK-HOST-PID-XXXXXXXX`` (:func:`rank_snapshot_prefix`),
+which holds :data:`RANK_SNAPSHOT_MARKER` beside the copies.
 """
 
 from __future__ import annotations
@@ -289,12 +290,16 @@ def rank_snapshot_prefix(rank: int, pid: int | None = None) -> str:
     return f"{RANK_SNAPSHOT}{int(rank)}-{_short_hash(socket.gethostname())}-{owner}-"
 
 
-def rank_snapshot_owner(name: str) -> int | None:
-    """The process that made ``name``, if it is a rank snapshot folder made on this host."""
+def is_rank_snapshot_name(name: str) -> bool:
+    """Whether ``name`` is named as a rank snapshot folder made on this host (only a name:
+    whether the plugin made it is :data:`RANK_SNAPSHOT_MARKER`'s to say)."""
     match = _RANK_SNAPSHOT.fullmatch(name)
-    if match is None or match.group(1) != _short_hash(socket.gethostname()):
-        return None
-    return int(match.group(2))
+    return match is not None and match.group(1) == _short_hash(socket.gethostname())
 
 
-_RANK_SNAPSHOT = re.compile(re.escape(RANK_SNAPSHOT) + r"[0-9]+-([0-9a-f]{8})-([0-9]+)-[a-z0-9_]+")
+_RANK_SNAPSHOT = re.compile(re.escape(RANK_SNAPSHOT) + r"[0-9]+-([0-9a-f]{8})-[0-9]+-[a-z0-9_]+")
+
+RANK_SNAPSHOT_MARKER = ".rollout-golden-rank-snapshot"
+"""The file inside a rank snapshot folder that says the plugin made it; its owner holds a
+lock on it while it lives."""
+RANK_SNAPSHOT_MARKER_TEXT = "made by pytest-rollout-golden for a torchrun rank above 0\n"

@@ -231,6 +231,49 @@ def test_a_server_unfit_to_fork_falls_back_to_spawning_with_a_warning(monkeypatc
         launcher.shutdown(server=True)
 
 
+RANK_VIEW = """
+import os
+
+
+def view(rank, leave_behind):
+    seen = (os.environ.get("FROM_A"), os.environ.get("FROM_B"), os.environ.get("FROM_RANK"))
+    seen += (os.getcwd(),)
+    if leave_behind:  # what a rank of one test changes in its own process
+        os.environ["FROM_RANK"] = "left by a rank of test_a"
+        os.chdir("/")
+    return seen
+"""
+
+TWO_TESTS_ONE_POOL = """
+import os
+
+from rank_view import view
+
+from pytest_rollout_golden.parallel import launch, launcher
+
+
+def test_a(monkeypatch, tmp_path):
+    monkeypatch.setenv("FROM_A", "a")
+    monkeypatch.chdir(tmp_path)
+    assert launch(view, 2, True) == [("a", None, None, str(tmp_path))] * 2
+    os.environ["POOL"] = repr(launcher.pool_pids()[2])
+
+
+def test_b(monkeypatch):
+    monkeypatch.setenv("FROM_B", "b")
+    assert launch(view, 2, False) == [(None, "b", None, os.getcwd())] * 2
+    assert repr(launcher.pool_pids()[2]) == os.environ["POOL"]  # the same, reused pool
+"""
+
+
+def test_a_reused_pool_runs_each_launch_in_the_environment_and_directory_of_its_test(
+    pytester, start_path
+):
+    pytester.makepyfile(rank_view=RANK_VIEW, test_two=TWO_TESTS_ONE_POOL)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_two.py", timeout=300)
+    result.assert_outcomes(passed=2)
+
+
 def test_functions_workers_cannot_import_are_refused_up_front():
     def nested(rank: int) -> int:
         return rank
@@ -408,5 +451,100 @@ def test_workers_die_with_a_killed_pytest_even_while_a_rank_hangs(tmp_path, sign
         pytest_process.kill()
         pytest_process.wait()
         for leftover in pids:
+            if not _gone(leftover):
+                os.kill(leftover, signal.SIGKILL)
+
+
+CHILDREN_MODULE = """
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def starts_a_child_and_sleeps(rank, folder):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(folder, f"rank{rank}.json").write_text(json.dumps([os.getpid(), child.pid]))
+    time.sleep(600)
+"""
+
+CHILDREN_TEST = """
+import os
+
+from children import starts_a_child_and_sleeps
+
+from pytest_rollout_golden.parallel import launch
+
+
+def test_children():
+    launch(starts_a_child_and_sleeps, 2, os.environ["PIDS_FOLDER"])
+"""
+
+
+def _descendants(root: int) -> set[int]:
+    """The live processes below ``root`` (Linux)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] not in ("Z", "X"):
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+REPEATS = 5
+
+
+def _ranks_started(folder: Path) -> set[int]:
+    """The pids the two ranks of the test in ``folder`` wrote (each its own and its child's)."""
+    files = [folder / f"rank{rank}.json" for rank in (0, 1)]
+    started = _wait_for(lambda: all(f.exists() and f.stat().st_size for f in files), 180)
+    assert started, "the ranks never started"
+    return {pid for f in files for pid in json.loads(f.read_text())}
+
+
+@linux_only
+@pytest.mark.parametrize("forked", [True, False], ids=["forkserver", "spawn"])
+def test_no_process_of_the_tree_outlives_a_sigkilled_pytest_when_ranks_have_children(
+    tmp_path, forked
+):
+    """REPEATS pytest processes at once (independent tries: the outcome was a race), each
+    SIGKILLed once its ranks and their children run."""
+    (tmp_path / "children.py").write_text(CHILDREN_MODULE)
+    (tmp_path / "test_children.py").write_text(CHILDREN_TEST)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    env[forkserver.ENV_VAR] = "1" if forked else "0"
+    command = [sys.executable, "-m", "pytest", "test_children.py", "-p", "no:cacheprovider", "-q"]
+    processes, trees = [], []
+    try:
+        for attempt in range(REPEATS):
+            env["PIDS_FOLDER"] = str(tmp_path / f"pids{attempt}")
+            Path(env["PIDS_FOLDER"]).mkdir()
+            processes.append(subprocess.Popen(command, cwd=tmp_path, env=env))
+        for attempt, process in enumerate(processes):
+            written = _ranks_started(tmp_path / f"pids{attempt}")
+            trees.append(_descendants(process.pid))
+            assert written <= trees[-1] and len(written) == 4, (written, trees[-1])
+        survivors = []
+        for process, tree in zip(processes, trees, strict=True):
+            process.kill()
+            process.wait(30)
+            _wait_for(lambda: all(_gone(p) for p in tree), 5)  # noqa: B023 (used at once)
+            survivors.append(sorted(p for p in tree if not _gone(p)))
+        assert survivors == [[]] * REPEATS, f"processes outlived pytest: {survivors}"
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        for leftover in set().union(*trees):
             if not _gone(leftover):
                 os.kill(leftover, signal.SIGKILL)

@@ -39,6 +39,89 @@ def test_gate_runs_under_torchrun_with_two_ranks():
     assert len(summaries) == 2 and all("failed" not in s for s in summaries), done.stdout
 
 
+OUT_OF_STEP_RANKS = """
+import pytest
+
+
+def tagged(rank, tag):
+    return f"{tag}-rank{rank}"
+
+
+def fails_on_rank_1(rank):
+    if rank == 1:
+        pytest.fail("deliberate pytest.fail on rank 1")  # a BaseException
+    return rank
+"""
+
+OUT_OF_STEP_CONFTEST = """
+import json
+import os
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        text = str(report.longrepr) if report.failed else ""
+        with open(f"outcomes.{os.environ['RANK']}", "a") as log:
+            log.write(json.dumps([report.nodeid.split("::")[-1], report.outcome, text]) + "\\n")
+
+
+def pytest_sessionfinish(session):
+    session.exitstatus = 0  # else torchrun stops the other rank mid-test
+"""
+
+OUT_OF_STEP_TESTS = """
+import os
+
+import pytest
+from ranks import fails_on_rank_1, tagged
+
+from pytest_rollout_golden.parallel import launch
+
+
+def test_1():
+    assert launch(tagged, 2, "test_1", timeout=30) == ["test_1-rank0", "test_1-rank1"]
+
+
+def test_2():
+    launch(fails_on_rank_1, 2)
+
+
+def test_3():
+    if os.environ["RANK"] == "1":
+        pytest.fail("rank 1 fails before its launch")
+    assert len(launch(tagged, 2, "test_3")) == 2
+
+
+def test_4():
+    assert len(launch(tagged, 2, "test_4")) == 2
+"""
+
+
+def test_under_torchrun_a_rank_that_fails_or_falls_out_of_step_never_lets_another_pass(pytester):
+    pytester.makepyfile(ranks=OUT_OF_STEP_RANKS, test_steps=OUT_OF_STEP_TESTS)
+    pytester.makeconftest(OUT_OF_STEP_CONFTEST)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(pytester.path)])
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["-m", "pytest", "test_steps.py", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    done = subprocess.run(
+        command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcomes = {}
+    for rank in (0, 1):
+        lines = (pytester.path / f"outcomes.{rank}").read_text().splitlines()
+        outcomes[rank] = {test: (outcome, text) for test, outcome, text in map(json.loads, lines)}
+    assert {rank: outcomes[rank]["test_1"][0] for rank in (0, 1)} == {0: "passed", 1: "passed"}
+    for rank in (0, 1):  # rank 1's BaseException reaches rank 0, which fails too
+        outcome, text = outcomes[rank]["test_2"]
+        assert outcome == "failed" and "deliberate pytest.fail on rank 1" in text, text
+    outcome, text = outcomes[0]["test_3"]  # paired with rank 1's launch of test_4
+    assert outcome == "failed", "rank 0 passed with another test's results"
+    assert "out of step" in text and "test_steps.py::test_4" in text, text
+    assert outcomes[0]["test_4"][0] == "failed"
+
+
 TWO_GOLDENS = """
 import json
 import os
@@ -69,6 +152,45 @@ def _dead_pid() -> int:
     return int(done.stdout)
 
 
+MAKES_A_COPY = """
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pytest_rollout_golden._internal.pytest_plugin.snapshot import RankSnapshot
+
+temp = Path(sys.argv[1])
+tempfile.tempdir = str(temp)
+snapshot = RankSnapshot(temp, 1)
+if sys.argv[2] == "abandon":  # a rank killed before it could remove its copy
+    os._exit(0)
+snapshot.path = snapshot.path.rename(temp / sys.argv[2])  # a name with a dead process id
+print("ready", flush=True)
+sys.stdin.read()
+snapshot.remove()
+"""
+
+
+def _rank_copy(temp: Path, name: str) -> subprocess.Popen[str]:
+    """A process that made a rank copy through the plugin's code: gone at once
+    (``name="abandon"``), or holding it, renamed to ``name``, until its stdin closes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", MAKES_A_COPY, str(temp), name],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    if name == "abandon":
+        assert process.wait(60) == 0
+    else:
+        assert process.stdout.readline() == "ready\n"
+    return process
+
+
 def test_a_rank_above_0_copies_only_its_selected_goldens_and_cleans_stale_copies(
     project, monkeypatch, tmp_path_factory
 ):
@@ -77,24 +199,40 @@ def test_a_rank_above_0_copies_only_its_selected_goldens_and_cleans_stale_copies
     monkeypatch.setenv("SEEN", str(seen))
     project.run().assert_outcomes(passed=2)  # not under torchrun: records both
     temp = tmp_path_factory.mktemp("temp")
-    stale = temp / (location.rank_snapshot_prefix(2, _dead_pid()) + "killed")
-    (stale / "test_it" / "test_big").mkdir(parents=True)
-    live = temp / (location.rank_snapshot_prefix(1, os.getpid()) + "running")
-    foreign = temp / "rollout-golden-rank1-not-ours"
-    for kept in (live, foreign):
+    # A live copy whose name carries a dead (or, in another PID namespace, reused) process id:
+    live = temp / (location.rank_snapshot_prefix(1, _dead_pid()) + "running")
+    holder = _rank_copy(temp, live.name)
+    _rank_copy(temp, "abandon")  # its marker, no lock held: removed
+    (abandoned,) = set(temp.iterdir()) - {live}
+    # Folders whose names match, but which the plugin never made:
+    host = location.rank_snapshot_prefix(0).split("-")[3]
+    foreign = temp / f"rollout-golden-rank0-{host}-999999-my_notes"
+    mine_by_name = temp / (location.rank_snapshot_prefix(1, os.getpid()) + "running")
+    unlike = temp / "rollout-golden-rank1-not-ours"
+    for kept in (foreign, mine_by_name, unlike):
         kept.mkdir()
+        (kept / "notes.txt").write_text("keep me")
+    assert location.is_rank_snapshot_name(foreign.name)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
 
-    project.run("-k", "small").assert_outcomes(passed=1, deselected=1)
+    try:
+        project.run("-k", "small").assert_outcomes(passed=1, deselected=1)
+        assert live.is_dir(), "a live rank's copy was deleted"
+    finally:
+        holder.communicate("")
+    assert not abandoned.exists()
+    others = {live.name, foreign.name, mine_by_name.name, unlike.name}
     copied = [Path(p) for p in json.loads(seen.read_text())]
-    copied = [p for p in copied if not p.name.startswith(".")]  # the lock replay takes
+    copied = [p for p in copied if not p.name.startswith(".") and p.parts[0] not in others]
     assert copied and all(p.parts[1:3] == ("test_it", "test_small") for p in copied), copied
     assert len({p.parts[0] for p in copied}) == 1
     assert copied[0].parts[0].startswith(location.rank_snapshot_prefix(1))
-    assert sorted(temp.iterdir()) == sorted([live, foreign])  # its own copy went at the end
+    # its own copy went at the end; the live one went with its process
+    assert sorted(temp.iterdir()) == sorted([foreign, mine_by_name, unlike])
+    assert all((p / "notes.txt").read_text() == "keep me" for p in temp.iterdir())
 
     gone = project.golden / "test_gone" / "test_x"  # a golden whose test file was deleted
     shutil.copytree(project.golden_dir("test_big"), gone)
