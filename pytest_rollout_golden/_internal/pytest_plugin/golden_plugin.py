@@ -437,13 +437,13 @@ class GoldenPlugin:
         if not report.failed or excinfo is None:
             return report
         if excinfo.errisinstance(GoldenMismatch):
-            report.longrepr = str(excinfo.value)  # the table says it all; no traceback
+            report.longrepr = headlined(item, str(excinfo.value))  # the table; no traceback
         elif excinfo.errisinstance(pytest.UsageError) and str(
             excinfo.traceback[-1].path
         ).startswith(
             str(_PACKAGE_DIR)
         ):  # a marker or option mistake found by this plugin: the message names the fix
-            report.longrepr = f"UsageError: {excinfo.value}"
+            report.longrepr = headlined(item, f"UsageError: {excinfo.value}")
         elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
             # Golden's methods re-raise with the user's frames only (replay.user_facing); an
             # error raised by this plugin's own hooks (a commit at the end of the call) has
@@ -537,6 +537,19 @@ def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
     except Exception:  # pytest's private API changed: no check rather than a wrong one
         return None, None
     return rootdir, inipath
+
+
+def headlined(item: pytest.Item, text: str) -> Any:
+    """``text`` as a failure's report, without a traceback. Its first line alone is the crash
+    message: what pytest's short summary (``-r``), ``--tb=line`` and junitxml's ``message``
+    show, and what xdist carries over, where a plain text report would be shown whole."""
+    from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
+
+    path, lineno, _ = item.location
+    return ReprExceptionInfo(
+        reprtraceback=ReprTracebackNative([text + "\n"]),
+        reprcrash=ReprFileLocation(path, (lineno or 0) + 1, text.split("\n", 1)[0]),
+    )
 
 
 def expected_to_fail(item: pytest.Item) -> bool:

@@ -213,15 +213,32 @@ def beyond(c: Comparison) -> str:
     return "inf" if math.isinf(c.excess) else f"{c.excess:.3g}x"
 
 
+def by_step(failures: Iterable[Comparison]) -> list[Comparison]:
+    """Failures in step order, farthest beyond their tolerance first within a step: the
+    first row is the first divergence the headline names."""
+    return sorted(by_severity(failures), key=lambda c: c.step)
+
+
+_HEADLINE_NAMES = 3  # names of the first divergent step in the headline before "and N more"
+
+
 def first_divergence(failures: list[Comparison]) -> str:
-    """``"first divergence at step 2: grad_norm, pg_loss; "``, farthest beyond tolerance
-    first (empty when nothing drifted)."""
+    """``"first divergence at step 2: grad_norm 40x beyond tolerance, pg_loss 3x; "``:
+    the first step beyond tolerance and what diverged there, farthest beyond first (empty
+    when nothing drifted)."""
     drifted = [c for c in failures if c.verdict == Verdict.FAIL]
     if not drifted:
         return ""
     step = min(c.step for c in drifted)
-    names = list(dict.fromkeys(c.name for c in by_severity(drifted) if c.step == step))
-    return f"first divergence at step {step}: {', '.join(names)}; "
+    first: dict[str, Comparison] = {}
+    for c in by_severity(drifted):
+        if c.step == step:
+            first.setdefault(c.name, c)
+    parts = [name if c.excess is None else f"{name} {beyond(c)}" for name, c in first.items()]
+    if next(iter(first.values())).excess is not None:
+        parts[0] += " beyond tolerance"
+    more = f" and {len(parts) - _HEADLINE_NAMES} more" if len(parts) > _HEADLINE_NAMES else ""
+    return f"first divergence at step {step}: {', '.join(parts[:_HEADLINE_NAMES])}{more}; "
 
 
 BOUND_REMEDY = (
@@ -489,9 +506,9 @@ def mismatch_message(
 
 
 def _scalar_rows(failures: list[Comparison]) -> list[str]:
-    """The table of the failed values without a detail (numbers), farthest beyond first,
-    and a line per NaN against NaN among them."""
-    rows = by_severity(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
+    """The table of the failed values without a detail (numbers) in step order (see
+    :func:`by_step`), and a line per NaN against NaN among them."""
+    rows = by_step(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
     if not rows:
         return []
     cells = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "beyond", "allowed")]
@@ -519,10 +536,11 @@ def _scalar_rows(failures: list[Comparison]) -> list[str]:
 
 
 def _detailed_failures(failures: list[Comparison]) -> list[str]:
-    """The failed values with a detail (tensors, mismatch bounds), farthest beyond first;
-    the bounds of one batch share their location lines, given once after them."""
+    """The failed values with a detail (tensors, mismatch bounds) in step order (see
+    :func:`by_step`); the bounds of one batch share their location lines, given once after
+    them."""
     lines, located = [], []
-    for c in by_severity(failures):
+    for c in by_step(failures):
         if c.verdict == Verdict.FAIL and c.kind == BOUND_KIND:
             first, *rest = c.detail.splitlines()
             lines.append(first)
