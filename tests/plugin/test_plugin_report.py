@@ -279,3 +279,10 @@ def test_the_short_summary_line_is_the_headline_and_the_table_stays_above(
     assert "1 failed" in lines[summary + 2]
     failure = lines[:summary]
     assert any(x.split()[:2] == ["grad_norm", "1"] for x in failure)  # the table is kept
+
+
+def test_a_golden_of_one_metric_is_summarised_in_the_singular(project):
+    project.write(ONE)
+    result = project.run()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["recorded test_it.py::test_one -> *", "    1 metric: step 0"])

@@ -475,3 +475,21 @@ def test_a_missing_rollout_step_says_why_it_cannot_be_recorded(tmp_path):
     assert "(nothing of it was recorded). This test only replays the golden of t::ref" in (
         replay_only
     )
+
+
+def test_counts_of_one_are_singular_in_every_summary():
+    assert text.verify_summary(1, 1, 1) == (
+        "1 golden checked, 1 with problems, 1 could not be checked"
+    )
+    assert text.verify_totals(1, 1, 0, 0).startswith("1 golden and 1 lane checked")
+    one = [Comparison("pg_loss", 0, Verdict.NEW)]
+    assert text.recorded_lines({}, True, {}, one) == ["1 metric: step 0"]
+    from pytest_rollout_golden._internal.golden.results import GoldenDiff, Row
+
+    d = GoldenDiff("t", "a/t", "b/t")
+    d.rows = [Row("metric", "pg_loss", 0, True), Row("tensor", "lp", 0, True)]
+    assert text.golden_diff_lines(d)[0] == "t: ok; 1 metric value, 1 tensor compared"
+    assert text.plural(1, "file") == "1 file"
+    assert text.plural(0, "file") == "0 files"
+    assert text.plural(2, "entry", "entries") == "2 entries"
+    assert text.golden_diff_lines(d)[-1] == "  1 of 1 tensor within tolerance"

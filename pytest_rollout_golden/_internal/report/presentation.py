@@ -69,6 +69,11 @@ def number(value: Any, digits: int | None = None) -> str:
     return str(value)
 
 
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``"1 golden"``, ``"2 goldens"``: a count and its noun (``words``: an irregular plural)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
 def location(step: Any, rank: int | None = None, micro: int | None = None) -> str:
     """``"step 3, rank 0, micro 1"``: where a value was checked (rank and micro if given)."""
     parts = [f"step {step}"]
@@ -268,8 +273,7 @@ def mismatch_bound_exceeded(
     ]
     if sequences:
         parts = [
-            f"row {b}: {number(mean, 4)} over {n} token{'s' if n != 1 else ''}"
-            for b, mean, n in sequences
+            f"row {b}: {number(mean, 4)} over {plural(n, 'token')}" for b, mean, n in sequences
         ]
         lines.append(
             "    worst sequences (mean |log_probs - rollout_log_probs|): " + "; ".join(parts)
@@ -477,11 +481,11 @@ def mismatch_message(
         remedy_text = no_golden[0].detail.removeprefix(NO_GOLDEN).removeprefix("; ")
         return (
             f"golden missing: {NO_GOLDEN} at {display(outcome.directory)} for the "
-            f"{len(no_golden)} value(s) this test checked ({names}); {remedy_text}"
+            f"{plural(len(no_golden), 'value')} this test checked ({names}); {remedy_text}"
         )
     lines = [
         f"golden mismatch: {first_divergence(failures)}{len(failures)} of "
-        f"{len(outcome.comparisons)} checks failed (golden {display(outcome.directory)})"
+        f"{plural(len(outcome.comparisons), 'check')} failed (golden {display(outcome.directory)})"
     ]
     if recorder is not None:
         lines.append(f"{outcome.test} against the golden of {recorder}")
@@ -633,7 +637,7 @@ def recorded_lines(
             written.setdefault(f"{info['kind']} {info['name']!r}", set()).add(info["step"])
     new = [c for c in comparisons if c.verdict in _CHANGED and c.kind == "metric"]
     if new:
-        written[f"{len({c.name for c in new})} metrics"] = {c.step for c in new}
+        written[plural(len({c.name for c in new}), "metric")] = {c.step for c in new}
     return [f"{what}: {steps(s)}" for what, s in written.items()]
 
 
@@ -910,7 +914,10 @@ def verify_row(status: str, directory: Path, message: str) -> str:
 
 def verify_summary(checked: int, problems: int, unchecked: int) -> str:
     """The last line of ``rollout-golden verify``."""
-    return f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked"
+    return (
+        f"{plural(checked, 'golden')} checked, {problems} with problems, {unchecked} could not "
+        "be checked"
+    )
 
 
 def metric_cell(node: Any) -> str:
@@ -958,7 +965,8 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
     if d.one_sided:
         return [f"{d.label}: DIFFERS: {d.problems[0]}"]
     verdict = f"DIFFERS ({d.differences} beyond tolerance)" if d.differences else "ok"
-    lines = [f"{d.label}: {verdict}; {len(metrics)} metric values, {len(tensors)} tensors compared"]
+    compared = f"{plural(len(metrics), 'metric value')}, {plural(len(tensors), 'tensor')} compared"
+    lines = [f"{d.label}: {verdict}; {compared}"]
     first = d.first_divergence()
     if metrics:
         lines += _diff_metric_table(metrics, first)
@@ -967,7 +975,8 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
     if failing:
         lines += _diff_tensors_beyond(failing, first)
     if tensors and len(failing) < len(tensors):
-        lines.append(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
+        within = len(tensors) - len(failing)
+        lines.append(f"  {within} of {plural(len(tensors), 'tensor')} within tolerance")
     ignored = sorted({r.name for r in d.rows if not r.compared})
     if ignored:
         lines.append(f"  not compared (excluded on purpose): {', '.join(ignored)}")
@@ -1076,7 +1085,7 @@ def _diff_tensors_beyond(failing: list[Row], first: Mapping[str, int | None]) ->
 def diff_summary(counts: Mapping[str, int]) -> str:
     """The last line of ``rollout-golden diff``."""
     return (
-        f"{counts['goldens']} golden{'s' if counts['goldens'] != 1 else ''} compared: "
+        f"{plural(counts['goldens'], 'golden')} compared: "
         f"{counts['differ']} differ beyond tolerance, {counts['within_tolerance']} within "
         f"tolerance, {counts['one_sided']} on one side only"
     )
@@ -1112,7 +1121,6 @@ def verify_totals(goldens: int, lanes: int, problems: int, unchecked: int) -> st
     if not lanes:
         return verify_summary(goldens, problems, unchecked)
     return (
-        f"{goldens} golden{'s' if goldens != 1 else ''} and {lanes} lane"
-        f"{'s' if lanes != 1 else ''} checked, {problems} with problems, {unchecked} could "
-        "not be checked"
+        f"{plural(goldens, 'golden')} and {plural(lanes, 'lane')} checked, {problems} with "
+        f"problems, {unchecked} could not be checked"
     )
