@@ -342,13 +342,8 @@ class GoldenPlugin:
         for item in items:
             self.state.collected_files.add(str(Path(item.path)))
             if "golden" in getattr(item, "fixturenames", ()):
-                try:
+                with contextlib.suppress(pytest.UsageError):  # a marker mistake: its test errors
                     self.state.expected_dirs.add(str(self.directory_of(item)))
-                except pytest.UsageError:
-                    # xdist reports a worker's usage error at collection as "no tests ran", with
-                    # no message: there the test's golden fixture raises it again, as its error.
-                    if not self.is_worker:
-                        raise
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
@@ -366,13 +361,6 @@ class GoldenPlugin:
         """Collection done: the tests left to run."""
         self.state.selected.update(i.nodeid for i in session.items)
 
-    def pytest_itemcollected(self, item: pytest.Item) -> None:
-        """Collection: a bad marker ``seed=`` stops the run before any test."""
-        # A bad seed= stops the run before any test; xdist hides a worker's usage error at
-        # collection, so there each such test fails its setup with it instead.
-        if item.get_closest_marker("golden") is not None and not self.is_worker:
-            self.seed_of(item)
-
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         """Collection: files with deselected tests are not run whole."""
         for item in items:
@@ -387,20 +375,22 @@ class GoldenPlugin:
         """
         self.failed_ids.discard(item.nodeid)
         stack = item.stash[SETTINGS] = contextlib.ExitStack()
-        bad_seed = None
+        mistake = None
         try:
+            if item.get_closest_marker("golden") is not None:
+                self.marker_options(item)  # every mistake of the marker, whatever the fixtures
             wanted = self.wants_determinism(item)
             seed = self.seed_of(item) if wanted else None
-        except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
-            wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
+        except pytest.UsageError as exc:  # the test errors with it; raised after the yield:
+            wanted, mistake = False, exc  # other plugins' teardown expects their setup to run
         if wanted:
             from ..golden.determinism import deterministic
 
             stack.enter_context(deterministic(seed))
             item.stash[DETERMINISM] = stack  # the deterministic fixture then has nothing to do
         result = yield
-        if bad_seed is not None:
-            raise bad_seed
+        if mistake is not None:
+            raise mistake
         return result
 
     @pytest.hookimpl(wrapper=True)
