@@ -138,6 +138,7 @@ class GoldenPlugin:
         self.registry = UpdateMarks(self.token)
         self.state = SessionState()
         self.plot_dir = plot_dir(opt.golden_plot)
+        self.plots_removed: list[Path] = []  # an earlier run's pictures, removed at the start
         # Called as (item, golden, error) once a golden finished, before its outcome is kept.
         self.finishers: list[Finisher] = []
         self.unused: Unused | None = None  # judged at session end (by the prune plugin if on)
@@ -315,6 +316,10 @@ class GoldenPlugin:
         opt = self.config.option
         if self.unused is None:
             self.unused = self.find_unused(session)
+        if self.plot_dir is not None and self.snapshot is None:
+            from ..report.plot import write_plots_manifest
+
+            write_plots_manifest(self.plot_dir, self.state.plots)
         if self.report_path is not None and not opt.collectonly:
             unused, pruned = self.unused.goldens, self.unused.pruned.deleted
             try:
@@ -356,6 +361,14 @@ class GoldenPlugin:
             ids = produced.setdefault(str(Path(collector.path)), set())
             ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
         return report
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist starts workers that write pictures
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Start: ``--golden-plot DIR`` is to hold this run's pictures only."""
+        if self.plot_dir is not None and not self.is_worker and self.snapshot is None:
+            from ..report.plot import remove_earlier_plots
+
+            self.plots_removed = remove_earlier_plots(self.plot_dir)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Collection done: the tests left to run."""
@@ -474,6 +487,7 @@ class GoldenPlugin:
             unused=unused.goldens,
             pruned=unused.pruned.deleted,
             unused_tolerances=self.unused_tolerances(),
+            plots_removed=self.plots_removed,
             report_path=None
             if self.report_error or terminalreporter.config.option.collectonly
             else terminalreporter.config.option.golden_report,

@@ -775,8 +775,10 @@ def summary_lines(
     unused_tolerances: Iterable[str],
     report_path: str | None,
     relative_to: Path,
+    plots_removed: Sequence[Path] = (),
 ) -> list[str]:
-    """Lines for the ``rollout golden`` section of pytest's terminal summary."""
+    """Lines for the ``rollout golden`` section of pytest's terminal summary
+    (``plots_removed``: an earlier run's ``--golden-plot`` pictures, removed by this one)."""
 
     def rel(p: Any) -> str:
         return display(p, relative_to)
@@ -785,7 +787,7 @@ def summary_lines(
     unused, pruned = list(unused), list(pruned)
     discarded = any(o.discarded for o in state.outcomes)
     quiet = not any(counts.values()) and not state.calibrated
-    if quiet and not unused and not pruned and not discarded:
+    if quiet and not unused and not pruned and not discarded and not plots_removed:
         return []
     lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
     for o in state.outcomes:
@@ -833,6 +835,12 @@ def summary_lines(
     )
     lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
     lines += _section("tolerances that matched no metric:", list(unused_tolerances))
+    if plots_removed:
+        lines += _section(
+            f"golden plots of an earlier run removed from "
+            f"{display(plots_removed[0].parent)} (--golden-plot):",
+            [display(p) for p in plots_removed],
+        )
     lines += _section("golden plots written (--golden-plot):", list(state.plots))
     for entry in state.calibrated:
         lines += calibrated_table(entry, rel(entry["directory"]))
