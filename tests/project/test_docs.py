@@ -210,3 +210,20 @@ def test_code_examples_parse_and_call_the_api_as_it_is(page: str, line: int, sou
         except TypeError as exc:
             wrong.append(f"{page}:{line + node.lineno}: {name}(...): {exc}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_site_stylesheet_keeps_wide_output_readable():
+    """Mismatch tables and flags are wider than a laptop's page: code blocks scroll, and a
+    table cell never breaks an identifier (`token_mult_prob_erro r`)."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    sheets = re.findall(r"^extra_css:\n((?:  - .+\n)+)", config, re.M)
+    assert sheets, "mkdocs.yml names no extra_css"
+    css = "".join((DOCS / s.strip()[2:]).read_text() for s in sheets[0].splitlines())
+    rules = {
+        sel.strip(): body
+        for sels, body in re.findall(r"([^{}/]+)\{([^}]*)\}", css)
+        for sel in sels.split(",")
+    }
+    assert "white-space: nowrap" in rules[".md-typeset td code"]
+    assert "overflow-x: auto" in rules[".md-typeset pre > code"]
+    assert "overflow-x: auto" in rules[".md-typeset__scrollwrap"]
