@@ -34,6 +34,7 @@ from ._internal.report.presentation import (
     metric_cell,
     not_a_lane,
     number,
+    plural,
     table,
     verify_row,
     verify_totals,
@@ -117,7 +118,7 @@ def _verify_one(directory: Path, what: str = "") -> tuple[str, str]:
         return "FAIL", f": {exc}"
     except Exception as exc:  # a file this version cannot read: say so, check the rest
         return "ERROR", f": could not be checked ({type(exc).__name__}: {exc})"
-    return "ok", f" ({what}{len(files)} files)"
+    return "ok", f" ({what}{plural(len(files), 'file')})"
 
 
 def _verify_lanes(directory: Path) -> list[tuple[str, str, Path, bool]]:
@@ -176,7 +177,7 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
         rows = [("step", *names)]
         for step in sorted(steps, key=int):
             rows.append((step, *(metric_cell(steps[step].get(n)) for n in names)))
-        print(f"metrics ({len(steps)} steps × {len(names)} metrics):")
+        print(f"metrics ({plural(len(steps), 'step')} × {plural(len(names), 'metric')}):")
         print("\n".join(table(rows)))
     for filename, entry in files.items():
         _print_file(filename, entry)
@@ -582,8 +583,9 @@ def import_dumps(args: argparse.Namespace) -> int:
     for skipped in imported.skipped:
         print(f"skipped {skipped.path}: {skipped.why}")
     print(
-        f"wrote golden {args.output} ({len(imported.done)} files, {len(imported.skipped)} "
-        "dump files skipped); check it with: rollout-golden verify"
+        f"wrote golden {args.output} ({plural(len(imported.done), 'file')}, "
+        f"{plural(len(imported.skipped), 'dump file')} skipped); check it with: "
+        "rollout-golden verify"
     )
     return 0
 

@@ -117,7 +117,7 @@ def test_verify_of_a_golden_recorded_before_lanes_is_as_before(tmp_path, capsys)
     record(tmp_path / "g", None, 0.5)
     assert main(["verify", str(tmp_path / "g")]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "1 goldens checked, 0 with problems, 0 could not be checked"
+        "1 golden checked, 0 with problems, 0 could not be checked"
     )
 
 

@@ -73,12 +73,47 @@ def test_golden_plot_writes_one_picture_per_failed_golden(project):
     project.set_values(drift=1e-3)
     result = project.run("--golden-plot", "plots")
     result.assert_outcomes(passed=1, failed=1)
-    pictures = sorted((project.path / "plots").iterdir())
+    pictures = sorted((project.path / "plots").glob("*.png"))
     assert [p.name for p in pictures] == [
         "test_it.py__test_train~" + pictures[0].name.split("~")[1]
     ]
     assert pictures[0].read_bytes().startswith(PNG)
     result.stdout.fnmatch_lines(["golden plots written (--golden-plot):", "    plots/test_it.py*"])
+
+
+def test_golden_plot_removes_the_pictures_of_an_earlier_run_and_nothing_else(project):
+    """DIR holds this run's pictures only: a picture of a test that now passes would read
+    as a failure of this run. Only what the plugin wrote (its manifest lists) is removed."""
+    project.write(FAILING)
+    project.set_values(drift=0.0)
+    project.run().assert_outcomes(passed=2)
+    project.set_values(drift=1e-3)
+    project.run("--golden-plot", "plots").assert_outcomes(passed=1, failed=1)
+    plots = project.path / "plots"
+    [old] = plots.glob("*.png")
+    (plots / "mine.png").write_bytes(b"a user's picture")
+    (project.path / "outside.png").write_bytes(b"not in DIR")
+    manifest = next(plots.glob(".*.json"))
+    listed = json.loads(manifest.read_text())
+    listed["plots"] += ["../outside.png", "/etc/hostname"]  # never followed out of DIR
+    manifest.write_text(json.dumps(listed))
+
+    project.set_values(drift=0.0)  # every test passes: no picture of this run
+    result = project.run("--golden-plot", "plots")
+    result.assert_outcomes(passed=2)
+    assert not old.exists()
+    assert (plots / "mine.png").read_bytes() == b"a user's picture"
+    assert (project.path / "outside.png").exists()
+    result.stdout.fnmatch_lines(
+        [
+            "golden plots of an earlier run removed from plots (--golden-plot):",
+            f"    plots/{old.name}",
+        ]
+    )
+
+    project.set_values(drift=1e-3)  # the next run's picture replaces nothing of the user's
+    project.run("--golden-plot", "plots").assert_outcomes(passed=1, failed=1)
+    assert sorted(p.name for p in plots.glob("*.png")) == sorted([old.name, "mine.png"])
 
 
 def test_loading_the_plugin_with_golden_plot_imports_no_heavy_module(project):

@@ -383,7 +383,7 @@ def test_verify_follows_symlinked_goldens_like_replay(tmp_path, capsys):
     status, out, _ = _verify(capsys, root)
     assert status == 0, out
     assert f"ok   {root / 'test_x' / 'test_y'} (2 files)" in out
-    assert "1 goldens checked" in out
+    assert "1 golden checked" in out
 
 
 # --------------------------------------------------------------------------- exact lane, NaN

@@ -85,7 +85,7 @@ def test_nan_metric_warns_when_recorded_and_its_failure_names_equal_nan(project)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "golden mismatch: first divergence at step 0: kl; 1 of 2 checks failed*",
+            "golden mismatch: first divergence at step 0: kl inf beyond tolerance; 1 of 2 *",
             "  metric*",
             "  kl * nan * nan * 0 * 0 * inf * rtol=0.0001, atol=*",
             "metric 'kl' (step 0): recorded NaN, got NaN (equal_nan is off): NaN equals NaN "

@@ -1,7 +1,7 @@
-"""Option mistakes stop the run at start-up with a message that names the fix: marker
-keywords with the known options and a close match, a text seed in a marker, a bad ini
-missing-step policy, and a --golden-tolerance that matched nothing with the name it was
-probably meant for."""
+"""Option mistakes name the fix: a marker's mistakes, all at once, as its test's error
+(unknown keywords with a close match, tolerance fields, positional arguments, a text seed);
+a bad ini missing-step policy, which stops the run at start-up; and a --golden-tolerance
+that matched nothing, with the name it was probably meant for."""
 
 from __future__ import annotations
 
@@ -15,9 +15,76 @@ def test_an_unknown_marker_keyword_lists_the_options_and_the_close_one():
     with pytest.raises(OptionError) as raised:
         markers.marker_options([((), {"tolerance": {}})], "t.py::test")
     message = str(raised.value)
-    assert "unknown @pytest.mark.golden option(s) ['tolerance']" in message
+    assert "t.py::test: @pytest.mark.golden: unknown option tolerance=" in message
     assert "did you mean 'tolerances'?" in message
     assert "missing_step" in message and "shared" in message  # the known ones are listed
+
+
+def test_every_mistake_of_a_marker_is_reported_at_once_with_its_fix():
+    with pytest.raises(OptionError) as raised:
+        markers.marker_options(
+            [(("lp_golden",), {"rtol": 1e-3}), ((), {"toleranse": {}, "seed": "1"})],
+            "t.py::test",
+        )
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "t.py::test: 4 mistakes in @pytest.mark.golden:"
+    assert lines[1:4] == [
+        "  - 'lp_golden' is given positionally, but the marker takes keywords only: "
+        "pass it as key='lp_golden'",
+        "  - rtol= belongs to a metric's tolerance, not to the marker: "
+        "tolerances={'pg_loss': {'rtol': 0.001}} (a metric name, or a glob like 'actor/*')",
+        "  - unknown option toleranse= (did you mean 'tolerances'?); the options are "
+        + ", ".join(sorted(markers.MARKER_OPTIONS)),
+    ]
+    assert lines[4] == "  - seed= must be an integer in [0, 2**32), got '1'"
+
+
+MARKER_MISTAKES = """
+import pytest
+
+
+@pytest.mark.golden("lp", rtol=1e-3, atol=1e-6, seed=-1)
+def test_bad(golden):
+    golden.check({"x": 1.0})
+
+
+@pytest.mark.golden(exact="yes")
+def test_bad_without_golden(deterministic):
+    pass
+
+
+def test_good(golden):
+    golden.check({"x": 1.0})
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["in-process", "xdist"])
+def test_a_marker_mistake_errors_its_test_and_the_session_goes_on(project, monkeypatch, xdist):
+    project.write(MARKER_MISTAKES)
+    monkeypatch.setenv("COLUMNS", "200")  # the short summary's lines untrimmed
+    result = project.run_subprocess("-n", "2", "-rE") if xdist else project.run("-rE")
+    result.assert_outcomes(passed=1, errors=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "UsageError: test_it.py::test_bad: 3 mistakes in @pytest.mark.golden:",
+            "  - 'lp' is given positionally, * pass it as key='lp'",
+            "  - rtol=, atol= belong to a metric's tolerance, not to the marker: "
+            "tolerances={'pg_loss': {'rtol': 0.001, 'atol': 1e-06}} *",
+            "  - seed= must be an integer in [[]0, 2**32), got -1",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["UsageError: test_it.py::test_bad_without_golden: @pytest.mark.golden: exact= must *"]
+    )
+    summary = [x for x in result.outlines if x.startswith("ERROR test_it.py::test_bad ")]
+    assert summary == [
+        "ERROR test_it.py::test_bad - UsageError: test_it.py::test_bad: 3 mistakes in "
+        "@pytest.mark.golden:"
+    ]
+    assert "def marker_options" not in result.stdout.str()  # the message, not our traceback
+    assert project.golden_dir("test_good").is_dir()
+    assert not project.golden_dir("test_bad").exists()
 
 
 def test_a_marker_seed_given_as_text_is_refused_while_the_ini_text_is_read():

@@ -224,3 +224,65 @@ def test_goldens_of_unusually_named_test_files_are_not_taken_for_orphans(project
     result.assert_outcomes(passed=1)
     assert UNUSED not in result.outlines
     assert project.golden_files() == before
+
+
+# ----------------------------------------------------------------- the failure's headline
+
+DRIFTS = """
+def test_train(golden, values):
+    for step, drift in enumerate(values["drift"]):
+        golden.check({"pg_loss": 0.5 + drift, "grad_norm": 1.0 + 10 * drift}, step=step)
+"""
+
+
+def drifted(project) -> None:
+    """A recorded golden of 3 steps, then a run that drifts a little at step 0 and far at
+    step 1: the worst row is not the first divergence."""
+    project.write(DRIFTS)
+    project.set_values(drift=[0.0, 0.0, 0.0])
+    project.run().assert_outcomes(passed=1)
+    project.set_values(drift=[1e-4, 1e-2, 1e-3])
+
+
+def test_the_table_starts_at_the_step_its_headline_names(project):
+    drifted(project)
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    lines = result.outlines
+    headline = next(x for x in lines if x.startswith("golden mismatch:"))
+    assert "first divergence at step 0: grad_norm 10x beyond tolerance, pg_loss 2x;" in headline
+    start = lines.index(headline) + 2  # after the table's header
+    rows = [x.split() for x in lines[start : start + 6]]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("grad_norm", "0"),
+        ("pg_loss", "0"),
+        ("grad_norm", "1"),
+        ("pg_loss", "1"),
+        ("grad_norm", "2"),
+        ("pg_loss", "2"),
+    ]
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["in-process", "xdist"])
+def test_the_short_summary_line_is_the_headline_and_the_table_stays_above(
+    project, monkeypatch, xdist
+):
+    """On CI pytest prints the whole failure message in its short summary (and so in a job
+    summary built from it): one line is enough there."""
+    drifted(project)
+    monkeypatch.setenv("CI", "true")
+    result = project.run_subprocess("-n", "1", "-rf") if xdist else project.run("-rf")
+    lines = result.outlines
+    headline = next(x for x in lines if x.startswith("golden mismatch:"))
+    summary = next(i for i, x in enumerate(lines) if "short test summary info" in x)
+    assert lines[summary + 1] == f"FAILED test_it.py::test_train - {headline}"
+    assert "1 failed" in lines[summary + 2]
+    failure = lines[:summary]
+    assert any(x.split()[:2] == ["grad_norm", "1"] for x in failure)  # the table is kept
+
+
+def test_a_golden_of_one_metric_is_summarised_in_the_singular(project):
+    project.write(ONE)
+    result = project.run()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["recorded test_it.py::test_one -> *", "    1 metric: step 0"])

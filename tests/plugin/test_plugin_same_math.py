@@ -66,7 +66,7 @@ def test_a_bug_of_1e_3_fails_in_a_variant_naming_the_metric_that_shows_it(gate):
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "golden mismatch: first divergence at step 0: actor/grad_norm, *",
+            "golden mismatch: first divergence at step 0: actor/grad_norm *",
             "test_it.py::test_actor[mb4] against the golden of the reference [mb8]",
         ]
     )

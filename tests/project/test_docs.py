@@ -228,3 +228,20 @@ def test_the_checkers_guide_examples_run():
                 settings(max_examples=10, derandomize=True, database=None, deadline=None)(test)()
                 ran.append(name)
     assert len(blocks) >= 2 and len(ran) == len(blocks), (len(blocks), ran)
+
+
+def test_the_site_stylesheet_keeps_wide_output_readable():
+    """Mismatch tables and flags are wider than a laptop's page: code blocks scroll, and a
+    table cell never breaks an identifier (`token_mult_prob_erro r`)."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    sheets = re.findall(r"^extra_css:\n((?:  - .+\n)+)", config, re.M)
+    assert sheets, "mkdocs.yml names no extra_css"
+    css = "".join((DOCS / s.strip()[2:]).read_text() for s in sheets[0].splitlines())
+    rules = {
+        sel.strip(): body
+        for sels, body in re.findall(r"([^{}/]+)\{([^}]*)\}", css)
+        for sel in sels.split(",")
+    }
+    assert "white-space: nowrap" in rules[".md-typeset td code"]
+    assert "overflow-x: auto" in rules[".md-typeset pre > code"]
+    assert "overflow-x: auto" in rules[".md-typeset__scrollwrap"]

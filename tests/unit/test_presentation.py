@@ -145,7 +145,8 @@ def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
     result.directory = str(tmp_path / "golden" / "test_it" / "test_train")
     lines = text.mismatch_message(result, failures).splitlines()
     assert lines == [
-        "golden mismatch: first divergence at step 1: kl, actor/lp; 5 of 7 checks failed "
+        "golden mismatch: first divergence at step 1: kl inf beyond tolerance, actor/lp; "
+        "5 of 7 checks failed "
         f"(golden {os.path.join('golden', 'test_it', 'test_train')})",
         "  metric   step  expected  actual  abs diff  rel diff  beyond  allowed",
         "  kl       1     0.01      0.02    0.01      1         inf     bit-exact",
@@ -167,7 +168,9 @@ def test_mismatch_message_of_a_replay_only_golden_names_its_recorder():
     result, failures = mismatch_example()
     message = text.mismatch_message(result, failures[:1], recorder="test_ref", remedy="run ref")
     lines = message.splitlines()
-    assert lines[0].startswith("golden mismatch: first divergence at step 2: pg_loss; 1 of 7")
+    assert lines[0].startswith(
+        "golden mismatch: first divergence at step 2: pg_loss 49.5x beyond tolerance; 1 of 7"
+    )
     assert lines[1] == "test_it.py::test_train against the golden of test_ref"
     assert lines[-1] == (
         "This test never records: fix it, or if the reference itself changed on purpose, run ref."
@@ -183,7 +186,8 @@ def test_failures_are_ranked_by_how_far_beyond_their_tolerance_they_are():
     far = Comparison("actor/grad_norm", 0, Verdict.FAIL, expected=np.float64(2.0),
                      actual=np.float64(1.0), abs_diff=1.0, rel_diff=0.5, excess=1000.0)  # fmt: skip
     assert text.first_divergence([near, far]) == (
-        "first divergence at step 0: actor/grad_norm, actor/pg_clipfrac; "
+        "first divergence at step 0: actor/grad_norm 1e+03x beyond tolerance, "
+        "actor/pg_clipfrac 1.5x; "
     )
     message = text.mismatch_message(outcome(near, far), [near, far])
     rows = [line.split()[0] for line in message.splitlines()[2:4]]
@@ -203,6 +207,13 @@ def test_first_divergence_ignores_missing_values():
     assert text.first_divergence([missing]) == ""
     late = Comparison("b", 3, Verdict.FAIL)
     assert text.first_divergence([missing, late]) == "first divergence at step 3: b; "
+
+
+def test_the_headline_names_a_few_of_the_first_step_and_counts_the_rest():
+    many = [Comparison(f"m{i}", 0, Verdict.FAIL, excess=float(i + 2)) for i in range(5)]
+    assert text.first_divergence([Comparison("later", 1, Verdict.FAIL, excess=1e6), *many]) == (
+        "first divergence at step 0: m4 6x beyond tolerance, m3 5x, m2 4x and 2 more; "
+    )
 
 
 def test_typo_hint_only_for_a_close_name():
@@ -464,3 +475,21 @@ def test_a_missing_rollout_step_says_why_it_cannot_be_recorded(tmp_path):
     assert "(nothing of it was recorded). This test only replays the golden of t::ref" in (
         replay_only
     )
+
+
+def test_counts_of_one_are_singular_in_every_summary():
+    assert text.verify_summary(1, 1, 1) == (
+        "1 golden checked, 1 with problems, 1 could not be checked"
+    )
+    assert text.verify_totals(1, 1, 0, 0).startswith("1 golden and 1 lane checked")
+    one = [Comparison("pg_loss", 0, Verdict.NEW)]
+    assert text.recorded_lines({}, True, {}, one) == ["1 metric: step 0"]
+    from pytest_rollout_golden._internal.golden.results import GoldenDiff, Row
+
+    d = GoldenDiff("t", "a/t", "b/t")
+    d.rows = [Row("metric", "pg_loss", 0, True), Row("tensor", "lp", 0, True)]
+    assert text.golden_diff_lines(d)[0] == "t: ok; 1 metric value, 1 tensor compared"
+    assert text.plural(1, "file") == "1 file"
+    assert text.plural(0, "file") == "0 files"
+    assert text.plural(2, "entry", "entries") == "2 entries"
+    assert text.golden_diff_lines(d)[-1] == "  1 of 1 tensor within tolerance"

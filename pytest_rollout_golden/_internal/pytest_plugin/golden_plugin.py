@@ -139,6 +139,7 @@ class GoldenPlugin:
         self.registry = UpdateMarks(self.token)
         self.state = SessionState()
         self.plot_dir = plot_dir(opt.golden_plot)
+        self.plots_removed: list[Path] = []  # an earlier run's pictures, removed at the start
         # Called as (item, golden, error) once a golden finished, before its outcome is kept.
         self.finishers: list[Finisher] = []
         self.unused: Unused | None = None  # judged at session end (by the prune plugin if on)
@@ -319,6 +320,10 @@ class GoldenPlugin:
         opt = self.config.option
         if self.unused is None:
             self.unused = self.find_unused(session)
+        if self.plot_dir is not None and self.snapshot is None:
+            from ..report.plot import write_plots_manifest
+
+            write_plots_manifest(self.plot_dir, self.state.plots)
         if self.report_path is not None and not opt.collectonly:
             unused, pruned = self.unused.goldens, self.unused.pruned.deleted
             try:
@@ -346,13 +351,8 @@ class GoldenPlugin:
         for item in items:
             self.state.collected_files.add(str(Path(item.path)))
             if "golden" in getattr(item, "fixturenames", ()):
-                try:
+                with contextlib.suppress(pytest.UsageError):  # a marker mistake: its test errors
                     self.state.expected_dirs.add(str(self.directory_of(item)))
-                except pytest.UsageError:
-                    # xdist reports a worker's usage error at collection as "no tests ran", with
-                    # no message: there the test's golden fixture raises it again, as its error.
-                    if not self.is_worker:
-                        raise
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
@@ -365,16 +365,17 @@ class GoldenPlugin:
             ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
         return report
 
+    @pytest.hookimpl(tryfirst=True)  # before xdist starts workers that write pictures
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Start: ``--golden-plot DIR`` is to hold this run's pictures only."""
+        if self.plot_dir is not None and not self.is_worker and self.snapshot is None:
+            from ..report.plot import remove_earlier_plots
+
+            self.plots_removed = remove_earlier_plots(self.plot_dir)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Collection done: the tests left to run."""
         self.state.selected.update(i.nodeid for i in session.items)
-
-    def pytest_itemcollected(self, item: pytest.Item) -> None:
-        """Collection: a bad marker ``seed=`` stops the run before any test."""
-        # A bad seed= stops the run before any test; xdist hides a worker's usage error at
-        # collection, so there each such test fails its setup with it instead.
-        if item.get_closest_marker("golden") is not None and not self.is_worker:
-            self.seed_of(item)
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         """Collection: files with deselected tests are not run whole."""
@@ -390,20 +391,22 @@ class GoldenPlugin:
         """
         self.failed_ids.discard(item.nodeid)
         stack = item.stash[SETTINGS] = contextlib.ExitStack()
-        bad_seed = None
+        mistake = None
         try:
+            if item.get_closest_marker("golden") is not None:
+                self.marker_options(item)  # every mistake of the marker, whatever the fixtures
             wanted = self.wants_determinism(item)
             seed = self.seed_of(item) if wanted else None
-        except pytest.UsageError as exc:  # a marker mistake; raised after the yield: other
-            wanted, bad_seed = False, exc  # plugins' teardown expects their setup to have run
+        except pytest.UsageError as exc:  # the test errors with it; raised after the yield:
+            wanted, mistake = False, exc  # other plugins' teardown expects their setup to run
         if wanted:
             from ..golden.determinism import deterministic
 
             stack.enter_context(deterministic(seed))
             item.stash[DETERMINISM] = stack  # the deterministic fixture then has nothing to do
         result = yield
-        if bad_seed is not None:
-            raise bad_seed
+        if mistake is not None:
+            raise mistake
         return result
 
     @pytest.hookimpl(wrapper=True)
@@ -443,13 +446,13 @@ class GoldenPlugin:
         if not report.failed or excinfo is None:
             return report
         if excinfo.errisinstance(GoldenMismatch):
-            report.longrepr = str(excinfo.value)  # the table says it all; no traceback
+            report.longrepr = headlined(item, str(excinfo.value))  # the table; no traceback
         elif excinfo.errisinstance(pytest.UsageError) and str(
             excinfo.traceback[-1].path
         ).startswith(
             str(_PACKAGE_DIR)
         ):  # a marker or option mistake found by this plugin: the message names the fix
-            report.longrepr = f"UsageError: {excinfo.value}"
+            report.longrepr = headlined(item, f"UsageError: {excinfo.value}")
         elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
             # Golden's methods re-raise with the user's frames only (replay.user_facing); an
             # error raised by this plugin's own hooks (a commit at the end of the call) has
@@ -490,6 +493,7 @@ class GoldenPlugin:
             unused=unused.goldens,
             pruned=unused.pruned.deleted,
             unused_tolerances=self.unused_tolerances(),
+            plots_removed=self.plots_removed,
             report_path=None
             if self.report_error or terminalreporter.config.option.collectonly
             else terminalreporter.config.option.golden_report,
@@ -543,6 +547,19 @@ def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
     except Exception:  # pytest's private API changed: no check rather than a wrong one
         return None, None
     return rootdir, inipath
+
+
+def headlined(item: pytest.Item, text: str) -> Any:
+    """``text`` as a failure's report, without a traceback. Its first line alone is the crash
+    message: what pytest's short summary (``-r``), ``--tb=line`` and junitxml's ``message``
+    show, and what xdist carries over, where a plain text report would be shown whole."""
+    from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
+
+    path, lineno, _ = item.location
+    return ReprExceptionInfo(
+        reprtraceback=ReprTracebackNative([text + "\n"]),
+        reprcrash=ReprFileLocation(path, (lineno or 0) + 1, text.split("\n", 1)[0]),
+    )
 
 
 def expected_to_fail(item: pytest.Item) -> bool:

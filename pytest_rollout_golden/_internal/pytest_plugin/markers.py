@@ -15,9 +15,11 @@ from ...errors import update_command
 from ...store.location import golden_dir, shared_golden_dir
 from ..golden.modes import ReplayOnly
 from ..report.presentation import close_match
+from ..tolerance import mismatch_bounds
+from ..tolerance.families import precision_layer
 from ..tolerance.spec import Layer, ignore_and_tolerance_layers
 from ..tolerance.stack import Stack
-from .options import OptionError, with_precision
+from .options import OptionError, missing_step_policy, parse_seed, with_precision
 
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
@@ -39,47 +41,93 @@ _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
 MARKER_OPTIONS = frozenset(_OPTIONS | _INPUT_OPTIONS | _LAYOUT_OPTIONS | _MISMATCH_OPTIONS)
 """Every keyword ``@pytest.mark.golden`` accepts."""
 _FLAGS = ("exact", "deterministic", "regenerate")  # True or False, nothing that merely converts
+_TOLERANCE_FIELDS = ("rtol", "atol", "equal_nan", "scale")  # belong in tolerances={metric: ...}
 
 
 def marker_options(
     markers: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], test_id: str
 ) -> dict[str, Any]:
     """The options of a test's ``golden`` markers, ``(args, kwargs)`` closest first: the
-    closest marker (the function's own) wins over its class's and module's."""
+    closest marker (the function's own) wins over its class's and module's.
+
+    Every mistake of the markers is reported at once, in one :class:`OptionError`.
+    """
     options: dict[str, Any] = {}
+    mistakes = []
     for args, kwargs in reversed(list(markers)):
-        if args:
-            raise OptionError(f"{test_id}: @pytest.mark.golden takes keywords only")
+        mistakes += [_positional(arg) for arg in args]
         options.update(kwargs)
-    unknown = set(options) - MARKER_OPTIONS
-    if unknown:
-        raise OptionError(
-            f"{test_id}: unknown @pytest.mark.golden option(s) {sorted(unknown)}"
-            f"{close_match(sorted(unknown)[0], MARKER_OPTIONS)}; "
+    mistakes += _unknown_options(options)
+    mistakes += [m.removeprefix(f"{test_id}: ") for m in _value_mistakes(options, test_id)]
+    if not mistakes:
+        return options
+    if len(mistakes) == 1:
+        raise OptionError(f"{test_id}: @pytest.mark.golden: {mistakes[0]}")
+    listed = "".join(f"\n  - {m}" for m in mistakes)
+    raise OptionError(f"{test_id}: {len(mistakes)} mistakes in @pytest.mark.golden:{listed}")
+
+
+def _positional(arg: Any) -> str:
+    """The mistake of a positional marker argument, and the keyword it was probably meant as."""
+    keyword = f"key={arg!r}" if isinstance(arg, str) else "its keyword (key=, tolerances=, ...)"
+    return (
+        f"{arg!r} is given positionally, but the marker takes keywords only: pass it as {keyword}"
+    )
+
+
+def _unknown_options(options: Mapping[str, Any]) -> list[str]:
+    """The keywords that are no marker option: the fields of one tolerance (``rtol=``...)
+    point to ``tolerances=``, the others to the option they look like."""
+    unknown = [name for name in options if name not in MARKER_OPTIONS]
+    fields = {name: options[name] for name in unknown if name in _TOLERANCE_FIELDS}
+    others = [name for name in unknown if name not in fields]
+    mistakes = []
+    if fields:
+        given = ", ".join(f"{name}=" for name in fields)
+        mistakes.append(
+            f"{given} {'belongs' if len(fields) == 1 else 'belong'} to a metric's tolerance, "
+            f"not to the marker: tolerances={{'pg_loss': {fields!r}}} (a metric name, or a glob "
+            "like 'actor/*')"
+        )
+    if others:
+        named = ", ".join(f"{name}={close_match(name, MARKER_OPTIONS)}" for name in others)
+        mistakes.append(
+            f"unknown option{'s' if len(others) > 1 else ''} {named}; "
             f"the options are {', '.join(sorted(MARKER_OPTIONS))}"
         )
-    for name in _FLAGS:
-        if name in options and not isinstance(options[name], bool):
-            raise OptionError(
-                f"{test_id}: @pytest.mark.golden {name}= must be True or False, "
-                f"got {options[name]!r}"
-            )
+    return mistakes
+
+
+def _value_mistakes(options: Mapping[str, Any], test_id: str) -> list[str]:
+    """What is wrong with the values of known options."""
+    mistakes = [
+        f"{name}= must be True or False, got {options[name]!r}"
+        for name in _FLAGS
+        if name in options and not isinstance(options[name], bool)
+    ]
     for name in ("key", "shared"):
         value = options.get(name)
         if value is not None and (not isinstance(value, str) or not value):
-            raise OptionError(
-                f"{test_id}: @pytest.mark.golden {name}= must be a non-empty string, got {value!r}"
-            )
+            mistakes.append(f"{name}= must be a non-empty string, got {value!r}")
     if options.get("key") is not None and options.get("shared") is not None:
-        raise OptionError(f"{test_id}: golden key= and shared= exclude each other")
-    if "precision" in options:
-        from ..tolerance.families import precision_layer
-
-        try:
-            precision_layer(str(options["precision"]), "@pytest.mark.golden precision=")
-        except ValueError as exc:
-            raise OptionError(f"{test_id}: {exc}") from None
-    return options
+        mistakes.append("key= and shared= exclude each other")
+    checks = {
+        "seed": lambda v: parse_seed(v, "seed=", text=False),
+        "precision": lambda v: precision_layer(str(v), "precision="),
+        "missing_step": lambda v: missing_step_policy(v, None, "", where=test_id),
+        "mismatch_bounds": lambda v: mismatch_bounds.session_bounds(v, (), ()),
+    }
+    for name, check in checks.items():
+        if name in options:
+            try:
+                check(options[name])
+            except (OptionError, ValueError) as exc:
+                mistakes.append(str(exc))
+    try:
+        marker_level(options)
+    except ValueError as exc:
+        mistakes.append(str(exc))
+    return mistakes
 
 
 def replays_reference(options: Mapping[str, Any]) -> bool:

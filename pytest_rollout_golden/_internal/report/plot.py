@@ -589,6 +589,46 @@ def plot_failure(outcome: Mapping[str, Any], directory: Path, test_id: str) -> P
     return plot_outcome(outcome, directory / f"{safe_name(test_id)}.png")
 
 
+_PLOTS_FORMAT = "pytest-rollout-golden-plots"
+
+
+def remove_earlier_plots(directory: Path) -> list[Path]:
+    """Remove the pictures an earlier ``--golden-plot`` run wrote into ``directory``: those
+    its manifest lists, plain ``.png`` names in ``directory`` itself, nothing else (a user's
+    files stay). Returns the removed ones."""
+    from ...store import read_json
+    from ...store.location import PLOTS_MANIFEST
+
+    try:
+        manifest = read_json(directory / PLOTS_MANIFEST)
+    except (OSError, GoldenError):  # none yet, or not ours to read: remove nothing
+        return []
+    if not isinstance(manifest, dict) or manifest.get("format") != _PLOTS_FORMAT:
+        return []
+    removed = []
+    for name in manifest.get("plots") or ():
+        path = directory / str(name)
+        if Path(str(name)).name != name or path.suffix != ".png" or not path.is_file():
+            continue  # a path out of directory, or not a picture: never the plugin's
+        path.unlink()
+        removed.append(path)
+    return removed
+
+
+def write_plots_manifest(directory: Path, pictures: Sequence[str]) -> None:
+    """List this run's pictures in ``directory`` for the next run to remove (see
+    :func:`remove_earlier_plots`)."""
+    from ...store import atomic_write, encode_json
+    from ...store.location import PLOTS_MANIFEST
+
+    if not pictures and not directory.is_dir():
+        return
+    names = sorted({Path(p).name for p in pictures})
+    atomic_write(
+        directory / PLOTS_MANIFEST, [encode_json({"format": _PLOTS_FORMAT, "plots": names})]
+    )
+
+
 def _number(value: Any) -> float | None:
     """A comparison's value as a float (``"inf"``, ``"-inf"``, ``"nan"`` too), else ``None``."""
     if isinstance(value, str) and value in ("inf", "-inf", "nan"):

@@ -69,6 +69,11 @@ def number(value: Any, digits: int | None = None) -> str:
     return str(value)
 
 
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``"1 golden"``, ``"2 goldens"``: a count and its noun (``words``: an irregular plural)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
 def location(step: Any, rank: int | None = None, micro: int | None = None) -> str:
     """``"step 3, rank 0, micro 1"``: where a value was checked (rank and micro if given)."""
     parts = [f"step {step}"]
@@ -213,15 +218,32 @@ def beyond(c: Comparison) -> str:
     return "inf" if math.isinf(c.excess) else f"{c.excess:.3g}x"
 
 
+def by_step(failures: Iterable[Comparison]) -> list[Comparison]:
+    """Failures in step order, farthest beyond their tolerance first within a step: the
+    first row is the first divergence the headline names."""
+    return sorted(by_severity(failures), key=lambda c: c.step)
+
+
+_HEADLINE_NAMES = 3  # names of the first divergent step in the headline before "and N more"
+
+
 def first_divergence(failures: list[Comparison]) -> str:
-    """``"first divergence at step 2: grad_norm, pg_loss; "``, farthest beyond tolerance
-    first (empty when nothing drifted)."""
+    """``"first divergence at step 2: grad_norm 40x beyond tolerance, pg_loss 3x; "``:
+    the first step beyond tolerance and what diverged there, farthest beyond first (empty
+    when nothing drifted)."""
     drifted = [c for c in failures if c.verdict == Verdict.FAIL]
     if not drifted:
         return ""
     step = min(c.step for c in drifted)
-    names = list(dict.fromkeys(c.name for c in by_severity(drifted) if c.step == step))
-    return f"first divergence at step {step}: {', '.join(names)}; "
+    first: dict[str, Comparison] = {}
+    for c in by_severity(drifted):
+        if c.step == step:
+            first.setdefault(c.name, c)
+    parts = [name if c.excess is None else f"{name} {beyond(c)}" for name, c in first.items()]
+    if next(iter(first.values())).excess is not None:
+        parts[0] += " beyond tolerance"
+    more = f" and {len(parts) - _HEADLINE_NAMES} more" if len(parts) > _HEADLINE_NAMES else ""
+    return f"first divergence at step {step}: {', '.join(parts[:_HEADLINE_NAMES])}{more}; "
 
 
 BOUND_REMEDY = (
@@ -251,8 +273,7 @@ def mismatch_bound_exceeded(
     ]
     if sequences:
         parts = [
-            f"row {b}: {number(mean, 4)} over {n} token{'s' if n != 1 else ''}"
-            for b, mean, n in sequences
+            f"row {b}: {number(mean, 4)} over {plural(n, 'token')}" for b, mean, n in sequences
         ]
         lines.append(
             "    worst sequences (mean |log_probs - rollout_log_probs|): " + "; ".join(parts)
@@ -460,11 +481,11 @@ def mismatch_message(
         remedy_text = no_golden[0].detail.removeprefix(NO_GOLDEN).removeprefix("; ")
         return (
             f"golden missing: {NO_GOLDEN} at {display(outcome.directory)} for the "
-            f"{len(no_golden)} value(s) this test checked ({names}); {remedy_text}"
+            f"{plural(len(no_golden), 'value')} this test checked ({names}); {remedy_text}"
         )
     lines = [
         f"golden mismatch: {first_divergence(failures)}{len(failures)} of "
-        f"{len(outcome.comparisons)} checks failed (golden {display(outcome.directory)})"
+        f"{plural(len(outcome.comparisons), 'check')} failed (golden {display(outcome.directory)})"
     ]
     if recorder is not None:
         lines.append(f"{outcome.test} against the golden of {recorder}")
@@ -489,9 +510,9 @@ def mismatch_message(
 
 
 def _scalar_rows(failures: list[Comparison]) -> list[str]:
-    """The table of the failed values without a detail (numbers), farthest beyond first,
-    and a line per NaN against NaN among them."""
-    rows = by_severity(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
+    """The table of the failed values without a detail (numbers) in step order (see
+    :func:`by_step`), and a line per NaN against NaN among them."""
+    rows = by_step(c for c in failures if c.verdict == Verdict.FAIL and not c.detail)
     if not rows:
         return []
     cells = [("metric", "step", "expected", "actual", "abs diff", "rel diff", "beyond", "allowed")]
@@ -519,10 +540,11 @@ def _scalar_rows(failures: list[Comparison]) -> list[str]:
 
 
 def _detailed_failures(failures: list[Comparison]) -> list[str]:
-    """The failed values with a detail (tensors, mismatch bounds), farthest beyond first;
-    the bounds of one batch share their location lines, given once after them."""
+    """The failed values with a detail (tensors, mismatch bounds) in step order (see
+    :func:`by_step`); the bounds of one batch share their location lines, given once after
+    them."""
     lines, located = [], []
-    for c in by_severity(failures):
+    for c in by_step(failures):
         if c.verdict == Verdict.FAIL and c.kind == BOUND_KIND:
             first, *rest = c.detail.splitlines()
             lines.append(first)
@@ -615,7 +637,7 @@ def recorded_lines(
             written.setdefault(f"{info['kind']} {info['name']!r}", set()).add(info["step"])
     new = [c for c in comparisons if c.verdict in _CHANGED and c.kind == "metric"]
     if new:
-        written[f"{len({c.name for c in new})} metrics"] = {c.step for c in new}
+        written[plural(len({c.name for c in new}), "metric")] = {c.step for c in new}
     return [f"{what}: {steps(s)}" for what, s in written.items()]
 
 
@@ -753,8 +775,10 @@ def summary_lines(
     unused_tolerances: Iterable[str],
     report_path: str | None,
     relative_to: Path,
+    plots_removed: Sequence[Path] = (),
 ) -> list[str]:
-    """Lines for the ``rollout golden`` section of pytest's terminal summary."""
+    """Lines for the ``rollout golden`` section of pytest's terminal summary
+    (``plots_removed``: an earlier run's ``--golden-plot`` pictures, removed by this one)."""
 
     def rel(p: Any) -> str:
         return display(p, relative_to)
@@ -763,7 +787,7 @@ def summary_lines(
     unused, pruned = list(unused), list(pruned)
     discarded = any(o.discarded for o in state.outcomes)
     quiet = not any(counts.values()) and not state.calibrated
-    if quiet and not unused and not pruned and not discarded:
+    if quiet and not unused and not pruned and not discarded and not plots_removed:
         return []
     lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
     for o in state.outcomes:
@@ -811,6 +835,12 @@ def summary_lines(
     )
     lines += _section("pruned unused golden directories:", [rel(p) for p in pruned])
     lines += _section("tolerances that matched no metric:", list(unused_tolerances))
+    if plots_removed:
+        lines += _section(
+            f"golden plots of an earlier run removed from "
+            f"{display(plots_removed[0].parent)} (--golden-plot):",
+            [display(p) for p in plots_removed],
+        )
     lines += _section("golden plots written (--golden-plot):", list(state.plots))
     for entry in state.calibrated:
         lines += calibrated_table(entry, rel(entry["directory"]))
@@ -892,7 +922,10 @@ def verify_row(status: str, directory: Path, message: str) -> str:
 
 def verify_summary(checked: int, problems: int, unchecked: int) -> str:
     """The last line of ``rollout-golden verify``."""
-    return f"{checked} goldens checked, {problems} with problems, {unchecked} could not be checked"
+    return (
+        f"{plural(checked, 'golden')} checked, {problems} with problems, {unchecked} could not "
+        "be checked"
+    )
 
 
 def metric_cell(node: Any) -> str:
@@ -940,7 +973,8 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
     if d.one_sided:
         return [f"{d.label}: DIFFERS: {d.problems[0]}"]
     verdict = f"DIFFERS ({d.differences} beyond tolerance)" if d.differences else "ok"
-    lines = [f"{d.label}: {verdict}; {len(metrics)} metric values, {len(tensors)} tensors compared"]
+    compared = f"{plural(len(metrics), 'metric value')}, {plural(len(tensors), 'tensor')} compared"
+    lines = [f"{d.label}: {verdict}; {compared}"]
     first = d.first_divergence()
     if metrics:
         lines += _diff_metric_table(metrics, first)
@@ -949,7 +983,8 @@ def golden_diff_lines(d: GoldenDiff) -> list[str]:
     if failing:
         lines += _diff_tensors_beyond(failing, first)
     if tensors and len(failing) < len(tensors):
-        lines.append(f"  {len(tensors) - len(failing)} of {len(tensors)} tensors within tolerance")
+        within = len(tensors) - len(failing)
+        lines.append(f"  {within} of {plural(len(tensors), 'tensor')} within tolerance")
     ignored = sorted({r.name for r in d.rows if not r.compared})
     if ignored:
         lines.append(f"  not compared (excluded on purpose): {', '.join(ignored)}")
@@ -1058,7 +1093,7 @@ def _diff_tensors_beyond(failing: list[Row], first: Mapping[str, int | None]) ->
 def diff_summary(counts: Mapping[str, int]) -> str:
     """The last line of ``rollout-golden diff``."""
     return (
-        f"{counts['goldens']} golden{'s' if counts['goldens'] != 1 else ''} compared: "
+        f"{plural(counts['goldens'], 'golden')} compared: "
         f"{counts['differ']} differ beyond tolerance, {counts['within_tolerance']} within "
         f"tolerance, {counts['one_sided']} on one side only"
     )
@@ -1094,7 +1129,6 @@ def verify_totals(goldens: int, lanes: int, problems: int, unchecked: int) -> st
     if not lanes:
         return verify_summary(goldens, problems, unchecked)
     return (
-        f"{goldens} golden{'s' if goldens != 1 else ''} and {lanes} lane"
-        f"{'s' if lanes != 1 else ''} checked, {problems} with problems, {unchecked} could "
-        "not be checked"
+        f"{plural(goldens, 'golden')} and {plural(lanes, 'lane')} checked, {problems} with "
+        f"problems, {unchecked} could not be checked"
     )
