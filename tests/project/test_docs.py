@@ -294,3 +294,38 @@ def test_the_strict_docs_build_passes_and_fails_on_a_broken_anchor(tmp_path: Pat
     broken = mkdocs_build(copy, tmp_path / "site2")
     assert broken.returncode != 0
     assert "no-such-heading" in broken.stderr, broken.stderr[-3000:]
+
+
+OUTPUT_BLOCK = re.compile(r"^<!-- output: ([\w-]+) -->\n```\w*\n(.*?)^```$", re.S | re.M)
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def output_blocks() -> list[tuple[Path, str]]:
+    """``(page, name)`` of every block of output a page marks with ``<!-- output: NAME -->``."""
+    return [(page, m.group(1)) for page in PAGES for m in OUTPUT_BLOCK.finditer(page.read_text())]
+
+
+def test_every_output_function_is_shown_once():
+    from doc_outputs import OUTPUTS
+
+    names = [name for _, name in output_blocks()]
+    assert sorted(names) == sorted(OUTPUTS), "each function of doc_outputs.py, one marked block"
+
+
+@pytest.mark.parametrize(("page", "name"), output_blocks(), ids=lambda v: getattr(v, "name", v))
+def test_output_shown_in_the_docs_is_what_the_code_prints(page: Path, name: str, tmp_path: Path):
+    """Every marked block is what its function in doc_outputs.py prints now. When the code's
+    output changes on purpose, rewrite the blocks:
+    ``UPDATE_DOC_OUTPUTS=1 pytest tests/project/test_docs.py -k output -p no:xdist``."""
+    from doc_outputs import OUTPUTS
+
+    produced = OUTPUTS[name](tmp_path)
+    text = page.read_text()
+    block = next(m for m in OUTPUT_BLOCK.finditer(text) if m.group(1) == name)
+    if os.environ.get("UPDATE_DOC_OUTPUTS") == "1":
+        page.write_text(text[: block.start(2)] + produced + text[block.end(2) :])
+        return
+    assert block.group(2) == produced, (
+        f"{page.relative_to(ROOT)} shows an output of {name!r} the code no longer prints; "
+        "UPDATE_DOC_OUTPUTS=1 rewrites it. The code prints:\n" + produced
+    )
