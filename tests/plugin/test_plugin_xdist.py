@@ -89,3 +89,48 @@ def test_other():
     single = project.run_subprocess()  # without xdist the same
     single.assert_outcomes(passed=1, errors=1)
     single.stdout.re_match_lines([r"UsageError: .*unknown option tolerance= \(did you mean"])
+
+
+# The reference is slow to reach its golden: under `-n 2` its variant starts on the other
+# worker first, as a first run of a real project's variants does.
+VARIANTS = """
+import time
+
+import pytest
+from pytest_rollout_golden import same_math
+
+
+@pytest.fixture
+def slow_reference(request):
+    if request.node.callspec.id == "mb8":
+        time.sleep(3)
+
+
+@pytest.mark.parametrize("micro", same_math([8, 4], ids=lambda v: f"mb{v}"))
+def test_actor(slow_reference, golden, values, micro):
+    golden.check({"loss": 0.5 + values.get("shift", 0.0)})
+"""
+
+
+def test_a_variant_waits_for_its_reference_on_another_worker(project):
+    project.write(VARIANTS)
+    project.set_values()
+    first = project.run_subprocess("-n", "2", "-rA")
+    first.assert_outcomes(passed=2)
+    assert project.counts(first) == {"replayed": 1, "recorded": 1, "updated": 0, "failed": 0}
+
+    project.set_values(shift=0.01)  # new code: the reference re-records, its variant agrees
+    updated = project.run_subprocess("-n", "2", "--update-golden")
+    updated.assert_outcomes(passed=2)
+    assert project.counts(updated) == {"replayed": 1, "recorded": 0, "updated": 1, "failed": 0}
+
+    replayed = project.run_subprocess("-n", "2", "--golden-strict")
+    replayed.assert_outcomes(passed=2)
+
+
+def test_a_variant_whose_reference_fails_fails_naming_the_reference(project):
+    project.write(VARIANTS.replace("golden.check(", "assert micro != 8\n    golden.check("))
+    project.set_values()
+    result = project.run_subprocess("-n", "2")
+    result.assert_outcomes(passed=0, failed=2)
+    result.stdout.fnmatch_lines(["*test_actor?mb4?*reference*mb8*"])

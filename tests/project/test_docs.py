@@ -3,7 +3,9 @@ link resolving, and the quickstart's shown output what the quickstart really pri
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +27,69 @@ def test_readme_is_a_front_door_not_a_manual():
     assert len(README.read_text().splitlines()) <= 300
 
 
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.M)
+
+
+def anchors(page: Path) -> set[str]:
+    """The ids of a page's headings as the docs build makes them (mkdocs' toc with
+    ``pymdownx.slugs.slugify(case="lower")``, a repeated heading getting ``_1``, ``_2``...),
+    and the ids an attribute list ``{#id}`` gives."""
+    from pymdownx.slugs import slugify
+
+    slug = slugify(case="lower")
+    found: set[str] = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text())):
+        explicit = re.search(r"\{:?\s*#([\w-]+)[^}]*\}\s*$", heading)
+        if explicit:
+            found.add(explicit.group(1))
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+        text = re.sub(r"<[^>]+>", "", text).replace("`", "").replace("*", "")
+        base = candidate = slug(text, "-")
+        n = 0
+        while candidate in found:
+            n += 1
+            candidate = f"{base}_{n}"
+        found.add(candidate)
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """Relative links of ``page`` whose file does not exist, or whose ``#anchor`` names no
+    heading of the Markdown page it points to."""
+    broken = []
+    for target in LINK.findall(FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
+        if not path.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{target}: no heading #{anchor} in {path.name}")
+    return broken
+
+
 @pytest.mark.parametrize("page", [README, *sorted(DOCS.rglob("*.md"))], ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path):
     """mkdocs --strict checks links between pages; this also covers the README and links
-    from the docs to files of the repository."""
-    for target in LINK.findall(page.read_text()):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
-            continue
-        path = (page.parent / target.split("#")[0]).resolve()
-        assert path.exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+    from the docs to files of the repository, and the anchor of every link to a page."""
+    broken = broken_links(page)
+    assert not broken, f"{page.relative_to(ROOT)} has broken links:\n" + "\n".join(broken)
+
+
+def test_a_link_to_a_missing_heading_is_broken(tmp_path: Path):
+    (tmp_path / "a.md").write_text("# Title\n\n## Same-math `variants`\n\n## Title\n")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#same-math-variants) [ok](a.md#title_1) [x](a.md#no-such-heading)\n"
+        "[x](#nowhere) [x](c.md)\n\n# Here\n"
+    )
+    assert broken_links(tmp_path / "b.md") == [
+        "a.md#no-such-heading: no heading #no-such-heading in a.md",
+        "#nowhere: no heading #nowhere in b.md",
+        "c.md: no such file",
+    ]
 
 
 def pytest_help(pytester: pytest.Pytester) -> str:
@@ -245,3 +301,66 @@ def test_the_site_stylesheet_keeps_wide_output_readable():
     assert "white-space: nowrap" in rules[".md-typeset td code"]
     assert "overflow-x: auto" in rules[".md-typeset pre > code"]
     assert "overflow-x: auto" in rules[".md-typeset__scrollwrap"]
+
+
+def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build --strict`` of ``project`` as .ci/run runs it (not --quiet: it would hide
+    the warnings --strict counts)."""
+    pytest.importorskip(
+        "mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'"
+    )
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run(command, cwd=project, capture_output=True, text=True, env=env)
+
+
+def test_the_strict_docs_build_passes_and_fails_on_a_broken_anchor(tmp_path: Path):
+    built = mkdocs_build(ROOT, tmp_path / "site")
+    assert built.returncode == 0, built.stderr[-3000:]
+
+    copy = tmp_path / "copy"
+    shutil.copytree(DOCS, copy / "docs")
+    shutil.copytree(ROOT / "examples" / "ci", copy / "examples" / "ci")
+    for name in ("mkdocs.yml", "README.md"):
+        shutil.copy(ROOT / name, copy / name)
+    (copy / "pytest_rollout_golden").symlink_to(ROOT / "pytest_rollout_golden")
+    page = copy / "docs" / "index.md"
+    page.write_text(page.read_text() + "\nSee [x](guide/ci.md#no-such-heading).\n")
+    broken = mkdocs_build(copy, tmp_path / "site2")
+    assert broken.returncode != 0
+    assert "no-such-heading" in broken.stderr, broken.stderr[-3000:]
+
+
+OUTPUT_BLOCK = re.compile(r"^<!-- output: ([\w-]+) -->\n```\w*\n(.*?)^```$", re.S | re.M)
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def output_blocks() -> list[tuple[Path, str]]:
+    """``(page, name)`` of every block of output a page marks with ``<!-- output: NAME -->``."""
+    return [(page, m.group(1)) for page in PAGES for m in OUTPUT_BLOCK.finditer(page.read_text())]
+
+
+def test_every_output_function_is_shown_once():
+    from doc_outputs import OUTPUTS
+
+    names = [name for _, name in output_blocks()]
+    assert sorted(names) == sorted(OUTPUTS), "each function of doc_outputs.py, one marked block"
+
+
+@pytest.mark.parametrize(("page", "name"), output_blocks(), ids=lambda v: getattr(v, "name", v))
+def test_output_shown_in_the_docs_is_what_the_code_prints(page: Path, name: str, tmp_path: Path):
+    """Every marked block is what its function in doc_outputs.py prints now. When the code's
+    output changes on purpose, rewrite the blocks:
+    ``UPDATE_DOC_OUTPUTS=1 pytest tests/project/test_docs.py -k output -p no:xdist``."""
+    from doc_outputs import OUTPUTS
+
+    produced = OUTPUTS[name](tmp_path)
+    text = page.read_text()
+    block = next(m for m in OUTPUT_BLOCK.finditer(text) if m.group(1) == name)
+    if os.environ.get("UPDATE_DOC_OUTPUTS") == "1":
+        page.write_text(text[: block.start(2)] + produced + text[block.end(2) :])
+        return
+    assert block.group(2) == produced, (
+        f"{page.relative_to(ROOT)} shows an output of {name!r} the code no longer prints; "
+        "UPDATE_DOC_OUTPUTS=1 rewrites it. The code prints:\n" + produced
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +24,8 @@ from ...errors import (
     GoldenMissingError,
     GoldenNotFetchedError,
 )
-from ...store.location import link_out_of_root
-from ..golden.results import Status, Verdict
+from ...store.location import MANIFEST, link_out_of_root
+from ..golden.results import Mode, Status, Verdict
 from ..report.presentation import (
     CI_UPDATE,
     close_match,
@@ -50,7 +51,7 @@ from .options import (
     truthy_env,
 )
 from .prune import Unused, partial_project, unused_and_pruned
-from .session import SessionState, UpdateMarks, write_report
+from .session import FinishedTests, SessionState, UpdateMarks, write_report
 
 if TYPE_CHECKING:
     from ..golden.lanes import LaneSetting
@@ -63,6 +64,9 @@ MARKER_LAYER = pytest.StashKey[Layer]()
 DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
 WORKER_OUTPUT = "rollout_golden"
+# How long an xdist worker's variant waits for its reference on another worker, at most: a
+# bound, should the reference be queued behind it on its own worker (an ordering plugin).
+REFERENCE_WAIT_S = 600.0
 
 # The package's own frames, hidden from a golden error's traceback.
 _PACKAGE_DIR = Path(__file__).parents[2]
@@ -137,6 +141,9 @@ class GoldenPlugin:
         self.is_worker = workerinput is not None
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
         self.registry = UpdateMarks(self.token)
+        self.finished = FinishedTests(self.token)
+        self.reference_of: dict[str, str] = {}  # an xdist worker's variant -> its reference
+        self.references: set[str] = set()  # ... and those references
         self.state = SessionState()
         self.plot_dir = plot_dir(opt.golden_plot)
         self.plots_removed: list[Path] = []  # an earlier run's pictures, removed at the start
@@ -176,6 +183,8 @@ class GoldenPlugin:
             self.session_tolerances, marker, options, exact=self.config.option.golden_exact
         )
         directory = self.directory_of(item)
+        if replay_only is not None:
+            self._await_reference(item, directory)
         self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
         link = link_out_of_root(self.root, directory)
         if link is not None:
@@ -200,6 +209,34 @@ class GoldenPlugin:
             lane=self._lane(),
             **inputs,
         )
+
+    def _await_reference(self, item: pytest.Item, directory: Path) -> None:
+        """Under xdist, a variant whose reference records or re-records in this run, on
+        another worker, waits until the reference has finished (passed or not)."""
+        reference = self.reference_of.get(item.nodeid)
+        if reference is None or self.mode not in (Mode.AUTO, Mode.UPDATE):
+            return
+        if self.mode is Mode.AUTO and (directory / MANIFEST).exists():
+            return  # recorded before: the reference only replays it
+        deadline = time.monotonic() + REFERENCE_WAIT_S
+        while not self.finished.contains(reference) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def _note_reference(self, item: pytest.Item, selected: set[str]) -> None:
+        """An xdist worker's variant whose reference runs in this session, maybe elsewhere."""
+        options = self.marker_options(item)
+        if not markers.replays_reference(options) or "::" not in item.nodeid:
+            return
+        path, name = item.nodeid.split("::", 1)
+        with as_usage_error():
+            reference = f"{path}::{markers.reference_name(item.nodeid, name, options)}"
+        if reference in selected:
+            self.reference_of[item.nodeid] = reference
+            self.references.add(reference)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if nodeid in self.references:
+            self.finished.add(nodeid)
 
     def _lane(self) -> LaneSetting:
         """The session's lane, ``auto`` decided on first use (it needs torch)."""
@@ -348,11 +385,14 @@ class GoldenPlugin:
                 # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
                 named = Path(config.invocation_params.dir) / arg.split("::")[0]
                 self.state.partial_files.add(os.path.abspath(named))
+        selected = {item.nodeid for item in items}
         for item in items:
             self.state.collected_files.add(str(Path(item.path)))
             if "golden" in getattr(item, "fixturenames", ()):
                 with contextlib.suppress(pytest.UsageError):  # a marker mistake: its test errors
                     self.state.expected_dirs.add(str(self.directory_of(item)))
+                    if self.is_worker:
+                        self._note_reference(item, selected)
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:

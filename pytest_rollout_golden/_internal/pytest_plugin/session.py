@@ -20,6 +20,17 @@ from ..report.presentation import report_document
 from ..tolerance.stack import ToleranceUsage
 
 
+def _session_folder(token: str) -> Path:
+    """The folder all processes of one session (xdist workers too) share marks in."""
+    return Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{token}"
+
+
+def _mark(folder: Path, key: str) -> Path:
+    import hashlib
+
+    return folder / hashlib.blake2s(key.encode(), digest_size=8).hexdigest()
+
+
 class UpdateMarks:
     """Marks, shared by all workers of a session, of the goldens re-recorded so far.
 
@@ -27,23 +38,32 @@ class UpdateMarks:
     """
 
     def __init__(self, token: str):
-        self.path = Path(tempfile.gettempdir()) / f"pytest-rollout-golden-{token}"
-
-    def _mark(self, directory: Path) -> Path:
-        import hashlib
-
-        name = hashlib.blake2s(str(directory.resolve()).encode(), digest_size=8).hexdigest()
-        return self.path / name
+        self.path = _session_folder(token)
 
     def contains(self, directory: Path) -> bool:
-        return self._mark(directory).exists()
+        return _mark(self.path, str(directory.resolve())).exists()
 
     def add(self, directory: Path) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        self._mark(directory).touch()
+        _mark(self.path, str(directory.resolve())).touch()
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class FinishedTests:
+    """Marks, shared by all workers of a session, of the tests that have finished (whatever
+    their outcome); removed with the session's :class:`UpdateMarks`."""
+
+    def __init__(self, token: str):
+        self.path = _session_folder(token) / "finished"
+
+    def contains(self, test_id: str) -> bool:
+        return _mark(self.path, test_id).exists()
+
+    def add(self, test_id: str) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _mark(self.path, test_id).touch()
 
 
 @dataclass

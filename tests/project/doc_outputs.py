@@ -1,0 +1,246 @@
+"""The outputs the docs show, produced by the code: one function per ``<!-- output: NAME -->``
+mark of the README and the docs (``test_docs.py`` compares, and rewrites them under
+``UPDATE_DOC_OUTPUTS=1``).
+
+Each function gets an empty working directory and returns the block's text exactly as the
+page shows it: commands as ``$ ...`` lines, then what they printed, the working directory
+spelled as the page spells it. Where a page shows part of an output, the function cuts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = "golden/examples/test_tiny_rl_golden/test_grpo_training_matches_golden"
+
+OUTPUTS: dict[str, Callable[[Path], str]] = {}
+
+
+def output(name: str) -> Callable[[Callable[[Path], str]], Callable[[Path], str]]:
+    def register(function: Callable[[Path], str]) -> Callable[[Path], str]:
+        OUTPUTS[name] = function
+        return function
+
+    return register
+
+
+def environment() -> dict[str, str]:
+    """This environment, not under CI (the examples record), with this checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def command(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[str, int]:
+    """``rollout-golden ARGS`` in ``cwd``: what a user's terminal shows, and the exit status."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_rollout_golden", *args],
+        cwd=cwd, env=env or environment(), capture_output=True, text=True,
+    )  # fmt: skip
+    return done.stdout + done.stderr, done.returncode
+
+
+def shown(cwd: Path, *args: str, status: bool = False) -> str:
+    """``$ rollout-golden ARGS``, its output and, with ``status``, ``$ echo $?`` and the status."""
+    text, code = command(cwd, *args)
+    lines = [f"$ rollout-golden {' '.join(args)}", text.rstrip("\n")]
+    if status:
+        lines += ["$ echo $?", str(code)]
+    return "\n".join(lines) + "\n"
+
+
+def run_pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=cwd, env=env or environment(), capture_output=True, text=True,
+    )  # fmt: skip
+    return done.stdout + done.stderr
+
+
+def failure(pytest_output: str) -> str:
+    """The failure a golden mismatch reports: from ``golden mismatch:`` to its last line."""
+    lines = pytest_output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("golden mismatch:"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(("=", "_")))
+    return "\n".join(lines[start:end]).rstrip("\n") + "\n"
+
+
+# ---------------------------------------------------------------- docs/reference/cli.md
+
+
+@output("cli-verify")
+def cli_verify(work: Path) -> str:
+    return shown(ROOT, "verify", "golden/")
+
+
+@output("cli-show")
+def cli_show(work: Path) -> str:
+    """The example's golden, up to its second file."""
+    text = shown(ROOT, "show", EXAMPLE)
+    return text.split("rollout-rollout-step000001")[0] + "...\n"
+
+
+TRAINED: list[Path] = []  # the example's project, trained once per session
+
+
+def example_roots(work: Path) -> Path:
+    """The example trained twice: ``golden_a`` with ``kl_coef`` 0.01, ``golden_b`` with 0.02."""
+    if TRAINED and TRAINED[0].exists():
+        return TRAINED[0]
+    project = work / "ex"
+    project.mkdir()
+    shutil.copy(ROOT / "examples" / "tiny_rl.py", project)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "test_tiny_rl_golden.py").write_text(
+        "import os\n"
+        "from tiny_rl import TrainConfig, generate_rollout, make_trainer, ppo_step\n\n"
+        "def test_grpo_training_matches_golden(golden):\n"
+        "    model, ref, optimizer = make_trainer()\n"
+        "    cfg = TrainConfig(kl_coef=float(os.environ['KL_COEF']))\n"
+        "    for step in range(3):\n"
+        "        batch = golden.rollout(lambda step=step: generate_rollout(model, step=step),"
+        " step=step)\n"
+        "        golden.check(ppo_step(model, ref, optimizer, batch, cfg), step=step)\n"
+    )
+    for root, coef in (("golden_a", "0.01"), ("golden_b", "0.02")):
+        run_pytest(project, f"--golden-dir={root}", env=environment() | {"KL_COEF": coef})
+    TRAINED[:] = [project]
+    return project
+
+
+def in_example(text: str, project: Path) -> str:
+    return text.replace(str(project), "/tmp/ex")
+
+
+@output("cli-diff")
+def cli_diff(work: Path) -> str:
+    project = example_roots(work)
+    return in_example(shown(project, "diff", "golden_a", "golden_b", status=True), project)
+
+
+@output("cli-diff-json")
+def cli_diff_json(work: Path) -> str:
+    """The JSON of the same diff, each golden's first metric and tensor beyond tolerance."""
+    project = example_roots(work)
+    text, _ = command(project, "diff", "golden_a", "golden_b", "--json")
+    document = json.loads(in_example(text, project))
+    for golden in document["goldens"]:
+        golden["a"] = golden["b"] = "..."
+        for kind in ("metrics", "tensors"):
+            beyond = [row for row in golden[kind] if not row["ok"]]
+            golden[kind] = [*beyond[:1], "..."]
+    return laid_out(document, depth=3) + "\n"
+
+
+# ---------------------------------------------------------------- docs/guide/recording.md
+
+
+@output("recording-nan-and-typo")
+def recording_nan_and_typo(work: Path) -> str:
+    test = work / "test_guards.py"
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        "import math\n\n"
+        "def test_nan(golden):\n"
+        "    golden.check({'kl': math.nan, 'pg_loss': 0.25})\n"
+    )
+    run_pytest(work)
+    test.write_text(test.read_text().replace("'pg_loss'", "'pg_los'"))
+    return failure(run_pytest(work))
+
+
+@output("recording-mask")
+def recording_mask(work: Path) -> str:
+    test = work / "test_mask.py"
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        "import torch\n\n"
+        "def test_mask(golden):\n"
+        "    log_probs = torch.tensor([[-1.0, -2.0, -0.5, -9.0], [-0.25, -0.75, -9.0, -9.0]])\n"
+        "    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)\n"
+        "    log_probs[1, 1] += SHIFT\n"
+        "    golden.check_tensors('actor', {'log_probs': log_probs}, mask=mask)\n"
+        "SHIFT = 0.0\n"
+    )
+    run_pytest(work)
+    test.write_text(test.read_text().replace("SHIFT = 0.0", "SHIFT = 0.5"))
+    lines = failure(run_pytest(work)).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("tensor '"))
+    detail = [line for line in lines[start:] if line.startswith(("tensor '", " "))]
+    return "\n".join(detail) + "\n"  # the tensor's detail, after the headline
+
+
+# ---------------------------------------------------------------- docs/guide/tolerances.md
+
+
+@output("tolerances-partial")
+def tolerances_partial(work: Path) -> str:
+    test = work / "test_partial.py"
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        "import pytest\n\n"
+        "@pytest.mark.golden(tolerances={'pg_loss': {'rtol': 1e-3}, 'kl': {'equal_nan': True}})\n"
+        "def test_step(golden):\n"
+        "    golden.check({'pg_loss': 0.25 * DRIFT, 'kl': 0.01 * DRIFT}, step=0)\n"
+        "DRIFT = 1.0\n"
+    )
+    run_pytest(work)
+    test.write_text(test.read_text().replace("DRIFT = 1.0", "DRIFT = 1.002"))
+    return failure(run_pytest(work))
+
+
+# ---------------------------------------------------------------- docs/reference/configuration.md
+
+
+@output("report-json")
+def report_json(work: Path) -> str:
+    """``--golden-report`` of a replay where one metric drifted: the whole document, one test
+    and one comparison of each list."""
+    test = work / "tests" / "test_ppo.py"
+    test.parent.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        "import pytest\n\n"
+        "@pytest.mark.parametrize('tp', ['tp1', 'tp2'])\n"
+        "def test_ppo(golden, tp):\n"
+        "    drift = DRIFT if tp == 'tp2' else 0.0\n"
+        "    golden.check({'pg_loss': 0.6931471805599453 + drift, 'kl': 0.001}, step=0)\n"
+        "DRIFT = 0.0\n"
+    )
+    run_pytest(work)
+    test.write_text(test.read_text().replace("DRIFT = 0.0", "DRIFT = 7e-5"))
+    env = environment() | {"CI": "true"}
+    run_pytest(work, "--golden-report=report.json", env=env)
+    document = json.loads((work / "report.json").read_text())
+    failed = [t for t in document["tests"] if t["status"] == "failed"]
+    document["tests"] = [*failed[:1], "..."]
+    for entry in failed[:1]:
+        entry["directory"] = "..."
+    beyond = [c for c in document["comparisons"] if c["verdict"] == "fail"]
+    for entry in beyond[:1]:
+        entry["golden"] = "..."
+    document["comparisons"] = [*beyond[:1], "..."]
+    return laid_out(document, depth=2) + "\n"
+
+
+def laid_out(value: object, depth: int, indent: str = "", *, expand: bool = True) -> str:
+    """JSON for reading: down to ``depth`` levels, the document's keys and the objects of a list
+    each on a line of their own; anything deeper on one line."""
+    inner = indent + "  "
+    if depth > 0 and expand and isinstance(value, dict):
+        items = [
+            f"{inner}{json.dumps(key)}: {laid_out(item, depth - 1, inner, expand=False)}"
+            for key, item in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if depth > 0 and isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        items = [f"{inner}{laid_out(item, depth - 1, inner)}" for item in value]
+        return "[\n" + ",\n".join(items) + f"\n{indent}]"
+    return json.dumps(value)
