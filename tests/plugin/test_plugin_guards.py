@@ -85,9 +85,9 @@ def test_nan_metric_warns_when_recorded_and_its_failure_names_equal_nan(project)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "golden mismatch: first divergence at step 0: kl inf beyond tolerance; 1 of 2 *",
+            "golden mismatch: first divergence at step 0: kl NaN beyond tolerance; 1 of 2 *",
             "  metric*",
-            "  kl * nan * nan * 0 * 0 * inf * rtol=0.0001, atol=*",
+            "  kl * nan * nan * 0 * 0 * NaN * rtol=0.0001, atol=*",
             "metric 'kl' (step 0): recorded NaN, got NaN (equal_nan is off): NaN equals NaN "
             "only where the tolerance sets equal_nan "
             "(e.g. --golden-tolerance NAME:equal_nan=true); fix the NaN, or allow it",

@@ -150,7 +150,7 @@ def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
         f"(golden {os.path.join('golden', 'test_it', 'test_train')})",
         "  metric   step  expected  actual  abs diff  rel diff  beyond  allowed",
         "  kl       1     0.01      0.02    0.01      1         inf     bit-exact",
-        "  ent      2     nan       nan     0         0         inf     " + BUILT_IN,
+        "  ent      2     nan       nan     0         0         NaN     " + BUILT_IN,
         "  pg_loss  2     0.5       0.5005  0.0005    0.001     49.5x   " + BUILT_IN,
         "metric 'ent' (step 2): recorded NaN, got NaN (equal_nan is off): "
         + text.ALLOW_NAN,
@@ -493,3 +493,22 @@ def test_counts_of_one_are_singular_in_every_summary():
     assert text.plural(0, "file") == "0 files"
     assert text.plural(2, "entry", "entries") == "2 entries"
     assert text.golden_diff_lines(d)[-1] == "  1 of 1 tensor within tolerance"
+
+
+def test_a_nan_failure_is_beyond_by_nan_with_no_rounding_level_note():
+    """NaN against NaN (equal_nan off) has no distance and its recorded 'magnitude' is no
+    magnitude: the row says NaN, not inf, and no note calls it a cancelled value."""
+    nan = float("nan")
+    tolerance = Tolerance(rtol=1e-4, atol=5e-7, scale="recorded")
+    failed = Comparison(
+        "kl", 0, Verdict.FAIL, expected=nan, actual=nan, abs_diff=0.0, rel_diff=0.0,
+        tolerance=tolerance, excess=math.inf, scale=0.0,
+    )  # fmt: skip
+    assert text.beyond(failed) == "NaN"
+    assert text.first_divergence([failed]).startswith("first divergence at step 0: kl NaN")
+    assert text.cancelled_notes([failed]) == []
+    tiny = Comparison(
+        "loss", 0, Verdict.FAIL, expected=1e-9, actual=2e-9, tolerance=tolerance,
+        excess=3.0, scale=1e-9,
+    )  # fmt: skip
+    assert text.beyond(tiny) == "3x" and len(text.cancelled_notes([tiny])) == 1

@@ -10,6 +10,7 @@ shared by every text: :func:`number`, :func:`location`, :func:`steps`,
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -212,10 +213,18 @@ def by_severity(failures: Iterable[Comparison]) -> list[Comparison]:
 
 
 def beyond(c: Comparison) -> str:
-    """How far beyond its tolerance a failed value is: ``"12x"``, ``"inf"`` or ``-``."""
+    """How far beyond its tolerance a failed value is: ``"12x"``, ``"inf"``, ``"NaN"`` (a NaN
+    on either side: no distance to measure) or ``-``."""
     if c.excess is None:
         return "-"
+    if _is_nan(c.expected) or _is_nan(c.actual):
+        return "NaN"
     return "inf" if math.isinf(c.excess) else f"{c.excess:.3g}x"
+
+
+def _is_nan(value: object) -> bool:
+    """A scalar NaN of any type (Python, NumPy); a tensor's summary or text is not one."""
+    return isinstance(value, numbers.Real) and math.isnan(value)
 
 
 def by_step(failures: Iterable[Comparison]) -> list[Comparison]:
@@ -591,6 +600,7 @@ def cancelled_notes(comparisons: Iterable[Comparison]) -> list[str]:
         and c.tolerance.scale == "recorded"
         and c.scale is not None
         and c.scale <= ROUNDING_LEVEL
+        and not _is_nan(c.expected)  # a NaN has no magnitude: its scale says nothing
     }
     return [
         f"{name} is at most {number(scale, 3)} over every recorded step: the rounding level of "
