@@ -682,14 +682,19 @@ class Golden:
         return metric_codec.numbers(self._metrics)
 
     def calibration_sample(self) -> dict[str, Any]:
-        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, per tensor
-        its greatest distance to the golden (:func:`.calibrate.tensor_distances`), and the
-        names its tolerances (the marker's included) do not compare."""
+        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, their largest
+        recorded magnitudes, per tensor its greatest distance to the golden
+        (:func:`.calibrate.tensor_distances`), and the names its tolerances (the marker's
+        included) do not compare."""
         from ..tolerance.calibration import tensor_distances
 
         comparisons = self._outcome.comparisons
+        metrics = self.checked_metrics()
+        names = {name for values in metrics.values() for name in values}
+        magnitudes = {name: self._magnitude(name) for name in sorted(names)}
         return {
-            "metrics": self.checked_metrics(),
+            "metrics": metrics,
+            "magnitudes": {k: v for k, v in magnitudes.items() if v is not None},
             "tensors": tensor_distances(comparisons),
             "ignored": sorted({c.name for c in comparisons if c.verdict == Verdict.IGNORED}),
         }

@@ -685,6 +685,8 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
                 f"    refused: {row.get('lane', 'same layout')} {row['metric']}: {row['refused']}"
             )
     lines += [f"    {line}" for line in calibrated_variants(entry.get("variants", ()))]
+    for lane in entry.get("kept", ()):
+        lines.append(f"    kept from the earlier {TOLERANCES}: the {lane} lane (not measured now)")
     if entry["skipped"]:
         lines.append(f"    left out: {entry['skipped']}")
     return lines
