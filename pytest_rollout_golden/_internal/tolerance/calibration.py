@@ -184,8 +184,7 @@ def _unwritable(entries: Any, key: str, magnitude: Magnitude) -> str:
     if not isinstance(entries, dict):
         return f"{key} must be an object of metric name -> tolerance"
     for name, entry in entries.items():
-        pattern = any(c in name for c in "*?[")
-        problem = entry_problem(entry, name, None if pattern else magnitude(name))
+        problem = entry_problem(entry, name, magnitude(name))
         if problem:
             return f"{key} entry {name!r}: {problem}"
     return ""
@@ -195,7 +194,8 @@ def entry_problem(entry: Any, name: str, magnitude: float | None) -> str:
     """Why one entry of ``tolerances.json`` may not be there ("" when it may): only the
     fields calibration writes, finite numbers >= 0, no exclusion, ``rtol`` within
     :data:`MAX_RTOL`, and an absolute allowance (``atol``, plus ``rtol x scale`` for a
-    numeric scale) within :func:`allowance_cap` of the metric's recorded ``magnitude``.
+    numeric scale) within :func:`allowance_cap` of the metric's recorded ``magnitude``
+    (none for a pattern, which may match other values than ``name``).
 
     The one validator of the file: the run, ``rollout-golden verify``, ``diff`` and
     calibration itself (before it writes) all apply it.
@@ -218,7 +218,8 @@ def entry_problem(entry: Any, name: str, magnitude: float | None) -> str:
         return f"scale must be 'recorded' or a finite number >= 0, got {scale!r}"
     if not isinstance(entry.get("equal_nan", False), bool):
         return "equal_nan must be true or false"
-    cap, why = allowance_cap(name, magnitude)
+    pattern = any(c in name for c in "*?[")  # a glob, as Layer reads it
+    cap, why = allowance_cap(name, None if pattern else magnitude)
     if atol > cap:
         return f"atol {atol:g} is beyond what tolerances.json may hold ({cap:g}: {why})"
     floor = rtol * scale if numeric else 0.0
