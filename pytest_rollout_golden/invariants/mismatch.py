@@ -272,7 +272,16 @@ def check_mismatch_metrics(
     Tolerance: relative ``8·eps·(1 + M) + 4·n·eps_acc + GUARD_RTOL`` (``M`` the largest
     valid log-prob magnitude, ``n`` the valid tokens) plus an absolute part from the largest
     term each metric sums; ``rtol``/``atol`` replace either part.
+
+    A batch without a valid token is refused (ValueError): every metric of it reads 0.
     """
+    mask = batch["response_mask"]
+    if not bool(as_bool_mask(mask).any()):
+        from .._internal.report.presentation import nothing_selected
+
+        raise ValueError(
+            f"check_mismatch_metrics: {nothing_selected(mask.numel(), 'the batch out')}"
+        )
     run = _MismatchRun(fn, batch, names=names, rtol=rtol, atol=atol)
     for invariant in _INVARIANTS:
         invariant(run)

@@ -252,3 +252,56 @@ def test_the_summary_says_why_a_value_keeps_its_default_and_names_the_variants()
         "    t[mb4]: failed against the golden during calibration on loss (moved by 3.0e-05: kept "
         "in the variant lane)",
     ]
+
+
+# A reference (mb8) and one same-math variant (mb4), both moved by 1e-7 per thread; the runs of
+# mb4 differ by 0.2% per thread when "jitter" is on: its own noise, none of the reference's.
+JITTERY = """
+import json, pathlib
+import pytest
+import torch
+from pytest_rollout_golden import same_math
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+@pytest.mark.parametrize("v", same_math(["mb8", "mb4"]))
+def test_x(golden, v):
+    threads = torch.get_num_threads()
+    jitter = V.get("jitter", 0.0) * threads if v == "mb4" else 0.0
+    golden.check({"loss": 0.5 * (1 + 1e-7 * threads + jitter + V.get(v, 0.0))}, step=0)
+"""
+
+
+@pytest.mark.parametrize("selection", ["mb4", "mb4 or mb8"])
+def test_calibrating_a_variant_never_writes_the_references_lane(project, selection):
+    project.write(JITTERY)
+    project.set_values()
+    project.run().assert_outcomes(passed=2)
+    project.set_values(jitter=2e-3)
+    result = project.run("--golden-calibrate", "3", "-k", selection)
+    path = project.golden_dir("test_x[mb8]") / "tolerances.json"
+    written = json.loads(path.read_text()) if path.exists() else {}
+    own = written.get("tolerances", {}).get("loss", {"rtol": 0.0})  # the reference's noise
+    assert own["rtol"] < 1e-4, written
+    if selection == "mb4":
+        assert "only a variant that replays this golden ran" in result.stdout.str()
+    project.set_values(mb8=4e-3)  # the reference drifts by 0.4%: beyond its default 1e-4
+    project.run("-k", "mb8").assert_outcomes(failed=1, deselected=1)
+
+
+def test_calibrating_one_lane_keeps_the_other(project):
+    project.write(JITTERY)
+    project.set_values()
+    project.run().assert_outcomes(passed=2)
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=6)
+    path = project.golden_dir("test_x[mb8]") / "tolerances.json"
+    lane = json.loads(path.read_text())["layout_tolerances"]
+    assert "loss" in lane
+    result = project.run("--golden-calibrate", "3", "-k", "mb8")  # the reference alone
+    written = json.loads(path.read_text())
+    assert written["layout_tolerances"] == lane, result.stdout.str()
+    assert written["how"]["kept"] == ["across variants"]
+    result.stdout.fnmatch_lines(
+        ["    kept from the earlier tolerances.json: the across variants lane (not measured now)"]
+    )

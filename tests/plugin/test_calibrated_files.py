@@ -53,17 +53,46 @@ def recorded(project):
         ({"exact": True}, "'exact' is not something calibration writes"),
         ({"rtol": -1.0, "atol": 0.0}, "rtol must be a finite number >= 0"),
         ("loose", "must be an object of rtol, atol, scale, equal_nan"),
+        ({"rtol": 0, "atol": 1e300}, "atol 1e+300 is beyond what tolerances.json may hold"),
+        ({"rtol": 1e-3, "atol": 0, "scale": 1e300}, "scale 1e+300 gives"),
     ],
 )
-def test_an_entry_calibration_never_writes_is_refused_naming_the_file(recorded, entry, problem):
+@pytest.mark.parametrize("strict", [True, False])
+def test_an_entry_calibration_never_writes_is_refused_naming_the_file(
+    recorded, entry, problem, strict, capsys
+):
     plant(recorded, {"*": entry})
     recorded.set_values(drift=4.0)  # a 5x drift: must never pass on such a file
-    result = recorded.run("--golden-strict")
+    result = recorded.run(*(["--golden-strict"] if strict else []))
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "tolerances.json" in out and problem in out, out
+    assert "tolerances.json" in out and "'*'" in out and problem in out, out
     assert "pytest --golden-calibrate N" in out
+    capsys.readouterr()
     assert main(["verify", str(recorded.golden)]) == 1
+    assert problem in capsys.readouterr().out
+
+
+def test_an_atol_beyond_a_twentieth_of_the_recorded_magnitude_is_refused(recorded, capsys):
+    plant(recorded, {"pg_loss": {"rtol": 0, "atol": 4.0}})  # pg_loss is 0.5: 0.5 -> 2.5 passes
+    recorded.set_values(drift=4.0)
+    result = recorded.run()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*tolerances.json: tolerances entry 'pg_loss': atol 4 is beyond what tolerances.json "
+            "may hold (0.025: 0.05 x the largest recorded |pg_loss|, 0.5)*"
+        ]
+    )
+    assert main(["verify", str(recorded.golden)]) == 1
+    assert "atol 4 is beyond" in capsys.readouterr().out
+
+
+def test_an_atol_within_a_twentieth_of_the_recorded_magnitude_is_kept(recorded):
+    plant(recorded, {"pg_loss": {"rtol": 0, "atol": 0.02}})  # 0.05 x 0.5 = 0.025
+    recorded.set_values(drift=0.03)  # 0.5 -> 0.515: within the file's atol
+    recorded.run("--golden-strict").assert_outcomes(passed=1)
+    assert main(["verify", str(recorded.golden)]) == 0
 
 
 def test_a_tolerance_looser_than_the_default_from_a_file_is_listed_with_the_file(recorded):
@@ -121,3 +150,24 @@ def test_looser_compares_each_field_and_the_scale(tol, than, expected):
     from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 
     assert looser(Tolerance(**tol), Tolerance(**than)) is expected
+
+
+def test_calibration_never_writes_an_entry_the_run_would_refuse():
+    # the layer below gives atol 1.0 to a metric of magnitude 0.5: copying it into the file
+    # would hold an allowance of 2x the metric
+    spread = calibrate.Spread(rel=1e-5, abs=5e-6, step=0, dtype="float32", magnitude=0.5)
+    spread.of_magnitude = 1e-5
+    content = calibrate.document(
+        {"pg_loss": spread},
+        lambda name, dtype: calibrate.Tolerance(rtol=1e-4, atol=1.0, scale="recorded"),
+        runs=3,
+        perturbations=["threads"],
+        tests=["t"],
+        magnitude={"pg_loss": 0.5}.get,
+    )
+    assert content["tolerances"] == {}
+    refused = content["spreads"]["pg_loss"]["refused"]
+    assert refused == (
+        "atol 1 is beyond what tolerances.json may hold "
+        "(0.025: 0.05 x the largest recorded |pg_loss|, 0.5)"
+    )

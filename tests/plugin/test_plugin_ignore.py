@@ -104,3 +104,61 @@ def test_a_name_both_tolerated_and_ignored_is_a_usage_error(project):
     assert "'kl' has a tolerance in @pytest.mark.golden(tolerances=) and is ignored" in (
         result.stdout.str() + result.stderr.str()
     )
+
+
+# Training values whose names mention throughput, memory or seconds, and what verl, OpenRLHF,
+# TRL and transformers log about the machine (timing, throughput, memory).
+NAMES = """
+import json, pathlib
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+TRAINING = ["reward/throughput", "env/episode_seconds", "actor/memory_loss", "tokens_per_step"]
+MACHINE = ["timing_s/gen", "timing_per_token_ms/gen", "perf/throughput", "timing/generation",
+           "perf/max_memory_allocated_gb", "train_runtime", "train_samples_per_second",
+           "step_time"]
+
+
+def test_train(golden):
+    for step in range(2):
+        values = {name: 2.0 * V.get(name, 1.0) for name in [*TRAINING, *MACHINE]}
+        golden.check({"pg_loss": 0.5, **values}, step=step)
+"""
+TRAINING = ["reward/throughput", "env/episode_seconds", "actor/memory_loss", "tokens_per_step"]
+MACHINE = [
+    "timing_s/gen",
+    "timing_per_token_ms/gen",
+    "perf/throughput",
+    "timing/generation",
+    "perf/max_memory_allocated_gb",
+    "train_runtime",
+    "train_samples_per_second",
+    "step_time",
+]
+
+
+@pytest.mark.parametrize("args", [(), ("--golden-exact",)], ids=["default", "exact"])
+@pytest.mark.parametrize("name", TRAINING)
+def test_a_training_value_named_like_a_machine_measure_is_compared(
+    project, name, args, monkeypatch
+):
+    project.write(NAMES)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    project.set_values(**{name: 3.0})
+    monkeypatch.setenv("CI", "true")
+    result = project.run(*args)
+    result.assert_outcomes(failed=1)
+    assert project.mismatch_row(result, name)["actual"] == "6.0"
+
+
+def test_machine_measures_are_not_compared_and_each_is_named(project, monkeypatch):
+    project.write(NAMES)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    project.set_values(**dict.fromkeys(MACHINE, 3.0))
+    monkeypatch.setenv("CI", "true")
+    result = project.run("--golden-exact")
+    result.assert_outcomes(passed=1)
+    line = next(x for x in result.outlines if x.strip().startswith("test_it.py::test_train:"))
+    for name in MACHINE:
+        assert f"{name} " in line or f"{name}," in line, (name, line)

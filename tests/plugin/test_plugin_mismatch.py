@@ -141,3 +141,54 @@ def test_an_unknown_marker_bound_fails_the_test_naming_it(project):
         result.stderr.str()
     )
     assert result.ret != 0
+
+
+def test_a_mask_that_selects_no_token_fails_as_check_tensors_does(project):
+    """Every metric of an empty mask is 0: a regression in the masking code must not pass."""
+    project.write(SOURCE.replace("return train, rollout, mask", "return train, rollout, 0 * mask"))
+    project.set_values(shift=0.5)  # every bound would fail, were a token compared
+    for args in ((), ("--golden-strict",)):
+        result = project.run(*args)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            [
+                "*'mismatch/response_mask' (step 0)*",
+                "    the mask selects none of the 8 positions: nothing was compared*",
+            ]
+        )
+        assert not (project.golden / "test_it").exists()  # zeros are never recorded
+
+
+@pytest.mark.parametrize("bound", ["-inf", "nan"])
+def test_a_bound_of_minus_inf_or_nan_is_refused_naming_the_source(project, bound):
+    write(project)
+    project.set_values(shift=0.001)
+    result = project.run("--golden-mismatch-bound", f"k3_kl<={bound}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*--golden-mismatch-bound 'k3_kl<={bound}': *or inf, which switches the bound off"]
+    )
+    project.set_values(shift=0.001, call={"k3_kl": float(bound)})
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert "golden.check_mismatch(bounds=) 'k3_kl': " in result.stdout.str()
+
+
+def test_a_bound_switched_off_with_inf_is_listed(project):
+    write(project)
+    project.set_values(shift=0.001, spike=0.5, call={"token_mult_prob_error": float("inf")})
+    result = project.run(
+        "--golden-mismatch-bound", "gen_kl_error<=inf", "--golden-mismatch-bound", "k3_kl<=inf"
+    )
+    result.assert_outcomes(failed=1)  # abs_logprob_diff_mean is still bounded
+    out = result.stdout.str()
+    assert "bound mismatch/token_mult_prob_error" not in out
+    assert "bound mismatch/gen_kl_error" not in out
+    assert (
+        "mismatch/gen_kl_error<=inf, mismatch/k3_kl<=inf (step 0; --golden-mismatch-bound: "
+        "bound switched off)" in out
+    )
+    assert (
+        "mismatch/token_mult_prob_error<=inf (step 0; golden.check_mismatch(bounds=): "
+        "bound switched off)" in out
+    )

@@ -246,7 +246,7 @@ def test_bound_specs_parse_and_name_their_mistakes():
         session_bounds(["k3_kl<=1"], [], [])  # type: ignore[arg-type]
 
 
-def test_layers_stack_marker_over_cli_over_ini_over_defaults_and_inf_drops_one():
+def test_layers_stack_marker_over_cli_over_ini_over_defaults_and_inf_switches_one_off():
     bounds = session_bounds(
         {"k3_kl": 0.5},
         ["k3_kl<=0.2", "gen_kl_error<=0.02"],
@@ -255,10 +255,13 @@ def test_layers_stack_marker_over_cli_over_ini_over_defaults_and_inf_drops_one()
     assert bounds["k3_kl"] == Bound(0.5, "@pytest.mark.golden(mismatch_bounds=)")
     assert bounds["gen_kl_error"] == Bound(0.02, "--golden-mismatch-bound")
     assert bounds["chi2_token"] == Bound(1.0, "ini golden_mismatch_bounds")
-    assert "token_mult_prob_error" not in bounds
+    assert bounds["token_mult_prob_error"] == Bound(math.inf, "ini golden_mismatch_bounds")
+    assert bounds["token_mult_prob_error"].off and bounds["token_mult_prob_error"].holds(1e300)
     assert bounds["abs_logprob_diff_mean"] == DEFAULT_BOUNDS["abs_logprob_diff_mean"]
-    assert resolve(layer({"k3_kl": math.inf}, "call"), base=bounds).keys() == bounds.keys() - {
-        "k3_kl"
+    called = resolve(layer({"k3_kl": math.inf}, "call"), base=bounds)
+    assert {name for name, bound in called.items() if bound.off} == {
+        "k3_kl",
+        "token_mult_prob_error",
     }
     assert all(source.value > 0 and source.source for source in DEFAULT_BOUNDS.values())
     assert set(DEFAULT_BOUNDS) <= set(METRIC_NAMES)
@@ -385,4 +388,11 @@ def test_the_checker_catches_a_padding_leak_on_generated_batches(data):
     if bool(valid.all()):
         return
     with pytest.raises(AssertionError, match=r"^\[mismatch\."):
+        check_mismatch_metrics(padding_leak, batch)
+
+
+def test_the_checker_refuses_a_batch_without_a_valid_token():
+    """Every metric of an empty mask is 0: checking it would pass any implementation."""
+    batch = batch_of(rows=((0, 0, 0, 0), (0, 0, 0, 0)))
+    with pytest.raises(ValueError, match=r"the mask selects none of the 8 positions"):
         check_mismatch_metrics(padding_leak, batch)

@@ -429,11 +429,40 @@ def test_parse_spec_reads_a_scale():
 
 
 @pytest.mark.parametrize(
-    "name", ["timing_s/gen", "perf/throughput", "time/step", "tokens_per_second", "max_memory_gb"]
+    "name",
+    [
+        "timing_s/gen",
+        "timing_per_token_ms/gen",
+        "perf/throughput",
+        "perf/max_memory_allocated_gb",
+        "perf/mfu/actor",
+        "timing/generation",
+        "time/step",
+        "train_runtime",
+        "train/train_samples_per_second",
+        "step_time",
+    ],
 )
 def test_timing_throughput_and_memory_are_never_compared_by_default(name):
     tol, source = Stack().resolver().resolve(name)
     assert tol.ignore and "measures the machine" in source
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "reward/throughput",
+        "actor/memory_loss",
+        "env/episode_seconds",
+        "tokens_per_step",
+        "reward/timing_s",
+        "response_time",
+        "mfu_reward",
+    ],
+)
+def test_a_training_value_that_mentions_the_machine_is_compared(name):
+    tol, source = Stack().resolver().resolve(name)
+    assert not tol.ignore, source
 
 
 def test_a_tolerance_above_a_default_exclusion_compares_the_metric_again():

@@ -166,11 +166,19 @@ class GoldenFiles:
             out[filename] = self.load(filename, on_cpu=True)
             if filename == METRICS:
                 self._metrics = self._steps(out[filename])
-            if filename == TOLERANCES:  # decoded as replay decodes it
-                from ..tolerance.calibration import calibrated_layers
+        if TOLERANCES in out:  # decoded as replay decodes it, bounded by the recorded values
+            from ..tolerance.calibration import calibrated_layers
 
-                calibrated_layers(out[filename], self.directory / filename, layout_variant=True)
+            path = self.directory / TOLERANCES
+            calibrated_layers(out[TOLERANCES], path, layout_variant=True, magnitude=self.magnitude)
         return self.manifest, out
+
+    def magnitude(self, name: str) -> float | None:
+        """Metric ``name``'s largest recorded magnitude over every step (``None`` if never
+        recorded): what a ``tolerances.json`` entry of it is bounded by."""
+        from .checks import recorded_magnitude
+
+        return recorded_magnitude(self.metrics(), name)
 
     def calibrated_layers(
         self, *, layout_variant: bool = False
@@ -190,7 +198,9 @@ class GoldenFiles:
 
         def read() -> tuple[Layer | None, Layer | None]:
             document = self.load(TOLERANCES)
-            return calibrated_layers(document, path, layout_variant=layout_variant)
+            return calibrated_layers(
+                document, path, layout_variant=layout_variant, magnitude=self.magnitude
+            )
 
         return self.unless_damaged(TOLERANCES, read, (None, None))
 

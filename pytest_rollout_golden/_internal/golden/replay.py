@@ -41,6 +41,7 @@ from ..report.presentation import (
     missing_recording,
     never_recorded_metric,
     never_recorded_tensors,
+    nothing_selected,
     recorded_lines,
     regenerate_in_lane,
     stand_in_note,
@@ -389,42 +390,66 @@ class Golden:
 
         ``log_probs``: the trainer's log probs of the sampled tokens ``[B, T]``;
         ``rollout_log_probs``: the engine's; ``response_mask``: the valid tokens (bool,
-        int or float). ``bounds`` (``{metric: value}``, ``inf`` drops one) come before the
-        marker's, the command line's, the ini's and the defaults. A metric beyond its bound
-        fails the test when it ends, naming the bound, its source and the worst sequences
-        and tokens.
+        int or float; a mask that selects no token fails, as every metric would read 0).
+        ``bounds`` (``{metric: value}``, ``inf`` switches one off, listed as not compared)
+        come before the marker's, the command line's, the ini's and the defaults. A metric
+        beyond its bound fails the test when it ends, naming the bound, its source and the
+        worst sequences and tokens.
         """
         from ... import mismatch
+        from ...reference.masking import as_bool_mask
 
         if bounds is not None and not isinstance(bounds, Mapping):
             raise TypeError(f"check_mismatch(bounds=) takes {{metric: bound}}, got {bounds!r}")
         in_force = resolve(layer(bounds, CALL_SOURCE), base=self._mismatch_bounds)
         values = mismatch.metrics(log_probs, rollout_log_probs, response_mask)
+        if not bool(as_bool_mask(response_mask.detach()).any()):  # every metric reads 0
+            self._open()
+            text = nothing_selected(response_mask.numel(), "check_mismatch out")
+            failed = Comparison(
+                PREFIX + "response_mask", step, Verdict.FAIL, kind="mask", detail=text
+            )
+            self._outcome.comparisons.append(failed)
+            return [failed]
         results = self.check({PREFIX + name: v for name, v in values.items()}, step=step)
+        added = [
+            Comparison(
+                f"{PREFIX}{name}<=inf",
+                step,
+                Verdict.IGNORED,
+                kind=BOUND_KIND,
+                tolerance_source=f"{bound.source}: bound switched off",
+            )
+            for name, bound in in_force.items()
+            if bound.off
+        ]
         beyond = {name: b for name, b in in_force.items() if not b.holds(values[name])}
-        if not beyond:
-            return results
-        where = mismatch.locate(log_probs, rollout_log_probs, response_mask)
-        for name, bound in beyond.items():
-            value = values[name]
-            finite = value == value and abs(value) != float("inf")
-            text = mismatch_bound_exceeded(
-                PREFIX + name, value, bound.value, bound.source, step, where.sequences, where.tokens
-            )
-            results.append(
-                Comparison(
-                    PREFIX + name,
-                    step,
-                    Verdict.FAIL,
-                    kind=BOUND_KIND,
-                    actual=value,
-                    detail=text,
-                    tolerance_source=bound.source,
-                    excess=value / bound.value if finite and bound.value > 0 else float("inf"),
-                )
-            )
-        self._outcome.comparisons.extend(results[-len(beyond) :])
-        return results
+        if beyond:
+            where = mismatch.locate(log_probs, rollout_log_probs, response_mask)
+            added += [
+                self._beyond(PREFIX + n, values[n], b, step, where) for n, b in beyond.items()
+            ]
+        self._outcome.comparisons.extend(added)
+        return results + added
+
+    @staticmethod
+    def _beyond(name: str, value: float, bound: Bound, step: int, where: Any) -> Comparison:
+        """The failure of mismatch metric ``name`` beyond ``bound`` (``where``: the worst
+        sequences and tokens of the batch, :func:`.mismatch.locate`)."""
+        finite = value == value and abs(value) != float("inf")
+        text = mismatch_bound_exceeded(
+            name, value, bound.value, bound.source, step, where.sequences, where.tokens
+        )
+        return Comparison(
+            name,
+            step,
+            Verdict.FAIL,
+            kind=BOUND_KIND,
+            actual=value,
+            detail=text,
+            tolerance_source=bound.source,
+            excess=value / bound.value if finite and bound.value > 0 else float("inf"),
+        )
 
     @user_facing
     def check_tensors(
@@ -682,14 +707,19 @@ class Golden:
         return metric_codec.numbers(self._metrics)
 
     def calibration_sample(self) -> dict[str, Any]:
-        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, per tensor
-        its greatest distance to the golden (:func:`.calibrate.tensor_distances`), and the
-        names its tolerances (the marker's included) do not compare."""
+        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, their largest
+        recorded magnitudes, per tensor its greatest distance to the golden
+        (:func:`.calibrate.tensor_distances`), and the names its tolerances (the marker's
+        included) do not compare."""
         from ..tolerance.calibration import tensor_distances
 
         comparisons = self._outcome.comparisons
+        metrics = self.checked_metrics()
+        names = {name for values in metrics.values() for name in values}
+        magnitudes = {name: self._magnitude(name) for name in sorted(names)}
         return {
-            "metrics": self.checked_metrics(),
+            "metrics": metrics,
+            "magnitudes": {k: v for k, v in magnitudes.items() if v is not None},
             "tensors": tensor_distances(comparisons),
             "ignored": sorted({c.name for c in comparisons if c.verdict == Verdict.IGNORED}),
         }

@@ -173,7 +173,7 @@ def diff_goldens(
     and a lane's directory does not hold."""
     manifest_a, left = load_golden(a)
     manifest_b, right = load_golden(b)
-    calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES)
+    calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES, left.get(METRICS))
     resolver = tolerances.replace(calibrated=calibrated).resolver()
     result = GoldenDiff(label, str(a), str(b))
     skipped = {TOLERANCES}
@@ -193,12 +193,15 @@ def diff_goldens(
     return result
 
 
-def _calibrated(document: Any, path: Path) -> Layer | None:
+def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
+    """The layer of a golden's ``tolerances.json``, bounded by its recorded ``metrics``."""
     if document is None:
         return None
+    from ..golden.checks import recorded_magnitude
     from ..tolerance.calibration import calibrated_layer
 
-    return calibrated_layer(document, path)
+    steps = metrics["steps"] if metrics else {}
+    return calibrated_layer(document, path, functools.partial(recorded_magnitude, steps))
 
 
 def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:

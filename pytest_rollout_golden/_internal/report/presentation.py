@@ -148,11 +148,7 @@ def difference_detail(d: Difference) -> str:
     if d.problem == "dtype":
         return f"dtype {d.dtypes[1]} differs from the recorded {d.dtypes[0]}"
     if d.problem == "nothing selected":
-        return (
-            f"the mask selects none of the {d.positions} positions: nothing was compared "
-            "(a regression in the masking code?); leave the tensor out of check_tensors "
-            "where nothing is meant to be compared"
-        )
+        return nothing_selected(d.positions, "the tensor out of check_tensors")
     if d.ok or not d.shapes[0]:
         return ""
     lines = []
@@ -193,6 +189,16 @@ def _allowed_differences(d: Difference) -> tuple[str, str]:
     if d.scale:
         return f"{d.allowed_there:.3g}", f"{tol.rtol:.3g} of max(|expected|, {d.scale:.3g})"
     return f"{tol.atol:.3g}", f"{tol.rtol:.3g}"
+
+
+def nothing_selected(positions: int, leave_out: str) -> str:
+    """Why a comparison whose mask selects none of ``positions`` fails: nothing compared
+    is no pass (``leave_out``: what to leave out where nothing is meant to be compared)."""
+    return (
+        f"the mask selects none of the {positions} positions: nothing was compared "
+        f"(a regression in the masking code?); leave {leave_out} where nothing is meant "
+        "to be compared"
+    )
 
 
 def allowed(c: Comparison) -> str:
@@ -259,7 +265,7 @@ BOUND_REMEDY = (
     "A mismatch bound holds whatever the golden says (--update-golden does not lift it): "
     "fix the trainer or the engine, or set the bound for this test with "
     "@pytest.mark.golden(mismatch_bounds={metric: bound}) (or --golden-mismatch-bound, "
-    "ini golden_mismatch_bounds; inf drops one)."
+    "ini golden_mismatch_bounds; inf switches one off)."
 )
 BOUND_KIND = "mismatch bound"
 """The kind of a :class:`Comparison` against an absolute train–inference mismatch bound."""
@@ -717,6 +723,8 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
                 f"    refused: {row.get('lane', 'same layout')} {row['metric']}: {row['refused']}"
             )
     lines += [f"    {line}" for line in calibrated_variants(entry.get("variants", ()))]
+    for lane in entry.get("kept", ()):
+        lines.append(f"    kept from the earlier {TOLERANCES}: the {lane} lane (not measured now)")
     if entry["skipped"]:
         lines.append(f"    left out: {entry['skipped']}")
     return lines

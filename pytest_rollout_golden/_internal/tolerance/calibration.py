@@ -27,7 +27,13 @@ be relative to; its spread is absolute::
 Calibration writes nothing it could not defend, and says why in the summary: an rtol beyond
 ``MAX_RTOL`` (0.05), an atol at rounding level beyond ``MAX_ATOL`` (1e-5: 10x the rounding
 level, 100x below a loss that stops cancelling), an atol around 0 beyond ``MAX_RTOL`` x the
-metric's largest magnitude: a check that cannot fail is a defect, not a tolerance.
+metric's largest magnitude: a check that cannot fail is a defect, not a tolerance. Whoever
+wrote the file, the run, ``verify`` and calibration bound every entry alike
+(:func:`entry_problem`).
+
+Calibration rewrites only the lanes it measured: the golden's own lane from the runs of the
+tests that record it (never a variant that replays it), the variant lane from two variants or
+more; a lane not measured is kept as the file holds it.
 
 A metric whose runs agree bit for bit gets no entry: it keeps the tight
 default; nor does one whose measured tolerance equals the default. The result is
@@ -94,6 +100,17 @@ DTYPE_FLOOR = 4.0
 EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
 SOURCE = "calibrated (tolerances.json)"
 LAYOUT_SOURCE = "calibrated variant lane (tolerances.json)"
+# The two lanes of tolerances.json and their sections: a calibration rewrites only the lanes it
+# measured, and keeps the others as the file holds them.
+SAME, ACROSS = "same layout", "across variants"
+LANES = {
+    SAME: ("tolerances", "spreads"),
+    ACROSS: ("layout_tolerances", "layout_spreads", "variants"),
+}
+VARIANT_ALONE = (
+    "only a variant that replays this golden ran: its runs measure neither the reference's "
+    "lane nor a variant lane; select the reference too (or two variants or more)"
+)
 # The largest rtol calibration writes: runs of correct code that differ by more than 5% differ
 # by more than the order of their sums (a non-deterministic op, sampling left on).
 MAX_RTOL = 0.05
@@ -119,18 +136,27 @@ MAX_ATOL = 1e-5
 OUTLIER = 10.0
 
 
-def calibrated_layer(document: Any, path: Path) -> Layer:
+Magnitude = Callable[[str], float | None]  # a metric's largest recorded |value|, if any
+
+
+def _unknown(name: str) -> float | None:
+    return None
+
+
+def calibrated_layer(document: Any, path: Path, magnitude: Magnitude = _unknown) -> Layer:
     """The resolution layer of a ``tolerances.json`` document."""
-    return calibrated_layers(document, path)[0]
+    return calibrated_layers(document, path, magnitude=magnitude)[0]
 
 
 def calibrated_layers(
-    document: Any, path: Path, *, layout_variant: bool = False
+    document: Any, path: Path, *, layout_variant: bool = False, magnitude: Magnitude = _unknown
 ) -> tuple[Layer, Layer | None]:
     """The layers of a ``tolerances.json`` document: calibrated, and calibrated variant lane.
 
     Only a ``layout_variant`` (a variant replaying another's golden) gets the lane
-    measured across variants, when the document has one.
+    measured across variants, when the document has one. Every entry of both is bounded
+    (:func:`entry_problem`; ``magnitude``: the golden's recorded magnitude of a metric);
+    a file holding one beyond is refused whole.
     """
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise GoldenFormatError(
@@ -138,7 +164,7 @@ def calibrated_layers(
             "`pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
         )
     for key in ("tolerances", "layout_tolerances"):
-        problem = _unwritable(document.get(key, {}), key)
+        problem = _unwritable(document.get(key, {}), key, magnitude)
         if problem:
             raise GoldenFormatError(
                 f"{path}: {problem}: calibration never writes that, so this file was edited; "
@@ -152,33 +178,70 @@ def calibrated_layers(
     return same_layout, lane
 
 
-def _unwritable(entries: Any, key: str) -> str:
+def _unwritable(entries: Any, key: str, magnitude: Magnitude) -> str:
     """What in ``entries`` (a section of tolerances.json) calibration could not have written
-    ("" when nothing): bounded, finite numbers of the fields it writes, no exclusions."""
+    ("" when nothing): :func:`entry_problem` of each entry."""
     if not isinstance(entries, dict):
         return f"{key} must be an object of metric name -> tolerance"
     for name, entry in entries.items():
-        where = f"{key} entry {name!r}"
-        if not isinstance(entry, dict):
-            return f"{where} must be an object of {', '.join(_WRITTEN)}"
-        for field in entry:
-            if field not in _WRITTEN:
-                return f"{where}: {field!r} is not something calibration writes"
-        for field in ("rtol", "atol"):
-            value = entry.get(field, 0.0)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not number or not math.isfinite(value) or value < 0:
-                return f"{where}: {field} must be a finite number >= 0, got {value!r}"
-        if entry.get("rtol", 0.0) > MAX_RTOL:
-            return f"{where}: rtol {entry['rtol']:g} is beyond what calibration writes ({MAX_RTOL})"
-        scale = entry.get("scale", 0.0)
-        if scale != RECORDED and not (
-            isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0
-        ):
-            return f"{where}: scale must be 'recorded' or a finite number >= 0, got {scale!r}"
-        if not isinstance(entry.get("equal_nan", False), bool):
-            return f"{where}: equal_nan must be true or false"
+        problem = entry_problem(entry, name, magnitude(name))
+        if problem:
+            return f"{key} entry {name!r}: {problem}"
     return ""
+
+
+def entry_problem(entry: Any, name: str, magnitude: float | None) -> str:
+    """Why one entry of ``tolerances.json`` may not be there ("" when it may): only the
+    fields calibration writes, finite numbers >= 0, no exclusion, ``rtol`` within
+    :data:`MAX_RTOL`, and an absolute allowance (``atol``, plus ``rtol x scale`` for a
+    numeric scale) within :func:`allowance_cap` of the metric's recorded ``magnitude``
+    (none for a pattern, which may match other values than ``name``).
+
+    The one validator of the file: the run, ``rollout-golden verify``, ``diff`` and
+    calibration itself (before it writes) all apply it.
+    """
+    if not isinstance(entry, dict):
+        return f"must be an object of {', '.join(_WRITTEN)}"
+    for field in entry:
+        if field not in _WRITTEN:
+            return f"{field!r} is not something calibration writes"
+    for field in ("rtol", "atol"):
+        value = entry.get(field, 0.0)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            return f"{field} must be a finite number >= 0, got {value!r}"
+    rtol, atol, scale = entry.get("rtol", 0.0), entry.get("atol", 0.0), entry.get("scale", 0.0)
+    if rtol > MAX_RTOL:
+        return f"rtol {rtol:g} is beyond what calibration writes ({MAX_RTOL})"
+    numeric = isinstance(scale, (int, float)) and not isinstance(scale, bool)
+    if scale != RECORDED and not (numeric and math.isfinite(scale) and scale >= 0):
+        return f"scale must be 'recorded' or a finite number >= 0, got {scale!r}"
+    if not isinstance(entry.get("equal_nan", False), bool):
+        return "equal_nan must be true or false"
+    pattern = any(c in name for c in "*?[")  # a glob, as Layer reads it
+    cap, why = allowance_cap(name, None if pattern else magnitude)
+    if atol > cap:
+        return f"atol {atol:g} is beyond what tolerances.json may hold ({cap:g}: {why})"
+    floor = rtol * scale if numeric else 0.0
+    if atol + floor > cap:
+        return (
+            f"scale {scale:g} gives rtol x scale = {floor:g} (plus atol {atol:g}), beyond what "
+            f"tolerances.json may hold ({cap:g}: {why})"
+        )
+    return ""
+
+
+def allowance_cap(name: str, magnitude: float | None) -> tuple[float, str]:
+    """The largest absolute allowance an entry of ``tolerances.json`` may hold, and why:
+    :data:`MAX_RTOL` x the metric's largest recorded magnitude (what calibration writes
+    around 0), at least :data:`MAX_ATOL` (what it writes at rounding level, torch.testing's
+    atol of every float dtype); :data:`MAX_ATOL` alone where no recorded value gives a
+    magnitude (a pattern, a tensor, a name never recorded)."""
+    if magnitude is None or not math.isfinite(magnitude):
+        return MAX_ATOL, "no recorded value of it gives a magnitude"
+    if MAX_RTOL * magnitude <= MAX_ATOL:
+        return MAX_ATOL, f"the rounding level cap, as |{name}| <= {magnitude:.3g}"
+    return MAX_RTOL * magnitude, f"{MAX_RTOL} x the largest recorded |{name}|, {magnitude:.3g}"
 
 
 # --------------------------------------------------------------------------- perturbations
@@ -405,9 +468,10 @@ def refusal(tol: Tolerance, base: Tolerance, spread: Spread) -> str:
 
 
 def _section(
-    found: Mapping[str, Spread], base: Callable[[str, str], Tolerance]
+    found: Mapping[str, Spread], base: Callable[[str, str], Tolerance], magnitude: Magnitude
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Tolerances derived from ``found`` spreads, and the table of spreads they come from."""
+    """Tolerances derived from ``found`` spreads, and the table of spreads they come from;
+    an entry the file may not hold (:func:`entry_problem`) is refused."""
     tolerances, table = {}, {}
     for name, spread in sorted(found.items()):
         below = base(name, spread.dtype)
@@ -423,16 +487,17 @@ def _section(
             entry["kept"] = "the measured tolerance is the default"
             entry["why"] = "= measured"
             continue
-        refused = refusal(tol, below, spread)
+        written = {"rtol": tol.rtol, "atol": tol.atol}
+        if tol.scale:
+            written["scale"] = tol.scale
+        if tol.equal_nan:
+            written["equal_nan"] = True
+        refused = refusal(tol, below, spread) or entry_problem(written, name, magnitude(name))
         if refused:
             entry["kept"] = f"{refused}; the default tolerance applies"
             entry["why"], entry["refused"] = "over the cap", refused
             continue
-        tolerances[name] = {"rtol": tol.rtol, "atol": tol.atol}
-        if tol.scale:
-            tolerances[name]["scale"] = tol.scale
-        if tol.equal_nan:
-            tolerances[name]["equal_nan"] = True
+        tolerances[name] = written
     return tolerances, table
 
 
@@ -471,6 +536,7 @@ def document(
     layouts: Sequence[str] = (),
     across_base: Callable[[str, str], Tolerance] | None = None,
     variants: Mapping[str, Any] | None = None,
+    magnitude: Magnitude = _unknown,
 ) -> dict[str, Any]:
     """The content of ``tolerances.json``: tolerances, and the spreads they come from.
 
@@ -478,9 +544,10 @@ def document(
     ``layouts`` the lane kept, which become the calibrated variant lane, over
     ``across_base`` (default ``base``): the tolerances a variant has below that lane;
     ``variants``: per variant test, its distances to the reference and what was excluded
-    (:func:`variant_lane`).
+    (:func:`variant_lane`); ``magnitude``: each metric's recorded magnitude, which bounds
+    what the file may hold (:func:`entry_problem`).
     """
-    tolerances, table = _section(found, base)
+    tolerances, table = _section(found, base, magnitude)
     content: dict[str, Any] = {
         "format": FORMAT,
         "version": 1,
@@ -495,7 +562,7 @@ def document(
         "spreads": table,
     }
     if across_layouts is not None:
-        lane, lane_table = _section(across_layouts, across_base or base)
+        lane, lane_table = _section(across_layouts, across_base or base, magnitude)
         content["how"]["layouts"] = list(layouts)
         content["how"]["outlier"] = (
             f"a variant whose distance exceeds {OUTLIER:g} x max(median distance of the other "
@@ -512,12 +579,16 @@ def writes_nothing(content: Mapping[str, Any]) -> bool:
     return not content["tolerances"] and not content.get("layout_tolerances")
 
 
-def write(directory: Path, content: Mapping[str, Any] | None) -> bool:
+def write(
+    directory: Path, content: Mapping[str, Any] | None, *, carry: Collection[str] = ()
+) -> bool:
     """Put ``tolerances.json`` into the golden ``directory``, listed in its manifest, or
     with ``content`` ``None`` take away the one there; whether the golden changed.
 
-    The golden is re-committed as a whole (its other files kept as they are),
-    under its lock, like any other update of it.
+    ``carry``: the lanes (:data:`LANES`) this calibration did not measure, taken as the file
+    there holds them (:func:`carried`); a file left with no entry in either is removed. The
+    golden is re-committed as a whole (its other files kept as they are), under its lock,
+    like any other update of it.
     """
     from ... import store
 
@@ -529,13 +600,22 @@ def write(directory: Path, content: Mapping[str, Any] | None) -> bool:
                 f"{directory}: no golden to calibrate (it was never recorded); record it "
                 "first (`pytest --update-golden` on its test), then calibrate"
             )
-        if content is None and TOLERANCES not in manifest["files"]:
+        info = manifest["files"].get(TOLERANCES)
+        if content is not None and carry and info is not None:
+            try:
+                earlier = store.read_json(directory / TOLERANCES, expect_digest=info["digest"])
+            except GoldenFormatError:
+                earlier = None  # a damaged file is dropped, as --update-golden drops it
+            content = carried(content, earlier, carry)
+        if content is not None and writes_nothing(content):
+            content = None
+        if content is None and info is None:
             return False
         tx = store.Transaction(directory)
         try:
-            for filename, info in manifest["files"].items():
+            for filename, kept in manifest["files"].items():
                 if filename != TOLERANCES:
-                    tx.keep(filename, info)
+                    tx.keep(filename, kept)
             if content is not None:
                 # The environment whose noise this is: the golden's (runs differ only as
                 # perturbed).
@@ -549,6 +629,27 @@ def write(directory: Path, content: Mapping[str, Any] | None) -> bool:
             tx.abort()
             raise
     return True
+
+
+def carried(content: Mapping[str, Any], earlier: Any, lanes: Collection[str]) -> dict[str, Any]:
+    """``content`` with the ``lanes`` it did not measure taken from ``earlier`` (the file's
+    document), named under ``how.kept``; a lane ``earlier`` has no entry in stays out."""
+    out = {**content, "how": dict(content["how"])}
+    if not isinstance(earlier, dict) or earlier.get("format") != FORMAT:
+        return out
+    kept = []
+    for lane in lanes:
+        sections = LANES[lane]
+        if not earlier.get(sections[0]):
+            continue
+        kept.append(lane)
+        out.update({key: earlier[key] for key in sections if key in earlier})
+        if lane == ACROSS:
+            how = earlier.get("how", {})
+            out["how"].update({k: how[k] for k in ("layouts", "outlier") if k in how})
+    if kept:
+        out["how"]["kept"] = sorted(kept, key=list(LANES).index)
+    return out
 
 
 def _below(resolver: Resolver, ignored: Collection[str], name: str, dtype: str) -> Tolerance:
@@ -592,8 +693,12 @@ def calibrate_goldens(
         ignored = {n for runs in usable.values() for run in runs for n in run.get("ignored", ())}
         across_base = functools.partial(_below, variant_resolver or resolver, ignored)
         lane = variant_lane(usable, of_layout, replaying, across_base)
+        own = {t: r for t, r in usable.items() if t not in replaying}  # the golden's own tests
+        if not own and lane is None:
+            out.append({"directory": directory, "skipped": VARIANT_ALONE, "rows": []})
+            continue
         content = document(
-            _same_layout_spreads(usable, replaying),
+            _same_layout_spreads(own, replaying),
             functools.partial(_below, resolver, ignored),
             runs=runs,
             perturbations=perturbations,
@@ -602,9 +707,22 @@ def calibrate_goldens(
             layouts=sorted(set(of_layout.values())),
             across_base=across_base,
             variants=lane[1] if lane else None,
+            magnitude=_recorded_magnitudes(usable),
         )
-        out.append(_write_calibrated(directory, content, left_out))
+        carry = [name for name, measured in ((SAME, own), (ACROSS, lane)) if not measured]
+        out.append(_write_calibrated(directory, content, left_out, carry))
     return out
+
+
+def _recorded_magnitudes(usable: Mapping[str, Sequence[Any]]) -> Magnitude:
+    """Each metric's largest recorded magnitude, the smallest any run saw (a run that
+    recorded the golden saw none): what the run will bound the entry by."""
+    found: dict[str, float] = {}
+    for test_runs in usable.values():
+        for run in test_runs:
+            for name, magnitude in run.get("magnitudes", {}).items():
+                found[name] = min(magnitude, found.get(name, math.inf))
+    return found.get
 
 
 def _same_layout_spreads(
@@ -827,24 +945,34 @@ def _median_run(means: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, d
 
 
 def _write_calibrated(
-    directory: str, content: dict[str, Any], left_out: Mapping[str, str]
+    directory: str, content: dict[str, Any], left_out: Mapping[str, str], carry: Sequence[str]
 ) -> dict[str, Any]:
-    """Write ``content`` as ``directory``'s tolerances.json (or remove the file where it
-    writes nothing); the summary entry of the golden."""
-    nothing = writes_nothing(content)
+    """Write ``content`` as ``directory``'s tolerances.json, keeping the lanes ``carry``
+    names as the file holds them (or remove the file where nothing is left); the summary
+    entry of the golden."""
+    path = Path(directory) / TOLERANCES
     try:
-        changed = write(Path(directory), None if nothing else content)
+        changed = write(Path(directory), content, carry=carry)
     except GoldenError as exc:  # e.g. never recorded: the other goldens still calibrate
         reason = str(exc).removeprefix(f"{directory}: ")
         return {"directory": directory, "skipped": reason, "rows": []}
+    nothing = writes_nothing(content)
     return {
         "directory": directory,
         "skipped": "; ".join(f"{t}: {why}" for t, why in sorted(left_out.items())),
         "rows": _summary_rows(content),
         "variants": _notable_variants(content),
         "written": not nothing,
-        "removed": nothing and changed,
+        "removed": nothing and changed and not path.exists(),
+        "kept": _kept(path) if carry else [],
     }
+
+
+def _kept(path: Path) -> list[str]:
+    """The lanes the written ``tolerances.json`` at ``path`` kept from the earlier one."""
+    from ... import store
+
+    return store.read_json(path)["how"].get("kept", []) if path.exists() else []
 
 
 def _summary_rows(content: Mapping[str, Any]) -> list[dict[str, Any]]:

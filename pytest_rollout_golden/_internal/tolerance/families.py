@@ -119,17 +119,26 @@ BUILTIN_NAMES: dict[str, str] = {
     ),
 }
 
-# Timing, throughput and memory: they measure the machine, not the math.
+# Timing, throughput and memory: they measure the machine, not the math, and differ at every
+# run, so not even the exact lane compares them. Only names frameworks give such measures: a
+# first path segment that says so (verl timing_s/gen, timing_per_token_ms/*, perf/throughput,
+# perf/max_memory_allocated_gb, perf/mfu/actor; OpenRLHF and NeMo-RL timing/*; ROLL time/*;
+# slime perf/*), and whole names, matched as a name or its last path segment (transformers'
+# Trainer train_runtime, train_samples_per_second...; TRL step_time). A name that only
+# mentions throughput, memory or seconds (reward/throughput, actor/memory_loss,
+# env/episode_seconds, tokens_per_step) is a training value, and compared.
 MACHINE = (
-    "timing*/*",
+    "timing/*",
+    "timing_s/*",
+    "timing_per_token_ms/*",
     "time/*",
     "perf/*",
-    "*throughput*",
-    "*tokens_per_s*",
-    "*_time",
-    "*_seconds",
-    "*memory*",
-    "mfu*",
+    *(
+        f"{split}_{what}"
+        for split in ("train", "eval")
+        for what in ("runtime", "samples_per_second", "steps_per_second")
+    ),
+    "step_time",
 )
 MACHINE_REASON = "timing, throughput or memory: measures the machine (built-in)"
 
@@ -184,7 +193,7 @@ PROFILES: dict[str, Profile] = {
             },
             # status dicts are averaged over micro-batches before they are logged
             per_micro_batch=("ppo_clip_ratio", "ppo_kl", "kl"),
-            not_compared=("*generate_time*", "*_time"),
+            not_compared=("timing/*", "generate_time"),
         ),
         Profile(
             "trl",
@@ -218,7 +227,7 @@ PROFILES: dict[str, Profile] = {
                 "rollout/*": "training",
             },
             per_micro_batch=("train/pg_clipfrac", "train/ppo_kl"),
-            not_compared=("perf/*", "*time*"),
+            not_compared=("perf/*",),
         ),
     )
 }

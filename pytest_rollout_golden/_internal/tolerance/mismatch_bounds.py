@@ -10,7 +10,8 @@ Layers, highest first::
     ini golden_mismatch_bounds (one per line)      ini
     DEFAULT_BOUNDS (published thresholds)          default
 
-A bound of ``inf`` switches a default off. Torch-free: the plugin checks the specs at
+A bound of ``inf`` switches a bound off (the run lists it as ``METRIC<=inf``); NaN and
+``-inf`` are refused (no value passes them). Torch-free: the plugin checks the specs at
 start-up without importing torch. The metrics themselves are computed by
 :mod:`.mismatch`.
 """
@@ -56,8 +57,13 @@ class Bound:
     source: str
 
     def holds(self, observed: float) -> bool:
-        """Whether ``observed`` is within the bound (NaN is not)."""
-        return observed <= self.value
+        """Whether ``observed`` is within the bound (NaN is not), or the bound is off."""
+        return self.off or observed <= self.value
+
+    @property
+    def off(self) -> bool:
+        """Whether the bound is switched off (``inf``)."""
+        return math.isinf(self.value)
 
 
 DEFAULT_BOUNDS: dict[str, Bound] = {
@@ -79,15 +85,20 @@ DEFAULT_BOUNDS: dict[str, Bound] = {
 
 
 def parse_value(value: Any, where: str) -> float:
-    """A bound's number: finite or ``inf``, not NaN, not a bool (ValueError naming ``where``)."""
+    """A bound's number: finite or ``inf`` (off), not NaN nor ``-inf``, which no value
+    passes, not a bool (ValueError naming ``where``)."""
     if isinstance(value, bool):
         raise ValueError(f"{where}: a bound must be a number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{where}: {value!r} is not a number") from None
-    if math.isnan(number):
-        raise ValueError(f"{where}: a bound cannot be NaN")
+    if math.isnan(number) or number == -math.inf:
+        raise ValueError(
+            f"{where}: a bound cannot be {'NaN' if number != number else '-inf'}: no value "
+            "passes it; give a number, "
+            "or inf, which switches the bound off"
+        )
     return number
 
 
@@ -136,12 +147,12 @@ def layer(entries: Mapping[str, Any] | Iterable[str] | None, source: str) -> dic
 def resolve(
     *layers: Mapping[str, Bound], base: Mapping[str, Bound] = DEFAULT_BOUNDS
 ) -> dict[str, Bound]:
-    """The bounds in force: ``layers`` highest first over ``base`` (the defaults);
-    a bound of ``inf`` drops the metric's bound."""
+    """The bounds in force: ``layers`` highest first over ``base`` (the defaults); a
+    bound of ``inf`` stays, switched off (:attr:`Bound.off`), so that the run can say so."""
     merged = dict(base)
     for entries in reversed(layers):
         merged.update(entries)
-    return {name: bound for name, bound in merged.items() if not math.isinf(bound.value)}
+    return merged
 
 
 MARKER_SOURCE = "@pytest.mark.golden(mismatch_bounds=)"
