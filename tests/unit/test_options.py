@@ -139,7 +139,7 @@ def test_the_closest_marker_wins():
     ("found", "message"),
     [
         ([(("x",), {})], "takes keywords only"),
-        ([((), {"tolerance": {}})], r"unknown @pytest.mark.golden option\(s\) \['tolerance'\]"),
+        ([((), {"tolerance": {}})], r"unknown option tolerance= \(did you mean 'tolerances'\?\)"),
         ([((), {"key": "a", "shared": "b"})], "key= and shared= exclude each other"),
     ],
 )
@@ -227,12 +227,12 @@ def test_prune_deletes_goldens_of_gone_files_and_empty_folders(tmp_path):
     goldens = [(gone_file, None), (kept_file, tmp_path / "test_here.py"), (shared, None)]
     assert prune.gone(root, gone_file, None)
     assert not prune.gone(root, shared, None)  # a shared golden has no test file of its own
-    result = prune.prune(root, goldens, tests=False)
+    result = prune.prune(root, tmp_path, goldens, tests=False)
     assert result.deleted == [gone_file]
     assert not (root / "test_gone").exists()
     assert kept_file.is_dir() and shared.is_dir()
     assert "kept 2 unused golden(s) of test files that still exist" in result.notes[0]
-    result = prune.prune(root, goldens[1:], tests=True)
+    result = prune.prune(root, tmp_path, goldens[1:], tests=True)
     assert result.deleted == [kept_file, shared] and result.notes == []
 
 
@@ -240,11 +240,12 @@ def test_prune_keeps_files_it_does_not_own_and_refuses_a_partial_run(tmp_path):
     root = tmp_path / "golden"
     golden = _golden(root / "test_gone" / "test_a")
     (golden / "notes.txt").write_text("mine")
-    result = prune.prune(root, [(golden, None)], tests=False)
-    assert result.deleted == [] and "notes.txt" in result.notes[0]
+    result = prune.prune(root, tmp_path, [(golden, None)], tests=False)
+    assert result.deleted == [golden]  # its files: the directory stays for the user's file
+    assert "but kept its directory" in result.notes[0] and "notes.txt" in result.notes[0]
     assert [p.name for p in golden.iterdir()] == ["notes.txt"]  # only the golden's own files
     other = _golden(root / "test_other" / "test_b")
-    result = prune.prune(root, [(other, None)], tests=True, refused="tests failed")
+    result = prune.prune(root, tmp_path, [(other, None)], tests=True, refused="tests failed")
     assert result.notes == ["--golden-prune skipped: tests failed; nothing was deleted"]
     assert json.loads((other / "manifest.json").read_text())["test"] == "t"
 
