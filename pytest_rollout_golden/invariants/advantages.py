@@ -23,6 +23,7 @@ from .comparison import (
     fail,
     fmt,
     positions,
+    require_fields,
     resolve_tolerance,
     token_tensor,
     unit_roundoff,
@@ -443,6 +444,8 @@ def check_advantages(
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    needed = ("token_level_rewards", "response_mask") + (() if group_size else ("uid",))
+    require_fields(batch, needed, "check_advantages", "reward_batches()")
     run = _AdvantageRun(
         fn,
         batch,
