@@ -140,12 +140,17 @@ def accepts(fn: Callable[..., Any], name: str) -> bool:
 def require_fields(batch: Batch, fields: Sequence[str], checker: str, strategy: str) -> None:
     """Stop with a message naming the missing fields and the strategy that draws them, rather
     than a bare ``KeyError`` from deep inside a checker."""
-    keys = batch.keys() if isinstance(batch, Mapping) else ()
+    if not callable(getattr(batch, "keys", None)):
+        raise TypeError(
+            f"{checker} takes a batch of named tensors (a dict or a TensorDict), got "
+            f"{type(batch).__name__}: draw one from pytest_rollout_golden.strategies.{strategy}"
+        )
+    keys = [str(key) for key in batch.keys()]  # noqa: SIM118 (a TensorDict iterates over rows)
     missing = [name for name in fields if name not in keys]
     if missing:
         raise ValueError(
             f"{checker} needs batch fields {missing} (it reads {list(fields)}; the batch has "
-            f"{sorted(map(str, keys))}): draw batches from "
+            f"{sorted(keys)}): draw batches from "
             f"pytest_rollout_golden.strategies.{strategy} or add the fields"
         )
 

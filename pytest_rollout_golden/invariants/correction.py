@@ -442,8 +442,10 @@ def _rs_decisions(
     valid = as_bool_mask(mask)
     acc = accumulation_roundoff(eps)
     log_ratio = old64 - rollout64
-    bound = corr.SAFETY_BOUND if clamp else corr.EXACT_BOUND
-    lr = log_ratio.where(valid, torch.zeros_like(log_ratio)).clamp(-bound, bound)
+    lr = log_ratio.where(valid, torch.zeros_like(log_ratio))
+    lr = (
+        lr.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND) if clamp else lr.clamp(max=corr.EXACT_BOUND)
+    )
     lr_error = old64.abs() + rollout64.abs()  # what rounding of log ratios scales with
     keep = valid.clone()
     ambiguous = torch.zeros_like(valid)

@@ -49,7 +49,8 @@ SAFETY_BOUND = 20.0
 """Log-space clamp applied before every exponentiation of a log ratio."""
 
 EXACT_BOUND = 700.0
-"""With ``clamp=False`` (exact weights), the only clamp left: where float64 ``exp`` overflows."""
+"""With ``clamp=False`` (exact weights and statistics), the only clamp left, from above: where
+float64 ``exp`` overflows."""
 
 NORMALIZE_MIN = 1e-8
 """Batch normalization is skipped when the mean weight is at or below this value."""
@@ -284,9 +285,8 @@ def safe_log_ratio(old_log_prob: Tensor, rollout_log_prob: Tensor) -> Tensor:
 
 def token_divergence(log_ratio: Tensor, estimator: str, *, clamp: bool = True) -> Tensor:
     """Per-token k1, k2 or k3 of a log ratio, clamped to ±20 first (verl); ``clamp=False``:
-    exact, clamped only where float64 ``exp`` would overflow (±700)."""
-    bound = SAFETY_BOUND if clamp else EXACT_BOUND
-    lr = log_ratio.clamp(-bound, bound)
+    exact, clamped only above +700, where float64 ``exp`` would overflow."""
+    lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND) if clamp else log_ratio.clamp(max=EXACT_BOUND)
     if estimator == "k1":
         return -lr
     if estimator == "k2":
