@@ -110,6 +110,15 @@ def whitened(gae, whiten):
 # --------------------------------------------------------------------------- RS and IS
 
 
+def scaled_down(batch, factor):
+    """The batch with every valid log ratio ``old - rollout`` made ``-factor·|old - rollout|``:
+    down to about -750, where ``exp`` underflows (upwards it would overflow to inf)."""
+    valid = as_bool_mask(batch["response_mask"])
+    old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
+    wide = rollout - (old - rollout).abs() * factor
+    return {**batch, "old_log_probs": torch.where(valid, wide, old)}
+
+
 def exact_divergence(log_ratio, estimator):
     """Per-token k1/k2/k3 of the exact log ratio (no ±20 clamp)."""
     if estimator == "k1":

@@ -11,7 +11,6 @@ from hunting import finds, hunt, passes
 from hypothesis import given, strategies as st
 
 from pytest_rollout_golden import invariants, reference as ref
-from pytest_rollout_golden.reference.masking import as_bool_mask
 from pytest_rollout_golden.strategies import (
     is_thresholds,
     rollout_batches,
@@ -81,15 +80,6 @@ def test_exact_weight_that_underflows_is_accepted():
     invariants.check_is_weights(exact, batch, level="token", threshold=None)
 
 
-def _scaled_down(batch, factor):
-    """The batch with every valid log ratio ``old - rollout`` made ``-factor·|old - rollout|``:
-    down to about -750, where ``exp`` underflows (upwards it would overflow to inf)."""
-    valid = as_bool_mask(batch["response_mask"])
-    old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
-    wide = rollout - (old - rollout).abs() * factor
-    return {**batch, "old_log_probs": torch.where(valid, wide, old)}
-
-
 @passes(200)
 @given(
     rollout_batches(),
@@ -100,7 +90,7 @@ def _scaled_down(batch, factor):
 def test_exact_is_weights_with_huge_log_ratios_pass(batch, level, threshold, normalize):
     fn = guarded.is_weights(level, threshold, normalize, delta=1e-8, clamp=False)
     invariants.check_is_weights(
-        fn, _scaled_down(batch, 30.0), level=level, threshold=threshold, batch_normalize=normalize
+        fn, fw.scaled_down(batch, 30.0), level=level, threshold=threshold, batch_normalize=normalize
     )
 
 

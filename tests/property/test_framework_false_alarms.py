@@ -11,7 +11,6 @@ import guarded
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
-from test_framework_arithmetic import _scaled_down
 
 from pytest_rollout_golden import invariants, reference as ref
 from pytest_rollout_golden.reference.masking import as_bool_mask
@@ -48,7 +47,7 @@ def _exact_is(batch, config):
     level, threshold, normalize = config
     fn = guarded.is_weights(level, threshold, normalize, delta=1e-8, clamp=False)
     invariants.check_is_weights(
-        fn, _scaled_down(batch, 30.0), level=level, threshold=threshold, batch_normalize=normalize
+        fn, fw.scaled_down(batch, 30.0), level=level, threshold=threshold, batch_normalize=normalize
     )
 
 
