@@ -554,6 +554,7 @@ class _RSRun:
         return bool((self.valid & (log_ratio.abs() > corr.SAFETY_BOUND)).any())
 
     def reference(self, clamp: bool) -> tuple[Tensor, Tensor, list[Any]]:
+        """The reference decisions from clamped (verl) or exact statistics."""
         return _rs_decisions(self.batch, self.criteria, self.eps, self.rtol, self.atol, clamp=clamp)
 
     @cached_property
