@@ -20,6 +20,7 @@ import torch
 from hypothesis import strategies as st
 
 from ._internal.hypothesis_profiles import register_profiles
+from .reference.advantages import response_span
 from .reference.correction import RS_CRITERIA
 from .reference.masking import as_bool_mask
 
@@ -400,6 +401,7 @@ def value_batches(
     allow_empty_rows: bool = True,
     garbage: bool = True,
     bootstrap: bool = False,
+    hole_values: bool = False,
 ) -> st.SearchStrategy[dict[str, torch.Tensor]]:
     """Inputs of GAE: ``token_level_rewards``, ``values`` and ``response_mask`` (``[B, T]``),
     and with ``bootstrap`` ``last_values`` (``[B]``, the value after the last token of a
@@ -409,7 +411,9 @@ def value_batches(
     last valid token (``"outcome"``) or on every valid token (``"dense"``). With ``holes`` the
     span of a row may contain masked tokens (tool observations of a multi-turn response),
     which GAE must skip. Padding and holes hold garbage in rewards and values (zeros with
-    ``garbage=False``).
+    ``garbage=False``). With ``hole_values`` the holes hold what a framework whose GAE takes no
+    mask (slime, ROLL) steps through instead: reward 0 and a value from the same grid
+    (``check_gae(masked_tokens="step")``).
     """
     if not 1 <= min_batch <= max_batch:
         raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
@@ -435,12 +439,13 @@ def value_batches(
             mask[row, cols] = True
             for col in cols if kind == "dense" else cols[-1:]:
                 reward[row, col] = draw(st.sampled_from(REWARD_VALUES))
-            for col in cols:
+            for col in range(cols[0], cols[-1] + 1) if hole_values and cols else cols:
                 value[row, col] = draw(st.integers(-16, 16)) / 8
         scale = draw(st.integers(1, 1000)) / 4 if garbage else 0.0
+        meaningful = response_span(mask) if hole_values else mask
         out = {
-            "token_level_rewards": torch.where(mask, reward, _junk(size, width, scale, 1)),
-            "values": torch.where(mask, value, _junk(size, width, scale, 2)),
+            "token_level_rewards": torch.where(meaningful, reward, _junk(size, width, scale, 1)),
+            "values": torch.where(meaningful, value, _junk(size, width, scale, 2)),
         }
         out = {key: tensor.to(frame.float_dtype) for key, tensor in out.items()}
         out["response_mask"] = mask.to(frame.mask_type)
@@ -454,17 +459,25 @@ def value_batches(
 
 
 def is_thresholds(
-    *, truncation: bool = True, icepop: bool = True, two_sided: bool = False
+    *,
+    truncation: bool = True,
+    icepop: bool = True,
+    two_sided: bool = False,
+    one_sided: bool = False,
 ) -> st.SearchStrategy[float | str | tuple[float, float]]:
     """IS thresholds: truncation floats in ``[1.125, 6]``, IcePop ``"lower_upper"`` strings
-    with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``, and (``two_sided``)
-    two-sided truncation pairs ``(lower, upper)`` from the same ranges."""
+    with ``lower`` in ``[1/16, 15/16]`` and ``upper`` in ``[1.125, 6]``, with ``one_sided``
+    also one-sided IcePop ``"0_upper"`` / ``"lower_inf"``, and (``two_sided``) two-sided
+    truncation pairs ``(lower, upper)`` from the same ranges."""
     options: list[st.SearchStrategy[float | str | tuple[float, float]]] = []
     bounds = st.tuples(st.integers(1, 15), st.integers(9, 48))
     if truncation:
         options.append(st.integers(9, 48).map(lambda k: k / 8))
     if icepop:
         options.append(bounds.map(lambda p: f"{p[0] / 16!r}_{p[1] / 8!r}"))
+    if icepop and one_sided:
+        options.append(st.integers(9, 48).map(lambda k: f"0_{k / 8!r}"))
+        options.append(st.integers(1, 15).map(lambda k: f"{k / 16!r}_inf"))
     if two_sided:
         options.append(bounds.map(lambda p: (p[0] / 16, p[1] / 8)))
     if not options:

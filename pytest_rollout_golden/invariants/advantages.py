@@ -23,7 +23,9 @@ from .comparison import (
     fail,
     fmt,
     positions,
+    require_fields,
     resolve_tolerance,
+    single_token_whitening,
     token_tensor,
     unit_roundoff,
     versus,
@@ -111,9 +113,11 @@ def _token_moments(batch: Batch, uid: Tensor, epsilon: float) -> tuple[float, fl
     return float(centered.mean()), (variance + epsilon) ** 0.5
 
 
-def _call(fn: Callable[..., Any], batch: Batch, uid: Any) -> Tensor:
+def _call(fn: Callable[..., Any], batch: Batch, uid: Any, estimator: str) -> Tensor:
     mask = batch["response_mask"]
     output = fn(batch["token_level_rewards"], mask, uid)
+    if estimator == "reinforce_baseline":  # whitened over the batch's valid tokens
+        single_token_whitening("advantages", output, as_bool_mask(mask))
     return f64(token_tensor("advantages", output, mask.shape, batch))
 
 
@@ -185,7 +189,7 @@ class _AdvantageRun:
         else:
             self.labels = batch["uid"]
             self.uid = group_index(self.labels)
-        self.got = _call(fn, batch, self.labels)
+        self.got = _call(fn, batch, self.labels, estimator)
         # The input dtype sets the accuracy owed: float64 in, float64-accurate out.
         self.eps = unit_roundoff(batch["token_level_rewards"].dtype)
 
@@ -335,7 +339,9 @@ def _row_order(run: _AdvantageRun) -> None:
     blocks_kept = run.group_size is None or run.size_b % run.group_size == 0
     flipped = _select(run.batch, reversed_rows)
     flipped_labels = flipped.get("uid", run.uid) if run.group_size is not None else flipped["uid"]
-    moved = _row_values(_call(run.fn, flipped, flipped_labels), run.valid.flip(0)).flip(0)
+    moved = _row_values(
+        _call(run.fn, flipped, flipped_labels, run.estimator), run.valid.flip(0)
+    ).flip(0)
     off = run.tolerance.exceeded(moved, run.expected_row) & blocks_kept
     if bool(off.any()):
         fail(
@@ -350,7 +356,7 @@ def _group_labels(run: _AdvantageRun) -> None:
     if run.group_size is not None:
         return
     relabeled = dict(run.batch, uid=_relabel(run.labels))
-    moved = _row_values(_call(run.fn, relabeled, relabeled["uid"]), run.valid)
+    moved = _row_values(_call(run.fn, relabeled, relabeled["uid"], run.estimator), run.valid)
     off = run.tolerance.exceeded(moved, run.expected_row)
     if bool(off.any()):
         fail(
@@ -365,7 +371,7 @@ def _group_labels(run: _AdvantageRun) -> None:
 def _variant_agreement(run: _AdvantageRun) -> None:
     if run.variant is None:
         return
-    other = _row_values(_call(run.variant, run.batch, run.labels), run.valid)
+    other = _row_values(_call(run.variant, run.batch, run.labels, run.estimator), run.valid)
     # Both are held to the same tolerance around the reference, so they may differ by
     # twice it.
     doubled = CheckTolerance(rtol=2 * run.tolerance.rtol, atol=2 * run.tolerance.atol)
@@ -443,6 +449,8 @@ def check_advantages(
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    needed = ("token_level_rewards", "response_mask") + (() if group_size else ("uid",))
+    require_fields(batch, needed, "check_advantages", "reward_batches()")
     run = _AdvantageRun(
         fn,
         batch,

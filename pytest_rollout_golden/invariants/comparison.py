@@ -138,6 +138,40 @@ def accepts(fn: Callable[..., Any], name: str) -> bool:
     )
 
 
+def require_fields(batch: Batch, fields: Sequence[str], checker: str, strategy: str) -> None:
+    """Stop with a message naming the missing fields and the strategy that draws them, rather
+    than a bare ``KeyError`` from deep inside a checker."""
+    if not callable(getattr(batch, "keys", None)):
+        raise TypeError(
+            f"{checker} takes a batch of named tensors (a dict or a TensorDict), got "
+            f"{type(batch).__name__}: draw one from pytest_rollout_golden.strategies.{strategy}"
+        )
+    keys = [str(key) for key in batch.keys()]  # noqa: SIM118 (a TensorDict iterates over rows)
+    missing = [name for name in fields if name not in keys]
+    if missing:
+        raise ValueError(
+            f"{checker} needs batch fields {missing} (it reads {list(fields)}; the batch has "
+            f"{sorted(keys)}): draw batches from "
+            f"pytest_rollout_golden.strategies.{strategy} or add the fields"
+        )
+
+
+def single_token_whitening(name: str, output: Any, valid: Tensor) -> None:
+    """Name a non-finite whitening of a batch with one valid token (an unbiased variance
+    divides by ``n - 1 = 0``) before the generic finiteness check reports it."""
+    output = first_item(output)
+    if int(valid.sum()) != 1 or not isinstance(output, Tensor):
+        return
+    if output.is_floating_point() and not bool(torch.isfinite(output[valid]).all()):
+        fail(
+            f"{name}.whiten_single_token",
+            "NaN from whitening a single valid token: the unbiased variance divides by "
+            "n - 1 = 0; the reference whitens one token to 0 (x - mean = 0); guard the "
+            "divisor (e.g. max(n - 1, 1)) or skip the variance for n = 1",
+            [f"(b={b}, t={t}): {fmt(float(output.detach()[b, t]))}" for b, t in positions(valid)],
+        )
+
+
 def valid_mask(batch: Batch) -> Tensor:
     return as_bool_mask(batch["response_mask"])
 
@@ -167,6 +201,18 @@ def refill_padding(batch: Batch) -> dict[str, Any]:
             values = batch[key]
             out[key] = torch.where(valid, values, values + 37.0 + values.abs())
     return out
+
+
+def garbage_padding(values: Tensor, valid: Tensor) -> Tensor:
+    """``values`` with non-zero garbage (±1 to ±3) on padding positions where it holds none:
+    for fields that are only ever multiplied (advantages), so that a loss ignoring its mask
+    shows even on a batch drawn with ``garbage=False``. Log-prob fields are never given any
+    (code that exponentiates before masking is correct on zero padding)."""
+    if holds_garbage(values, valid):
+        return values
+    index = torch.arange(values.numel(), device=values.device).reshape(values.shape)
+    junk = ((index % 5).to(values.dtype) - 2.0).where(index % 5 != 2, values.new_tensor(3.0))
+    return torch.where(valid, values, junk)
 
 
 def reference_lines(

@@ -26,6 +26,7 @@ from .comparison import (
     refill_padding,
     refilled_lines,
     replace_valid,
+    require_fields,
     resolve_tolerance,
     token_tensor,
     unit_roundoff,
@@ -50,11 +51,13 @@ class _ISRun:
         level: corr.ISLevel,
         threshold: corr.ISThresholdSpec,
         batch_normalize: bool,
+        rs_filter: corr.RSFilter | None,
         rtol: float | None,
         atol: float | None,
     ):
         self.fn, self.batch, self.level, self.threshold = fn, batch, level, threshold
         self.batch_normalize, self.rtol, self.atol = batch_normalize, rtol, atol
+        self.filter = None if rs_filter is None else corr.parse_rs_criteria(*rs_filter)
         old, rollout, mask = _is_inputs(batch)
         self.mask = mask
         weights_out = token_tensor("is_weights", fn(old, rollout, mask), mask.shape, batch)
@@ -113,7 +116,7 @@ class _ISRun:
         """The reference, ``(expected, normalizer)`` per acceptable reading, with IcePop
         decisions on near-boundary weights resolved as fn did."""
         candidates: list[tuple[Tensor, float]] = []
-        for base in self.raws:
+        for base, clamp in zip(self.raws, (True, False), strict=False):
             candidates += _is_candidates(
                 base,
                 self.w,
@@ -123,8 +126,18 @@ class _ISRun:
                 self.batch_normalize,
                 self.elem_rtol,
                 self.norm_rtol,
+                self.filter_keep(clamp),
             )
         return candidates
+
+    def filter_keep(self, clamp: bool) -> Tensor | None:
+        """What the composite's RS filter keeps (statistics clamped or exact, as the weights);
+        within rounding of its bound, as ``fn`` decided (a zero weight is a rejection)."""
+        if self.filter is None:
+            return None
+        eps = unit_roundoff(self.batch["old_log_probs"].dtype, self.w.dtype)
+        keep, ambiguous, _ = _rs_decisions(self.batch, self.filter, eps, clamp=clamp)
+        return torch.where(ambiguous, self.w != 0, keep)
 
 
 def _is_weights_nonnegative(run: _ISRun) -> None:
@@ -204,8 +217,10 @@ def _is_weights_normalized_mean(run: _ISRun) -> None:
 
 def _is_weights_truncation_and_icepop_bounds(run: _ISRun) -> None:
     if run.thr.upper is not None:
+        # A composite's filter zeroes weights: those are judged by reference agreement.
+        judged = run.valid if run.filter is None else run.valid & (run.w != 0)
         _check_bounds(
-            run.w, run.valid, run.thr, run.candidates, run.elem_rtol, run.norm_rtol, run.describe
+            run.w, judged, run.thr, run.candidates, run.elem_rtol, run.norm_rtol, run.describe
         )
 
 
@@ -251,6 +266,7 @@ def check_is_weights(
     level: corr.ISLevel,
     threshold: corr.ISThresholdSpec,
     batch_normalize: bool = False,
+    rs_filter: corr.RSFilter | None = None,
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
@@ -259,7 +275,10 @@ def check_is_weights(
     ``level`` (``"token"``, ``"sequence"`` or ``"geometric"``), ``threshold`` (truncation,
     IcePop ``"lower_upper"`` or a two-sided ``(lower, upper)`` clamp) and ``batch_normalize``
     describe what ``fn`` is configured to compute (a tuple return is allowed; its first item
-    is the weights). Where a log weight lies beyond ±20, both the clamped weight
+    is the weights). ``rs_filter=(criterion, threshold)`` describes composite weights, zeroed
+    after the threshold wherever that RS criterion rejects (NeMo-RL ``seq-mask-tis``:
+    ``level="token"`` with ``("seq_mean_k1", ...)``; AReaL ``agg=sum``: ``level="geometric"``
+    with ``("seq_sum_k1", ...)``). Where a log weight lies beyond ±20, both the clamped weight
     ``exp(±20)`` (verl) and the exact ``exp(log w)`` are accepted: the whole batch must agree
     with one of the two references. Invariants:
 
@@ -281,12 +300,14 @@ def check_is_weights(
     ``exp`` and of the reductions involved plus :data:`GUARD_RTOL` for an epsilon guard in
     the normalizer; ``rtol``/``atol`` replace the relative/absolute part.
     """
+    require_fields(batch, _IS_FIELDS, "check_is_weights", "rollout_batches()")
     run = _ISRun(
         fn,
         batch,
         level=level,
         threshold=threshold,
         batch_normalize=batch_normalize,
+        rs_filter=rs_filter,
         rtol=rtol,
         atol=atol,
     )
@@ -303,8 +324,10 @@ def _is_candidates(
     batch_normalize: bool,
     elem_rtol: Tensor,
     norm_rtol: float,
+    keep: Tensor | None = None,
 ) -> list[tuple[Tensor, float]]:
-    """Reference weights ``(expected, normalizer)`` acceptable for one choice of raw weights.
+    """Reference weights ``(expected, normalizer)`` acceptable for one choice of raw weights,
+    zeroed outside ``keep`` (a composite's RS filter) after the threshold.
 
     IcePop decisions within rounding of a bound are taken as ``fn`` took them; a normalizer
     within rounding of the 1e-8 skip bound gives two candidates (normalized and not).
@@ -314,13 +337,14 @@ def _is_candidates(
     thresholded = corr.apply_is_threshold(raw, threshold, mask)
     if thr.icepop:
         assert thr.lower is not None and thr.upper is not None
-        near = valid & (
-            ((raw - thr.lower).abs() <= elem_rtol * thr.lower)
-            | ((raw - thr.upper).abs() <= elem_rtol * thr.upper)
-        )
+        near = valid & (raw - thr.lower).abs().le(elem_rtol * thr.lower)
+        if math.isfinite(thr.upper):  # a one-sided "lower_inf" has no upper bound to be near
+            near |= valid & (raw - thr.upper).abs().le(elem_rtol * thr.upper)
         inside = (raw >= thr.lower) & (raw <= thr.upper)
         inside = torch.where(near, w != 0, inside)
         thresholded = torch.where(inside & valid, raw, torch.zeros_like(raw))
+    if keep is not None:
+        thresholded = torch.where(keep, thresholded, torch.zeros_like(thresholded))
     if not batch_normalize:
         return [(thresholded, 1.0)]
     mean = float(corr.is_normalizer(thresholded, mask, level=level))
@@ -388,6 +412,9 @@ def _digits_near(value: float, threshold: corr.ISThreshold) -> int:
     return max((digits_to_separate(value, b) for b in bounds), default=6)
 
 
+_IS_FIELDS = ("old_log_probs", "rollout_log_probs", "response_mask")
+
+
 def _is_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     return batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
 
@@ -401,8 +428,11 @@ def _rs_decisions(
     eps: float,
     rtol: float | None = None,
     atol: float | None = None,
+    *,
+    clamp: bool = True,
 ) -> tuple[Tensor, Tensor, list[tuple[corr.RSCriterion, Tensor, Tensor]]]:
-    """Reference keep mask, ambiguous positions, and per criterion (stat, keep) in float64.
+    """Reference keep mask, ambiguous positions, and per criterion (stat, keep) in float64;
+    ``clamp=False``: statistics of the exact per-token values (no ±20 clamp).
 
     A statistic within tolerance of a bound is ambiguous: rounding (``atol``, from the dtype)
     and, for a per-sequence mean, an epsilon guard on its token count (``rtol``).
@@ -412,14 +442,17 @@ def _rs_decisions(
     valid = as_bool_mask(mask)
     acc = accumulation_roundoff(eps)
     log_ratio = old64 - rollout64
-    lr = log_ratio.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND)
+    lr = log_ratio.where(valid, torch.zeros_like(log_ratio))
+    lr = (
+        lr.clamp(-corr.SAFETY_BOUND, corr.SAFETY_BOUND) if clamp else lr.clamp(max=corr.EXACT_BOUND)
+    )
     lr_error = old64.abs() + rollout64.abs()  # what rounding of log ratios scales with
     keep = valid.clone()
     ambiguous = torch.zeros_like(valid)
     details = []
     n_row = valid.sum(dim=-1).to(torch.float64)
     for item in criteria:
-        per_token = corr.token_divergence(lr, item.estimator)
+        per_token = corr.token_divergence(lr, item.estimator, clamp=clamp)
         slope = {"k1": torch.ones_like(lr), "k2": lr.abs(), "k3": torch.expm1(lr).abs()}[
             item.estimator
         ]
@@ -438,7 +471,7 @@ def _rs_decisions(
         elif item.aggregate == "max":
             band = corr.masked_max(band, mask, dim=-1)
         band = band + 8 * eps * bound_size
-        stat = item.statistic(log_ratio, mask)
+        stat = item.statistic(log_ratio, mask, clamp=clamp)
         guard = GUARD_RTOL if item.aggregate == "mean" else 0.0
         tolerance = resolve_tolerance(guard, band, rtol, atol)
         band = tolerance.atol + tolerance.rtol * stat.abs()
@@ -515,9 +548,32 @@ class _RSRun:
         return unit_roundoff(*self.dtypes)
 
     @cached_property
+    def beyond_clamp(self) -> bool:
+        """Whether a valid log ratio lies beyond ±20, where clamped and exact statistics differ."""
+        log_ratio = f64(self.batch["old_log_probs"]) - f64(self.batch["rollout_log_probs"])
+        return bool((self.valid & (log_ratio.abs() > corr.SAFETY_BOUND)).any())
+
+    def reference(self, clamp: bool) -> tuple[Tensor, Tensor, list[Any]]:
+        """The reference decisions from clamped (verl) or exact statistics."""
+        return _rs_decisions(self.batch, self.criteria, self.eps, self.rtol, self.atol, clamp=clamp)
+
+    @cached_property
+    def clamp(self) -> bool:
+        """The convention ``fn`` follows: statistics of log ratios clamped to ±20 (verl), or
+        of the exact ones (ROLL, AReaL, slime), whichever agrees with ``fn`` on the whole
+        batch; the clamped one when neither does."""
+        if not self.beyond_clamp:
+            return True
+        for clamp in (True, False):
+            reference, ambiguous, _ = self.reference(clamp)
+            if not bool((self.valid & (self.keep != reference) & ~ambiguous).any()):
+                return clamp
+        return True
+
+    @cached_property
     def decisions(self) -> tuple[Tensor, Tensor, list[tuple[corr.RSCriterion, Tensor, Tensor]]]:
         """The reference keep mask, its ambiguous positions and the per-criterion details."""
-        return _rs_decisions(self.batch, self.criteria, self.eps, self.rtol, self.atol)
+        return self.reference(self.clamp)
 
     def verdicts(self, b: int, t: int) -> str:
         """Each criterion's statistic, bounds and decision at token ``(b, t)``."""
@@ -591,11 +647,16 @@ def _rs_mask_reference_agreement(run: _RSRun) -> None:
         f"ratio={fmt(math.exp(float(log_ratio[b, t])))}; " + run.verdicts(b, t)
         for b, t in positions(wrong)
     ]
-    hint = _reciprocal_hint(run.batch, run.criteria, keep, wrong)
+    hint = _reciprocal_hint(run.batch, run.criteria, keep, wrong, run.clamp)
+    both = (
+        " (statistics of log ratios clamped to ±20; the exact statistics disagree too)"
+        if run.beyond_clamp
+        else ""
+    )
     fail(
         "rs_mask.reference_agreement",
         f"{int(wrong.sum())} of {int(valid.sum())} valid tokens kept/dropped unlike the "
-        f"reference for {run.criterion!r} with {run.threshold!r}{hint}",
+        f"reference for {run.criterion!r} with {run.threshold!r}{both}{hint}",
         lines,
     )
 
@@ -608,7 +669,9 @@ def _rs_mask_monotone(run: _RSRun) -> None:
         old, rollout = run.batch["old_log_probs"], run.batch["rollout_log_probs"]
         halfway = dict(run.batch)
         halfway["old_log_probs"] = replace_valid(old, valid, rollout + (old - rollout) / 2)
-        _, halfway_ambiguous, _ = _rs_decisions(halfway, criteria, run.eps, run.rtol, run.atol)
+        _, halfway_ambiguous, _ = _rs_decisions(
+            halfway, criteria, run.eps, run.rtol, run.atol, clamp=run.clamp
+        )
         lost = keep & ~run.call(halfway) & ~halfway_ambiguous
         if bool(lost.any()):
             fail(
@@ -681,7 +744,9 @@ def check_rs_mask(
     * ``rs_mask.padding_independence``: other garbage on padding, same mask;
     * ``rs_mask.reference_agreement``: exactly the tokens/sequences violating a criterion are
       dropped (k1 keeps ``lower ≤ ρ ≤ upper``; a disagreement that matches verl's reciprocal
-      bounds is pointed out);
+      bounds is pointed out). Where a valid log ratio lies beyond ±20, statistics of the
+      clamped log ratios (verl) and of the exact ones (ROLL, AReaL, slime) are both accepted,
+      one convention for the whole batch;
     * ``rs_mask.monotone``: moving the training log-probs halfway towards the rollout ones
       never drops a kept token (checked when every k1 interval contains ratio 1), and, with
       the keywords, neither does widening the bounds;
@@ -692,13 +757,14 @@ def check_rs_mask(
     the dtype's rounding (absolute) plus :data:`GUARD_RTOL` relative for ``seq_mean_*``
     (an epsilon guard on the token count); ``rtol``/``atol`` replace either part.
     """
+    require_fields(batch, _IS_FIELDS, "check_rs_mask", "rollout_batches()")
     run = _RSRun(fn, batch, criterion=criterion, threshold=threshold, rtol=rtol, atol=atol)
     for invariant in _RS_INVARIANTS:
         invariant(run)
 
 
 def _reciprocal_hint(
-    batch: Batch, criteria: Sequence[corr.RSCriterion], keep: Tensor, wrong: Tensor
+    batch: Batch, criteria: Sequence[corr.RSCriterion], keep: Tensor, wrong: Tensor, clamp: bool
 ) -> str:
     """Explain a disagreement that verl's reciprocal k1 bounds reproduce exactly."""
     if not any(item.estimator == "k1" for item in criteria):
@@ -713,7 +779,7 @@ def _reciprocal_hint(
         else item
         for item in criteria
     ]
-    reciprocal, _, _ = _rs_decisions(batch, swapped, F64_EPS)
+    reciprocal, _, _ = _rs_decisions(batch, swapped, F64_EPS, clamp=clamp)
     if bool((reciprocal[wrong] == keep[wrong]).all()):
         return (
             " — every disagreement matches keeping 1/upper ≤ ratio ≤ 1/lower (the reciprocal "

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from ..reference.advantages import gae_advantages
+from ..reference.advantages import GAEMaskedTokens, gae_advantages, response_span
 from .comparison import (
     GUARD_RTOL,
     Batch,
@@ -20,7 +21,9 @@ from .comparison import (
     reference_lines,
     refill_padding,
     refilled_lines,
+    require_fields,
     resolve_tolerance,
+    single_token_whitening,
     token_tensor,
     unit_roundoff,
     valid_mask,
@@ -29,7 +32,10 @@ from .comparison import (
 __all__ = ["check_gae"]
 
 
-def _call(fn: Callable[..., Any], batch: Batch) -> tuple[Tensor, Tensor]:
+_FIELDS = ("token_level_rewards", "values", "response_mask")
+
+
+def _call(fn: Callable[..., Any], batch: Batch, whiten: bool) -> tuple[Tensor, Tensor]:
     mask = batch["response_mask"]
     kwargs = {}
     if "last_values" in batch:
@@ -39,6 +45,8 @@ def _call(fn: Callable[..., Any], batch: Batch) -> tuple[Tensor, Tensor]:
     output = fn(batch["token_level_rewards"], batch["values"], mask, **kwargs)
     if not isinstance(output, tuple | list) or len(output) < 2:
         fail("gae.shape", f"expected (advantages, returns), got {type(output).__name__}")
+    if whiten:
+        single_token_whitening("gae", output[0], valid_mask(batch))
     advantages = f64(token_tensor("gae", output[0], mask.shape, batch))
     returns = f64(token_tensor("gae", output[1], mask.shape, batch))
     return advantages, returns
@@ -57,24 +65,27 @@ class _GAERun:
         lam: float,
         whiten: bool,
         epsilon: float,
+        masked_tokens: GAEMaskedTokens,
         rtol: float | None,
         atol: float | None,
     ):
         self.fn, self.batch, self.gamma, self.lam, self.whiten = fn, batch, gamma, lam, whiten
+        self.masked_tokens = masked_tokens
         self.mask = mask = batch["response_mask"]
         self.valid = valid = valid_mask(batch)
-        self.advantages, self.returns = _call(fn, batch)
+        # Masked tokens that are steps of the recursion are judged (and kept fixed) too.
+        self.steps = response_span(valid) if masked_tokens == "step" else valid
+        self.advantages, self.returns = _call(fn, batch, whiten)
         eps = unit_roundoff(batch["token_level_rewards"].dtype, batch["values"].dtype)
         acc = accumulation_roundoff(eps)
         self.rewards64, self.values64 = f64(batch["token_level_rewards"]), f64(batch["values"])
         self.last = last = f64(batch["last_values"]) if "last_values" in batch else None
-        raw, self.expected_returns = gae_advantages(
-            self.rewards64, self.values64, mask, gamma=gamma, lam=lam, last_values=last
-        )
+        options = {"gamma": gamma, "lam": lam, "last_values": last, "masked_tokens": masked_tokens}
+        raw, self.expected_returns = gae_advantages(self.rewards64, self.values64, mask, **options)
         self.expected = raw
         magnitude = 1.0
-        if bool(valid.any()):
-            magnitude += float((self.rewards64.abs() + self.values64.abs())[valid].max())
+        if bool(self.steps.any()):
+            magnitude += float((self.rewards64.abs() + self.values64.abs())[self.steps].max())
         if last is not None and last.numel():
             magnitude += float(last.abs().max())
         steps = mask.shape[-1] + 1
@@ -83,23 +94,9 @@ class _GAERun:
         self.returns_tolerance = self.tolerance
         if whiten:
             self.expected, _ = gae_advantages(
-                self.rewards64,
-                self.values64,
-                mask,
-                gamma=gamma,
-                lam=lam,
-                last_values=last,
-                whiten=True,
-                epsilon=epsilon,
+                self.rewards64, self.values64, mask, whiten=True, epsilon=epsilon, **options
             )
-            n = int(valid.sum())
-            spread = raw[valid] - raw[valid].mean() if n else raw[valid]
-            std = (float(spread.square().sum()) / max(n - 1, 1) + epsilon) ** 0.5
-            # The mean and the variance are reductions over n tokens, each carrying the error.
-            self.tolerance = CheckTolerance(
-                rtol=self.tolerance.rtol + 8 * acc * n,
-                atol=2 * self.tolerance.atol / std + 8 * acc * n,
-            )
+            self.tolerance = _whitened_tolerance(raw[valid], self.tolerance, acc, epsilon)
 
     def lines(self, off: Tensor, got: Tensor, reference: Tensor, what: str) -> list[str]:
         return reference_lines(off, got, reference, what, self.inputs)
@@ -109,49 +106,98 @@ class _GAERun:
         return f", reward={fmt(reward)}, value={fmt(value)}"
 
 
+def _whitened_tolerance(
+    raw: Tensor, tolerance: CheckTolerance, acc: float, epsilon: float
+) -> CheckTolerance:
+    """The tolerance of ``(A - μ) / sqrt(v + ε)`` given that of the raw advantages ``A``.
+
+    The mean and the variance are reductions over ``n`` tokens, each carrying the error. An
+    epsilon guard on the token count (``Σ A·m / (n + δ)``, NeMo-RL's ``+1e-8``) moves ``μ``
+    by up to ``δ/n ≤ 1e-6`` of ``|μ|``, and whitening divides that by the std: when every
+    advantage is equal (``v = 0``) by ``sqrt(ε) = 1e-4``, so a correct guarded mean of
+    advantages 0.5 over 10 tokens whitens to 5e-6 where the reference gives 0.
+    ``GUARD_RTOL·|μ|/std`` covers it; with a spread of advantages (std of order 1) it adds
+    ``4e-6·|μ|``, far below the errors of a wrong mean or variance (a biased variance is off
+    by ``1/(2n)`` relative).
+    """
+    n = raw.numel()
+    mean = float(raw.mean()) if n else 0.0
+    spread = raw - mean
+    std = (float(spread.square().sum()) / max(n - 1, 1) + epsilon) ** 0.5
+    return CheckTolerance(
+        rtol=tolerance.rtol + 8 * acc * n,
+        atol=(2 * tolerance.atol + GUARD_RTOL * abs(mean)) / std + 8 * acc * n,
+    )
+
+
 def _holes(valid: Tensor) -> int:
     """Masked tokens between a row's first and last valid token."""
-    inside = valid.long().cumsum(-1).gt(0) & valid.flip(-1).long().cumsum(-1).flip(-1).gt(0)
-    return int((~valid & inside).sum())
+    return int((~valid & response_span(valid)).sum())
+
+
+def _unmasked_values_hint(run: _GAERun, off: Tensor) -> str:
+    """Explain a disagreement that reading the critic's values unmasked reproduces: the
+    recursion over every position, ``V_next`` taken at the next column even when that is
+    padding (ROLL passes its unmasked values to ``compute_gae_advantage_return``)."""
+    if run.whiten or run.last is not None:
+        return ""
+    width = run.valid.shape[-1]
+    rewards = torch.where(run.steps, run.rewards64, torch.zeros_like(run.rewards64))
+    unmasked, _ = gae_advantages(
+        rewards, run.values64, torch.ones_like(run.valid), gamma=run.gamma, lam=run.lam
+    )
+    if width < 2 or run.tolerance.exceeded(run.advantages, unmasked)[off].any():
+        return ""
+    return (
+        " — every disagreement matches bootstrapping the critic's value at the padding "
+        "position after the last valid token (values passed to the recursion unmasked, as "
+        "ROLL's compute_gae_advantage_return gets them): mask the values first"
+    )
 
 
 def _reference_agreement(run: _GAERun) -> None:
-    valid = run.valid
-    off = valid & run.tolerance.exceeded(run.advantages, run.expected)
+    steps = run.steps
+    off = steps & run.tolerance.exceeded(run.advantages, run.expected)
     if bool(off.any()):
-        holes = _holes(valid)
+        holes = _holes(run.valid)
+        treated = "skipped" if run.masked_tokens == "skip" else "ordinary steps"
         fail(
             "gae.reference_agreement",
-            f"{int(off.sum())} of {int(valid.sum())} advantages differ from the reference "
+            f"{int(off.sum())} of {int(steps.sum())} advantages differ from the reference "
             f"(gamma={run.gamma}, lam={run.lam}, whiten={run.whiten}"
             + (", bootstrap last_values" if run.last is not None else "")
-            + (f"; {holes} masked tokens inside responses must be skipped" if holes else "")
-            + ")",
+            + (f"; {holes} masked tokens inside responses are {treated}" if holes else "")
+            + ")"
+            + _unmasked_values_hint(run, off),
             run.lines(off, run.advantages, run.expected, "advantage"),
         )
 
 
 def _returns(run: _GAERun) -> None:
-    off = run.valid & run.returns_tolerance.exceeded(run.returns, run.expected_returns)
+    off = run.steps & run.returns_tolerance.exceeded(run.returns, run.expected_returns)
     if bool(off.any()):
         fail(
             "gae.returns",
-            f"{int(off.sum())} of {int(run.valid.sum())} returns differ from A + V (the "
+            f"{int(off.sum())} of {int(run.steps.sum())} returns differ from A + V (the "
             "advantages before whitening plus the values)",
             run.lines(off, run.returns, run.expected_returns, "return"),
         )
 
 
 def _padding_independence(run: _GAERun) -> None:
-    again, again_returns = _call(run.fn, refill_padding(run.batch))
-    moved = run.valid & (
+    # Refill around the positions the recursion reads; the function still gets the batch's mask.
+    refilled = refill_padding({**run.batch, "response_mask": run.steps})
+    refilled["response_mask"] = run.mask
+    again, again_returns = _call(run.fn, refilled, run.whiten)
+    moved = run.steps & (
         run.tolerance.exceeded(again, run.advantages)
         | run.returns_tolerance.exceeded(again_returns, run.returns)
     )
     if bool(moved.any()):
+        where = "padding and masked" if run.masked_tokens == "skip" else "padding"
         fail(
             "gae.padding_independence",
-            "changing only the garbage in padding and masked positions changed valid tokens",
+            f"changing only the garbage in {where} positions changed valid tokens",
             refilled_lines(moved, again, run.advantages),
         )
 
@@ -172,6 +218,7 @@ def check_gae(
     lam: float,
     whiten: bool = False,
     epsilon: float = 1e-8,
+    masked_tokens: GAEMaskedTokens = "skip",
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
@@ -181,20 +228,28 @@ def check_gae(
     optionally ``last_values`` (``[B]``, bootstrap values, passed as ``last_values=``): see
     :func:`pytest_rollout_golden.strategies.value_batches`. ``gamma``/``lam`` and ``whiten``
     (advantages whitened over the batch's valid tokens with ``sqrt(var + epsilon)``, as verl
-    does) describe what ``fn`` computes. Only valid tokens are judged.
+    does) describe what ``fn`` computes. ``masked_tokens="step"``: masked tokens inside a
+    response are ordinary steps (slime and ROLL, whose GAE takes no mask; draw batches with
+    ``value_batches(hole_values=True)``). Only valid tokens (and, as steps, the masked tokens
+    between them) are judged.
 
     * ``gae.reference_agreement``: the advantages equal the reference
       (:func:`pytest_rollout_golden.reference.gae_advantages`): ``δ_t = r_t + γ·V_next - V_t``,
       ``A_t = δ_t + γλ·A_next`` over valid tokens, masked tokens skipped, ``V_next`` after the
-      last valid token the bootstrap value (0 without one);
+      last valid token the bootstrap value (0 without one); a disagreement that reading the
+      values unmasked reproduces (ROLL) is pointed out;
     * ``gae.returns``: ``returns = A + V`` with the advantages before whitening;
     * ``gae.padding_independence``: other garbage on padding and masked tokens changes no
-      valid advantage or return.
+      valid advantage or return;
+    * ``gae.whiten_single_token``: whitening a batch with one valid token gives a finite
+      value (NeMo-RL's unbiased variance divides by ``n - 1 = 0``).
 
     Tolerance: absolute, ``8·(eps + eps_acc)·T`` times the largest ``|r| + |V|`` (an error in
-    one δ reaches every earlier token with weight ≤ 1), over the std when whitened; relative,
+    one δ reaches every earlier token with weight ≤ 1), over the std when whitened, plus
+    ``GUARD_RTOL·|μ|/std`` for an epsilon guard in the whitening mean; relative,
     ``8·eps`` plus :data:`GUARD_RTOL`. ``rtol``/``atol`` replace either part.
     """
+    require_fields(batch, _FIELDS, "check_gae", "value_batches()")
     run = _GAERun(
         fn,
         batch,
@@ -202,6 +257,7 @@ def check_gae(
         lam=lam,
         whiten=whiten,
         epsilon=epsilon,
+        masked_tokens=masked_tokens,
         rtol=rtol,
         atol=atol,
     )

@@ -26,6 +26,7 @@ from .comparison import (
     fail,
     first_item,
     fmt,
+    garbage_padding,
     holds_garbage,
     padding_hint,
     positions,
@@ -821,15 +822,23 @@ def check_zero_advantage(
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
-    """With all valid advantages zero (padding garbage kept), the policy loss and its gradient
-    are zero. Point it at the policy-gradient term only (no KL or entropy term).
-    Invariants: ``zero_advantage`` (value), ``zero_advantage.gradient``."""
-    zeroed = _with_advantages(batch, torch.zeros_like(batch["advantages"]))
+    """With all valid advantages zero, the policy loss and its gradient are zero. Point it at
+    the policy-gradient term only (no KL or entropy term). The advantages' padding keeps its
+    garbage, or gets some when it holds zeros (``rollout_batches(garbage=False)``): a loss
+    that ignores its mask (an unmasked mean) then shows here on every batch with padding.
+    Advantages are only multiplied, so this is safe for code that exponentiates log-probs
+    before masking. Invariants: ``zero_advantage`` (value), ``zero_advantage.gradient``."""
+    advantages = garbage_padding(batch["advantages"], valid_mask(batch))
+    zeroed = _with_advantages({**batch, "advantages": advantages}, torch.zeros_like(advantages))
     result = _Evaluation("zero_advantage", loss_fn, zeroed)
     eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
     tolerance = resolve_tolerance(0.0, 16 * eps, rtol, atol)
     if tolerance.exceeded(result.value, 0.0):
-        fail("zero_advantage", f"all advantages are zero but the loss is {result.value!r}")
+        fail(
+            "zero_advantage",
+            f"all valid advantages are zero but the loss is {result.value!r} (padding "
+            "advantages hold garbage: a loss that ignores its mask picks it up)",
+        )
     moving = tolerance.exceeded(result.grad, 0.0)
     if bool(moving.any()):
         fail(

@@ -205,9 +205,12 @@ def _degenerate_is_batches(batch: Batch, threshold: float | str) -> list[tuple[s
     out = []
     parsed = corr.parse_is_threshold(threshold)
     if parsed.icepop:
-        assert parsed.upper is not None
-        above = batch["rollout_log_probs"] + math.log(parsed.upper) + 1.0
-        old = torch.where(valid, above.to(batch["old_log_probs"].dtype), batch["old_log_probs"])
+        assert parsed.upper is not None and parsed.lower is not None
+        if math.isfinite(parsed.upper):
+            outside = batch["rollout_log_probs"] + math.log(parsed.upper) + 1.0
+        else:  # one-sided "lower_inf": below the lower bound
+            outside = batch["rollout_log_probs"] + math.log(parsed.lower) - 1.0
+        old = torch.where(valid, outside.to(batch["old_log_probs"].dtype), batch["old_log_probs"])
         out.append(("IcePop zeroes every valid weight", dict(batch, old_log_probs=old)))
     first = torch.zeros_like(valid)
     first.view(-1)[int(valid.view(-1).long().argmax())] = True

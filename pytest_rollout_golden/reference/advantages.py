@@ -6,6 +6,8 @@ are broadcast over the response's valid tokens and are exactly zero on padding.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -126,6 +128,19 @@ def masked_whiten(values: Tensor, response_mask: Tensor, *, epsilon: float = 1e-
     return masked_fill_zero(deviation / (variance + epsilon).sqrt(), response_mask)
 
 
+GAEMaskedTokens = Literal["skip", "step"]
+"""How GAE treats masked tokens inside a response: skipped (verl, AReaL, NeMo-RL) or ordinary
+steps of the recursion (slime and ROLL, whose GAE takes no mask)."""
+
+
+def response_span(response_mask: Tensor) -> Tensor:
+    """Bool ``[B, T]``: every position from a row's first valid token to its last, masked
+    tokens inside the response included."""
+    valid = as_bool_mask(response_mask)
+    started = valid.long().cumsum(-1) > 0
+    return started & (valid.flip(-1).long().cumsum(-1).flip(-1) > 0)
+
+
 def gae_advantages(
     token_level_rewards: Tensor,
     values: Tensor,
@@ -136,6 +151,7 @@ def gae_advantages(
     last_values: Tensor | None = None,
     whiten: bool = False,
     epsilon: float = 1e-8,
+    masked_tokens: GAEMaskedTokens = "skip",
 ) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation: ``(advantages, returns)``, both ``[B, T]``.
 
@@ -146,21 +162,26 @@ def gae_advantages(
     row for a truncated response; 0, a terminal state, by default) and ``A_next = 0``.
     ``returns = A + V``, taken before the optional whitening of the advantages
     (:func:`masked_whiten`, as verl's ``compute_gae_advantage_return`` does). Both are zero on
-    masked positions.
+    masked positions. ``masked_tokens="step"``: masked tokens inside a response are ordinary
+    steps with their own reward and value (slime, ROLL); advantages and returns are then
+    defined on the whole :func:`response_span`, whitening still runs over valid tokens only.
     """
+    if masked_tokens not in ("skip", "step"):
+        raise ValueError(f"masked_tokens must be 'skip' or 'step', got {masked_tokens!r}")
     valid = as_bool_mask(response_mask)
+    steps = response_span(valid) if masked_tokens == "step" else valid
     rows = token_level_rewards.shape[0]
     zeros = torch.zeros(rows, dtype=values.dtype, device=values.device)
     next_value = zeros if last_values is None else last_values.to(values.dtype)
     running = zeros
     advantages = torch.zeros_like(values)
     for t in reversed(range(token_level_rewards.shape[-1])):
-        here = valid[:, t]
+        here = steps[:, t]
         delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
         running = torch.where(here, delta + gamma * lam * running, running)
         next_value = torch.where(here, values[:, t], next_value)
         advantages[:, t] = torch.where(here, running, torch.zeros_like(running))
-    returns = masked_fill_zero(advantages + values, response_mask)
+    returns = masked_fill_zero(advantages + values, steps)
     if whiten:
         advantages = masked_whiten(advantages, response_mask, epsilon=epsilon)
     return advantages, returns

@@ -49,7 +49,8 @@ SAFETY_BOUND = 20.0
 """Log-space clamp applied before every exponentiation of a log ratio."""
 
 EXACT_BOUND = 700.0
-"""With ``clamp=False`` (exact weights), the only clamp left: where float64 ``exp`` overflows."""
+"""With ``clamp=False`` (exact weights and statistics), the only clamp left, from above: where
+float64 ``exp`` overflows."""
 
 NORMALIZE_MIN = 1e-8
 """Batch normalization is skipped when the mean weight is at or below this value."""
@@ -126,10 +127,15 @@ class ISThreshold:
 ISThresholdSpec = float | str | tuple[float, float] | None
 """What :func:`parse_is_threshold` accepts."""
 
+RSFilter = tuple[str, float | str]
+"""``(criterion, threshold)`` of an RS criterion that zeroes IS weights (composite weights)."""
+
 
 def parse_is_threshold(spec: ISThresholdSpec) -> ISThreshold:
     """Parse an IS threshold: ``None`` (none), ``2.0`` / ``"2.0"`` (truncation),
-    ``"0.5_2.0"`` (IcePop), ``(0.5, 2.0)`` (two-sided truncation, TIS with a lower clamp)."""
+    ``"0.5_2.0"`` (IcePop; one-sided ``"0_2.0"`` zeroes only weights above 2 and
+    ``"0.5_inf"`` only those below 0.5), ``(0.5, 2.0)`` (two-sided truncation, TIS with a
+    lower clamp)."""
     if spec is None:
         return ISThreshold(upper=None)
     if isinstance(spec, bool):
@@ -149,7 +155,7 @@ def parse_is_threshold(spec: ISThresholdSpec) -> ISThreshold:
     if not text:
         raise ValueError("IS threshold: empty string")
     if "_" in text:
-        lower, upper = _bounds(text, f"IS threshold {spec!r}")
+        lower, upper = _bounds(text, f"IS threshold {spec!r}", open_ended=True)
         return ISThreshold(upper=upper, lower=lower)
     return ISThreshold(upper=_positive_number(text, f"IS threshold {spec!r}"))
 
@@ -188,9 +194,10 @@ class RSCriterion:
             return lo, hi
         return -math.inf, self.upper
 
-    def statistic(self, log_ratio: Tensor, response_mask: Tensor) -> Tensor:
-        """The criterion's statistic: ``[B, T]`` for token criteria, ``[B]`` for sequence ones."""
-        per_token = token_divergence(log_ratio, self.estimator)
+    def statistic(self, log_ratio: Tensor, response_mask: Tensor, *, clamp: bool = True) -> Tensor:
+        """The criterion's statistic: ``[B, T]`` for token criteria, ``[B]`` for sequence ones;
+        ``clamp=False`` aggregates the exact per-token values (ROLL, AReaL, slime)."""
+        per_token = token_divergence(log_ratio, self.estimator, clamp=clamp)
         if self.aggregate == "token":
             return per_token
         if self.aggregate == "sum":
@@ -199,9 +206,9 @@ class RSCriterion:
             return masked_mean(per_token, response_mask, dim=-1)
         return masked_max(per_token, response_mask, dim=-1)
 
-    def keep(self, log_ratio: Tensor, response_mask: Tensor) -> Tensor:
+    def keep(self, log_ratio: Tensor, response_mask: Tensor, *, clamp: bool = True) -> Tensor:
         """Bool ``[B, T]``: valid tokens this criterion keeps."""
-        stat = self.statistic(log_ratio, response_mask)
+        stat = self.statistic(log_ratio, response_mask, clamp=clamp)
         lo, hi = self.bounds()
         kept = (stat >= lo) & (stat <= hi)
         if self.sequence_level:
@@ -276,9 +283,10 @@ def safe_log_ratio(old_log_prob: Tensor, rollout_log_prob: Tensor) -> Tensor:
     return (old_log_prob - rollout_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
 
-def token_divergence(log_ratio: Tensor, estimator: str) -> Tensor:
-    """Per-token k1, k2 or k3 of a log ratio (clamped to ±20 first)."""
-    lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+def token_divergence(log_ratio: Tensor, estimator: str, *, clamp: bool = True) -> Tensor:
+    """Per-token k1, k2 or k3 of a log ratio, clamped to ±20 first (verl); ``clamp=False``:
+    exact, clamped only above +700, where float64 ``exp`` would overflow."""
+    lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND) if clamp else log_ratio.clamp(max=EXACT_BOUND)
     if estimator == "k1":
         return -lr
     if estimator == "k2":
@@ -335,11 +343,16 @@ def raw_is_weights(
     clamp: bool = True,
 ) -> Tensor:
     """IS weights before any threshold: ``exp(clamp(log w, ±20))`` (verl), or the exact
-    ``exp(log w)`` with ``clamp=False`` (TRL, AReaL, slime, ROLL), zero on padding."""
+    ``exp(log w)`` with ``clamp=False`` (TRL, AReaL, slime, ROLL), zero on padding.
+
+    Exact weights are clamped only above (+700, where float64 ``exp`` overflows): below, ``exp``
+    underflows to 0 as the framework's own ``exp`` does (``exp(-750) = 0`` in float64, while a
+    clamp at -700 would give ``9.9e-305``)."""
     log_w = is_log_weights(old_log_prob, rollout_log_prob, response_mask, level=level)
-    bound = SAFETY_BOUND if clamp else EXACT_BOUND
     weights = log_w.where(as_bool_mask(response_mask), torch.zeros_like(log_w))
-    return masked_fill_zero(weights.clamp(-bound, bound).exp(), response_mask)
+    if clamp:
+        weights = weights.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return masked_fill_zero(weights.clamp(max=EXACT_BOUND).exp(), response_mask)
 
 
 def apply_is_threshold(
@@ -392,11 +405,17 @@ def compute_is_weights(
     threshold: ISThresholdSpec = 2.0,
     batch_normalize: bool = False,
     clamp: bool = True,
+    rs_filter: RSFilter | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """IS weights ``[B, T]`` (detached, zero on padding) and their ``rollout_corr/`` metrics.
 
     The metrics describe the weights after the threshold and before batch normalization.
     ``clamp=False`` computes exact weights (no ±20 clamp of the log weight).
+    ``rs_filter=(criterion, threshold)``: composite weights, zeroed after the threshold (and
+    before normalization) wherever that RS criterion rejects: NeMo-RL's ``seq-mask-tis`` is
+    token IS with ``("seq_mean_k1", "lower_upper")`` (a geometric-mean sequence filter),
+    AReaL's ``agg=sum`` geometric weights with ``("seq_sum_k1", "lower_upper")`` (a filter on
+    the sequence's product ratio).
     """
     parsed = parse_is_threshold(threshold)
     with torch.no_grad():
@@ -404,6 +423,16 @@ def compute_is_weights(
             old_log_prob, rollout_log_prob, response_mask, level=level, clamp=clamp
         )
         weights = apply_is_threshold(raw, threshold, response_mask)
+        if rs_filter is not None:
+            keep, _ = compute_rs_mask(
+                old_log_prob,
+                rollout_log_prob,
+                response_mask,
+                criterion=rs_filter[0],
+                threshold=rs_filter[1],
+                clamp=clamp,
+            )
+            weights = masked_fill_zero(weights, keep)
         metrics = _is_metrics(
             weights,
             raw,
@@ -452,7 +481,7 @@ def _is_metrics(
     else:
         assert lower is not None
         high_fraction = (log_values > math.log(upper)).double().mean()
-        low_fraction = (log_values < math.log(lower)).double().mean()
+        low_fraction = (log_values < (math.log(lower) if lower > 0 else -math.inf)).double().mean()
         metrics["rollout_is_ratio_fraction_high"] = float(high_fraction)
         metrics["rollout_is_ratio_fraction_low"] = float(low_fraction)
     per_row = _f64(masked_mean(weights, response_mask, dim=-1))[rows]
@@ -490,10 +519,13 @@ def compute_rs_mask(
     *,
     criterion: str,
     threshold: float | str,
+    clamp: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """Keep mask ``[B, T]`` (the response mask with rejected tokens cleared, same dtype) + metrics.
 
     Comma-combined criteria must all pass; sequence criteria keep or drop whole sequences.
+    ``clamp=False`` computes the statistics from exact per-token values (no ±20 clamp of the
+    log ratio before a sequence sum or mean), as ROLL, AReaL and slime do.
     """
     criteria = parse_rs_criteria(criterion, threshold)
     valid = as_bool_mask(response_mask)
@@ -503,9 +535,9 @@ def compute_rs_mask(
         keep = valid.clone()
         metrics: dict[str, float] = {}
         for item in criteria:
-            kept = item.keep(log_ratio, response_mask)
+            kept = item.keep(log_ratio, response_mask, clamp=clamp)
             keep &= kept
-            stat = _f64(item.statistic(log_ratio, response_mask))
+            stat = _f64(item.statistic(log_ratio, response_mask, clamp=clamp))
             values = stat[rows] if item.sequence_level else stat[valid]
             mean, _, low, high = _summary(values)
             prefix = f"rollout_rs_{item.name}"

@@ -40,6 +40,18 @@ def test_roll_token_mean_without_loss_mask():
         run()
 
 
+def test_roll_token_mean_without_loss_mask_on_zero_padding():
+    # Padding advantages of zero (garbage=False) hide an unmasked mean from a loss of zero
+    # advantages; check_zero_advantage writes its own garbage there.
+    @hunt
+    @given(rollout_batches(garbage=False))
+    def run(batch):
+        invariants.check_zero_advantage(roll_token_mean, batch)
+
+    with finds("zero_advantage"):
+        run()
+
+
 def test_roll_seq_mean_token_sum_norm_without_the_sequence_count():
     ones = {
         "log_probs": torch.zeros(4, 2, dtype=torch.float64),
