@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -134,3 +135,21 @@ def test_a_variant_whose_reference_fails_fails_naming_the_reference(project):
     result = project.run_subprocess("-n", "2")
     result.assert_outcomes(passed=0, failed=2)
     result.stdout.fnmatch_lines(["*test_actor?mb4?*reference*mb8*"])
+
+
+def test_a_variant_queued_before_its_reference_on_one_worker_does_not_wait(project):
+    """The reference behind its variant on the same worker cannot finish first: the variant
+    goes on at once (as without xdist) instead of waiting out the wait's cap."""
+    project.write(VARIANTS)
+    conftest = project.path / "conftest.py"
+    conftest.write_text(
+        conftest.read_text()
+        + "\n\ndef pytest_collection_modifyitems(items):\n    items.reverse()\n"
+    )
+    project.set_values()
+    started = time.monotonic()
+    first = project.run_subprocess("-n", "2", "--dist", "loadfile")
+    assert time.monotonic() - started < 120, "the variant waited for a reference queued behind it"
+    first.assert_outcomes(passed=1, failed=1)
+    first.stdout.fnmatch_lines(["*test_actor?mb4?*"])
+    project.run_subprocess("-n", "2", "--dist", "loadfile").assert_outcomes(passed=2)

@@ -68,6 +68,25 @@ WORKER_OUTPUT = "rollout_golden"
 # bound, should the reference be queued behind it on its own worker (an ordering plugin).
 REFERENCE_WAIT_S = 600.0
 
+
+def queued_on_this_worker(config: pytest.Config, nodeid: str) -> bool:
+    """Whether ``nodeid`` waits in this xdist worker's own queue, behind the running test.
+
+    Reads the queue of xdist's worker loop (``torun``, ``nextitem_index``: not a public API);
+    where it is not found, ``False``, and the variant waits for its reference as before."""
+    for plugin in config.pluginmanager.get_plugins():
+        queue, session = getattr(plugin, "torun", None), getattr(plugin, "session", None)
+        if queue is None or session is None or not hasattr(queue, "lock"):
+            continue
+        with queue.lock() as queued:
+            indices = [i for i in queued if isinstance(i, int)]
+        following = getattr(plugin, "nextitem_index", None)
+        if isinstance(following, int):
+            indices.append(following)
+        return any(session.items[i].nodeid == nodeid for i in indices)
+    return False
+
+
 # The package's own frames, hidden from a golden error's traceback.
 _PACKAGE_DIR = Path(__file__).parents[2]
 
@@ -220,6 +239,8 @@ class GoldenPlugin:
             return  # recorded before: the reference only replays it
         deadline = time.monotonic() + REFERENCE_WAIT_S
         while not self.finished.contains(reference) and time.monotonic() < deadline:
+            if queued_on_this_worker(self.config, reference):
+                return  # it cannot run before this test ends: go on, as without xdist
             time.sleep(0.1)
 
     def _note_reference(self, item: pytest.Item, selected: set[str]) -> None:
