@@ -206,8 +206,8 @@ def test_a_run_over_the_ini_testpaths_keeps_the_shared_golden_of_a_test_outside_
 
 def test_a_shared_golden_whose_recording_file_was_not_collected_is_kept(benchmarks):
     project = benchmarks
-    conftest = project.path / "conftest.py"
-    conftest.write_text(conftest.read_text() + '\ncollect_ignore = ["benchmarks"]\n')
+    # no longer a test file, though collection ignored nothing
+    (project.path / "pytest.ini").write_text("[pytest]\npython_files = test_a.py\n")
     before = project.golden_files()
     result = project.run("--golden-prune-tests")
     result.assert_outcomes(passed=1)
@@ -217,6 +217,59 @@ def test_a_shared_golden_whose_recording_file_was_not_collected_is_kept(benchmar
         "collect the whole project (it did not collect benchmarks/test_bench.py, which recorded "
         "them), and a test file it left out may declare them; prune them on a run that collects "
         "every test file (the rootdir as test path, nothing ignored or skipped at collection)"
+    ]
+
+
+SHARED_A = """
+import pytest
+
+
+@pytest.mark.golden(shared="policy")
+def test_a(golden):
+    golden.check({"pg_loss": 0.5})
+"""
+
+HIDE_BENCHMARKS = {
+    "collect_ignore": ("conftest.py", '\ncollect_ignore = ["benchmarks"]\n'),
+    "norecursedirs": ("pytest.ini", "norecursedirs = benchmarks\n"),
+    "hook": (
+        "conftest.py",
+        "\n\ndef pytest_ignore_collect(collection_path, config):\n"
+        '    return True if collection_path.name == "benchmarks" else None\n',
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("how", "workers"), [*((how, 0) for how in sorted(HIDE_BENCHMARKS)), ("collect_ignore", 2)]
+)
+def test_a_shared_golden_a_test_in_a_folder_collection_ignored_declares_is_kept(
+    project, how, workers
+):
+    """tests/test_a.py recorded @shared/policy, which benchmarks/test_bench.py also declares;
+    test_a drops the marker and collection ignores benchmarks/: the golden stays (under
+    xdist too, where the workers collect)."""
+    project.pytester.mkdir("tests")
+    project.pytester.mkdir("benchmarks")
+    (project.path / "pytest.ini").write_text("[pytest]\ngolden_dir = golden\n")
+    project.write(SHARED_A, "tests/test_a")
+    project.write(BENCH, "benchmarks/test_bench")
+    project.run("tests").assert_outcomes(passed=1)
+    project.run().assert_outcomes(passed=3)
+    project.write("def test_a(golden):\n    golden.check({'kl': 1.0})\n", "tests/test_a")
+    name, line = HIDE_BENCHMARKS[how]
+    (project.path / name).write_text((project.path / name).read_text() + line)
+    if workers:
+        result = project.run_subprocess("-n", str(workers), "--golden-prune-tests")
+    else:
+        result = project.run("--golden-prune-tests")
+    result.assert_outcomes(passed=1)
+    assert (project.golden / "@shared" / "policy" / "manifest.json").is_file()
+    assert prune_notes(result) == [
+        "--golden-prune-tests left alone 1 shared golden(s) (@shared/policy): this run did not "
+        "collect the whole project (collection ignored benchmarks), and a test file it left out "
+        "may declare them; prune them on a run that collects every test file (the rootdir as "
+        "test path, nothing ignored or skipped at collection)"
     ]
 
 

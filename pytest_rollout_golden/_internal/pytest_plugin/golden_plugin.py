@@ -50,7 +50,7 @@ from .options import (
     session_tolerances,
     truthy_env,
 )
-from .prune import Unused, partial_project, unused_and_pruned
+from .prune import Unused, may_hold_tests, partial_project, unused_and_pruned
 from .session import FinishedTests, SessionState, UpdateMarks, write_report
 
 if TYPE_CHECKING:
@@ -355,6 +355,7 @@ class GoldenPlugin:
             testpaths=testpaths,
             ignored=[*(opt.ignore or ()), *(opt.ignore_glob or ())],
             skipped=sorted(self.state.skipped_files),
+            collect_ignored=sorted(self.state.collect_ignored),
         )
 
     def find_unused(
@@ -425,6 +426,17 @@ class GoldenPlugin:
             ids = self.state.produced.setdefault(str(Path(collector.path)), set())
             ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
         return report
+
+    @pytest.hookimpl(wrapper=True)  # the final answer of every implementation, pytest's too
+    def pytest_ignore_collect(self, collection_path: Path) -> Any:
+        """Collection: the paths under the rootdir, outside the golden root, it ignored that
+        may hold tests."""
+        ignored = yield
+        path = Path(collection_path)
+        in_golden = path == self.root or self.root in path.parents
+        if ignored and self.rootdir in path.parents and not in_golden and may_hold_tests(path):
+            self.state.collect_ignored.add(str(path))
+        return ignored
 
     @pytest.hookimpl(tryfirst=True)  # before xdist starts workers that write pictures
     def pytest_sessionstart(self, session: pytest.Session) -> None:

@@ -17,6 +17,7 @@ file that recorded it included. Works without pytest.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,18 @@ def outside_rootdir(root: Path, rootdir: Path) -> bool:
     return real_rootdir not in real.parents
 
 
+# pytest's default ``norecursedirs``: folders that hold no test of the project
+_NEVER_TESTS = ("*.egg", ".*", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}")
+
+
+def may_hold_tests(path: Path) -> bool:
+    """Whether ``path``, which collection ignored, may hold tests of the project: not a
+    ``__pycache__``, a virtualenv, or a folder pytest's default ``norecursedirs`` leaves out."""
+    if path.name == "__pycache__" or (path / "pyvenv.cfg").is_file():
+        return False
+    return not any(fnmatch.fnmatchcase(path.name, pattern) for pattern in _NEVER_TESTS)
+
+
 def partial_project(
     args: Sequence[Path],
     rootdir: Path,
@@ -126,6 +139,7 @@ def partial_project(
     testpaths: str,
     ignored: Sequence[str],
     skipped: Sequence[str],
+    collect_ignored: Sequence[str] = (),
 ) -> str:
     """Why this run may have left out test files of the project (``""``: it collected all).
 
@@ -134,13 +148,18 @@ def partial_project(
     ``args``: the paths the run collected; ``testpaths``: how the ini's ``testpaths``
     chose them (``"testpaths = tests (pytest.ini)"``), ``""`` if they did not;
     ``ignored``: ``--ignore``/``--ignore-glob`` values; ``skipped``: files skipped at
-    collection (e.g. ``pytest.importorskip``), whose tests were never seen.
+    collection (e.g. ``pytest.importorskip``), whose tests were never seen;
+    ``collect_ignored``: paths collection ignored (``collect_ignore``, ``norecursedirs``,
+    a ``pytest_ignore_collect`` hook) that may hold tests.
     """
     if skipped:
         more = f" and {len(skipped) - 1} more were" if len(skipped) > 1 else " was"
         return f"{display(sorted(skipped)[0], rootdir)}{more} skipped at collection"
     if ignored:
         return f"--ignore {ignored[0]} left files out"
+    if collect_ignored:
+        more = f" and {len(collect_ignored) - 1} more" if len(collect_ignored) > 1 else ""
+        return f"collection ignored {display(sorted(collect_ignored)[0], rootdir)}{more}"
     real = Path(os.path.realpath(rootdir))
     paths = {Path(os.path.realpath(a)) for a in args}
     if any(p == real or p in real.parents for p in paths):

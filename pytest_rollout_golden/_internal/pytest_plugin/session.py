@@ -76,6 +76,7 @@ class SessionState:
     collected_files: set[str] = field(default_factory=set)
     partial_files: set[str] = field(default_factory=set)
     skipped_files: set[str] = field(default_factory=set)  # skipped at collection (importorskip)
+    collect_ignored: set[str] = field(default_factory=set)  # paths collection ignored
     # test file -> node ids its collectors produced, before any plugin or conftest filtered them
     produced: dict[str, set[str]] = field(default_factory=dict)
     selected: set[str] = field(default_factory=set)  # node ids left to run after collection
@@ -126,6 +127,7 @@ class SessionState:
                 "collected_files": sorted(self.collected_files),
                 "partial_files": sorted(self.partial_files),
                 "skipped_files": sorted(self.skipped_files),
+                "collect_ignored": sorted(self.collect_ignored),
                 "produced": {f: sorted(ids) for f, ids in self.produced.items()},
                 "selected": sorted(self.selected),
                 "used_tolerances": self.tolerance_usage.labels(),
@@ -146,6 +148,7 @@ class SessionState:
         self.collected_files.update(data["collected_files"])
         self.partial_files.update(data["partial_files"])
         self.skipped_files.update(data.get("skipped_files", ()))
+        self.collect_ignored.update(data.get("collect_ignored", ()))
         for file, ids in data.get("produced", {}).items():
             self.produced.setdefault(file, set()).update(ids)
         self.selected.update(data.get("selected", ()))
