@@ -87,6 +87,23 @@ def cli_show(work: Path) -> str:
     return text.split("rollout-rollout-step000001")[0] + "...\n"
 
 
+@output("cli-verify-problems")
+def cli_verify_problems(work: Path) -> str:
+    """``verify`` of copies of three committed goldens, one edited by hand and one left
+    half-committed, then of a path that does not exist."""
+    example = "examples/test_tiny_rl_golden"
+    for name in ("@shared/parallel-policy-float32", f"{example}/grpo_layouts", EXAMPLE[7:]):
+        shutil.copytree(ROOT / "golden" / name, work / "golden" / name)
+    with (work / "golden" / "@shared" / "parallel-policy-float32" / "metrics.json").open("a") as f:
+        f.write(" ")
+    layouts = work / "golden" / example
+    shutil.copytree(layouts / "grpo_layouts", layouts / ".grpo_layouts.new-4242")
+    edited = shown(work, "verify", "golden", status=True).replace(
+        "verify golden\n", "verify golden    # one edited metrics.json, one interrupted update\n", 1
+    )
+    return edited + shown(work, "verify", "nope", status=True)
+
+
 TRAINED: list[Path] = []  # the example's project, trained once per session
 
 
