@@ -159,6 +159,40 @@ def cli_diff_json(work: Path) -> str:
 # ---------------------------------------------------------------- docs/guide/recording.md
 
 
+@output("recording-missing-step")
+def recording_missing_step(work: Path) -> str:
+    """A 5-step run over a 3-step recording under three policies: the error's line, and what
+    passed without pytest's last line (its timing)."""
+    test = work / "tests" / "test_steps.py"
+    test.parent.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        "import torch\n\n"
+        "def test_ppo(golden):\n"
+        "    for step in range(STEPS):\n"
+        "        batch = golden.rollout(lambda s=step: {'x': torch.full((4,), s)}, step=step)\n"
+        "        golden.check({'pg_loss': float(batch['x'].sum())}, step=step)\n"
+        "STEPS = 3\n"
+    )
+    run_pytest(work)
+    test.write_text(test.read_text().replace("STEPS = 3", "STEPS = 5"))
+    block = []
+    for policy in ("error", "generate", "repeat"):
+        args = [
+            *(["--golden-strict"] if policy == "generate" else []),
+            f"--golden-missing-step={policy}",
+        ]
+        lines = run_pytest(work, *args).splitlines()
+        if policy == "error":
+            lines = [
+                line for line in lines if "GoldenMissingError:" in line and line.startswith("E ")
+            ]
+        else:
+            lines = lines[:-1]
+        block += [f"$ pytest -q {' '.join(args)}", *lines]
+    return "\n".join(block) + "\n"
+
+
 @output("recording-nan-and-typo")
 def recording_nan_and_typo(work: Path) -> str:
     test = work / "test_guards.py"
