@@ -87,6 +87,23 @@ def cli_show(work: Path) -> str:
     return text.split("rollout-rollout-step000001")[0] + "...\n"
 
 
+@output("cli-verify-problems")
+def cli_verify_problems(work: Path) -> str:
+    """``verify`` of copies of three committed goldens, one edited by hand and one left
+    half-committed, then of a path that does not exist."""
+    example = "examples/test_tiny_rl_golden"
+    for name in ("@shared/parallel-policy-float32", f"{example}/grpo_layouts", EXAMPLE[7:]):
+        shutil.copytree(ROOT / "golden" / name, work / "golden" / name)
+    with (work / "golden" / "@shared" / "parallel-policy-float32" / "metrics.json").open("a") as f:
+        f.write(" ")
+    layouts = work / "golden" / example
+    shutil.copytree(layouts / "grpo_layouts", layouts / ".grpo_layouts.new-4242")
+    edited = shown(work, "verify", "golden", status=True).replace(
+        "verify golden\n", "verify golden    # one edited metrics.json, one interrupted update\n", 1
+    )
+    return edited + shown(work, "verify", "nope", status=True)
+
+
 TRAINED: list[Path] = []  # the example's project, trained once per session
 
 
@@ -140,6 +157,40 @@ def cli_diff_json(work: Path) -> str:
 
 
 # ---------------------------------------------------------------- docs/guide/recording.md
+
+
+@output("recording-missing-step")
+def recording_missing_step(work: Path) -> str:
+    """A 5-step run over a 3-step recording under three policies: the error's line, and what
+    passed without pytest's last line (its timing)."""
+    test = work / "tests" / "test_steps.py"
+    test.parent.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        "import torch\n\n"
+        "def test_ppo(golden):\n"
+        "    for step in range(STEPS):\n"
+        "        batch = golden.rollout(lambda s=step: {'x': torch.full((4,), s)}, step=step)\n"
+        "        golden.check({'pg_loss': float(batch['x'].sum())}, step=step)\n"
+        "STEPS = 3\n"
+    )
+    run_pytest(work)
+    test.write_text(test.read_text().replace("STEPS = 3", "STEPS = 5"))
+    block = []
+    for policy in ("error", "generate", "repeat"):
+        args = [
+            *(["--golden-strict"] if policy == "generate" else []),
+            f"--golden-missing-step={policy}",
+        ]
+        lines = run_pytest(work, *args).splitlines()
+        if policy == "error":
+            lines = [
+                line for line in lines if "GoldenMissingError:" in line and line.startswith("E ")
+            ]
+        else:
+            lines = lines[:-1]
+        block += [f"$ pytest -q {' '.join(args)}", *lines]
+    return "\n".join(block) + "\n"
 
 
 @output("recording-nan-and-typo")
@@ -196,7 +247,96 @@ def tolerances_partial(work: Path) -> str:
     return failure(run_pytest(work))
 
 
+# ---------------------------------------------------------------- docs/guide/parallel.md
+
+
+@output("parallel-mismatch")
+def parallel_mismatch(work: Path) -> str:
+    """The deliberately wrong ``dp-double-norm`` variant against the committed reference golden:
+    the headline, the first three metrics, the first tensor and the last line."""
+    shutil.copytree(
+        ROOT / "golden" / "@shared" / "parallel-policy-float32",
+        work / "golden" / "@shared" / "parallel-policy-float32",
+    )
+    (work / "pytest.ini").write_text("[pytest]\n")
+    (work / "test_faulty.py").write_text(
+        "import pytest\n"
+        "from pytest_rollout_golden.parallel import Layout, layout_params\n"
+        "from pytest_rollout_golden.parallel.policy import (\n"
+        "    PolicyConfig, check_step, make_rollout, run)\n\n"
+        "CFG = PolicyConfig()\n"
+        "FAULTY = [Layout(dp=2, micro_batches=4, fault='dp-double-norm')]\n\n"
+        "@pytest.mark.golden(shared='parallel-policy-float32')\n"
+        "@pytest.mark.parametrize('layout', layout_params(FAULTY)[1:])\n"
+        "def test_gate(golden, layout):\n"
+        "    batches = [golden.rollout(lambda s=s: make_rollout(CFG, s), step=s)\n"
+        "               for s in range(3)]\n"
+        "    for step, result in enumerate(run(layout, CFG, batches)):\n"
+        "        check_step(golden, result, step=step)\n"
+    )
+    lines = failure(run_pytest(work)).splitlines()
+    tensor = next(i for i, line in enumerate(lines) if line.startswith("tensor '"))
+    return "\n".join([*lines[:6], "  ...", *lines[tensor : tensor + 4], "...", lines[-1]]) + "\n"
+
+
 # ---------------------------------------------------------------- docs/reference/configuration.md
+
+
+SUMMARY_TEST = """\
+import pytest
+
+@pytest.mark.parametrize('tp', ['tp1', 'tp2'])
+def test_ppo(golden, tp):
+    drift = DRIFT if tp == 'tp1' else 1.0
+    golden.check({'pg_loss': 0.6931471805599453 * drift, 'grad_norm': 1.5}, step=0)
+
+def test_kl(golden):
+    golden.check({'kl': 0.001}, step=0)
+
+@pytest.mark.xfail(reason='known bug')
+def test_buggy(golden):
+    golden.check({'kl': 0.001 * DRIFT * DRIFT}, step=0)
+"""
+
+
+def summary(pytest_output: str) -> str:
+    """The ``rollout golden`` section of pytest's terminal summary: up to pytest's next section
+    or its last line (the counts and the timing)."""
+    lines = pytest_output.splitlines()
+    start = next(i for i, line in enumerate(lines) if "rollout golden" in line)
+    ends = [i for i in range(start + 1, len(lines)) if lines[i].startswith("=")]
+    return "\n".join(lines[start : (ends or [len(lines) - 1])[0]])
+
+
+@output("summary")
+def summary_example(work: Path) -> str:
+    """A replay after a drift, a removed test, a new one and another recording environment;
+    then the drifted test re-recorded."""
+    test = work / "tests" / "test_ppo.py"
+    test.parent.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test.write_text(
+        SUMMARY_TEST + "\ndef test_removed_case(golden):\n"
+        "    golden.check({'kl': 0.5}, step=0)\nDRIFT = 1.0\n"
+    )
+    run_pytest(work)
+    test.write_text(
+        SUMMARY_TEST + "\ndef test_new(golden):\n"
+        "    golden.check({'entropy': 2.5}, step=0)\nDRIFT = 1.001\n"
+    )
+    manifest = work / "golden" / "tests" / "test_ppo" / "test_ppo[tp2]" / "manifest.json"
+    recorded = json.loads(manifest.read_text())
+    recorded["fingerprint"]["tf32_matmul"] = True  # as if recorded on a GPU allowing TF32
+    manifest.write_text(json.dumps(recorded))
+    replay = ("--golden-tolerance=gradnorm:rtol=1e-3", "--golden-report=golden-report.json")
+    update = ("--update-golden", "-k", "tp1")
+    return (
+        "\n".join(
+            f"$ pytest {' '.join(args)}\n{summary(run_pytest(work, *args))}"
+            for args in (replay, update)
+        )
+        + "\n"
+    )
 
 
 @output("report-json")
