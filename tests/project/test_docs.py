@@ -3,6 +3,7 @@ link resolving, and the quickstart's shown output what the quickstart really pri
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -55,9 +56,14 @@ def anchors(page: Path) -> set[str]:
     return found
 
 
-def broken_links(page: Path) -> list[str]:
-    """Relative links of ``page`` whose file does not exist, or whose ``#anchor`` names no
-    heading of the Markdown page it points to."""
+# The docs build's slug function comes with the docs extra, not with the test extra.
+SLUGS = importlib.util.find_spec("pymdownx") is not None
+NO_SLUGS = "anchors are slugged as the docs build slugs them: pip install -e '.[docs]'"
+
+
+def broken_links(page: Path, *, anchored: bool = True) -> list[str]:
+    """Relative links of ``page`` whose file does not exist, or (``anchored``) whose
+    ``#anchor`` names no heading of the Markdown page it points to."""
     broken = []
     for target in LINK.findall(FENCE.sub("", page.read_text())):
         if re.match(r"[a-z]+:", target):
@@ -66,7 +72,7 @@ def broken_links(page: Path) -> list[str]:
         path = (page.parent / file).resolve() if file else page
         if not path.exists():
             broken.append(f"{target}: no such file")
-        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+        elif anchored and anchor and path.suffix == ".md" and anchor not in anchors(path):
             broken.append(f"{target}: no heading #{anchor} in {path.name}")
     return broken
 
@@ -75,11 +81,14 @@ def broken_links(page: Path) -> list[str]:
 def test_relative_links_resolve(page: Path):
     """mkdocs --strict checks links between pages; this also covers the README and links
     from the docs to files of the repository, and the anchor of every link to a page."""
-    broken = broken_links(page)
+    broken = broken_links(page, anchored=SLUGS)
     assert not broken, f"{page.relative_to(ROOT)} has broken links:\n" + "\n".join(broken)
+    if not SLUGS:
+        pytest.skip(f"files of links checked, not their anchors: {NO_SLUGS}")
 
 
 def test_a_link_to_a_missing_heading_is_broken(tmp_path: Path):
+    pytest.importorskip("pymdownx", reason=NO_SLUGS)
     (tmp_path / "a.md").write_text("# Title\n\n## Same-math `variants`\n\n## Title\n")
     (tmp_path / "b.md").write_text(
         "[ok](a.md#same-math-variants) [ok](a.md#title_1) [x](a.md#no-such-heading)\n"
