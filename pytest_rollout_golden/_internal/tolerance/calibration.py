@@ -922,25 +922,25 @@ def _pooled(
 
 def _mean_run(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
     """``{step: {name: (mean over runs, dtype)}}`` over the steps and values every run has."""
+    return _per_value(runs, lambda xs: math.fsum(xs) / len(xs))
+
+
+def _median_run(means: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per step and value, the median of ``means`` (:func:`_mean_run` of each variant)."""
+    return _per_value(means, statistics.median)
+
+
+def _per_value(
+    runs: Sequence[Mapping[str, Mapping[str, Any]]], reduce: Callable[[list[float]], float]
+) -> dict[str, dict[str, Any]]:
+    """``{step: {name: (reduce(values of the runs), dtype)}}`` over what every run has."""
     if not runs:
         return {}
     out: dict[str, dict[str, Any]] = {}
     for step in set.intersection(*(set(r) for r in runs)):
         for name in set.intersection(*(set(r[step]) for r in runs)):
-            mean = math.fsum(float(r[step][name][0]) for r in runs) / len(runs)
-            out.setdefault(step, {})[name] = (mean, runs[0][step][name][1])
-    return out
-
-
-def _median_run(means: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per step and value, the median of ``means`` (:func:`_mean_run` of each variant)."""
-    if not means:
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    for step in set.intersection(*(set(m) for m in means)):
-        for name in set.intersection(*(set(m[step]) for m in means)):
-            median = statistics.median(float(m[step][name][0]) for m in means)
-            out.setdefault(step, {})[name] = (median, means[0][step][name][1])
+            value = reduce([float(r[step][name][0]) for r in runs])
+            out.setdefault(step, {})[name] = (value, runs[0][step][name][1])
     return out
 
 
