@@ -7,13 +7,19 @@ test_golden_prune_nesting_links.py check that pytest shows them as usage errors 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from pytest_rollout_golden._internal.golden.results import Mode
-from pytest_rollout_golden._internal.pytest_plugin import markers, options, prune
+from pytest_rollout_golden._internal.pytest_plugin import (
+    markers,
+    options,
+    prune,
+    snapshot as rank_snapshots,
+)
 from pytest_rollout_golden._internal.pytest_plugin.options import OptionError
 from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
 from pytest_rollout_golden.store import location
@@ -398,3 +404,36 @@ def test_a_marker_mistake_is_a_usage_error_not_a_traceback(project):
     text = result.stdout.str() + result.stderr.str()
     assert "expected a Tolerance or a dict, got float" in text
     assert "Traceback" not in text and "tolerance.py" not in text
+
+
+def test_stale_rank_copy_cleanup_touches_only_real_folders_with_the_exact_marker(tmp_path):
+    """Only an abandoned folder holding the plugin's own marker goes: a link named like a copy,
+    a linked, FIFO or edited marker, and a folder without one all stay, with what they hold."""
+    marker, text = location.RANK_SNAPSHOT_MARKER, location.RANK_SNAPSHOT_MARKER_TEXT
+
+    def copy(suffix: str) -> Path:
+        folder = tmp_path / (location.rank_snapshot_prefix(1, pid=999999) + suffix)
+        folder.mkdir()
+        (folder / "data.txt").write_text("keep")
+        return folder
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / marker).write_text(text)
+    abandoned = copy("abandoned")
+    (abandoned / marker).write_text(text)
+    linked_folder = tmp_path / (location.rank_snapshot_prefix(1, pid=999999) + "link")
+    linked_folder.symlink_to(elsewhere, target_is_directory=True)
+    linked_marker = copy("linkedmarker")
+    (linked_marker / marker).symlink_to(elsewhere / marker)
+    fifo = copy("fifo")
+    os.mkfifo(fifo / marker)
+    edited = copy("edited")
+    (edited / marker).write_text(text + "mine\n")
+    unmarked = copy("my_notes")
+
+    assert rank_snapshots.remove_stale(tmp_path) == [abandoned]
+    assert not abandoned.exists()
+    for kept in (linked_marker, fifo, edited, unmarked):
+        assert (kept / "data.txt").read_text() == "keep"
+    assert linked_folder.is_symlink() and (elsewhere / marker).read_text() == text
