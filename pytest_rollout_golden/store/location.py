@@ -38,6 +38,7 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
 TOLERANCES = "tolerances.json"  # calibrated tolerances, owned by the golden (calibration.py)
+ENVELOPE = "envelope.json"  # calibrated per-step bands of a long run (envelope.py)
 PLOTS_MANIFEST = ".rollout-golden-plots.json"  # in a --golden-plot DIR: the pictures it wrote
 
 _DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.=\[\]-]")

@@ -22,8 +22,9 @@ from typing import Any
 
 from ... import store
 from ...errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from ...store.location import MANIFEST, METRICS, TOLERANCES, files_without_manifest
+from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, files_without_manifest
 from ..report.presentation import manifestless
+from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer
 from . import metric_codec
 
@@ -171,6 +172,10 @@ class GoldenFiles:
 
             path = self.directory / TOLERANCES
             calibrated_layers(out[TOLERANCES], path, layout_variant=True, magnitude=self.magnitude)
+        if ENVELOPE in out:
+            from ..tolerance import envelope
+
+            envelope.read(out[ENVELOPE], self.directory / ENVELOPE, magnitude=self.magnitude)
         return self.manifest, out
 
     def magnitude(self, name: str) -> float | None:
@@ -203,6 +208,23 @@ class GoldenFiles:
             )
 
         return self.unless_damaged(TOLERANCES, read, (None, None))
+
+    def envelope(self, *, layout_variant: bool = False) -> Envelope | None:
+        """The per-step bands ``--golden-calibrate`` wrote into this golden, if any
+        (:func:`.envelope.read`; a variant's only where variants' runs made them). A damaged
+        file that is being re-recorded counts as absent, and is dropped."""
+        if ENVELOPE not in self.recorded:
+            return None
+        from ..tolerance import envelope
+
+        def read() -> Envelope | None:
+            content = self.load(ENVELOPE)
+            path = self.directory / ENVELOPE
+            return envelope.read(
+                content, path, magnitude=self.magnitude, layout_variant=layout_variant
+            )
+
+        return self.unless_damaged(ENVELOPE, read, None)
 
     # ------------------------------------------------------------------ the new version
 

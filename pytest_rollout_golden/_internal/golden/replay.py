@@ -28,7 +28,7 @@ from ...errors import (
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from ...store.location import TOLERANCES, tensors_filename
+from ...store.location import ENVELOPE, TOLERANCES, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
     derived_fields_note,
@@ -47,9 +47,10 @@ from ..report.presentation import (
     stand_in_note,
     unused_tolerance,
 )
+from ..tolerance.envelope import Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
-from ..tolerance.stack import Stack, ToleranceUsage
+from ..tolerance.stack import Resolver, Stack, ToleranceUsage
 from . import checks, metric_codec
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
@@ -158,6 +159,7 @@ class Golden:
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
+        self._envelope: Envelope | None = None  # a long run's per-step bands, once opened
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
@@ -196,6 +198,7 @@ class Golden:
         only = self._replay_only is not None
         calibrated, lane = self._files.calibrated_layers(layout_variant=only)
         stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
+        self._envelope = self._files.envelope(layout_variant=only)
         recorder = self._files.recorded_by
         if self._replaying and not only and recorder not in (None, self.test_id):
             self._outcome.recorded_by = recorder  # a key=/shared= golden of another test
@@ -352,7 +355,7 @@ class Golden:
         self._open()
         if key in self._rollouts.not_recorded:
             return self._not_compared(list(metrics), step, kind="metric")
-        resolver, layer = self._resolver, None
+        resolver, layer = self._step_resolver(step), None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
             resolver = self._resolver.above(layer)
@@ -513,22 +516,33 @@ class Golden:
         if fields:
             self._outcome.rollouts.append(derived_fields_note(name, fields))
 
+    def _step_resolver(self, step: int) -> Resolver:
+        """The resolver of ``step``: with the envelope's band at that step, if any."""
+        band = None if self._envelope is None else self._envelope.layer(step)
+        return self._resolver if band is None else self._stack.replace(envelope=band).resolver()
+
     def _note_loosened(self, results: list[Comparison]) -> None:
-        """Note each tolerance from the golden's tolerances.json looser than without it."""
-        files = (self._stack.calibrated, self._stack.calibrated_layout)
-        if files == (None, None):
-            return
-        without_files = self._resolver.without(*files)
+        """Note each tolerance from the golden's calibrated files looser than without them."""
+        by_step = {c.step: self._step_resolver(c.step) for c in results}
         for c in results:
-            if c.tolerance is None or TOLERANCES not in c.tolerance_source:
+            resolver = by_step[c.step]
+            files = [layer for layer in resolver.layers if _calibrated_file(layer.source)]
+            if c.tolerance is None or not files or not _calibrated_file(c.tolerance_source):
                 continue
+            without_files = resolver.without(*files)
             dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
             without = without_files.resolve(c.name, (dtype or "float64",))[0]
-            if checks.looser(c.tolerance, without):
-                self._outcome.loosened[c.name] = {
-                    "tolerance": c.tolerance.describe(),
-                    "without": without.describe(),
-                }
+            if not checks.looser(c.tolerance, without):
+                continue
+            file = ENVELOPE if ENVELOPE in c.tolerance_source else TOLERANCES
+            noted = self._outcome.loosened.setdefault(
+                c.name, {"tolerance": c.tolerance.describe(), "without": without.describe()}
+            )
+            if file == ENVELOPE:  # a band's width changes with the step: its widest, and where
+                noted["file"] = file
+                noted["steps"] = [*noted.get("steps", []), c.step]
+                if c.tolerance.atol >= noted.get("atol", 0.0):
+                    noted.update(tolerance=c.tolerance.describe(), atol=c.tolerance.atol)
 
     def _magnitude(self, name: str) -> float | None:
         """Metric ``name``'s largest recorded magnitude over every step (cached)."""
@@ -624,7 +638,7 @@ class Golden:
         steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
 
         def keep(filename: str) -> bool:
-            used, calibrated = filename in self._touched, filename == TOLERANCES
+            used, calibrated = filename in self._touched, filename in (TOLERANCES, ENVELOPE)
             return self.policy.keeps_file(used=used, calibrated=calibrated)
 
         written = {str(c.step) for c in self._outcome.comparisons if c.verdict in _WRITTEN}
@@ -707,9 +721,10 @@ class Golden:
         return metric_codec.numbers(self._metrics)
 
     def calibration_sample(self) -> dict[str, Any]:
-        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, their largest
-        recorded magnitudes, per tensor its greatest distance to the golden
-        (:func:`.calibrate.tensor_distances`), and the names its tolerances (the marker's
+        """What ``--golden-calibrate`` keeps of this run: its scalar metrics, the golden's
+        (replaying; what an envelope is centred on), their largest recorded magnitudes, per
+        tensor its greatest distance to the golden (:func:`.calibrate.tensor_distances`),
+        and the names its tolerances (the marker's
         included) do not compare."""
         from ..tolerance.calibration import tensor_distances
 
@@ -719,10 +734,16 @@ class Golden:
         magnitudes = {name: self._magnitude(name) for name in sorted(names)}
         return {
             "metrics": metrics,
+            "recorded": metric_codec.numbers(self._files.metrics()) if self._replaying else {},
             "magnitudes": {k: v for k, v in magnitudes.items() if v is not None},
             "tensors": tensor_distances(comparisons),
             "ignored": sorted({c.name for c in comparisons if c.verdict == Verdict.IGNORED}),
         }
+
+
+def _calibrated_file(source: str) -> bool:
+    """Whether a tolerance source is a file calibration wrote into the golden."""
+    return TOLERANCES in source or ENVELOPE in source
 
 
 __all__ = ["Golden", "SessionLinks", "UpdateRegistry", "user_facing"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import REMEDY_UPDATE
-from ...store.location import MANIFEST, TOLERANCES
+from ...store.location import ENVELOPE, MANIFEST, TOLERANCES
 from ..golden.results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
 
 if TYPE_CHECKING:
@@ -725,8 +725,34 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
     lines += [f"    {line}" for line in calibrated_variants(entry.get("variants", ()))]
     for lane in entry.get("kept", ()):
         lines.append(f"    kept from the earlier {TOLERANCES}: the {lane} lane (not measured now)")
+    lines += envelope_lines(entry.get("envelope"), directory)
     if entry["skipped"]:
         lines.append(f"    left out: {entry['skipped']}")
+    return lines
+
+
+def loosened_where(noted: Mapping[str, Any]) -> str:
+    """A loosened tolerance: as it is, or an envelope's widest and at how many steps."""
+    steps = noted.get("steps")
+    if not steps:
+        return str(noted["tolerance"])
+    return f"up to {noted['tolerance']} at {plural(len(steps), 'step')} ({step_ranges(steps)})"
+
+
+def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]:
+    """``--golden-calibrate``: what the golden's envelope.json holds now, and the refused."""
+    if not found:
+        return []
+    lines = []
+    if found["metrics"]:
+        made = "the reference's and the variants' runs" if found["variants"] else "runs"
+        lines.append(
+            f"    per-step envelope written to {directory}/{ENVELOPE}: "
+            f"{', '.join(found['metrics'])} over {plural(found['steps'], 'step')}, "
+            f"from {found['runs']} {made}"
+        )
+    for name, why in sorted(found["refused"].items()):
+        lines.append(f"    envelope refused: {name}: {why}")
     return lines
 
 
@@ -841,8 +867,8 @@ def summary_lines(
         ],
     )
     loosened = [
-        f"{o.test}: {name}: {t['tolerance']} from {rel(Path(o.directory) / TOLERANCES)} "
-        f"(without it: {t['without']})"
+        f"{o.test}: {name}: {loosened_where(t)} from "
+        f"{rel(Path(o.directory) / t.get('file', TOLERANCES))} (without it: {t['without']})"
         for o in state.outcomes
         for name, t in o.loosened.items()
     ]

@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError, GoldenFormatError
-from ...store.location import TOLERANCES
+from ...store.location import ENVELOPE, TOLERANCES
 from .spec import IGNORE, RECORDED, Layer, Tolerance
 from .stack import Resolver
 
@@ -580,10 +580,16 @@ def writes_nothing(content: Mapping[str, Any]) -> bool:
 
 
 def write(
-    directory: Path, content: Mapping[str, Any] | None, *, carry: Collection[str] = ()
+    directory: Path,
+    content: Mapping[str, Any] | None,
+    *,
+    carry: Collection[str] = (),
+    envelope: Mapping[str, Any] | None = None,
 ) -> bool:
     """Put ``tolerances.json`` into the golden ``directory``, listed in its manifest, or
     with ``content`` ``None`` take away the one there; whether the golden changed.
+    ``envelope``: the ``envelope.json`` written beside it in the same commit (``None``: no
+    long run's band was measured, and an earlier one goes).
 
     ``carry``: the lanes (:data:`LANES`) this calibration did not measure, taken as the file
     there holds them (:func:`carried`); a file left with no entry in either is removed. The
@@ -609,21 +615,22 @@ def write(
             content = carried(content, earlier, carry)
         if content is not None and writes_nothing(content):
             content = None
-        if content is None and info is None:
+        nothing_there = info is None and ENVELOPE not in manifest["files"]
+        if content is None and envelope is None and nothing_there:
             return False
         tx = store.Transaction(directory)
+        # The environment whose noise this is: the golden's (runs differ only as perturbed).
+        fingerprint = manifest.get("fingerprint")
         try:
             for filename, kept in manifest["files"].items():
-                if filename != TOLERANCES:
+                if filename not in (TOLERANCES, ENVELOPE):
                     tx.keep(filename, kept)
             if content is not None:
-                # The environment whose noise this is: the golden's (runs differ only as
-                # perturbed).
-                content = {
-                    **content,
-                    "how": {**content["how"], "fingerprint": manifest.get("fingerprint")},
-                }
+                content = {**content, "how": {**content["how"], "fingerprint": fingerprint}}
                 tx.write_json(TOLERANCES, content, kind="tolerances")
+            if envelope is not None:
+                envelope = {**envelope, "how": {**envelope["how"], "fingerprint": fingerprint}}
+                tx.write_json(ENVELOPE, envelope, kind="envelope")
             tx.commit({k: v for k, v in manifest.items() if k not in ("format", "schema", "files")})
         except BaseException:
             tx.abort()
@@ -710,8 +717,50 @@ def calibrate_goldens(
             magnitude=_recorded_magnitudes(usable),
         )
         carry = [name for name, measured in ((SAME, own), (ACROSS, lane)) if not measured]
-        out.append(_write_calibrated(directory, content, left_out, carry))
+        found = _envelope(
+            usable,
+            replaying,
+            lane,
+            functools.partial(_below, variant_resolver or resolver, ignored),
+            _recorded_magnitudes(usable),
+            {"runs": runs, "perturbations": list(perturbations)},
+        )
+        out.append(_write_calibrated(directory, content, left_out, carry, found))
     return out
+
+
+def _envelope(
+    usable: Mapping[str, Sequence[Any]],
+    replaying: Collection[str],
+    lane: tuple[dict[str, Spread], dict[str, Any]] | None,
+    base: Callable[[str, str], Tolerance],
+    magnitude: Magnitude,
+    how: Mapping[str, Any],
+) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """``(envelope.json's content, the metrics refused a band and why)``: the bands
+    (:mod:`.envelope`) of the runs of the golden's own tests and, where a variant lane was
+    measured, of the variants, each left out of the values it is an outlier for; no
+    content where no metric of :data:`.envelope.MIN_STEPS` steps has one."""
+    from . import envelope
+
+    recorded = [run["recorded"] for runs in usable.values() for run in runs if run.get("recorded")]
+    if not recorded:
+        return None, {}
+    records = lane[1] if lane else {}
+    runs, tests = [], []
+    for test, test_runs in sorted(usable.items()):
+        if test in replaying and lane is None:
+            continue  # a variant measured alone is no noise of this golden
+        left_out = records.get(test, {}).get("excluded", {})
+        runs += [(run["metrics"], left_out) for run in test_runs]
+        tests.append(test)
+    found, refused = envelope.bands(
+        recorded[0], runs, compared=lambda n, d: not base(n, d).ignore, magnitude=magnitude
+    )
+    if not found:
+        return None, refused
+    what = {**how, "tests": tests, "variants": lane is not None, "refused": refused}
+    return envelope.document(found, what), refused
 
 
 def _recorded_magnitudes(usable: Mapping[str, Sequence[Any]]) -> Magnitude:
@@ -945,14 +994,20 @@ def _per_value(
 
 
 def _write_calibrated(
-    directory: str, content: dict[str, Any], left_out: Mapping[str, str], carry: Sequence[str]
+    directory: str,
+    content: dict[str, Any],
+    left_out: Mapping[str, str],
+    carry: Sequence[str],
+    envelope: tuple[dict[str, Any] | None, dict[str, str]] = (None, {}),
 ) -> dict[str, Any]:
     """Write ``content`` as ``directory``'s tolerances.json, keeping the lanes ``carry``
-    names as the file holds them (or remove the file where nothing is left); the summary
+    names as the file holds them (or remove the file where nothing is left), and the
+    ``envelope`` (its content, and the bands refused) as its envelope.json; the summary
     entry of the golden."""
     path = Path(directory) / TOLERANCES
+    bands, refused = envelope
     try:
-        changed = write(Path(directory), content, carry=carry)
+        changed = write(Path(directory), content, carry=carry, envelope=bands)
     except GoldenError as exc:  # e.g. never recorded: the other goldens still calibrate
         reason = str(exc).removeprefix(f"{directory}: ")
         return {"directory": directory, "skipped": reason, "rows": []}
@@ -965,6 +1020,19 @@ def _write_calibrated(
         "written": not nothing,
         "removed": nothing and changed and not path.exists(),
         "kept": _kept(path) if carry else [],
+        "envelope": _envelope_summary(bands, refused),
+    }
+
+
+def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str]) -> dict:
+    """What the summary says of a written envelope: its metrics, steps and runs, the refused."""
+    metrics = (bands or {}).get("metrics", {})
+    return {
+        "metrics": sorted(metrics),
+        "steps": max((len(m["steps"]) for m in metrics.values()), default=0),
+        "runs": max((m["runs"] for m in metrics.values()), default=0),
+        "variants": bool(bands and bands["how"]["variants"]),
+        "refused": dict(refused),
     }
 
 

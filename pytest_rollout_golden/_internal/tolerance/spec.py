@@ -176,7 +176,8 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
 class Layer:
     """One source of tolerances: a name (shown in messages) and its entries by metric name.
 
-    A layer of ``defaults`` excludes a name only where no higher layer names it.
+    A layer of ``defaults`` excludes a name only where no higher layer names it; a layer of
+    ``exact_names`` matches a metric by its whole name only (no glob, no last component).
     """
 
     def __init__(
@@ -185,9 +186,11 @@ class Layer:
         entries: Mapping[str, Tolerance | Mapping[str, Any]],
         *,
         defaults: bool = False,
+        exact_names: bool = False,
     ):
         self.source = source
         self.defaults = defaults
+        self.exact_names = exact_names
         self.entries = {k: Tolerance.coerce(v, what=f"{source} {k!r}") for k, v in entries.items()}
         self._globs = [k for k in self.entries if any(c in k for c in "*?[")]
 
@@ -195,6 +198,8 @@ class Layer:
         """The entry ``name`` matches, if any: exact, then glob, then last path component."""
         if name in self.entries:
             return name
+        if self.exact_names:
+            return None
         glob = next((g for g in self._globs if fnmatch.fnmatchcase(name, g)), None)
         if glob is not None:
             return glob

@@ -8,6 +8,7 @@ is the one place that puts them in order (top wins)::
     --golden-ignore, --golden-tolerance           cli
     ini golden_lane_fallback_tolerances           lane_fallback (compared against a
                                                   fallback lane only, lanes.py)
+    envelope (envelope.json), at this step        envelope (a long run's per-step band)
     calibrated variant lane (tolerances.json)     calibrated_layout   } variants
     variant lane (same_math(), parallel.variants) layout              } only
     calibrated (tolerances.json)                  calibrated
@@ -65,6 +66,7 @@ class Stack:
     calibrated_layout: Layer | None = None
     layout: Layer | None = None
     lane_fallback: Layer | None = None
+    envelope: Layer | None = None
     calibrated: Layer | None = None
     cli: Sequence[Layer] = ()
     ini: Sequence[Layer] = ()
@@ -81,6 +83,7 @@ class Stack:
             self.across_variants if self.variant else None,
             *self.cli,
             self.lane_fallback,
+            self.envelope,
             self.calibrated_layout,
             self.layout,
             self.calibrated,

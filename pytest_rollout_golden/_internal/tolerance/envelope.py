@@ -1,0 +1,234 @@
+"""Per-step envelopes of long runs: how far calibration runs strayed from the golden, step
+by step, stored in the golden as ``envelope.json``.
+
+A long bf16 run has no single per-step tolerance: reduction-order noise is tiny at the first
+steps and grows as the trajectories of same-math runs drift apart, so one tolerance taken at
+the widest step lets a bias pass at every early step. ``--golden-calibrate N`` on a test of at
+least :data:`MIN_STEPS` steps therefore also records, per metric and step, the band the runs
+spanned around the golden's value (``below`` / ``above``: how far the lowest and highest run
+lay from it). On replay the band is that step's tolerance::
+
+    allowed at step s = MARGIN x H(s) + DTYPE_FLOOR x eps(dtype) x the metric's magnitude
+    H(s) = the largest half-width max(below, above) at steps s - SMOOTH .. s + SMOOTH
+
+The band is stored relative to the golden, so ``--update-golden`` keeps it around the new
+values (it describes the setup's noise, not the values). ``H`` takes the widest of the
+neighbouring steps because the widths of N runs at one step are a small sample: a step where
+the runs happened to agree is no tighter than its neighbours.
+
+Whoever wrote the file, a band wider than :data:`MAX_WIDTH` x the metric's largest recorded
+magnitude, a negative, NaN or unsorted entry, or a metric never recorded is refused naming
+the file, the metric and the step (:func:`problem`): a band that cannot fail is a defect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import GoldenFormatError
+from ...store.location import ENVELOPE
+from .spec import Layer, Tolerance
+
+FORMAT = "pytest-rollout-golden-envelope"
+# A run shorter than this has no trend to follow: its calibrated tolerances.json suffices.
+MIN_STEPS = 10
+# The band of N runs underestimates where the next run lands.
+MARGIN = 2.0
+SMOOTH = 1  # steps on each side whose widths a step's allowance takes
+DTYPE_FLOOR = 4.0  # as calibration's: a few units in the last place of the metric's dtype
+EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
+# The widest half-width a band may have, relative to the metric's largest recorded magnitude.
+# Same-math bf16 runs of the project's long-run harness stray by up to ~X of the magnitude by
+# step 40 (docs/numerics.md#long-runs); a band of a quarter of the metric's size gates nothing.
+MAX_WIDTH = 0.25
+SOURCE = f"envelope ({ENVELOPE})"
+VARIANT_SOURCE = f"envelope across variants ({ENVELOPE})"
+
+Numbers = Mapping[str, Mapping[str, tuple[Any, str]]]  # {step: {name: (value, dtype)}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+    """One metric's band: per step, how far the runs lay below and above the golden."""
+
+    steps: tuple[int, ...]
+    below: tuple[float, ...]
+    above: tuple[float, ...]
+    dtype: str = "float32"
+    magnitude: float = 0.0  # the metric's largest recorded |value|
+
+    def half_widths(self) -> list[float]:
+        """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours."""
+        widths = [max(b, a) for b, a in zip(self.below, self.above, strict=True)]
+        n = len(widths)
+        return [max(widths[max(0, i - SMOOTH) : min(n, i + SMOOTH + 1)]) for i in range(n)]
+
+    def allowances(self) -> dict[int, float]:
+        """Per step, the distance from the golden this band allows."""
+        floor = DTYPE_FLOOR * EPS.get(self.dtype, EPS["float64"]) * self.magnitude
+        return {s: MARGIN * h + floor for s, h in zip(self.steps, self.half_widths(), strict=True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Envelope:
+    """The bands of one golden, and whether variants' runs made them."""
+
+    bands: Mapping[str, Band]
+    variants: bool = False
+    source: str = SOURCE
+
+    def __post_init__(self) -> None:
+        per_step: dict[int, dict[str, Tolerance]] = {}
+        for name, band in self.bands.items():
+            for step, allowed in band.allowances().items():
+                per_step.setdefault(step, {})[name] = Tolerance(rtol=0.0, atol=allowed)
+        object.__setattr__(self, "_per_step", per_step)
+
+    def layer(self, step: int) -> Layer | None:
+        """The tolerances the bands give at ``step`` (exact metric names only)."""
+        entries = self._per_step.get(step)  # type: ignore[attr-defined]
+        return None if not entries else Layer(self.source, entries, exact_names=True)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _round_up(x: float) -> float:
+    """``x`` to 3 significant digits, never below ``x`` (a band only widens by rounding)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    quantum = 10.0 ** (math.floor(math.log10(x)) - 2)
+    out = float(f"{math.ceil(x / quantum) * quantum:.3g}")
+    return out if out >= x else float(f"{out + quantum:.3g}")
+
+
+def band_of(name: str, golden: Numbers, runs: Sequence[Numbers]) -> dict[str, Any] | None:
+    """Metric ``name``'s band over ``runs`` around the ``golden`` values (``None`` where no
+    step has a finite golden value and a finite run)."""
+    steps, below, above, dtype = [], [], [], "float64"
+    for key in sorted(golden, key=int):
+        if name not in golden[key]:
+            continue
+        value, dtype = golden[key][name]
+        values = [float(r[key][name][0]) for r in runs if name in r.get(key, {})]
+        values = [v for v in values if math.isfinite(v)]
+        if not values or not math.isfinite(float(value)):
+            continue
+        steps.append(int(key))
+        below.append(_round_up(max(0.0, float(value) - min(values))))
+        above.append(_round_up(max(0.0, max(values) - float(value))))
+    if not steps:
+        return None
+    return {"steps": steps, "below": below, "above": above, "dtype": dtype}
+
+
+def bands(
+    golden: Numbers,
+    runs: Sequence[tuple[Numbers, Iterable[str]]],
+    *,
+    compared: Callable[[str, str], bool],
+    magnitude: Callable[[str], float | None],
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(bands, refused)``: per metric of ``golden`` its band over ``runs`` (each a run's
+    numbers and the names it is left out for), for a metric of :data:`MIN_STEPS` steps or
+    more that ``compared(name, dtype)`` and whose runs do not all agree with the golden; and
+    per metric the band refused, with why."""
+    out, refused = {}, {}
+    names = sorted({n for values in golden.values() for n in values})
+    for name in names:
+        kept = [numbers for numbers, left_out in runs if name not in set(left_out)]
+        band = band_of(name, golden, kept)
+        if band is None or len(band["steps"]) < MIN_STEPS:
+            continue
+        if not compared(name, band["dtype"]) or not (any(band["below"]) or any(band["above"])):
+            continue
+        why = problem(band, name, magnitude(name))
+        if why:
+            refused[name] = why
+        else:
+            out[name] = {**band, "runs": len(kept)}
+    return out, refused
+
+
+def document(found: Mapping[str, Any], how: Mapping[str, Any]) -> dict[str, Any]:
+    """The content of ``envelope.json``."""
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "how": {"margin": MARGIN, "smooth": SMOOTH, **how},
+        "metrics": dict(found),
+    }
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def problem(entry: Any, name: str, magnitude: float | None) -> str:
+    """Why ``entry`` may not stand in ``envelope.json`` for metric ``name``, or ``""``."""
+    if not isinstance(entry, dict):
+        return f"metric {name!r}: an entry is an object, got {type(entry).__name__}"
+    steps, below, above = (entry.get(k) for k in ("steps", "below", "above"))
+    if not all(isinstance(x, list) for x in (steps, below, above)):
+        return f"metric {name!r}: 'steps', 'below' and 'above' must be lists"
+    if not len(steps) == len(below) == len(above):
+        return f"metric {name!r}: 'steps', 'below' and 'above' differ in length"
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in steps):
+        return f"metric {name!r}: steps must be integers >= 0"
+    if steps != sorted(set(steps)):
+        return f"metric {name!r}: steps must be increasing"
+    if magnitude is None:
+        return f"metric {name!r} was never recorded in this golden"
+    cap = MAX_WIDTH * magnitude
+    for step, *widths in zip(steps, below, above, strict=True):
+        for width in widths:
+            if isinstance(width, bool) or not isinstance(width, (int, float)):
+                return f"metric {name!r} at step {step}: a width must be a number"
+            if not 0 <= width <= cap:  # NaN fails both
+                return (
+                    f"metric {name!r} at step {step}: width {width:g} is beyond what "
+                    f"{ENVELOPE} may hold ({cap:g}: {MAX_WIDTH:g} x the largest recorded "
+                    f"|{name}|, {magnitude:g})"
+                )
+    return ""
+
+
+def read(
+    content: Any,
+    path: Path,
+    *,
+    magnitude: Callable[[str], float | None],
+    layout_variant: bool = False,
+) -> Envelope | None:
+    """The envelope ``content`` (the file at ``path``) holds, checked entry by entry
+    (:func:`problem`); ``None`` for a variant (``layout_variant``) when only the reference's
+    runs made it. A bad file raises :class:`~.errors.GoldenFormatError` naming it."""
+    remedy = (
+        "re-run `pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
+    )
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise GoldenFormatError(f"{path}: not an envelope file ({FORMAT}); {remedy}")
+    metrics = content.get("metrics")
+    if not isinstance(metrics, dict):
+        raise GoldenFormatError(f"{path}: 'metrics' must be an object; {remedy}")
+    found = {}
+    for name, entry in sorted(metrics.items()):
+        why = problem(entry, name, magnitude(name))
+        if why:
+            raise GoldenFormatError(
+                f"{path}: {why}: calibration never writes that, so this file was edited; {remedy}"
+            )
+        found[name] = Band(
+            tuple(entry["steps"]),
+            tuple(float(x) for x in entry["below"]),
+            tuple(float(x) for x in entry["above"]),
+            str(entry.get("dtype", "float32")),
+            magnitude(name) or 0.0,
+        )
+    variants = bool(content.get("how", {}).get("variants"))
+    if layout_variant and not variants:
+        return None
+    return Envelope(found, variants, VARIANT_SOURCE if layout_variant else SOURCE)
