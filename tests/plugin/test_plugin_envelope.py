@@ -1,0 +1,170 @@
+"""Per-step envelopes of long runs, through pytest: ``--golden-calibrate`` writes the band
+the runs spanned at each step, replay holds each step to its band (tight where the runs
+agreed, wide where they drifted apart), a hand-edited band is refused, and the band
+survives ``--update-golden``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_rollout_golden._internal.tolerance import calibration as calibrate, envelope
+from pytest_rollout_golden.cli import main
+
+# A 20-step run whose noise grows with the step, as a bf16 trajectory drifts: its size
+# depends on the thread count, which calibration's "threads" perturbation changes.
+LONG = """
+import json, math, pathlib
+import torch
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+STEPS = V.get("steps", 20)
+
+
+def test_long(golden):
+    threads = torch.get_num_threads()
+    for step in range(STEPS):
+        noise = 1e-4 * step * math.sin(1.7 * threads + step)
+        loss = 1.0 + 0.01 * step + noise
+        loss *= V.get("scale", 1.0)
+        loss += V.get("shift_at", {}).get(str(step), 0.0)
+        golden.check({"loss": loss, "lr": 1e-3}, step=step)
+"""
+
+
+@pytest.fixture
+def calibrated(project):
+    project.write(LONG)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    result = project.run("--golden-calibrate", "3")
+    assert "per-step envelope written to" in result.stdout.str(), result.stdout.str()
+    return project
+
+
+def band(project) -> dict:
+    return json.loads((project.golden_dir("test_long") / "envelope.json").read_text())
+
+
+def test_calibration_writes_the_band_of_each_step_into_the_manifest(calibrated):
+    content = band(calibrated)
+    loss = content["metrics"]["loss"]
+    assert loss["steps"] == list(range(20))
+    # step 0 has no noise (the runs agree), later steps do, and the widths grow
+    assert loss["below"][0] == loss["above"][0] == 0.0
+    assert max(loss["below"][15:] + loss["above"][15:]) > 5 * max(loss["above"][1:4])
+    assert "lr" not in content["metrics"]  # every run agreed: the default stays
+    manifest = json.loads((calibrated.golden_dir("test_long") / "manifest.json").read_text())
+    assert manifest["files"]["envelope.json"]["kind"] == "envelope"
+    assert content["how"]["runs"] == 3 and content["how"]["variants"] is False
+
+
+def test_unchanged_code_replays_within_the_band(calibrated):
+    result = calibrated.run()
+    result.assert_outcomes(passed=1)
+    # the band is looser than the defaults at its wide steps, and the summary says so
+    assert "envelope.json (without it:" in result.stdout.str()
+
+
+def test_a_bias_inside_the_widest_band_but_outside_the_early_steps_fails_at_the_first_step(
+    calibrated,
+):
+    calibrated.set_values(scale=1.0005)  # 5e-4: passes the calibrated rtol of the widest step
+    result = calibrated.run()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "first divergence at step 0: loss" in out
+    row = calibrated.mismatch_row(result, "loss")
+    assert row["step"] == "0" and "envelope (envelope.json)" in row["allowed"], row
+
+
+def test_the_same_drift_at_a_wide_step_passes(calibrated):
+    widths = band(calibrated)["metrics"]["loss"]
+    wide = max(range(20), key=lambda s: max(widths["below"][s], widths["above"][s]))
+    calibrated.set_values(shift_at={str(wide): 5e-4})
+    calibrated.run().assert_outcomes(passed=1)
+
+
+def test_without_the_envelope_the_calibrated_tolerance_passes_the_bias(calibrated):
+    """The per-step tolerance alone (the widest step's spread x 2) misses the 5e-4 bias."""
+    directory = calibrated.golden_dir("test_long")
+    document = json.loads((directory / "tolerances.json").read_text())
+    calibrate.write(directory, document, envelope=None)
+    assert not (directory / "envelope.json").exists()
+    calibrated.set_values(scale=1.0005)
+    calibrated.run().assert_outcomes(passed=1)
+
+
+def test_update_golden_keeps_the_envelope(calibrated):
+    before = band(calibrated)
+    calibrated.set_values(scale=1.01)
+    calibrated.run("--update-golden").assert_outcomes(passed=1)
+    assert band(calibrated)["metrics"] == before["metrics"]
+    calibrated.run().assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"below": [1e300] * 20}, "metric 'loss' at step 0: width 1e+300 is beyond"),
+        ({"above": ["nan"] * 20}, "metric 'loss' at step 0: a width must be a number"),
+        ({"above": [-1.0] * 20}, "metric 'loss' at step 0: width -1 is beyond"),
+        ({"steps": list(range(19, -1, -1))}, "steps must be increasing"),
+        ({"steps": [0]}, "differ in length"),
+    ],
+)
+def test_an_edited_band_fails_every_run_naming_file_metric_and_step(
+    calibrated, edit, problem, capsys
+):
+    directory = calibrated.golden_dir("test_long")
+    content = band(calibrated)
+    content["metrics"]["loss"].update(edit)
+    calibrate.write(directory, None, envelope=content)  # signed as calibration signs it
+    calibrated.set_values(scale=3.0)  # must never pass on such a file
+    result = calibrated.run()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "envelope.json" in out and problem in out and "--golden-calibrate N" in out, out
+    capsys.readouterr()
+    assert main(["verify", str(calibrated.golden)]) == 1
+    assert problem in capsys.readouterr().out
+
+
+def test_a_band_of_a_metric_never_recorded_is_refused(calibrated):
+    directory = calibrated.golden_dir("test_long")
+    content = band(calibrated)
+    content["metrics"]["entropy"] = content["metrics"]["loss"]
+    calibrate.write(directory, None, envelope=content)
+    result = calibrated.run()
+    result.assert_outcomes(failed=1)
+    assert "metric 'entropy' was never recorded in this golden" in result.stdout.str()
+
+
+def test_a_short_run_gets_no_envelope(project):
+    project.write(LONG)
+    project.set_values(steps=envelope.MIN_STEPS - 1)
+    project.run().assert_outcomes(passed=1)
+    result = project.run("--golden-calibrate", "3")
+    assert "per-step envelope" not in result.stdout.str()
+    assert not (project.golden_dir("test_long") / "envelope.json").exists()
+    assert (project.golden_dir("test_long") / "tolerances.json").exists()
+
+
+def test_a_recalibration_of_a_run_grown_short_removes_the_stale_envelope(calibrated):
+    calibrated.set_values(steps=envelope.MIN_STEPS - 1)
+    calibrated.run("--update-golden").assert_outcomes(passed=1)
+    calibrated.run("--golden-calibrate", "3")
+    assert not (calibrated.golden_dir("test_long") / "envelope.json").exists()
+
+
+def test_a_tolerance_given_in_the_marker_overrides_the_band(calibrated):
+    source = LONG.replace(
+        "def test_long(golden):",
+        '@pytest.mark.golden(tolerances={"loss": {"rtol": 1e-2, "atol": 0}})\n'
+        "def test_long(golden):",
+    ).replace("import torch", "import pytest, torch")
+    calibrated.write(source)
+    calibrated.set_values(scale=1.0005)
+    result = calibrated.run()
+    result.assert_outcomes(passed=1)

@@ -1,0 +1,145 @@
+"""Per-step envelopes (``envelope.py``): bands built from runs, their allowances, and the
+validator every reader applies."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_rollout_golden._internal.tolerance import envelope
+from pytest_rollout_golden._internal.tolerance.envelope import Band
+from pytest_rollout_golden.errors import GoldenFormatError
+
+
+def numbers(values: list[float], name: str = "loss", dtype: str = "float32") -> dict:
+    return {str(s): {name: (v, dtype)} for s, v in enumerate(values)}
+
+
+GOLDEN = [1.0 + 0.1 * s for s in range(12)]
+
+
+def run(offsets: list[float]) -> dict:
+    return numbers([g + d for g, d in zip(GOLDEN, offsets, strict=True)])
+
+
+def build(runs, **kw):
+    kw.setdefault("compared", lambda name, dtype: True)
+    kw.setdefault("magnitude", lambda name: max(GOLDEN))
+    return envelope.bands(numbers(GOLDEN), [(r, ()) for r in runs], **kw)
+
+
+def test_a_band_is_how_far_the_lowest_and_highest_run_lay_from_the_golden():
+    a = run([0.0] * 6 + [1e-3] * 6)
+    b = run([0.0] * 6 + [-2e-3] * 6)
+    found, refused = build([a, b])
+    loss = found["loss"]
+    assert refused == {} and loss["runs"] == 2
+    assert loss["steps"] == list(range(12))
+    # rounded up to 3 digits: 1.6 - 0.002 - 1.6 is 0.0020000000000000018 -> 0.00201
+    assert loss["below"] == pytest.approx([0.0] * 6 + [2e-3] * 6, rel=1e-2)
+    assert loss["above"] == pytest.approx([0.0] * 6 + [1e-3] * 6, rel=1e-2)
+    assert all(w >= 2e-3 for w in loss["below"][6:])
+
+
+def test_widths_are_rounded_up_to_three_digits_never_down():
+    found, _ = build([run([1.23456e-4] * 12)])
+    width = found["loss"]["above"][0]
+    assert width >= 1.23456e-4 - 1e-18 and width <= 1.24e-4 + 1e-18
+    assert len(repr(width)) <= 10
+
+
+def test_no_band_where_every_run_agrees_or_the_run_is_short_or_not_compared():
+    assert build([run([0.0] * 12)])[0] == {}
+    short = envelope.bands(
+        numbers(GOLDEN[: envelope.MIN_STEPS - 1]),
+        [(numbers([g + 1e-3 for g in GOLDEN[: envelope.MIN_STEPS - 1]]), ())],
+        compared=lambda n, d: True,
+        magnitude=lambda n: 2.0,
+    )
+    assert short == ({}, {})
+    assert build([run([1e-3] * 12)], compared=lambda n, d: False)[0] == {}
+
+
+def test_a_run_left_out_for_a_metric_does_not_widen_its_band():
+    good, bug = run([1e-4] * 12), run([0.5] * 12)
+    found, _ = envelope.bands(
+        numbers(GOLDEN),
+        [(good, ()), (bug, ("loss",))],
+        compared=lambda n, d: True,
+        magnitude=lambda n: 2.1,
+    )
+    assert max(found["loss"]["above"]) < 2e-4 and found["loss"]["runs"] == 1
+
+
+def test_a_band_wider_than_the_cap_is_refused_with_why():
+    found, refused = build([run([0.0] * 11 + [1.0])])
+    assert found == {}
+    assert (
+        "metric 'loss' at step 11: width 1 is beyond what envelope.json may hold"
+        in (refused["loss"])
+    )
+
+
+def test_the_allowance_takes_the_widest_neighbour_and_the_dtype_floor():
+    band = Band((0, 1, 2, 3), (0.0, 0.0, 0.0, 0.0), (0.0, 1e-3, 0.0, 0.0), "float32", 2.0)
+    floor = envelope.DTYPE_FLOOR * 2**-23 * 2.0
+    allowed = band.allowances()
+    assert allowed[0] == pytest.approx(envelope.MARGIN * 1e-3 + floor)
+    assert allowed[2] == pytest.approx(envelope.MARGIN * 1e-3 + floor)
+    assert allowed[3] == pytest.approx(floor)
+
+
+def test_the_layer_of_a_step_matches_whole_names_only():
+    env = envelope.Envelope({"actor/loss": Band((0,), (1e-3,), (1e-3,), "float32", 1.0)})
+    layer = env.layer(0)
+    assert layer is not None and layer.match("actor/loss").atol > 2e-3
+    assert layer.match("loss") is None and layer.match("critic/actor/loss") is None
+    assert env.layer(1) is None
+
+
+def document(**entry) -> dict:
+    base = {"steps": [0, 1], "below": [0.0, 1e-3], "above": [1e-3, 0.0], "dtype": "float32"}
+    return envelope.document({"loss": {**base, **entry}}, {"variants": False})
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"below": [0.0, 0.5]}, "metric 'loss' at step 1: width 0.5 is beyond"),
+        ({"below": [0.0, -1e-3]}, "metric 'loss' at step 1: width -0.001 is beyond"),
+        ({"below": [0.0, True]}, "metric 'loss' at step 1: a width must be a number"),
+        ({"steps": [1, 0]}, "steps must be increasing"),
+        ({"steps": [0, 0]}, "steps must be increasing"),
+        ({"steps": [0, -1]}, "steps must be integers >= 0"),
+        ({"steps": [0]}, "differ in length"),
+        ({"above": "wide"}, "must be lists"),
+    ],
+)
+def test_reading_refuses_what_calibration_never_writes(entry, problem):
+    with pytest.raises(GoldenFormatError) as info:
+        envelope.read(document(**entry), Path("g/envelope.json"), magnitude=lambda n: 1.0)
+    text = str(info.value)
+    assert text.startswith("g/envelope.json: ") and problem in text
+    assert "pytest --golden-calibrate N" in text and "--update-golden" in text
+
+
+def test_reading_refuses_another_format_and_an_unrecorded_metric():
+    with pytest.raises(GoldenFormatError, match="not an envelope file"):
+        envelope.read({"format": "x"}, Path("e.json"), magnitude=lambda n: 1.0)
+    with pytest.raises(GoldenFormatError, match="'loss' was never recorded"):
+        envelope.read(document(), Path("e.json"), magnitude=lambda n: None)
+
+
+def test_a_variant_uses_only_an_envelope_that_variants_runs_made():
+    made_by_reference = document()
+    assert envelope.read(made_by_reference, Path("e"), magnitude=lambda n: 1.0) is not None
+    assert (
+        envelope.read(made_by_reference, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
+        is None
+    )
+    both = {**made_by_reference, "how": {"variants": True}}
+    found = envelope.read(both, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
+    assert found is not None and found.source == envelope.VARIANT_SOURCE
+    assert math.isclose(found.layer(1).match("loss").atol, 2e-3 + 4 * 2**-23, rel_tol=1e-9)
