@@ -168,3 +168,59 @@ def test_a_tolerance_given_in_the_marker_overrides_the_band(calibrated):
     calibrated.set_values(scale=1.0005)
     result = calibrated.run()
     result.assert_outcomes(passed=1)
+
+
+# Same-math variants of a 12-step run: each drifts from the reference by its own noise that
+# grows with the step; "x1.001" is a bug among them (every value 1e-3 off).
+VARIANTS = """
+import json, math, pathlib
+import pytest
+from pytest_rollout_golden import same_math
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+DRIFT = {"mb8": 0.0, "mb4": 1.0, "mb2": -1.5, "mb1": 0.7, "x1.001": 0.0}
+
+
+@pytest.mark.parametrize("v", same_math(V["variants"]))
+def test_x(golden, v):
+    bug = 1.001 if v == "x1.001" else V.get("scale", 1.0)
+    for step in range(12):
+        noise = 1 + 5e-6 * step * DRIFT[v] * math.cos(step)
+        golden.check({"loss": (2.0 + 0.1 * step) * noise * bug}, step=step)
+"""
+
+
+def test_the_band_across_variants_leaves_out_a_bug_among_them_and_gates_every_variant(
+    project,
+):
+    project.write(VARIANTS)
+    project.set_values(variants=["mb8", "mb4", "mb2", "mb1", "x1.001"])
+    project.run().assert_outcomes(passed=4, failed=1)  # mb8 records; the bug fails
+    result = project.run("--golden-calibrate", "3")
+    out = result.stdout.str()
+    assert "from 12 runs of the reference and its variants" in out, out
+    content = json.loads((project.golden_dir("test_x[mb8]") / "envelope.json").read_text())
+    loss = content["metrics"]["loss"]
+    assert content["how"]["variants"] is True and loss["runs"] == 12  # x1.001 left out
+    assert max(loss["below"] + loss["above"]) < 1e-3  # the bug's 2e-3 did not widen it
+    result = project.run()
+    result.assert_outcomes(passed=4, failed=1)
+    row = project.mismatch_row(result, "loss")
+    assert "envelope across variants (envelope.json)" in row["allowed"], row
+    # a variant that moves by a bias inside the widest step but outside the early ones fails
+    project.set_values(variants=["mb8", "mb4"], scale=1.0002)
+    result = project.run()
+    result.assert_outcomes(failed=2)
+    assert "first divergence at step 0: loss" in result.stdout.str()
+
+
+def test_a_band_only_the_reference_made_does_not_gate_variants(project):
+    project.write(VARIANTS)
+    project.set_values(variants=["mb8", "mb4"])
+    project.run().assert_outcomes(passed=2)
+    result = project.run("--golden-calibrate", "3", "-k", "mb8")
+    # the reference alone replays bit for bit under every thread count: no band, no file
+    assert not (project.golden_dir("test_x[mb8]") / "envelope.json").exists(), (
+        result.stdout.str()
+    )
+    project.run().assert_outcomes(passed=2)

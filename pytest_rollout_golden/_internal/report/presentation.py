@@ -745,11 +745,11 @@ def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]
         return []
     lines = []
     if found["metrics"]:
-        made = "the reference's and the variants' runs" if found["variants"] else "runs"
+        made = " of the reference and its variants" if found["variants"] else ""
         lines.append(
             f"    per-step envelope written to {directory}/{ENVELOPE}: "
             f"{', '.join(found['metrics'])} over {plural(found['steps'], 'step')}, "
-            f"from {found['runs']} {made}"
+            f"from {plural(found['runs'], 'run')}{made}"
         )
     for name, why in sorted(found["refused"].items()):
         lines.append(f"    envelope refused: {name}: {why}")

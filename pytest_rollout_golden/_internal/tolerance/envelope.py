@@ -45,6 +45,12 @@ EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-5
 # Same-math bf16 runs of the project's long-run harness stray by up to ~X of the magnitude by
 # step 40 (docs/numerics.md#long-runs); a band of a quarter of the metric's size gates nothing.
 MAX_WIDTH = 0.25
+# The bias gate: a run's mean deviation over the steps, in units of each step's allowance,
+# may not exceed BIAS_MARGIN x the largest the calibration runs had, nor less than BIAS_FLOOR;
+# a bound beyond BIAS_CAP could never fire before the band itself does, and is not written.
+BIAS_MARGIN = 3.0
+BIAS_FLOOR = 0.05
+BIAS_CAP = 0.9
 SOURCE = f"envelope ({ENVELOPE})"
 VARIANT_SOURCE = f"envelope across variants ({ENVELOPE})"
 
@@ -60,6 +66,7 @@ class Band:
     above: tuple[float, ...]
     dtype: str = "float32"
     magnitude: float = 0.0  # the metric's largest recorded |value|
+    bias_bound: float | None = None  # the largest mean deviation allowed (None: no bias gate)
 
     def half_widths(self) -> list[float]:
         """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours."""
@@ -92,6 +99,70 @@ class Envelope:
         """The tolerances the bands give at ``step`` (exact metric names only)."""
         entries = self._per_step.get(step)  # type: ignore[attr-defined]
         return None if not entries else Layer(self.source, entries, exact_names=True)
+
+
+def deviation(
+    name: str, golden: Numbers, run: Numbers, allowances: Mapping[int, float]
+) -> tuple[float, int] | None:
+    """``(mean deviation, steps)`` of metric ``name`` of ``run`` from the ``golden`` over
+    the steps of ``allowances``: per step ``sign(golden) x (run - golden) / allowance``,
+    so that a value scaled up by a constant factor deviates the same way at every step,
+    whatever the metric's sign. ``None`` under :data:`MIN_STEPS` steps with both values."""
+    found = []
+    for step, allowed in allowances.items():
+        g, a = golden.get(str(step), {}).get(name), run.get(str(step), {}).get(name)
+        if g is None or a is None or allowed <= 0:
+            continue
+        g, a = float(g[0]), float(a[0])
+        if math.isfinite(g) and math.isfinite(a):
+            found.append(math.copysign(1.0, g) * (a - g) / allowed)
+    if len(found) < MIN_STEPS:
+        return None
+    return math.fsum(found) / len(found), len(found)
+
+
+def bias_bound(
+    name: str, golden: Numbers, runs: Sequence[Numbers], allowances: Mapping[int, float]
+) -> dict[str, Any]:
+    """The bias gate of one band: each run's mean deviation, and the bound they give
+    (``None`` beyond :data:`BIAS_CAP`, with why)."""
+    found = [deviation(name, golden, run, allowances) for run in runs]
+    means = [_round_up(abs(d[0])) * (1 if d[0] >= 0 else -1) for d in found if d]
+    largest = max((abs(m) for m in means), default=0.0)
+    bound = max(BIAS_MARGIN * largest, BIAS_FLOOR)
+    if bound > BIAS_CAP:
+        why = (
+            f"the runs' own mean deviation, {largest:.3g} of the band, leaves no room for a "
+            "bias gate"
+        )
+        return {"runs": means, "bound": None, "why": why}
+    return {"runs": means, "bound": _round_up(bound)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bias:
+    """One metric's mean deviation over a replay's steps, against its bias bound."""
+
+    name: str
+    mean: float
+    steps: int
+    bound: float
+
+    @property
+    def holds(self) -> bool:
+        return abs(self.mean) <= self.bound
+
+
+def biases(found: Envelope, golden: Numbers, run: Numbers) -> list[Bias]:
+    """The bias gate of every band that has one, over this ``run`` against the ``golden``."""
+    out = []
+    for name, band in sorted(found.bands.items()):
+        if band.bias_bound is None:
+            continue
+        measured = deviation(name, golden, run, band.allowances())
+        if measured is not None:
+            out.append(Bias(name, measured[0], measured[1], band.bias_bound))
+    return out
 
 
 # --------------------------------------------------------------------------- building
@@ -149,9 +220,24 @@ def bands(
         why = problem(band, name, magnitude(name))
         if why:
             refused[name] = why
-        else:
-            out[name] = {**band, "runs": len(kept)}
+            continue
+        made = _band(band, magnitude(name) or 0.0)
+        bias = bias_bound(name, golden, kept, made.allowances())
+        out[name] = {**band, "runs": len(kept), "bias": bias}
     return out, refused
+
+
+def _band(entry: Mapping[str, Any], magnitude: float) -> Band:
+    """The :class:`Band` of a checked ``envelope.json`` entry."""
+    bias = entry.get("bias") or {}
+    return Band(
+        tuple(entry["steps"]),
+        tuple(float(x) for x in entry["below"]),
+        tuple(float(x) for x in entry["above"]),
+        str(entry.get("dtype", "float32")),
+        magnitude,
+        None if bias.get("bound") is None else float(bias["bound"]),
+    )
 
 
 def document(found: Mapping[str, Any], how: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,6 +268,9 @@ def problem(entry: Any, name: str, magnitude: float | None) -> str:
         return f"metric {name!r}: steps must be increasing"
     if magnitude is None:
         return f"metric {name!r} was never recorded in this golden"
+    why = _bias_problem(entry.get("bias"), name)
+    if why:
+        return why
     cap = MAX_WIDTH * magnitude
     for step, *widths in zip(steps, below, above, strict=True):
         for width in widths:
@@ -193,6 +282,25 @@ def problem(entry: Any, name: str, magnitude: float | None) -> str:
                     f"{ENVELOPE} may hold ({cap:g}: {MAX_WIDTH:g} x the largest recorded "
                     f"|{name}|, {magnitude:g})"
                 )
+    return ""
+
+
+def _bias_problem(bias: Any, name: str) -> str:
+    """Why a band's ``bias`` entry may not stand, or ``""``."""
+    if bias is None:
+        return ""
+    if not isinstance(bias, dict):
+        return f"metric {name!r}: 'bias' must be an object"
+    bound = bias.get("bound")
+    if bound is None:
+        return ""
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        return f"metric {name!r}: the bias bound must be a number"
+    if not BIAS_FLOOR <= bound <= BIAS_CAP:  # NaN fails both
+        return (
+            f"metric {name!r}: bias bound {bound:g} is beyond what {ENVELOPE} may hold "
+            f"({BIAS_FLOOR:g} to {BIAS_CAP:g} of the band)"
+        )
     return ""
 
 
@@ -221,13 +329,7 @@ def read(
             raise GoldenFormatError(
                 f"{path}: {why}: calibration never writes that, so this file was edited; {remedy}"
             )
-        found[name] = Band(
-            tuple(entry["steps"]),
-            tuple(float(x) for x in entry["below"]),
-            tuple(float(x) for x in entry["above"]),
-            str(entry.get("dtype", "float32")),
-            magnitude(name) or 0.0,
-        )
+        found[name] = _band(entry, magnitude(name) or 0.0)
     variants = bool(content.get("how", {}).get("variants"))
     if layout_variant and not variants:
         return None

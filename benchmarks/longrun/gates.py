@@ -1,0 +1,185 @@
+"""The long-run gates measured on the runs of ``traces.py``: false alarms on unchanged code
+and same-math variants, detections of seeded defects, per setting and gate.
+
+    python benchmarks/longrun/gates.py /work/traces/traces-40.json [--per-metric]
+
+Each seed of each setting is one golden test: its golden run is the recording, its
+calibration runs (the reference and two same-math variants under three thread counts, what
+``pytest --golden-calibrate 3`` runs over ``same_math([...])``) make the calibrated
+tolerances and the envelope exactly as the plugin makes them (``calibration.spreads`` /
+``tolerance_for``, ``envelope.bands`` / ``read``), and every held-out run (unchanged code at
+another thread count, same-math variants not calibrated) and every defect run is replayed
+against them with each gate:
+
+* ``per-step``: the calibrated ``tolerances.json`` alone (one tolerance per metric over all
+  steps: what the plugin did before envelopes);
+* ``envelope``: each step's band where the metric has one, else the per-step tolerance
+  (what replay does now);
+* ``trend``: the trend bounds in force by default (``growth<=2`` on the train-inference
+  gap metrics);
+* ``bias``: the bias statistic over steps against the bound calibration wrote.
+
+A run counts as flagged by a gate when any metric fails it; the table gives flagged / seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_rollout_golden._internal.tolerance import calibration, envelope
+from pytest_rollout_golden._internal.tolerance.spec import RECORDED, Tolerance
+from pytest_rollout_golden._internal.tolerance.stack import Stack
+
+Series = Mapping[str, Sequence[float]]  # metric -> value per step
+Numbers = dict[str, dict[str, tuple[float, str]]]
+
+
+def numbers(series: Series, dtype: str = "float32") -> Numbers:
+    """``{step: {name: (value, dtype)}}`` of a trace (what calibration samples hold)."""
+    out: Numbers = {}
+    for name, values in series.items():
+        for step, value in enumerate(values):
+            out.setdefault(str(step), {})[name] = (float(value), dtype)
+    return out
+
+
+def magnitudes(golden: Series) -> Callable[[str], float | None]:
+    found = {
+        n: max((abs(v) for v in vs if math.isfinite(v)), default=0.0) for n, vs in golden.items()
+    }
+    return found.get
+
+
+def per_step_tolerances(golden: Series, runs: Sequence[Series]) -> dict[str, Tolerance]:
+    """What ``--golden-calibrate`` writes into tolerances.json (refused entries keep the
+    default), over the built-in defaults; every metric's tolerance in force."""
+    resolver = Stack().resolver()
+    magnitude = magnitudes(golden)
+    found = calibration.spreads([numbers(golden), *map(numbers, runs)], recorded=1)
+    out = {}
+    for name in golden:
+        base = resolver.resolve(name, ("float32",))[0]
+        spread = found.get(name)
+        tol = calibration.tolerance_for(spread, base) if spread else None
+        if tol is not None and calibration.refusal(tol, base, spread):
+            tol = None
+        written = {"rtol": tol.rtol, "atol": tol.atol, "scale": tol.scale} if tol else {}
+        if tol is not None and calibration.entry_problem(written, name, magnitude(name)):
+            tol = None
+        out[name] = tol or base
+    return out
+
+
+def allowed(tol: Tolerance, expected: float, magnitude: float) -> float:
+    scale = magnitude if tol.scale == RECORDED else float(tol.scale or 0.0)
+    return tol.atol + tol.rtol * max(abs(expected), scale)
+
+
+def bands(golden: Series, runs: Sequence[Series]) -> envelope.Envelope | None:
+    magnitude = magnitudes(golden)
+    found, _ = envelope.bands(
+        numbers(golden),
+        [(numbers(r), ()) for r in runs],
+        compared=lambda name, dtype: True,
+        magnitude=magnitude,
+    )
+    content = envelope.document(found, {"variants": True})
+    return envelope.read(content, Path("envelope.json"), magnitude=magnitude)
+
+
+def step_failures(
+    golden: Series,
+    run: Series,
+    tolerances: Mapping[str, Tolerance],
+    env: envelope.Envelope | None,
+) -> tuple[set[str], set[str]]:
+    """``(metrics failing the per-step tolerances, metrics failing with the envelope)``."""
+    magnitude = magnitudes(golden)
+    alone, with_envelope = set(), set()
+    allowances = {n: b.allowances() for n, b in (env.bands if env else {}).items()}
+    for name, expected in golden.items():
+        for step, (g, a) in enumerate(zip(expected, run[name], strict=True)):
+            if not (math.isfinite(g) and math.isfinite(a)):
+                if not (math.isnan(g) and math.isnan(a)):
+                    alone.add(name), with_envelope.add(name)
+                continue
+            tol = allowed(tolerances[name], g, magnitude(name) or 0.0)
+            if abs(a - g) > tol:
+                alone.add(name)
+            band = allowances.get(name, {}).get(step)
+            if abs(a - g) > (tol if band is None else band):
+                with_envelope.add(name)
+    return alone, with_envelope
+
+
+def evaluate(setting: Mapping[str, Any], gates: Mapping[str, Callable[..., set[str]]]) -> dict:
+    """Per run label: per gate, how many seeds flagged it, and by which metrics."""
+    flagged: dict[str, Counter] = defaultdict(Counter)
+    by_metric: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    seeds = setting["seeds"]
+    for seed in seeds.values():
+        golden = seed["golden"]["metrics"]
+        runs = [c["metrics"] for c in seed["calibration"]]
+        tolerances, env = per_step_tolerances(golden, runs), bands(golden, runs)
+        for entry in [*seed["held_out"], *seed["bugs"]]:
+            label = entry["label"]
+            alone, with_envelope = step_failures(golden, entry["metrics"], tolerances, env)
+            found = {"per-step": alone, "envelope": with_envelope}
+            for gate, check in gates.items():
+                found[gate] = check(golden, entry["metrics"], runs, env)
+            for gate, names in found.items():
+                flagged[label][gate] += bool(names)
+                for name in names:
+                    by_metric[label, gate][name] += 1
+    return {"seeds": len(seeds), "flagged": flagged, "by_metric": by_metric}
+
+
+def bias_gate(golden: Series, run: Series, runs: Sequence[Series], env: Any) -> set[str]:
+    """The metrics whose mean deviation over the steps exceeds their bias bound."""
+    if env is None:
+        return set()
+    return {b.name for b in envelope.biases(env, numbers(golden), numbers(run)) if not b.holds}
+
+
+GATES: dict[str, Callable[..., set[str]]] = {"bias": bias_gate}
+
+
+def report(traces: Mapping[str, Any], per_metric: bool) -> str:
+    gates = GATES
+    lines = []
+    for name, setting in traces["settings"].items():
+        result = evaluate(setting, gates)
+        n = result["seeds"]
+        lines.append(f"\n### {name} ({n} seeds, {traces['steps']} steps)\n")
+        columns = ["per-step", "envelope", *gates]
+        lines.append("| run | " + " | ".join(columns) + " |")
+        lines.append("| :-- | " + " | ".join("--:" for _ in columns) + " |")
+        for label, counts in result["flagged"].items():
+            cells = [f"{counts[g]}/{n}" for g in columns]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        if per_metric:
+            for (label, gate), counts in sorted(result["by_metric"].items()):
+                top = ", ".join(f"{m} {c}" for m, c in counts.most_common(6))
+                lines.append(f"- {label} / {gate}: {top}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", type=Path)
+    parser.add_argument("--per-metric", action="store_true")
+    args = parser.parse_args()
+    traces = json.loads(args.traces.read_text())
+    print(report(traces, args.per_metric))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
