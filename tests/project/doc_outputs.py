@@ -384,3 +384,40 @@ def laid_out(value: object, depth: int, indent: str = "", *, expand: bool = True
         items = [f"{inner}{laid_out(item, depth - 1, inner)}" for item in value]
         return "[\n" + ",\n".join(items) + f"\n{indent}]"
     return json.dumps(value)
+
+
+# ---------------------------------------------------------------- docs/guide/long-runs.md
+
+LONG_RUN = '''import math
+import torch
+
+SCALE = 1.0
+
+
+def test_long_run(golden):
+    threads = torch.get_num_threads()  # the noise of this toy run depends on the thread count
+    for step in range(20):
+        noise = 1e-4 * step * math.sin(1.7 * threads + step)  # grows as trajectories drift
+        golden.check({"loss": (1.0 + 0.01 * step + noise) * SCALE}, step=step)
+'''
+
+
+def long_run(work: Path) -> Path:
+    """The toy long run recorded and calibrated (3 runs) in ``work``."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    (work / "test_long.py").write_text(LONG_RUN)
+    run_pytest(work)
+    return work
+
+
+@output("long-runs-calibrate")
+def long_runs_calibrate(work: Path) -> str:
+    return summary(run_pytest(long_run(work), "--golden-calibrate", "3")) + "\n"
+
+
+@output("long-runs-failure")
+def long_runs_failure(work: Path) -> str:
+    run_pytest(long_run(work), "--golden-calibrate", "3")
+    test = work / "test_long.py"
+    test.write_text(test.read_text().replace("SCALE = 1.0", "SCALE = 1.0005"))
+    return failure(run_pytest(work))
