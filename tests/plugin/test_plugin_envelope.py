@@ -57,7 +57,7 @@ def test_calibration_writes_the_band_of_each_step_into_the_manifest(calibrated):
     assert "lr" not in content["metrics"]  # every run agreed: the default stays
     manifest = json.loads((calibrated.golden_dir("test_long") / "manifest.json").read_text())
     assert manifest["files"]["envelope.json"]["kind"] == "envelope"
-    assert content["how"]["runs"] == 3 and content["how"]["variants"] is False
+    assert content["how"]["runs"] == 3 and "layout_metrics" not in content
 
 
 def test_unchanged_code_replays_within_the_band(calibrated):
@@ -198,10 +198,11 @@ def test_the_band_across_variants_leaves_out_a_bug_among_them_and_gates_every_va
     project.run().assert_outcomes(passed=4, failed=1)  # mb8 records; the bug fails
     result = project.run("--golden-calibrate", "3")
     out = result.stdout.str()
-    assert "from 12 runs of the reference and its variants" in out, out
+    assert "across variants: loss over 12 steps, from 12 runs" in out, out
     content = json.loads((project.golden_dir("test_x[mb8]") / "envelope.json").read_text())
-    loss = content["metrics"]["loss"]
-    assert content["how"]["variants"] is True and loss["runs"] == 12  # x1.001 left out
+    loss = content["layout_metrics"]["loss"]
+    assert loss["runs"] == 12  # x1.001 left out
+    assert content["metrics"] == {}  # the reference's own runs agree: no band of its own
     assert max(loss["below"] + loss["above"]) < 1e-3  # the bug's 2e-3 did not widen it
     result = project.run()
     result.assert_outcomes(passed=4, failed=1)

@@ -101,7 +101,7 @@ def test_the_layer_of_a_step_matches_whole_names_only():
 
 def document(**entry) -> dict:
     base = {"steps": [0, 1], "below": [0.0, 1e-3], "above": [1e-3, 0.0], "dtype": "float32"}
-    return envelope.document({"loss": {**base, **entry}}, {"variants": False})
+    return envelope.document({"same layout": {"loss": {**base, **entry}}}, {})
 
 
 @pytest.mark.parametrize(
@@ -132,14 +132,22 @@ def test_reading_refuses_another_format_and_an_unrecorded_metric():
         envelope.read(document(), Path("e.json"), magnitude=lambda n: None)
 
 
-def test_a_variant_uses_only_an_envelope_that_variants_runs_made():
-    made_by_reference = document()
-    assert envelope.read(made_by_reference, Path("e"), magnitude=lambda n: 1.0) is not None
-    assert (
-        envelope.read(made_by_reference, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
-        is None
-    )
-    both = {**made_by_reference, "how": {"variants": True}}
+def test_a_variant_uses_the_band_across_variants_and_the_reference_its_own():
+    own = document()
+    assert envelope.read(own, Path("e"), magnitude=lambda n: 1.0) is not None
+    assert envelope.read(own, Path("e"), magnitude=lambda n: 1.0, layout_variant=True) is None
+    wide = {"steps": [0, 1], "below": [0.0, 0.1], "above": [0.1, 0.0], "dtype": "float32"}
+    both = {**own, "layout_metrics": {"loss": wide}}
     found = envelope.read(both, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
     assert found is not None and found.source == envelope.VARIANT_SOURCE
-    assert math.isclose(found.layer(1).match("loss").atol, 2e-3 + 4 * 2**-23, rel_tol=1e-9)
+    assert math.isclose(found.layer(1).match("loss").atol, 0.2 + 4 * 2**-23, rel_tol=1e-9)
+    mine = envelope.read(both, Path("e"), magnitude=lambda n: 1.0)
+    assert math.isclose(mine.layer(1).match("loss").atol, 2e-3 + 4 * 2**-23, rel_tol=1e-9)
+
+
+def test_a_bad_entry_in_either_lane_is_refused():
+    bad = {"steps": [0], "below": [0.9], "above": [0.0]}
+    with pytest.raises(GoldenFormatError, match="width 0.9 is beyond"):
+        envelope.read(
+            {**document(), "layout_metrics": {"loss": bad}}, Path("e"), magnitude=lambda n: 1.0
+        )

@@ -740,16 +740,18 @@ def loosened_where(noted: Mapping[str, Any]) -> str:
 
 
 def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]:
-    """``--golden-calibrate``: what the golden's envelope.json holds now, and the refused."""
+    """``--golden-calibrate``: what the golden's envelope.json holds now, lane by lane, and
+    the bands refused."""
     if not found:
         return []
     lines = []
-    if found["metrics"]:
-        made = " of the reference and its variants" if found["variants"] else ""
+    if found["lanes"]:
+        lines.append(f"    per-step envelope written to {directory}/{ENVELOPE}:")
+    for lane, what in found["lanes"].items():
+        kept = " (kept: not measured now)" if lane in found["kept"] else ""
         lines.append(
-            f"    per-step envelope written to {directory}/{ENVELOPE}: "
-            f"{', '.join(found['metrics'])} over {plural(found['steps'], 'step')}, "
-            f"from {plural(found['runs'], 'run')}{made}"
+            f"        {lane}: {', '.join(what['metrics'])} over {plural(what['steps'], 'step')}"
+            f", from {plural(what['runs'], 'run')}{kept}"
         )
     for name, why in sorted(found["refused"].items()):
         lines.append(f"    envelope refused: {name}: {why}")

@@ -615,6 +615,8 @@ def write(
             content = carried(content, earlier, carry)
         if content is not None and writes_nothing(content):
             content = None
+        if envelope is not None:
+            envelope = _carried_bands(envelope, directory, manifest, carry)
         nothing_there = info is None and ENVELOPE not in manifest["files"]
         if content is None and envelope is None and nothing_there:
             return False
@@ -636,6 +638,31 @@ def write(
             tx.abort()
             raise
     return True
+
+
+def _carried_bands(
+    content: Mapping[str, Any], directory: Path, manifest: Mapping[str, Any], lanes: Collection[str]
+) -> dict[str, Any] | None:
+    """``envelope.json``'s ``content`` with the ``lanes`` this calibration did not measure
+    taken from the file there (named under ``how.kept``); ``None`` where no lane holds a
+    band."""
+    from ... import store
+    from .envelope import LANES
+
+    out = {**content, "how": dict(content["how"])}
+    info = manifest["files"].get(ENVELOPE)
+    if info is not None and lanes:
+        try:
+            earlier = store.read_json(directory / ENVELOPE, expect_digest=info["digest"])
+        except GoldenFormatError:
+            earlier = {}  # a damaged file is dropped, as --update-golden drops it
+        kept = [lane for lane in lanes if LANES[lane] in earlier and LANES[lane] not in out]
+        out.update({LANES[lane]: earlier[LANES[lane]] for lane in kept})
+        if kept:
+            out["how"]["kept"] = kept
+    if not any(out.get(section) for section in LANES.values()):
+        return None
+    return out
 
 
 def carried(content: Mapping[str, Any], earlier: Any, lanes: Collection[str]) -> dict[str, Any]:
@@ -737,30 +764,39 @@ def _envelope(
     magnitude: Magnitude,
     how: Mapping[str, Any],
 ) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    """``(envelope.json's content, the metrics refused a band and why)``: the bands
-    (:mod:`.envelope`) of the runs of the golden's own tests and, where a variant lane was
-    measured, of the variants, each left out of the values it is an outlier for; no
-    content where no metric of :data:`.envelope.MIN_STEPS` steps has one."""
+    """``(envelope.json's content, the bands refused and why)``: per lane measured
+    (:data:`.envelope.LANES`) the bands (:mod:`.envelope`) of the runs of the golden's own
+    tests, and across variants of those and the variants' runs, each variant left out of
+    the values it is an outlier for; ``None`` where no lane was measured."""
     from . import envelope
 
     recorded = [run["recorded"] for runs in usable.values() for run in runs if run.get("recorded")]
     if not recorded:
         return None, {}
-    records = lane[1] if lane else {}
-    runs, tests = [], []
-    for test, test_runs in sorted(usable.items()):
-        if test in replaying and lane is None:
-            continue  # a variant measured alone is no noise of this golden
-        left_out = records.get(test, {}).get("excluded", {})
-        runs += [(run["metrics"], left_out) for run in test_runs]
-        tests.append(test)
-    found, refused = envelope.bands(
-        recorded[0], runs, compared=lambda n, d: not base(n, d).ignore, magnitude=magnitude
-    )
-    if not found:
+    own = [
+        (run["metrics"], ())
+        for t, runs in sorted(usable.items())
+        if t not in replaying
+        for run in runs
+    ]
+    sources: dict[str, list[tuple[Any, Any]]] = {SAME: own} if own else {}
+    if lane is not None:
+        sources[ACROSS] = own + [
+            (run["metrics"], lane[1][t]["excluded"])
+            for t, runs in sorted(usable.items())
+            if t in replaying
+            for run in runs
+        ]
+    lanes, refused = {}, {}
+    for name, runs in sources.items():
+        found, why = envelope.bands(
+            recorded[0], runs, compared=lambda n, d: not base(n, d).ignore, magnitude=magnitude
+        )
+        lanes[name] = found
+        refused.update({f"{name}: {metric}": text for metric, text in why.items()})
+    if not lanes:
         return None, refused
-    what = {**how, "tests": tests, "variants": lane is not None, "refused": refused}
-    return envelope.document(found, what), refused
+    return envelope.document(lanes, {**how, "tests": sorted(usable)}), refused
 
 
 def _recorded_magnitudes(usable: Mapping[str, Sequence[Any]]) -> Magnitude:
@@ -1025,15 +1061,21 @@ def _write_calibrated(
 
 
 def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str]) -> dict:
-    """What the summary says of a written envelope: its metrics, steps and runs, the refused."""
-    metrics = (bands or {}).get("metrics", {})
-    return {
-        "metrics": sorted(metrics),
-        "steps": max((len(m["steps"]) for m in metrics.values()), default=0),
-        "runs": max((m["runs"] for m in metrics.values()), default=0),
-        "variants": bool(bands and bands["how"]["variants"]),
-        "refused": dict(refused),
-    }
+    """What the summary says of a written envelope: per lane its metrics, steps and runs;
+    the bands refused."""
+    from .envelope import LANES
+
+    lanes = {}
+    for lane, section in LANES.items():
+        metrics = (bands or {}).get(section) or {}
+        if metrics:
+            lanes[lane] = {
+                "metrics": sorted(metrics),
+                "steps": max(len(m["steps"]) for m in metrics.values()),
+                "runs": max(m["runs"] for m in metrics.values()),
+            }
+    kept = (bands or {}).get("how", {}).get("kept", [])
+    return {"lanes": lanes, "kept": kept, "refused": dict(refused)}
 
 
 def _kept(path: Path) -> list[str]:

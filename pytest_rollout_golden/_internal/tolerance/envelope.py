@@ -82,7 +82,7 @@ class Band:
 
 @dataclasses.dataclass(frozen=True)
 class Envelope:
-    """The bands of one golden, and whether variants' runs made them."""
+    """The bands of one lane of a golden: its own tests' runs, or across variants."""
 
     bands: Mapping[str, Band]
     variants: bool = False
@@ -240,14 +240,14 @@ def _band(entry: Mapping[str, Any], magnitude: float) -> Band:
     )
 
 
-def document(found: Mapping[str, Any], how: Mapping[str, Any]) -> dict[str, Any]:
-    """The content of ``envelope.json``."""
-    return {
-        "format": FORMAT,
-        "version": 1,
-        "how": {"margin": MARGIN, "smooth": SMOOTH, **how},
-        "metrics": dict(found),
-    }
+LANES = {"same layout": "metrics", "across variants": "layout_metrics"}  # lane -> section
+
+
+def document(lanes: Mapping[str, Mapping[str, Any]], how: Mapping[str, Any]) -> dict[str, Any]:
+    """The content of ``envelope.json``: per lane measured (:data:`LANES`), its bands."""
+    out = {"format": FORMAT, "version": 1, "how": {"margin": MARGIN, "smooth": SMOOTH, **how}}
+    out.update({LANES[lane]: dict(found) for lane, found in lanes.items()})
+    return out
 
 
 # --------------------------------------------------------------------------- reading
@@ -311,26 +311,30 @@ def read(
     magnitude: Callable[[str], float | None],
     layout_variant: bool = False,
 ) -> Envelope | None:
-    """The envelope ``content`` (the file at ``path``) holds, checked entry by entry
-    (:func:`problem`); ``None`` for a variant (``layout_variant``) when only the reference's
-    runs made it. A bad file raises :class:`~.errors.GoldenFormatError` naming it."""
+    """The envelope of one lane of ``content`` (the file at ``path``): a variant's
+    (``layout_variant``) the bands across variants, the golden's own tests' the bands of
+    their own runs; ``None`` if the file holds no such lane. Both lanes are checked entry by
+    entry (:func:`problem`): a bad file raises :class:`~.errors.GoldenFormatError` naming it,
+    the metric and the step."""
     remedy = (
         "re-run `pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
     )
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise GoldenFormatError(f"{path}: not an envelope file ({FORMAT}); {remedy}")
-    metrics = content.get("metrics")
-    if not isinstance(metrics, dict):
-        raise GoldenFormatError(f"{path}: 'metrics' must be an object; {remedy}")
-    found = {}
-    for name, entry in sorted(metrics.items()):
-        why = problem(entry, name, magnitude(name))
-        if why:
-            raise GoldenFormatError(
-                f"{path}: {why}: calibration never writes that, so this file was edited; {remedy}"
-            )
-        found[name] = _band(entry, magnitude(name) or 0.0)
-    variants = bool(content.get("how", {}).get("variants"))
-    if layout_variant and not variants:
+    lanes = {}
+    for section in LANES.values():
+        metrics = content.get(section, {})
+        if not isinstance(metrics, dict):
+            raise GoldenFormatError(f"{path}: {section!r} must be an object; {remedy}")
+        for name, entry in sorted(metrics.items()):
+            why = problem(entry, name, magnitude(name))
+            if why:
+                raise GoldenFormatError(
+                    f"{path}: {why}: calibration never writes that, so this file was edited; "
+                    f"{remedy}"
+                )
+        lanes[section] = {n: _band(e, magnitude(n) or 0.0) for n, e in sorted(metrics.items())}
+    section = LANES["across variants" if layout_variant else "same layout"]
+    if section not in content:
         return None
-    return Envelope(found, variants, VARIANT_SOURCE if layout_variant else SOURCE)
+    return Envelope(lanes[section], layout_variant, VARIANT_SOURCE if layout_variant else SOURCE)
