@@ -100,7 +100,7 @@ def _not_finite(statistic: str, series: Series) -> Trend | None:
     steps = tuple(s for s, _ in series)
     for step, value in series:
         if not math.isfinite(value):
-            why = f"{value} at step {step} (a NaN or inf value makes every trend NaN)"
+            why = f"{value} at step {step}: a NaN or inf value makes every trend NaN"
             return Trend(statistic, math.nan, steps, why)
     return None
 
@@ -270,6 +270,13 @@ def session_trends(
     bounds = TrendBounds().above(layer(ini, INI_SOURCE), scoped=False)
     bounds = bounds.above(layer(cli, CLI_SOURCE), scoped=False)
     return bounds.above(layer(marker, MARKER_SOURCE))
+
+
+def call_trends(entries: Mapping[str, Any] | None) -> TrendBounds:
+    """The trend bounds a script gives ``Golden(trends=)``, over the defaults."""
+    if entries is not None and not isinstance(entries, Mapping):
+        raise TypeError(f"{CALL_SOURCE} takes {{metric: 'growth<=2' or a list}}, got {entries!r}")
+    return TrendBounds().above(layer(entries, CALL_SOURCE))
 
 
 # ---------------------------------------------------------------------- evaluation
