@@ -356,6 +356,7 @@ def trend_comparison(check: TrendCheck) -> Comparison:
     if trend.value is None:
         return Comparison(name, step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=trend.why)
     passed = check.verdict == "pass"
+    text = trend_beyond(check.metric, trend, bound.value, bound.source, recorded)
     return Comparison(
         name,
         step,
@@ -364,9 +365,7 @@ def trend_comparison(check: TrendCheck) -> Comparison:
         expected=None if recorded is None else recorded.value,
         actual=trend.value,
         tolerance_source=bound.source,
-        detail=""
-        if passed
-        else trend_beyond(check.metric, trend, bound.value, bound.source, recorded),
+        detail="" if passed else text,
         excess=_excess(trend.value, bound.value),
         bound=bound.value,
     )

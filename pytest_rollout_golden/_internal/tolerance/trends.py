@@ -111,8 +111,8 @@ def growth(series: Series) -> Trend:
     n, steps = len(series), tuple(s for s, _ in series)
     w = window(n)
     if n < 2 * w:
-        return Trend("growth", None, steps, f"{n} steps, growth needs at least {2 * w} "
-                     f"(two windows of {w} steps)")  # fmt: skip
+        why = f"{n} steps, growth needs at least {2 * w} (two windows of {w} steps)"
+        return Trend("growth", None, steps, why)
     nan = _not_finite("growth", series)
     if nan is not None:
         return nan
