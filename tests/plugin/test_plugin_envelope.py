@@ -221,7 +221,5 @@ def test_a_band_only_the_reference_made_does_not_gate_variants(project):
     project.run().assert_outcomes(passed=2)
     result = project.run("--golden-calibrate", "3", "-k", "mb8")
     # the reference alone replays bit for bit under every thread count: no band, no file
-    assert not (project.golden_dir("test_x[mb8]") / "envelope.json").exists(), (
-        result.stdout.str()
-    )
+    assert not (project.golden_dir("test_x[mb8]") / "envelope.json").exists(), result.stdout.str()
     project.run().assert_outcomes(passed=2)

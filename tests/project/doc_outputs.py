@@ -279,6 +279,27 @@ def parallel_mismatch(work: Path) -> str:
     return "\n".join([*lines[:6], "  ...", *lines[tensor : tensor + 4], "...", lines[-1]]) + "\n"
 
 
+# ---------------------------------------------------------------- docs/guide/mismatch.md
+
+
+@output("mismatch-trend")
+def mismatch_trend(work: Path) -> str:
+    """30 steps whose engine drifts from the trainer by 0.001 -> 0.0033 nats, every step
+    within the absolute bounds: the headline, the trend of the gap itself and the last line."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    (work / "test_drift.py").write_text(
+        "import torch\n\n"
+        "def test_run(golden):\n"
+        "    train = torch.tensor([[-1.0, -0.5, -2.0, -0.1], [-0.3, -1.2, -0.8, -0.6]])\n"
+        "    for step in range(30):\n"
+        "        engine = train + 0.001 + 0.0023 * step / 29\n"
+        "        golden.check_mismatch(train, engine, torch.ones_like(train), step=step)\n"
+    )
+    lines = failure(run_pytest(work)).splitlines()
+    gap = next(i for i, line in enumerate(lines) if "abs_logprob_diff_mean growth =" in line)
+    return "\n".join([lines[0], "...", *lines[gap : gap + 2], "...", lines[-1]]) + "\n"
+
+
 # ---------------------------------------------------------------- docs/reference/configuration.md
 
 
@@ -388,7 +409,7 @@ def laid_out(value: object, depth: int, indent: str = "", *, expand: bool = True
 
 # ---------------------------------------------------------------- docs/guide/long-runs.md
 
-LONG_RUN = '''import math
+LONG_RUN = """import math
 import torch
 
 SCALE = 1.0
@@ -399,7 +420,7 @@ def test_long_run(golden):
     for step in range(20):
         noise = 1e-4 * step * math.sin(1.7 * threads + step)  # grows as trajectories drift
         golden.check({"loss": (1.0 + 0.01 * step + noise) * SCALE}, step=step)
-'''
+"""
 
 
 def long_run(work: Path) -> Path:

@@ -147,7 +147,7 @@ def test_a_variant_uses_the_band_across_variants_and_the_reference_its_own():
 
 def test_a_bad_entry_in_either_lane_is_refused():
     bad = {"steps": [0], "below": [0.9], "above": [0.0]}
-    with pytest.raises(GoldenFormatError, match="width 0.9 is beyond"):
+    with pytest.raises(GoldenFormatError, match=r"width 0\.9 is beyond"):
         envelope.read(
             {**document(), "layout_metrics": {"loss": bad}}, Path("e"), magnitude=lambda n: 1.0
         )

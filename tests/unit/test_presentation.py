@@ -512,3 +512,29 @@ def test_a_nan_failure_is_beyond_by_nan_with_no_rounding_level_note():
         excess=3.0, scale=1e-9,
     )  # fmt: skip
     assert text.beyond(tiny) == "3x" and len(text.cancelled_notes([tiny])) == 1
+
+
+def test_a_trend_failure_reads_as_a_trend_not_as_the_first_divergence():
+    """A trend is measured over the whole run: the headline names it apart from the step
+    where values first diverged, and the update remedy stays for the values alone."""
+    drift = Comparison("pg_loss", 3, Verdict.FAIL, expected=0.5, actual=0.6, excess=4.0)
+    grown = Comparison(
+        "kl growth", 29, Verdict.FAIL, kind=text.TREND_KIND, actual=3.1, bound=2.0,
+        excess=1.55, detail="trend beyond its bound over steps 0-29: ...\n    mean 1 -> 3.1",
+    )  # fmt: skip
+    message = text.mismatch_message(outcome(drift, grown), [drift, grown]).splitlines()
+    assert message[0].startswith(
+        "golden mismatch: first divergence at step 3: pg_loss 4x beyond tolerance; "
+        "trend beyond its bound: kl growth 3.1 > 2; 2 of 2 checks failed"
+    )
+    assert message[3:] == [
+        "trend beyond its bound over steps 0-29: ...",
+        "    mean 1 -> 3.1",
+        text.TREND_REMEDY,
+        text.IF_RIGHT,
+    ]
+    alone = text.mismatch_message(outcome(grown), [grown])
+    assert alone.endswith(text.TREND_REMEDY) and "first divergence" not in alone
+    document = grown.to_json()
+    assert document["bound"] == 2.0 and Comparison.from_json(document) == grown
+    assert "bound" not in drift.to_json() and Comparison.from_json(drift.to_json()) == drift

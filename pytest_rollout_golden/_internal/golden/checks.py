@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import GoldenNaNWarning, UnsupportedValueError
-from ..report.presentation import DROPPED, difference_detail, typo_hint
+from ..report.presentation import DROPPED, TREND_KIND, difference_detail, trend_beyond, typo_hint
 from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
 from ..tolerance.spec import Tolerance
 from ..tolerance.stack import Resolver, ToleranceUsage
+from ..tolerance.trends import TrendCheck
 from . import metric_codec
 from .modes import ModePolicy
 from .results import Comparison, Verdict
@@ -339,6 +340,42 @@ def not_compared(names: Iterable[str], step: int, *, kind: str, why: str) -> lis
     return [
         Comparison(name, step, Verdict.IGNORED, kind=kind, tolerance_source=why) for name in names
     ]
+
+
+def trend_comparison(check: TrendCheck) -> Comparison:
+    """The verdict on one bound over a metric's series (:mod:`.trends`), at its last step:
+    passed or failed, or not compared where the bound is off or the statistic undefined."""
+    name, bound = f"{check.metric} {check.statistic}", check.bound
+    step = check.steps[-1] if check.steps else 0
+    trend, recorded = check.trend, check.recorded
+    if trend is None:
+        why = f"{bound.source}: bound switched off"
+        return Comparison(
+            f"{name}<=inf", step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=why
+        )
+    if trend.value is None:
+        return Comparison(name, step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=trend.why)
+    passed = check.verdict == "pass"
+    text = trend_beyond(check.metric, trend, bound.value, bound.source, recorded)
+    return Comparison(
+        name,
+        step,
+        Verdict.PASS if passed else Verdict.FAIL,
+        kind=TREND_KIND,
+        expected=None if recorded is None else recorded.value,
+        actual=trend.value,
+        tolerance_source=bound.source,
+        detail="" if passed else text,
+        excess=_excess(trend.value, bound.value),
+        bound=bound.value,
+    )
+
+
+def _excess(value: float, bound: float) -> float | None:
+    """How many times its bound a statistic is (NaN: inf); none for a bound <= 0."""
+    if math.isnan(value):
+        return math.inf
+    return value / bound if bound > 0 else None
 
 
 # ---------------------------------------------------------------------- what a check writes

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +51,7 @@ from ..tolerance.envelope import Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack, ToleranceUsage
+from ..tolerance.trends import TrendBounds, call_trends, evaluate
 from . import checks, metric_codec
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
@@ -116,6 +117,7 @@ class Golden:
         regenerate: bool = False,
         missing_step: str | None = None,
         mismatch_bounds: Mapping[str, Bound] | None = None,
+        trends: Mapping[str, str | Sequence[str]] | TrendBounds | None = None,
         session: SessionLinks | None = None,
         lane: LaneSetting | None = None,
     ):
@@ -126,7 +128,10 @@ class Golden:
         rollouts. ``missing_step``: the policy for a rollout step never recorded
         (:data:`~.modes.MISSING_STEP_POLICIES`; default ``record``, ``error`` in strict
         mode). ``mismatch_bounds``: the bounds :meth:`check_mismatch` enforces (default:
-        the published ones, :data:`~.mismatch_bounds.DEFAULT_BOUNDS`). ``session``: how
+        the published ones, :data:`~.mismatch_bounds.DEFAULT_BOUNDS`). ``trends``: bounds
+        on how metrics evolve over the run, checked when it finishes, ``{metric: "growth<=2"
+        or a list of specs}`` (statistics ``growth``, ``slope``; ``inf`` switches one off)
+        over the defaults (:mod:`.trends`). ``session``: how
         the pytest plugin ties this golden into its session; scripts leave it out.
         ``lane``: the lane whose values this run compares and records (:mod:`.lanes`;
         default: lanes off, the values beside the inputs)."""
@@ -163,6 +168,7 @@ class Golden:
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
+        self._trends = trends if isinstance(trends, TrendBounds) else call_trends(trends)
         self._rollouts = RolloutInputs(
             self._inputs,
             notes=self._outcome.rollouts,
@@ -603,6 +609,7 @@ class Golden:
                 return self._outcome
             if self._replaying:
                 self._outcome.comparisons.extend(self._unchecked())
+            self._outcome.comparisons.extend(self._series_checks())
             for layer in tolerance_layers:
                 self._warn_unused(layer, warn_at)
             failures = [c for c in self._outcome.comparisons if c.failed]
@@ -625,6 +632,13 @@ class Golden:
         finally:
             self._files.close()
             self._inputs.close()
+
+    def _series_checks(self) -> list[Comparison]:
+        """The bounds over this run's series of each metric (:mod:`.trends`), recording or
+        replaying; replaying, each names the recorded golden's own statistic."""
+        recorded = metric_codec.numbers(self._files.metrics()) if self._replaying else None
+        found = evaluate(metric_codec.numbers(self._metrics), self._trends, recorded)
+        return [checks.trend_comparison(check) for check in found]
 
     def _unchecked(self) -> list[Comparison]:
         """A missing comparison per recorded value this run did not check."""

@@ -93,6 +93,7 @@ class Comparison:
     detail: str = ""
     excess: float | None = None  # greatest difference / difference allowed (>1: beyond)
     scale: float | None = None  # the magnitude rtol was measured against, where not |expected|
+    bound: float | None = None  # a gate's ceiling (a trend's), where no tolerance applies
 
     @property
     def failed(self) -> bool:
@@ -102,8 +103,10 @@ class Comparison:
         out = {"metric" if k == "name" else k: v for k, v in dataclasses.asdict(self).items()}
         out["verdict"] = str(self.verdict)
         out["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance else None
-        for key in ("expected", "actual", "abs_diff", "rel_diff", "excess"):
+        for key in ("expected", "actual", "abs_diff", "rel_diff", "excess", "bound"):
             out[key] = json_number(out[key])
+        if self.bound is None:
+            del out["bound"]
         return out
 
     @classmethod
@@ -112,7 +115,7 @@ class Comparison:
         fields["verdict"] = Verdict(fields["verdict"])
         if fields.get("tolerance") is not None:
             fields["tolerance"] = Tolerance(**fields["tolerance"])
-        for key in ("expected", "actual", "abs_diff", "rel_diff", "excess"):
+        for key in ("expected", "actual", "abs_diff", "rel_diff", "excess", "bound"):
             fields[key] = from_json_number(fields.get(key))
         return cls(**fields)
 

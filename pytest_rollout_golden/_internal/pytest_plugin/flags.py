@@ -133,6 +133,14 @@ FLAGS = (
         default=(),
     ),
     Flag(
+        "--golden-trend",
+        "repeat",
+        "bound on how a metric evolves over a run, e.g. kl:growth<=3 or kl:slope<=1e-3 "
+        "(inf: none; repeatable)",
+        metavar="METRIC:STAT<=VALUE",
+        default=(),
+    ),
+    Flag(
         "--golden-exact",
         "switch",
         "demand bit equality for every metric and tensor",
@@ -208,6 +216,13 @@ INI = (
     Ini(
         "golden_mismatch_bounds",
         "bounds of golden.check_mismatch, one METRIC<=VALUE per line",
+        (),
+        "linelist",
+    ),
+    Ini(
+        "golden_trends",
+        "bounds on how metrics evolve over a run, one METRIC:STAT<=VALUE per line "
+        "(STAT: growth or slope)",
         (),
         "linelist",
     ),

@@ -34,7 +34,7 @@ from ..report.presentation import (
     rootdir_note,
     summary_lines,
 )
-from ..tolerance import mismatch_bounds
+from ..tolerance import mismatch_bounds, trends
 from ..tolerance.stack import Layer
 from . import markers
 from .options import (
@@ -138,6 +138,7 @@ class GoldenPlugin:
             mismatch_bounds.session_bounds(
                 None, opt.golden_mismatch_bound, config.getini("golden_mismatch_bounds")
             )
+            trends.session_trends(None, opt.golden_trend, config.getini("golden_trends"))
         with as_usage_error():
             self.lane = lane_setting(
                 opt.golden_lane,
@@ -224,6 +225,7 @@ class GoldenPlugin:
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
             mismatch_bounds=self._mismatch_bounds(item, options),
+            trends=self._trends(item, options),
             session=links,
             lane=self._lane(),
             **inputs,
@@ -272,6 +274,18 @@ class GoldenPlugin:
                     options.get("mismatch_bounds"),
                     self.config.option.golden_mismatch_bound,
                     self.config.getini("golden_mismatch_bounds"),
+                )
+            except ValueError as exc:
+                raise ValueError(f"{item.nodeid}: {exc}") from None
+
+    def _trends(self, item: pytest.Item, options: dict[str, Any]) -> trends.TrendBounds:
+        """The bounds over the test's series: marker, then flag, then ini, then defaults."""
+        with as_usage_error():
+            try:
+                return trends.session_trends(
+                    options.get("trends"),
+                    self.config.option.golden_trend,
+                    self.config.getini("golden_trends"),
                 )
             except ValueError as exc:
                 raise ValueError(f"{item.nodeid}: {exc}") from None

@@ -15,7 +15,7 @@ from ...errors import update_command
 from ...store.location import golden_dir, shared_golden_dir
 from ..golden.modes import ReplayOnly
 from ..report.presentation import close_match
-from ..tolerance import mismatch_bounds
+from ..tolerance import mismatch_bounds, trends
 from ..tolerance.families import precision_layer
 from ..tolerance.spec import Layer, ignore_and_tolerance_layers
 from ..tolerance.stack import Stack
@@ -24,21 +24,25 @@ from .options import OptionError, missing_step_policy, parse_seed, with_precisio
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
     "seed=None, rebuild=None, regenerate=False, missing_step=None, variant=None, reference=None, "
-    "layout_tolerances=None, mismatch_bounds=None): configure "
+    "layout_tolerances=None, mismatch_bounds=None, trends=None): configure "
     "the golden of this test; key= shares it within a file, shared= across files; ignore= names "
     "metrics/tensors not compared; regenerate= re-runs generate under --update-golden; "
     "missing_step= record|error|repeat|generate for a rollout step never recorded; "
     "variant/reference: a layout variant that replays the "
     "reference's golden (see parallel.variants()); mismatch_bounds={metric: bound} for "
-    "golden.check_mismatch"
+    "golden.check_mismatch; trends={metric: 'growth<=2' or a list of specs} bound how metrics "
+    "evolve over the run"
 )
 _OPTIONS = {
     "key", "tolerances", "ignore", "exact", "deterministic", "seed", "rebuild", "precision",
 }  # fmt: skip
 _MISMATCH_OPTIONS = {"mismatch_bounds"}  # golden.check_mismatch (mismatch_bounds.py)
+_SERIES_OPTIONS = {"trends"}  # bounds over a run's series (trends.py)
 _INPUT_OPTIONS = {"regenerate", "missing_step"}  # recorded rollouts as inputs (inputs.py)
 _LAYOUT_OPTIONS = {"shared", "variant", "reference", "layout_tolerances"}
-MARKER_OPTIONS = frozenset(_OPTIONS | _INPUT_OPTIONS | _LAYOUT_OPTIONS | _MISMATCH_OPTIONS)
+MARKER_OPTIONS = frozenset(
+    _OPTIONS | _INPUT_OPTIONS | _LAYOUT_OPTIONS | _MISMATCH_OPTIONS | _SERIES_OPTIONS
+)
 """Every keyword ``@pytest.mark.golden`` accepts."""
 _FLAGS = ("exact", "deterministic", "regenerate")  # True or False, nothing that merely converts
 _TOLERANCE_FIELDS = ("rtol", "atol", "equal_nan", "scale")  # belong in tolerances={metric: ...}
@@ -116,6 +120,7 @@ def _value_mistakes(options: Mapping[str, Any], test_id: str) -> list[str]:
         "precision": lambda v: precision_layer(str(v), "precision="),
         "missing_step": lambda v: missing_step_policy(v, None, "", where=test_id),
         "mismatch_bounds": lambda v: mismatch_bounds.session_bounds(v, (), ()),
+        "trends": lambda v: trends.session_trends(v, (), ()),
     }
     for name, check in checks.items():
         if name in options:

@@ -246,7 +246,7 @@ def first_divergence(failures: list[Comparison]) -> str:
     """``"first divergence at step 2: grad_norm 40x beyond tolerance, pg_loss 3x; "``:
     the first step beyond tolerance and what diverged there, farthest beyond first (empty
     when nothing drifted)."""
-    drifted = [c for c in failures if c.verdict == Verdict.FAIL]
+    drifted = [c for c in failures if c.verdict == Verdict.FAIL and c.kind != TREND_KIND]
     if not drifted:
         return ""
     step = min(c.step for c in drifted)
@@ -301,6 +301,65 @@ def mismatch_bound_exceeded(
         ]
         lines.append("    worst tokens: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+TREND_REMEDY = (
+    "A trend bound holds whatever the golden says (--update-golden does not lift it): fix "
+    "what drifts over the run, or set the bound for this test with "
+    "@pytest.mark.golden(trends={metric: 'growth<=4'}) (or --golden-trend METRIC:STAT<=VALUE, "
+    "ini golden_trends; inf switches one off)."
+)
+TREND_KIND = "trend"
+"""The kind of a :class:`Comparison` of a statistic over a run against its bound (trends.py)."""
+
+
+class TrendView(Protocol):
+    """What the texts read of one statistic of a series (:class:`.trends.Trend`)."""
+
+    @property
+    def statistic(self) -> str: ...
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def steps(self) -> Sequence[int]: ...
+    @property
+    def why(self) -> str: ...
+    @property
+    def windows(self) -> tuple[tuple[Sequence[int], float], tuple[Sequence[int], float]] | None: ...
+
+
+def trend_beyond(
+    metric: str, trend: TrendView, bound: float, source: str, recorded: TrendView | None
+) -> str:
+    """The failure of a statistic over a run beyond its bound: the statistic, the bound
+    and its source; the windows of a growth; the recorded golden's own statistic."""
+    stat, nan = trend.statistic, f" ({trend.why})" if trend.why else ""
+    lines = [
+        f"trend beyond its bound over {steps(trend.steps)}: {metric} {stat} = "
+        f"{number(trend.value, 4)}{nan}, bound {stat} <= {number(bound, 12)} ({source})"
+    ]
+    parts = []
+    if trend.windows is not None:
+        (first, m1), (last, m2) = trend.windows
+        parts.append(
+            f"mean {number(m1, 4)} over {steps(first)} -> {number(m2, 4)} over {steps(last)}"
+        )
+    if recorded is not None:
+        value = recorded.why if recorded.value is None else number(recorded.value, 4)
+        parts.append(f"recorded: {stat} {value}")
+    return "\n".join(lines + (["    " + "; ".join(parts)] if parts else []))
+
+
+def trends_beyond(failures: list[Comparison]) -> str:
+    """``"trend beyond its bound: kl growth 3.1 > 2; "``: the trends a run failed (empty
+    when none)."""
+    failed = by_severity(c for c in failures if c.verdict == Verdict.FAIL and c.kind == TREND_KIND)
+    if not failed:
+        return ""
+    parts = [f"{c.name} {number(c.actual, 4)} > {number(c.bound, 12)}" for c in failed]
+    more = f" and {len(parts) - _HEADLINE_NAMES} more" if len(parts) > _HEADLINE_NAMES else ""
+    title = "trend beyond its bound" if len(parts) == 1 else "trends beyond their bounds"
+    return f"{title}: {', '.join(parts[:_HEADLINE_NAMES])}{more}; "
 
 
 def close_match(name: str, candidates: Iterable[str]) -> str:
@@ -499,7 +558,7 @@ def mismatch_message(
             f"{plural(len(no_golden), 'value')} this test checked ({names}); {remedy_text}"
         )
     lines = [
-        f"golden mismatch: {first_divergence(failures)}{len(failures)} of "
+        f"golden mismatch: {first_divergence(failures)}{trends_beyond(failures)}{len(failures)} of "
         f"{plural(len(outcome.comparisons), 'check')} failed (golden {display(outcome.directory)})"
     ]
     if recorder is not None:
@@ -510,9 +569,12 @@ def mismatch_message(
     lines += _detailed_failures(failures)
     lines += [f"{c.kind} {c.name!r} ({where(c)}): {c.detail}" for c in missing]
     lines += _mismatch_notes(outcome, notes)
-    if any(c.kind == BOUND_KIND for c in failures):
+    kinds = {c.kind for c in failures}
+    if BOUND_KIND in kinds:
         lines.append(BOUND_REMEDY)
-    if all(c.kind == BOUND_KIND for c in failures):
+    if TREND_KIND in kinds:
+        lines.append(TREND_REMEDY)
+    if kinds <= {BOUND_KIND, TREND_KIND}:  # gates that hold whatever the golden says
         return "\n".join(lines)
     if recorder is not None:
         lines.append(
@@ -555,7 +617,7 @@ def _scalar_rows(failures: list[Comparison]) -> list[str]:
 
 
 def _detailed_failures(failures: list[Comparison]) -> list[str]:
-    """The failed values with a detail (tensors, mismatch bounds) in step order (see
+    """The failed values with a detail (tensors, mismatch bounds, trends) in step order (see
     :func:`by_step`); the bounds of one batch share their location lines, given once after
     them."""
     lines, located = [], []
@@ -564,6 +626,8 @@ def _detailed_failures(failures: list[Comparison]) -> list[str]:
             first, *rest = c.detail.splitlines()
             lines.append(first)
             located += [d for d in rest if d not in located]
+        elif c.verdict == Verdict.FAIL and c.kind == TREND_KIND:
+            lines += c.detail.splitlines()
         elif c.verdict == Verdict.FAIL and c.detail:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
             lines += ["    " + d for d in c.detail.splitlines()]

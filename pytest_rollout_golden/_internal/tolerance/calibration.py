@@ -88,7 +88,7 @@ from typing import Any
 
 from ...errors import GoldenError, GoldenFormatError
 from ...store.location import ENVELOPE, TOLERANCES
-from .spec import IGNORE, RECORDED, Layer, Tolerance
+from .spec import IGNORE, RECORDED, Layer, Tolerance, is_glob
 from .stack import Resolver
 
 FORMAT = "pytest-rollout-golden-tolerances"
@@ -218,7 +218,7 @@ def entry_problem(entry: Any, name: str, magnitude: float | None) -> str:
         return f"scale must be 'recorded' or a finite number >= 0, got {scale!r}"
     if not isinstance(entry.get("equal_nan", False), bool):
         return "equal_nan must be true or false"
-    pattern = any(c in name for c in "*?[")  # a glob, as Layer reads it
+    pattern = is_glob(name)
     cap, why = allowance_cap(name, None if pattern else magnitude)
     if atol > cap:
         return f"atol {atol:g} is beyond what tolerances.json may hold ({cap:g}: {why})"

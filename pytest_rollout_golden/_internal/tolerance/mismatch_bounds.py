@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..report.presentation import close_match
@@ -113,12 +113,19 @@ def check_name(name: str, where: str) -> str:
     return key
 
 
-def parse_spec(text: str, source: str) -> tuple[str, float]:
-    """``"gen_kl_error<=0.001"`` -> ``("gen_kl_error", 0.001)`` (ValueError naming ``source``)."""
+def split_spec(text: str, source: str, form: str = "METRIC<=VALUE") -> tuple[str, float]:
+    """``"NAME<=VALUE"`` -> ``("NAME", value)`` (:func:`parse_value`); ValueError naming
+    ``source`` and the ``form`` expected."""
     name, sep, value = text.partition("<=")
     if not sep or not name.strip() or not value.strip():
-        raise ValueError(f"{source}: {text!r} is not of the form METRIC<=VALUE")
-    return check_name(name, source), parse_value(value.strip(), f"{source} {text!r}")
+        raise ValueError(f"{source}: {text!r} is not of the form {form}")
+    return name.strip(), parse_value(value.strip(), f"{source} {text!r}")
+
+
+def parse_spec(text: str, source: str) -> tuple[str, float]:
+    """``"gen_kl_error<=0.001"`` -> ``("gen_kl_error", 0.001)`` (ValueError naming ``source``)."""
+    name, value = split_spec(text, source)
+    return check_name(name, source), value
 
 
 def layer(entries: Mapping[str, Any] | Iterable[str] | None, source: str) -> dict[str, Bound]:
@@ -134,14 +141,18 @@ def layer(entries: Mapping[str, Any] | Iterable[str] | None, source: str) -> dic
             key = check_name(name, source)
             out[key] = Bound(parse_value(value, f"{source} {name!r}"), source)
         return out
-    if isinstance(entries, str):
-        entries = [entries]
-    for line in entries:
+    for text in spec_lines(entries):
+        key, value = parse_spec(text, source)
+        out[key] = Bound(value, source)
+    return out
+
+
+def spec_lines(lines: str | Iterable[str]) -> Iterator[str]:
+    """The specs among ini or command-line ``lines``: blank lines and ``#`` comments skipped."""
+    for line in [lines] if isinstance(lines, str) else lines:
         text = line.split("#", 1)[0].strip()
         if text:
-            key, value = parse_spec(text, source)
-            out[key] = Bound(value, source)
-    return out
+            yield text
 
 
 def resolve(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 FIELDS = ("rtol", "atol", "equal_nan", "scale")  # what layers combine; exact, ignore stand alone
@@ -173,6 +173,27 @@ def parse_spec(text: str) -> tuple[str, Tolerance]:
         raise ValueError(f"bad tolerance {text!r}: {exc}") from None
 
 
+def is_glob(key: str) -> bool:
+    """Whether an entry's name is a glob pattern (``actor/*``)."""
+    return any(c in key for c in "*?[")
+
+
+def entry_key(
+    name: str, entries: Collection[str], globs: Iterable[str] | None = None
+) -> str | None:
+    """The entry of ``entries`` that metric ``name`` matches, if any: exact, then a glob
+    pattern (``globs``: those of ``entries``, if known), then its last path component
+    (``pg_loss`` matches ``actor/pg_loss``)."""
+    if name in entries:
+        return name
+    patterns = (k for k in entries if is_glob(k)) if globs is None else globs
+    glob = next((g for g in patterns if fnmatch.fnmatchcase(name, g)), None)
+    if glob is not None:
+        return glob
+    base = name.rsplit("/", 1)[-1]
+    return base if base != name and base in entries else None
+
+
 class Layer:
     """One source of tolerances: a name (shown in messages) and its entries by metric name.
 
@@ -192,19 +213,14 @@ class Layer:
         self.defaults = defaults
         self.exact_names = exact_names
         self.entries = {k: Tolerance.coerce(v, what=f"{source} {k!r}") for k, v in entries.items()}
-        self._globs = [k for k in self.entries if any(c in k for c in "*?[")]
+        self._globs = [k for k in self.entries if is_glob(k)]
 
     def key(self, name: str) -> str | None:
-        """The entry ``name`` matches, if any: exact, then glob, then last path component."""
-        if name in self.entries:
-            return name
+        """The entry ``name`` matches, if any (see :func:`entry_key`); a layer of
+        ``exact_names`` only by the whole name."""
         if self.exact_names:
-            return None
-        glob = next((g for g in self._globs if fnmatch.fnmatchcase(name, g)), None)
-        if glob is not None:
-            return glob
-        base = name.rsplit("/", 1)[-1]
-        return base if base != name and base in self.entries else None
+            return name if name in self.entries else None
+        return entry_key(name, self.entries, self._globs)
 
     def match(self, name: str) -> Tolerance | None:
         key = self.key(name)
