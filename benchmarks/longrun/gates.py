@@ -145,7 +145,9 @@ def bias_gate(golden: Series, run: Series, runs: Sequence[Series], env: Any) -> 
     """The metrics whose mean deviation over the steps exceeds their bias bound."""
     if env is None:
         return set()
-    return {b.name for b in envelope.biases(env, numbers(golden), numbers(run)) if not b.holds}
+    every = {name: range(len(values)) for name, values in golden.items()}
+    found = envelope.biases(env, numbers(golden), numbers(run), every)
+    return {b.name for b in found if not b.holds}
 
 
 GATES: dict[str, Callable[..., set[str]]] = {"bias": bias_gate}

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import GoldenNaNWarning, UnsupportedValueError
-from ..report.presentation import DROPPED, TREND_KIND, difference_detail, trend_beyond, typo_hint
+from ..report.presentation import (
+    BIAS_KIND,
+    DROPPED,
+    TREND_KIND,
+    bias_beyond,
+    difference_detail,
+    trend_beyond,
+    typo_hint,
+)
 from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
+from ..tolerance.envelope import Bias, Envelope
 from ..tolerance.spec import Tolerance
 from ..tolerance.stack import Resolver, ToleranceUsage
 from ..tolerance.trends import TrendCheck
@@ -342,9 +351,12 @@ def not_compared(names: Iterable[str], step: int, *, kind: str, why: str) -> lis
     ]
 
 
-def trend_comparison(check: TrendCheck) -> Comparison:
+def trend_comparison(check: TrendCheck, envelope: Envelope | None = None) -> Comparison:
     """The verdict on one bound over a metric's series (:mod:`.trends`), at its last step:
-    passed or failed, or not compared where the bound is off or the statistic undefined."""
+    passed or failed, or not compared where the bound is off, the statistic undefined, or,
+    replaying against an ``envelope``, where the calibration runs of correct code already
+    reach beyond the bound (they drift from the recorded rollouts as a defect would: the
+    band and the bias gate hold the metric)."""
     name, bound = f"{check.metric} {check.statistic}", check.bound
     step = check.steps[-1] if check.steps else 0
     trend, recorded = check.trend, check.recorded
@@ -353,6 +365,15 @@ def trend_comparison(check: TrendCheck) -> Comparison:
         return Comparison(
             f"{name}<=inf", step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=why
         )
+    band = None if envelope is None else envelope.bands.get(check.metric)
+    reached = None if band is None else band.trends.get(check.statistic)
+    if reached is not None and not bound.holds(reached):
+        why = (
+            f"{bound.source}: not compared on replay: correct code's calibration runs reach "
+            f"{check.statistic} {reached:.3g} against the recorded rollouts ({envelope.source}); "
+            "its band and bias gate hold it"
+        )
+        return Comparison(name, step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=why)
     if trend.value is None:
         return Comparison(name, step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=trend.why)
     passed = check.verdict == "pass"
@@ -368,6 +389,24 @@ def trend_comparison(check: TrendCheck) -> Comparison:
         detail="" if passed else text,
         excess=_excess(trend.value, bound.value),
         bound=bound.value,
+    )
+
+
+def bias_comparison(bias: Bias, steps: Sequence[int], source: str) -> Comparison:
+    """The verdict on one metric's mean deviation over a replay's ``steps`` (:mod:`.envelope`),
+    at its last step."""
+    text = "" if bias.holds else bias_beyond(bias.name, bias.mean, steps, bias.bound, source)
+    return Comparison(
+        f"{bias.name} bias",
+        steps[-1] if steps else 0,
+        Verdict.PASS if bias.holds else Verdict.FAIL,
+        kind=BIAS_KIND,
+        expected=0.0,
+        actual=bias.mean,
+        tolerance_source=source,
+        detail=text,
+        excess=_excess(abs(bias.mean), bias.bound),
+        bound=bias.bound,
     )
 
 

@@ -47,7 +47,7 @@ from ..report.presentation import (
     stand_in_note,
     unused_tolerance,
 )
-from ..tolerance.envelope import Envelope
+from ..tolerance.envelope import BIAS_MARGIN, Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack, ToleranceUsage
@@ -635,10 +635,25 @@ class Golden:
 
     def _series_checks(self) -> list[Comparison]:
         """The bounds over this run's series of each metric (:mod:`.trends`), recording or
-        replaying; replaying, each names the recorded golden's own statistic."""
+        replaying; replaying, each names the recorded golden's own statistic, and each band
+        of the envelope holds the run's mean deviation from the golden to its bias bound
+        (:func:`.envelope.biases`) unless a tolerance above the envelope decides."""
         recorded = metric_codec.numbers(self._files.metrics()) if self._replaying else None
-        found = evaluate(metric_codec.numbers(self._metrics), self._trends, recorded)
-        return [checks.trend_comparison(check) for check in found]
+        run = metric_codec.numbers(self._metrics)
+        trends = evaluate(run, self._trends, recorded)
+        if recorded is None or self._envelope is None:
+            return [checks.trend_comparison(c) for c in trends]
+        found = [checks.trend_comparison(c, self._envelope) for c in trends]
+        from ..tolerance.envelope import biases
+
+        banded: dict[str, list[int]] = {}  # the steps each metric was held to its band
+        for c in self._outcome.comparisons:
+            if c.kind == "metric" and c.tolerance_source == self._envelope.source:
+                banded.setdefault(c.name, []).append(c.step)
+        source = f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest"
+        for bias in biases(self._envelope, recorded, run, banded):
+            found.append(checks.bias_comparison(bias, banded[bias.name], source))
+        return found
 
     def _unchecked(self) -> list[Comparison]:
         """A missing comparison per recorded value this run did not check."""

@@ -246,7 +246,7 @@ def first_divergence(failures: list[Comparison]) -> str:
     """``"first divergence at step 2: grad_norm 40x beyond tolerance, pg_loss 3x; "``:
     the first step beyond tolerance and what diverged there, farthest beyond first (empty
     when nothing drifted)."""
-    drifted = [c for c in failures if c.verdict == Verdict.FAIL and c.kind != TREND_KIND]
+    drifted = [c for c in failures if c.verdict == Verdict.FAIL and c.kind not in SERIES_KINDS]
     if not drifted:
         return ""
     step = min(c.step for c in drifted)
@@ -311,6 +311,20 @@ TREND_REMEDY = (
 )
 TREND_KIND = "trend"
 """The kind of a :class:`Comparison` of a statistic over a run against its bound (trends.py)."""
+BIAS_KIND = "bias"
+"""The kind of a :class:`Comparison` of a replay's mean deviation over its steps (envelope.py)."""
+SERIES_KINDS = (TREND_KIND, BIAS_KIND)  # gates over a whole run, not one step
+
+
+def bias_beyond(name: str, mean: float, steps_: Sequence[int], bound: float, source: str) -> str:
+    """The failure of a replay whose metric deviates from the golden the same way over its
+    steps: the mean deviation in units of each step's band, and the bound."""
+    return (
+        f"bias over {steps(steps_)}: {name} deviates from the golden by {mean:+.3g} of its "
+        f"band on average (sign(golden) x (actual - golden) / allowed, over "
+        f"{plural(len(steps_), 'step')}), bound {number(bound, 12)} ({source}); a change that "
+        "moves every step the same way, which each step's band alone lets pass"
+    )
 
 
 class TrendView(Protocol):
@@ -351,15 +365,21 @@ def trend_beyond(
 
 
 def trends_beyond(failures: list[Comparison]) -> str:
-    """``"trend beyond its bound: kl growth 3.1 > 2; "``: the trends a run failed (empty
-    when none)."""
-    failed = by_severity(c for c in failures if c.verdict == Verdict.FAIL and c.kind == TREND_KIND)
-    if not failed:
-        return ""
-    parts = [f"{c.name} {number(c.actual, 4)} > {number(c.bound, 12)}" for c in failed]
-    more = f" and {len(parts) - _HEADLINE_NAMES} more" if len(parts) > _HEADLINE_NAMES else ""
-    title = "trend beyond its bound" if len(parts) == 1 else "trends beyond their bounds"
-    return f"{title}: {', '.join(parts[:_HEADLINE_NAMES])}{more}; "
+    """``"trend beyond its bound: kl growth 3.1 > 2; "``: the trends and biases a run failed
+    (empty when none)."""
+    out = ""
+    for kind, one, many in (
+        (TREND_KIND, "trend beyond its bound", "trends beyond their bounds"),
+        (BIAS_KIND, "bias beyond its bound", "biases beyond their bounds"),
+    ):
+        failed = by_severity(c for c in failures if c.verdict == Verdict.FAIL and c.kind == kind)
+        if not failed:
+            continue
+        parts = [f"{c.name} {number(c.actual, 4)} > {number(c.bound, 12)}" for c in failed]
+        more = f" and {len(parts) - _HEADLINE_NAMES} more" if len(parts) > _HEADLINE_NAMES else ""
+        title = one if len(parts) == 1 else many
+        out += f"{title}: {', '.join(parts[:_HEADLINE_NAMES])}{more}; "
+    return out
 
 
 def close_match(name: str, candidates: Iterable[str]) -> str:
@@ -626,7 +646,7 @@ def _detailed_failures(failures: list[Comparison]) -> list[str]:
             first, *rest = c.detail.splitlines()
             lines.append(first)
             located += [d for d in rest if d not in located]
-        elif c.verdict == Verdict.FAIL and c.kind == TREND_KIND:
+        elif c.verdict == Verdict.FAIL and c.kind in SERIES_KINDS:
             lines += c.detail.splitlines()
         elif c.verdict == Verdict.FAIL and c.detail:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")

@@ -67,6 +67,7 @@ class Band:
     dtype: str = "float32"
     magnitude: float = 0.0  # the metric's largest recorded |value|
     bias_bound: float | None = None  # the largest mean deviation allowed (None: no bias gate)
+    trends: Mapping[str, float] = dataclasses.field(default_factory=dict)  # runs' largest
 
     def half_widths(self) -> list[float]:
         """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours."""
@@ -153,13 +154,19 @@ class Bias:
         return abs(self.mean) <= self.bound
 
 
-def biases(found: Envelope, golden: Numbers, run: Numbers) -> list[Bias]:
-    """The bias gate of every band that has one, over this ``run`` against the ``golden``."""
+def biases(
+    found: Envelope, golden: Numbers, run: Numbers, steps: Mapping[str, Iterable[int]]
+) -> list[Bias]:
+    """The bias gate of every band that has one, over this ``run`` against the ``golden``
+    at the ``steps`` of each metric that its band decided (a tolerance given above the
+    envelope takes the metric out of its band, and out of this gate)."""
     out = []
     for name, band in sorted(found.bands.items()):
-        if band.bias_bound is None:
+        if band.bias_bound is None or name not in steps:
             continue
-        measured = deviation(name, golden, run, band.allowances())
+        allowances = band.allowances()
+        held = {s: allowances[s] for s in steps[name] if s in allowances}
+        measured = deviation(name, golden, run, held)
         if measured is not None:
             out.append(Bias(name, measured[0], measured[1], band.bias_bound))
     return out
@@ -223,8 +230,24 @@ def bands(
             continue
         made = _band(band, magnitude(name) or 0.0)
         bias = bias_bound(name, golden, kept, made.allowances())
-        out[name] = {**band, "runs": len(kept), "bias": bias}
+        trends = run_trends(name, kept)
+        out[name] = {**band, "runs": len(kept), "bias": bias, "trends": trends}
     return out, refused
+
+
+def run_trends(name: str, runs: Sequence[Numbers]) -> dict[str, float]:
+    """Per trend statistic (:mod:`.trends`), the largest the runs of correct code reach for
+    metric ``name``: a bound below it cannot tell a defect from them on replay."""
+    from .trends import STATISTIC, series
+
+    out: dict[str, float] = {}
+    for run in runs:
+        points = series(run).get(name, [])
+        for statistic, measure in STATISTIC.items():
+            value = measure(points).value
+            if value is not None and math.isfinite(value):
+                out[statistic] = max(value, out.get(statistic, -math.inf))
+    return out
 
 
 def _band(entry: Mapping[str, Any], magnitude: float) -> Band:
@@ -237,6 +260,7 @@ def _band(entry: Mapping[str, Any], magnitude: float) -> Band:
         str(entry.get("dtype", "float32")),
         magnitude,
         None if bias.get("bound") is None else float(bias["bound"]),
+        {k: float(v) for k, v in (entry.get("trends") or {}).items()},
     )
 
 
@@ -268,7 +292,7 @@ def problem(entry: Any, name: str, magnitude: float | None) -> str:
         return f"metric {name!r}: steps must be increasing"
     if magnitude is None:
         return f"metric {name!r} was never recorded in this golden"
-    why = _bias_problem(entry.get("bias"), name)
+    why = _bias_problem(entry.get("bias"), name) or _trends_problem(entry.get("trends"), name)
     if why:
         return why
     cap = MAX_WIDTH * magnitude
@@ -282,6 +306,21 @@ def problem(entry: Any, name: str, magnitude: float | None) -> str:
                     f"{ENVELOPE} may hold ({cap:g}: {MAX_WIDTH:g} x the largest recorded "
                     f"|{name}|, {magnitude:g})"
                 )
+    return ""
+
+
+def _trends_problem(trends: Any, name: str) -> str:
+    """Why a band's ``trends`` entry may not stand, or ``""``."""
+    if trends is None:
+        return ""
+    if not isinstance(trends, dict):
+        return f"metric {name!r}: 'trends' must be an object"
+    for statistic, value in trends.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if statistic not in ("growth", "slope") or not number or not math.isfinite(value):
+            return (
+                f"metric {name!r}: trends {statistic!r}: {value!r} is not what calibration writes"
+            )
     return ""
 
 
