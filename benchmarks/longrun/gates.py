@@ -33,7 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_rollout_golden._internal.tolerance import calibration, envelope
+from pytest_rollout_golden._internal.golden import checks
+from pytest_rollout_golden._internal.golden.results import Verdict
+from pytest_rollout_golden._internal.tolerance import calibration, envelope, trends
 from pytest_rollout_golden._internal.tolerance.spec import RECORDED, Tolerance
 from pytest_rollout_golden._internal.tolerance.stack import Stack
 
@@ -90,7 +92,7 @@ def bands(golden: Series, runs: Sequence[Series]) -> envelope.Envelope | None:
         compared=lambda name, dtype: True,
         magnitude=magnitude,
     )
-    content = envelope.document(found, {"variants": True})
+    content = envelope.document({"same layout": found}, {})
     return envelope.read(content, Path("envelope.json"), magnitude=magnitude)
 
 
@@ -119,28 +121,6 @@ def step_failures(
     return alone, with_envelope
 
 
-def evaluate(setting: Mapping[str, Any], gates: Mapping[str, Callable[..., set[str]]]) -> dict:
-    """Per run label: per gate, how many seeds flagged it, and by which metrics."""
-    flagged: dict[str, Counter] = defaultdict(Counter)
-    by_metric: dict[tuple[str, str], Counter] = defaultdict(Counter)
-    seeds = setting["seeds"]
-    for seed in seeds.values():
-        golden = seed["golden"]["metrics"]
-        runs = [c["metrics"] for c in seed["calibration"]]
-        tolerances, env = per_step_tolerances(golden, runs), bands(golden, runs)
-        for entry in [*seed["held_out"], *seed["bugs"]]:
-            label = entry["label"]
-            alone, with_envelope = step_failures(golden, entry["metrics"], tolerances, env)
-            found = {"per-step": alone, "envelope": with_envelope}
-            for gate, check in gates.items():
-                found[gate] = check(golden, entry["metrics"], runs, env)
-            for gate, names in found.items():
-                flagged[label][gate] += bool(names)
-                for name in names:
-                    by_metric[label, gate][name] += 1
-    return {"seeds": len(seeds), "flagged": flagged, "by_metric": by_metric}
-
-
 def bias_gate(golden: Series, run: Series, runs: Sequence[Series], env: Any) -> set[str]:
     """The metrics whose mean deviation over the steps exceeds their bias bound."""
     if env is None:
@@ -150,21 +130,76 @@ def bias_gate(golden: Series, run: Series, runs: Sequence[Series], env: Any) -> 
     return {b.name for b in found if not b.holds}
 
 
-GATES: dict[str, Callable[..., set[str]]] = {"bias": bias_gate}
+LANE_OF = {"unchanged": "same layout", "same-math": "across variants", "bug": "same layout"}
+
+
+def lanes(seed: Mapping[str, Any]) -> dict[str, list[Series]]:
+    """The calibration runs of each lane: the reference's own (same layout), and the
+    reference's with the variants' (across variants)."""
+    runs = seed["calibration"]
+    return {
+        "same layout": [c["metrics"] for c in runs if c["variant"] == "reference"],
+        "across variants": [c["metrics"] for c in runs],
+    }
+
+
+def trend_gate(golden: Series, run: Series, env: Any, *, replay: bool) -> set[str]:
+    """The metrics whose default trend bounds fail over ``run``: recording (no golden), or
+    replaying against ``golden`` with the lane's envelope (a trend the calibration runs
+    already exceed is not compared there)."""
+    recorded = numbers(golden) if replay else None
+    found = trends.evaluate(numbers(run), trends.TrendBounds(), recorded)
+    comparisons = [checks.trend_comparison(c, env if replay else None) for c in found]
+    return {c.name for c in comparisons if c.verdict == Verdict.FAIL}
+
+
+def gates_of(golden: Series, run: Series, lane: Sequence[Series]) -> dict[str, set[str]]:
+    """Per gate, the metrics that flag ``run`` against ``golden`` calibrated on ``lane``."""
+    tolerances, env = per_step_tolerances(golden, lane), bands(golden, lane)
+    alone, with_envelope = step_failures(golden, run, tolerances, env)
+    found = {
+        "per-step": alone,
+        "envelope": with_envelope,
+        "trend (recording)": trend_gate(golden, run, None, replay=False),
+        "trend (replay)": trend_gate(golden, run, env, replay=True),
+        "bias": bias_gate(golden, run, lane, env),
+    }
+    found["replay (all)"] = found["envelope"] | found["trend (replay)"] | found["bias"]
+    return found
+
+
+def evaluate(setting: Mapping[str, Any]) -> dict:
+    """Per run label: per gate, how many seeds flagged it, and by which metrics."""
+    flagged: dict[str, Counter] = defaultdict(Counter)
+    by_metric: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    seeds = setting["seeds"]
+    for seed in seeds.values():
+        golden, of_lane = seed["golden"]["metrics"], lanes(seed)
+        entries = [("golden (recording)", "unchanged", golden)]
+        entries += [(e["label"], e["kind"], e["metrics"]) for e in seed["held_out"]]
+        entries += [(e["label"], "bug", e["metrics"]) for e in seed["bugs"]]
+        for label, kind, run in entries:
+            found = gates_of(golden, run, of_lane[LANE_OF[kind]])
+            for gate, names in found.items():
+                flagged[label][gate] += bool(names)
+                for name in names:
+                    by_metric[label, gate][name] += 1
+    return {"seeds": len(seeds), "flagged": flagged, "by_metric": by_metric}
+
+
+COLUMNS = ("per-step", "envelope", "trend (recording)", "trend (replay)", "bias", "replay (all)")
 
 
 def report(traces: Mapping[str, Any], per_metric: bool) -> str:
-    gates = GATES
     lines = []
     for name, setting in traces["settings"].items():
-        result = evaluate(setting, gates)
+        result = evaluate(setting)
         n = result["seeds"]
         lines.append(f"\n### {name} ({n} seeds, {traces['steps']} steps)\n")
-        columns = ["per-step", "envelope", *gates]
-        lines.append("| run | " + " | ".join(columns) + " |")
-        lines.append("| :-- | " + " | ".join("--:" for _ in columns) + " |")
+        lines.append("| run | " + " | ".join(COLUMNS) + " |")
+        lines.append("| :-- | " + " | ".join("--:" for _ in COLUMNS) + " |")
         for label, counts in result["flagged"].items():
-            cells = [f"{counts[g]}/{n}" for g in columns]
+            cells = [f"{counts[g]}/{n}" for g in COLUMNS]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         if per_metric:
             for (label, gate), counts in sorted(result["by_metric"].items()):
