@@ -43,6 +43,7 @@ from ._internal.tolerance.spec import Layer, ignore_and_tolerance_layers
 from ._internal.tolerance.stack import Stack
 from .errors import GoldenError
 from .store.location import (
+    ENVELOPE,
     LANE_NAME,
     LANES,
     MANIFEST,
@@ -187,7 +188,51 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
         print(f"calibrated tolerances ({TOLERANCES}):")
         for name, tol in document["tolerances"].get("tolerances", {}).items():
             print(f"  {name}: {tol}")
+    for line in _envelope_lines(document.get("envelope")):
+        print(line)
     return 0
+
+
+def _envelope_summary(content: Any) -> dict[str, Any] | None:
+    """What ``show`` says of a golden's ``envelope.json`` (``None``: it has none): the runs,
+    the margin, whether variants' runs made it, and per metric its steps, runs and widest
+    half-width."""
+    if not isinstance(content, dict):
+        return None
+    how = content.get("how", {})
+    metrics = {}
+    for name, band in sorted(content.get("metrics", {}).items()):
+        steps = band["steps"]
+        metrics[name] = {
+            "steps": len(steps),
+            "first": steps[0] if steps else None,
+            "last": steps[-1] if steps else None,
+            "runs": band.get("runs"),
+            "widest": max([*band["below"], *band["above"]], default=0.0),
+        }
+    return {
+        "runs": how.get("runs"),
+        "margin": how.get("margin"),
+        "variants": bool(how.get("variants")),
+        "metrics": metrics,
+    }
+
+
+def _envelope_lines(summary: Mapping[str, Any] | None) -> list[str]:
+    """``show``'s lines of a golden's envelope (:func:`_envelope_summary`)."""
+    if summary is None:
+        return []
+    variants = "yes" if summary["variants"] else "no"
+    lines = [
+        f"per-step envelope ({ENVELOPE}): from {summary['runs']} runs, "
+        f"margin x{summary['margin']:g}, variants' runs: {variants}"
+    ]
+    for name, m in summary["metrics"].items():
+        lines.append(
+            f"  {name}: {plural(m['steps'], 'step')} ({m['first']}-{m['last']}), "
+            f"{m['runs']} runs, half-width up to {m['widest']:g}"
+        )
+    return lines
 
 
 def _lane_lines(path: Path, document: dict[str, Any], *, shown: str | None) -> list[str]:
@@ -281,6 +326,7 @@ def _golden_document(
             for k, v in files.items()
         },
         "tolerances": content.get(TOLERANCES),
+        "envelope": _envelope_summary(content.get(ENVELOPE)),
     }
     return manifest, steps, document, files
 
