@@ -571,10 +571,11 @@ def _plot_sides(a: Path, b: Path | None, lanes: tuple[str | None, str | None]) -
 
 
 def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
-    """One picture: golden ``a``'s curves, against ``b``'s when given."""
-    from ._internal.golden.files import load_golden
+    """One picture: golden ``a``'s curves (and its envelope), against ``b``'s when given."""
+    from ._internal.golden.files import load_golden, read_envelope
     from ._internal.report.diff import diff_goldens
     from ._internal.report.plot import plot_metrics, series
+    from ._internal.tolerance.envelope import SOURCE
 
     a, b = sides.a, sides.b
     curves = [
@@ -582,6 +583,8 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
         for path in (a, b)
         if path is not None
     ]
+    envelope = read_envelope(a)
+    bands = dict(envelope.bands) if envelope is not None else {}
     first, allowed = None, None
     if b is not None:
         result = diff_goldens(a, b, tolerances, label=a.name, values_only=sides.values_only)
@@ -591,6 +594,8 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
             if row.kind == "metric" and row.compared and row.allowed:
                 tol = tolerances.resolver().resolve(row.name)[0]
                 allowed[row.name] = (tol.rtol, tol.atol)
+            if row.kind == "metric" and row.source != SOURCE:  # a tolerance above the band
+                bands.pop(row.name, None)
         ignored = {r.name for r in result.rows if r.kind == "metric" and not r.compared}
     else:
         resolver = tolerances.resolver()
@@ -604,6 +609,7 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
         first_divergence=first,
         allowed=allowed,
         ignored=ignored,
+        bands={n: band for n, band in bands.items() if n not in ignored},
     )
     print(f"wrote {out}")
     if picture.not_drawn_note:

@@ -33,7 +33,7 @@ from typing import Any
 from ... import store
 from ...errors import GoldenError
 from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_goldens
-from ..golden.files import load_golden
+from ..golden.files import load_golden, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
@@ -178,7 +178,7 @@ def diff_goldens(
     calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES, left.get(METRICS))
     stack = tolerances.replace(calibrated=calibrated)
     resolver = stack.resolver()
-    envelope = recorded_envelope(left, a)
+    envelope = read_envelope(a)
     result = GoldenDiff(label, str(a), str(b))
     skipped = {TOLERANCES, ENVELOPE}
     if values_only:
@@ -207,19 +207,6 @@ def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
 
     steps = metrics["steps"] if metrics else {}
     return calibrated_layer(document, path, functools.partial(recorded_magnitude, steps))
-
-
-def recorded_envelope(content: Mapping[str, Any], directory: Path) -> Envelope | None:
-    """The envelope of the golden in ``directory`` whose files are ``content`` (as
-    :func:`.load_golden` returns them), bounded by its recorded metrics; ``None``: none."""
-    if ENVELOPE not in content:
-        return None
-    from ..golden.checks import recorded_magnitude
-    from ..tolerance import envelope
-
-    metrics = content.get(METRICS)
-    magnitude = functools.partial(recorded_magnitude, metrics["steps"] if metrics else {})
-    return envelope.read(content[ENVELOPE], directory / ENVELOPE, magnitude=magnitude)
 
 
 def _step_resolvers(

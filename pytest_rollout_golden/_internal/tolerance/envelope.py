@@ -60,6 +60,7 @@ class Band:
     above: tuple[float, ...]
     dtype: str = "float32"
     magnitude: float = 0.0  # the metric's largest recorded |value|
+    runs: int = 0  # how many calibration runs spanned it
 
     def half_widths(self) -> list[float]:
         """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours."""
@@ -227,6 +228,7 @@ def read(
             tuple(float(x) for x in entry["above"]),
             str(entry.get("dtype", "float32")),
             magnitude(name) or 0.0,
+            runs if isinstance(runs := entry.get("runs"), int) and runs > 0 else 0,
         )
     variants = bool(content.get("how", {}).get("variants"))
     if layout_variant and not variants:
