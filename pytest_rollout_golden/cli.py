@@ -43,6 +43,7 @@ from ._internal.tolerance.spec import Layer, ignore_and_tolerance_layers
 from ._internal.tolerance.stack import Stack
 from .errors import GoldenError
 from .store.location import (
+    ENVELOPE,
     LANE_NAME,
     LANES,
     MANIFEST,
@@ -187,7 +188,51 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
         print(f"calibrated tolerances ({TOLERANCES}):")
         for name, tol in document["tolerances"].get("tolerances", {}).items():
             print(f"  {name}: {tol}")
+    for line in _envelope_lines(document.get("envelope")):
+        print(line)
     return 0
+
+
+def _envelope_summary(content: Any) -> dict[str, Any] | None:
+    """What ``show`` says of a golden's ``envelope.json`` (``None``: it has none): the runs,
+    the margin, whether variants' runs made it, and per metric its steps, runs and widest
+    half-width."""
+    if not isinstance(content, dict):
+        return None
+    how = content.get("how", {})
+    metrics = {}
+    for name, band in sorted(content.get("metrics", {}).items()):
+        steps = band["steps"]
+        metrics[name] = {
+            "steps": len(steps),
+            "first": steps[0] if steps else None,
+            "last": steps[-1] if steps else None,
+            "runs": band.get("runs"),
+            "widest": max([*band["below"], *band["above"]], default=0.0),
+        }
+    return {
+        "runs": how.get("runs"),
+        "margin": how.get("margin"),
+        "variants": bool(how.get("variants")),
+        "metrics": metrics,
+    }
+
+
+def _envelope_lines(summary: Mapping[str, Any] | None) -> list[str]:
+    """``show``'s lines of a golden's envelope (:func:`_envelope_summary`)."""
+    if summary is None:
+        return []
+    variants = "yes" if summary["variants"] else "no"
+    lines = [
+        f"per-step envelope ({ENVELOPE}): from {summary['runs']} runs, "
+        f"margin x{summary['margin']:g}, variants' runs: {variants}"
+    ]
+    for name, m in summary["metrics"].items():
+        lines.append(
+            f"  {name}: {plural(m['steps'], 'step')} ({m['first']}-{m['last']}), "
+            f"{m['runs']} runs, half-width up to {m['widest']:g}"
+        )
+    return lines
 
 
 def _lane_lines(path: Path, document: dict[str, Any], *, shown: str | None) -> list[str]:
@@ -281,6 +326,7 @@ def _golden_document(
             for k, v in files.items()
         },
         "tolerances": content.get(TOLERANCES),
+        "envelope": _envelope_summary(content.get(ENVELOPE)),
     }
     return manifest, steps, document, files
 
@@ -525,10 +571,11 @@ def _plot_sides(a: Path, b: Path | None, lanes: tuple[str | None, str | None]) -
 
 
 def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
-    """One picture: golden ``a``'s curves, against ``b``'s when given."""
-    from ._internal.golden.files import load_golden
+    """One picture: golden ``a``'s curves (and its envelope), against ``b``'s when given."""
+    from ._internal.golden.files import load_golden, read_envelope
     from ._internal.report.diff import diff_goldens
     from ._internal.report.plot import plot_metrics, series
+    from ._internal.tolerance.envelope import SOURCE
 
     a, b = sides.a, sides.b
     curves = [
@@ -536,6 +583,8 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
         for path in (a, b)
         if path is not None
     ]
+    envelope = read_envelope(a)
+    bands = dict(envelope.bands) if envelope is not None else {}
     first, allowed = None, None
     if b is not None:
         result = diff_goldens(a, b, tolerances, label=a.name, values_only=sides.values_only)
@@ -545,6 +594,8 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
             if row.kind == "metric" and row.compared and row.allowed:
                 tol = tolerances.resolver().resolve(row.name)[0]
                 allowed[row.name] = (tol.rtol, tol.atol)
+            if row.kind == "metric" and row.source != SOURCE:  # a tolerance above the band
+                bands.pop(row.name, None)
         ignored = {r.name for r in result.rows if r.kind == "metric" and not r.compared}
     else:
         resolver = tolerances.resolver()
@@ -558,6 +609,7 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
         first_divergence=first,
         allowed=allowed,
         ignored=ignored,
+        bands={n: band for n, band in bands.items() if n not in ignored},
     )
     print(f"wrote {out}")
     if picture.not_drawn_note:

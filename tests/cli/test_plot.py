@@ -345,3 +345,122 @@ def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_s
     strip = figure.axes[panels["timing_s"] + 1]
     assert "not compared (ignored): differences not gated" in [t.get_text() for t in strip.texts]
     assert not any(line.get_linestyle() == "--" for line in strip.get_lines())
+
+
+LONG = 12
+BELOW = [1e-4] * 6 + [4e-3] * 6  # the runs agreed at first, then drifted apart
+ABOVE = [2e-4] * 6 + [2e-3] * 6
+
+
+def record_long(directory, bias=0.0):
+    with Golden(directory, mode=Mode.AUTO) as golden:
+        for step in range(LONG):
+            golden.check({"loss": 1.0 + 0.01 * step + bias, "kl": 0.01}, step=step)
+
+
+def give_envelope(directory):
+    """An envelope.json for ``loss`` over 3 runs, as --golden-calibrate writes it."""
+    from pytest_rollout_golden._internal.tolerance.calibration import write
+    from pytest_rollout_golden._internal.tolerance.envelope import document
+
+    band = {"steps": list(range(LONG)), "below": BELOW, "above": ABOVE, "dtype": "float64"}
+    how = {"runs": 3, "perturbations": ["threads"], "tests": [], "variants": False, "refused": {}}
+    write(directory, None, envelope=document({"loss": {**band, "runs": 3}}, how))
+
+
+def shaded(ax):
+    """The shaded areas of a panel by label: their outline's vertices."""
+    from matplotlib.collections import PolyCollection
+
+    return {
+        c.get_label(): c.get_paths()[0].vertices
+        for c in ax.collections
+        if isinstance(c, PolyCollection)
+    }
+
+
+def spans(vertices, steps):
+    """Per step, the lowest and highest y of an outline drawn over ``steps``."""
+    return {s: (min(y for x, y in vertices if x == s), max(y for x, y in vertices if x == s))
+            for s in steps}  # fmt: skip
+
+
+def panels_by_title(figure):
+    return {ax.get_title(loc="left").split()[0]: i for i, ax in enumerate(figure.axes)
+            if ax.get_title(loc="left")}  # fmt: skip
+
+
+def allowances():
+    from pytest_rollout_golden._internal.tolerance.envelope import Band
+
+    band = Band(tuple(range(LONG)), tuple(BELOW), tuple(ABOVE), "float64", 1.11)
+    return band.allowances()
+
+
+def check_band(figure, golden):
+    """The loss panel shades the runs' band and outlines the allowed region; kl has none."""
+    panels = panels_by_title(figure)
+    ax = figure.axes[panels["loss"]]
+    areas = shaded(ax)
+    assert set(areas) == {"calibration runs (3)", "allowed (envelope x2)"}
+    runs = spans(areas["calibration runs (3)"], range(LONG))
+    allowed = spans(areas["allowed (envelope x2)"], range(LONG))
+    for step in range(LONG):
+        assert runs[step] == pytest.approx((golden[step] - BELOW[step], golden[step] + ABOVE[step]))
+        width = allowances()[step]
+        assert allowed[step] == pytest.approx((golden[step] - width, golden[step] + width))
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"calibration runs (3)", "allowed (envelope x2)"} <= set(legend)
+    assert not shaded(figure.axes[panels["kl"]])  # no envelope: drawn as before
+    return panels
+
+
+def test_plot_draws_the_envelope_of_golden_a_and_its_allowed_difference(tmp_path, drawn):
+    a, b = tmp_path / "a", tmp_path / "b"
+    record_long(a)
+    record_long(b, bias=5e-4)
+    give_envelope(a)
+    golden = {s: 1.0 + 0.01 * s for s in range(LONG)}
+    assert main(["plot", str(a), "-o", str(tmp_path / "one.png")]) == 0
+    check_band(drawn[-1], golden)
+    assert main(["plot", str(a), str(b), "-o", str(tmp_path / "two.png")]) == 0
+    figure = drawn[-1]
+    panels = check_band(figure, golden)
+    strip = figure.axes[panels["loss"] + 1]
+    [dashed] = [line for line in strip.get_lines() if line.get_linestyle() == "--"]
+    assert list(dashed.get_xdata()) == list(range(LONG))
+    expected = [allowances()[s] / golden[s] for s in range(LONG)]
+    assert list(dashed.get_ydata()) == pytest.approx(expected)
+    assert "envelope" in strip.get_ylabel()
+    # Beyond the band at the first steps (5e-4 > 2 x 2e-4), within it later: as diff says.
+    assert "diverges at step 0" in figure.axes[panels["loss"]].get_title(loc="left")
+
+
+def test_a_failure_picture_draws_the_envelope_its_replay_used(tmp_path, drawn):
+    from pytest_rollout_golden._internal.report.plot import plot_outcome
+
+    record_long(tmp_path / "golden")
+    give_envelope(tmp_path / "golden")
+    golden = {s: 1.0 + 0.01 * s for s in range(LONG)}
+
+    def outcome(source):
+        return {
+            "test": "t.py::test_long",
+            "directory": str(tmp_path / "golden"),
+            "comparisons": [
+                {"kind": "metric", "metric": name, "step": s, "expected": value,
+                 "actual": value + (5e-4 if name == "loss" else 0),
+                 "verdict": "fail" if name == "loss" and s < 5 else "pass", "excess": None,
+                 "tolerance": {"rtol": 0.0, "atol": allowances()[s], "exact": False,
+                               "ignore": False},
+                 "tolerance_source": source if name == "loss" else "built-in default"}
+                for s in range(LONG)
+                for name, value in (("loss", golden[s]), ("kl", 0.01))
+            ],
+        }  # fmt: skip
+
+    plot_outcome(outcome("envelope (envelope.json)"), tmp_path / "t.png")
+    check_band(drawn[-1], golden)
+    # A tolerance that stood above the envelope (--golden-tolerance): no band to draw.
+    plot_outcome(outcome("--golden-tolerance"), tmp_path / "u.png")
+    assert not shaded(drawn[-1].axes[panels_by_title(drawn[-1])["loss"]])

@@ -156,6 +156,43 @@ def cli_diff_json(work: Path) -> str:
     return laid_out(document, depth=3) + "\n"
 
 
+LONG_RUN: list[Path] = []  # a 12-step golden calibrated over 3 runs, once per session
+LONG_TEST = """\
+import math, pathlib
+
+def test_long(golden):
+    counter = pathlib.Path(__file__).with_name("runs.txt")
+    run = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(run + 1))  # 0: the recording; then each calibration run
+    for step in range(12):
+        drift = 1e-4 * step * math.sin(1.7 * run + step) if run else 0.0  # grows with the step
+        golden.check({"loss": 2.0 * math.exp(-step / 8) + 0.5 + drift, "lr": 1e-6}, step=step)
+"""
+
+
+def long_run(work: Path) -> Path:
+    """A long run's golden, recorded, then calibrated over 3 runs: it has an envelope.json."""
+    if LONG_RUN and LONG_RUN[0].exists():
+        return LONG_RUN[0]
+    project = work / "long"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "test_long.py").write_text(LONG_TEST)
+    run_pytest(project)
+    run_pytest(project, "--golden-calibrate", "3")
+    LONG_RUN[:] = [project]
+    return project
+
+
+@output("cli-show-envelope")
+def cli_show_envelope(work: Path) -> str:
+    """``show`` of the long run's golden: from its calibrated tolerances on."""
+    project = long_run(work)
+    text = shown(project, "show", "golden/test_long/test_long")
+    command_line = text.splitlines()[0]
+    return f"{command_line}\n...\n" + text[text.index("calibrated tolerances") :]
+
+
 # ---------------------------------------------------------------- docs/guide/recording.md
 
 
@@ -409,7 +446,7 @@ def laid_out(value: object, depth: int, indent: str = "", *, expand: bool = True
 
 # ---------------------------------------------------------------- docs/guide/long-runs.md
 
-LONG_RUN = """import math
+TOY_LONG_RUN = """import math
 import torch
 
 SCALE = 1.0
@@ -423,22 +460,41 @@ def test_long_run(golden):
 """
 
 
-def long_run(work: Path) -> Path:
+def toy_long_run(work: Path) -> Path:
     """The toy long run recorded and calibrated (3 runs) in ``work``."""
     (work / "pytest.ini").write_text("[pytest]\n")
-    (work / "test_long.py").write_text(LONG_RUN)
+    (work / "test_long.py").write_text(TOY_LONG_RUN)
     run_pytest(work)
     return work
 
 
 @output("long-runs-calibrate")
 def long_runs_calibrate(work: Path) -> str:
-    return summary(run_pytest(long_run(work), "--golden-calibrate", "3")) + "\n"
+    return summary(run_pytest(toy_long_run(work), "--golden-calibrate", "3")) + "\n"
 
 
 @output("long-runs-failure")
 def long_runs_failure(work: Path) -> str:
-    run_pytest(long_run(work), "--golden-calibrate", "3")
+    run_pytest(toy_long_run(work), "--golden-calibrate", "3")
     test = work / "test_long.py"
     test.write_text(test.read_text().replace("SCALE = 1.0", "SCALE = 1.0005"))
     return failure(run_pytest(work))
+
+
+# ---------------------------------------------------------------- docs/reference/on-disk.md
+
+
+@output("on-disk-envelope")
+def on_disk_envelope(work: Path) -> str:
+    """The long run's envelope.json, its number lists on one line, the fingerprint elided."""
+    import re
+
+    path = long_run(work) / "golden" / "test_long" / "test_long" / "envelope.json"
+    document = json.loads(path.read_text())
+    document["how"]["fingerprint"] = "..."
+    text = json.dumps(document, indent=2)
+    one_line = re.compile(r"\[\s+([^\[\]{}]*?)\s+\]")
+    joined = one_line.sub(
+        lambda m: f"[{', '.join(x.strip() for x in m.group(1).split(','))}]", text
+    )
+    return joined + "\n"

@@ -344,6 +344,15 @@ def merge_metrics(
     return steps
 
 
+def read_envelope(directory: Path, *, layout_variant: bool = False) -> Envelope | None:
+    """The per-step bands of the golden in ``directory`` as replay reads them
+    (:meth:`GoldenFiles.envelope`), read without its lock as the CLI reads a golden;
+    ``None``: it has none."""
+    files = GoldenFiles(directory)
+    files.manifest = store.read_manifest(files.directory)
+    return files.envelope(layout_variant=layout_variant)
+
+
 def load_golden(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(manifest, {filename: content})`` of a golden, every checksum verified."""
     return GoldenFiles(directory).load_all()

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ... import store
 from ...errors import GoldenError
-from ...store.location import MANIFEST, METRICS, TOLERANCES, find_goldens
-from ..golden.files import load_golden
+from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_goldens
+from ..golden.files import load_golden, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
+from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer
 from ..tolerance.stack import Resolver, Stack
 from .presentation import (
@@ -167,16 +168,19 @@ def lane_pair(a: Path, b: Path, lanes: tuple[str | None, str | None]) -> tuple[L
 def diff_goldens(
     a: Path, b: Path, tolerances: Stack, *, label: str, values_only: bool = False
 ) -> GoldenDiff:
-    """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply).
+    """Compare golden directory ``b`` against ``a`` (A's calibrated tolerances apply, and
+    its envelope at each step, as on replay).
 
     ``values_only``: leave out the inputs (rollout files), which two lanes of a golden share
     and a lane's directory does not hold."""
     manifest_a, left = load_golden(a)
     manifest_b, right = load_golden(b)
     calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES, left.get(METRICS))
-    resolver = tolerances.replace(calibrated=calibrated).resolver()
+    stack = tolerances.replace(calibrated=calibrated)
+    resolver = stack.resolver()
+    envelope = read_envelope(a)
     result = GoldenDiff(label, str(a), str(b))
-    skipped = {TOLERANCES}
+    skipped = {TOLERANCES, ENVELOPE}
     if values_only:
         skipped |= {*input_digests(manifest_a["files"]), *input_digests(manifest_b["files"])}
     for filename in sorted((left.keys() | right.keys()) - skipped):
@@ -184,7 +188,8 @@ def diff_goldens(
             result.problems.append(f"{filename} only in {'A' if filename in left else 'B'}")
             continue
         if filename == METRICS:
-            result.rows += _metric_rows(left[filename], right[filename], resolver)
+            by_step = _step_resolvers(stack, envelope, resolver)
+            result.rows += _metric_rows(left[filename], right[filename], by_step)
             continue
         info = manifest_a["files"][filename]
         result.rows += _tensor_rows(
@@ -204,6 +209,20 @@ def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
     return calibrated_layer(document, path, functools.partial(recorded_magnitude, steps))
 
 
+def _step_resolvers(
+    stack: Stack, envelope: Envelope | None, resolver: Resolver
+) -> Callable[[int], Resolver]:
+    """The resolver of each step: with the envelope's layer at that step where it has one,
+    where replay puts it (:attr:`.Stack.envelope`)."""
+
+    @functools.cache
+    def at(step: int) -> Resolver:
+        layer = None if envelope is None else envelope.layer(step)
+        return resolver if layer is None else stack.replace(envelope=layer).resolver()
+
+    return at
+
+
 def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:
     result = GoldenDiff(a.name, str(a), str(b))
     left, right = store.load_batch(a, on_cpu=True), store.load_batch(b, on_cpu=True)
@@ -211,7 +230,8 @@ def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:
     return result
 
 
-def _metric_rows(left: Any, right: Any, resolver: Resolver) -> list[Row]:
+def _metric_rows(left: Any, right: Any, resolvers: Callable[[int], Resolver]) -> list[Row]:
+    """A row per metric and step; ``resolvers(step)`` gives each step's tolerances."""
     from ..golden import metric_codec
     from ..golden.checks import recorded_magnitude
 
@@ -224,6 +244,7 @@ def _metric_rows(left: Any, right: Any, resolver: Resolver) -> list[Row]:
             ma, mb = steps_a.get(step, {}), steps_b.get(step, {})
             if name not in ma and name not in mb:
                 continue
+            resolver = resolvers(int(step))
             if name not in ma or name not in mb:
                 tol, source = resolver.resolve(name)
                 rows.append(

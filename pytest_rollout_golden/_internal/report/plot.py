@@ -3,10 +3,12 @@
 One panel per scalar metric, at most :data:`MAX_PANELS` of them; the others are named in a
 note at the foot of the figure and in the returned :class:`Picture`. With two curves each
 panel has a strip below it with the relative difference per step against the allowed one,
-and the first step beyond tolerance is marked. Infinite and NaN values are drawn on the edge
-of their panel (``inf`` at the top, ``-inf`` at the bottom, ``nan`` at the top with a cross)
-and labelled. Needs matplotlib (``pip install 'pytest-rollout-golden[plot]'``); nothing else
-in the package imports it.
+and the first step beyond tolerance is marked. A metric with a per-step envelope
+(``envelope.json``) shows the band its calibration runs spanned around curve A, shaded, and
+the region the envelope allows, outlined; its strip shows that allowance step by step.
+Infinite and NaN values are drawn on the edge of their panel (``inf`` at the top, ``-inf`` at
+the bottom, ``nan`` at the top with a cross) and labelled. Needs matplotlib
+(``pip install 'pytest-rollout-golden[plot]'``); nothing else in the package imports it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import math
 import textwrap
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import GoldenError
 from .presentation import display
+
+if TYPE_CHECKING:
+    from ..tolerance.envelope import Band
 
 Series = Mapping[str, Mapping[int, float]]  # metric -> step -> value
 
@@ -29,6 +34,7 @@ MISSING_MATPLOTLIB = (
 )
 _A_COLOR, _B_COLOR, _BAD = "#1f77b4", "#ff7f0e", "#d62728"
 _IGNORED = "#bbbbbb"  # the difference bars of a metric the tolerances exclude
+_RUNS, _ALLOWED = "#9ecae1", "#3182bd"  # an envelope: the runs' band, the allowed region
 NOT_COMPARED = "(not compared: ignored)"
 
 MAX_PANELS = 12
@@ -105,15 +111,22 @@ def _short(name: str, chars: int = 56) -> str:
     return f"{name[:half]}…{name[-half:]}"
 
 
-def _excess(a: Mapping[int, float], b: Mapping[int, float], allowed: tuple[float, float]) -> float:
-    """The greatest difference over the allowed one (non-finite differences: infinite)."""
+def _excess(
+    a: Mapping[int, float],
+    b: Mapping[int, float],
+    allowed: tuple[float, float],
+    per_step: Mapping[int, float] | None = None,
+) -> float:
+    """The greatest difference over the allowed one (non-finite differences: infinite);
+    ``per_step``: the allowed distance at each step (an envelope's), instead of ``allowed``."""
     rtol, atol = allowed
     worst = 0.0
     for step in set(a) & set(b):
         x, y = a[step], b[step]
         if x == y:
             continue
-        diff, limit = abs(y - x), atol + rtol * abs(x)
+        limit = per_step.get(step, 0.0) if per_step is not None else atol + rtol * abs(x)
+        diff = abs(y - x)
         ratio = diff / limit if limit > 0 and math.isfinite(diff) else math.inf
         worst = max(worst, ratio)
     return worst
@@ -149,6 +162,7 @@ def plot_metrics(
     excess: Mapping[str, float] | None = None,
     max_panels: int = MAX_PANELS,
     ignored: Collection[str] = (),
+    bands: Mapping[str, Band] | None = None,
 ) -> Picture:
     """Draw one panel per metric of ``a`` (and ``b``), at most ``max_panels``, into a PNG.
 
@@ -156,7 +170,9 @@ def plot_metrics(
     ``allowed`` gives ``(rtol, atol)`` per metric for the difference strip; ``excess``
     (greatest difference over the allowed one, per metric; computed from ``allowed`` where
     not given) ranks the diverged metrics when not all fit; ``ignored`` names the metrics
-    the tolerances exclude, whose panels say "not compared (ignored)". The metrics that diverged
+    the tolerances exclude, whose panels say "not compared (ignored)"; ``bands``: per metric,
+    A's envelope, drawn around curve A and standing for ``allowed`` at each of its steps. The
+    metrics that diverged
     earliest come first, then the others by name; those past ``max_panels``
     (:data:`MAX_PANELS`) are not drawn but named in a note at the foot of the picture and
     in the returned :class:`Picture`. The grid is fixed (no constrained layout), so the
@@ -168,7 +184,8 @@ def plot_metrics(
         raise GoldenError(f"nothing to plot for {title or out}: no scalar metrics")
     first_divergence = first_divergence or {}
     allowed = allowed or {}
-    excess = _excess_by_metric(a, b, allowed, excess or {})
+    bands = bands or {}
+    excess = _excess_by_metric(a, b, allowed, excess or {}, bands)
     ordered = _order(names, first_divergence, excess)
     shown, hidden = ordered[: max(1, max_panels)], ordered[max(1, max_panels) :]
 
@@ -193,7 +210,7 @@ def plot_metrics(
         ax, ax_diff = _axes(fig, outer[index // ncols, index % ncols], strip)
         _panel(ax, ax_diff, name, a.get(name, {}), None if b is None else b.get(name, {}),
                labels, first_divergence.get(name), allowed.get(name),
-               ignored=name in ignored)  # fmt: skip
+               ignored=name in ignored, band=bands.get(name))  # fmt: skip
     if b is not None:
         fig.axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(
@@ -256,13 +273,17 @@ def _excess_by_metric(
     b: Series | None,
     allowed: Mapping[str, tuple[float, float]],
     excess: Mapping[str, float],
+    bands: Mapping[str, Band],
 ) -> dict[str, float]:
-    """``excess``, completed from ``allowed`` for the metrics both curves have."""
+    """``excess``, completed from ``allowed`` (or the metric's band) for the metrics both
+    curves have."""
     out = dict(excess)
     if b is not None:
-        for name, tol in allowed.items():
+        for name in allowed.keys() | bands.keys():
             if name not in out and name in a and name in b:
-                out[name] = _excess(a[name], b[name], tol)
+                band = bands.get(name)
+                per_step = None if band is None else band.allowances()
+                out[name] = _excess(a[name], b[name], allowed.get(name, (0.0, 0.0)), per_step)
     return out
 
 
@@ -391,16 +412,21 @@ def _panel(
     allowed: tuple[float, float] | None,
     *,
     ignored: bool = False,
+    band: Band | None = None,
 ) -> None:
-    """One metric's panel: its curves in ``ax``; with ``b`` and ``ax_diff``, the relative
-    difference per step below them, and the first step beyond tolerance circled."""
+    """One metric's panel: its curves in ``ax`` (and ``band`` around curve A); with ``b`` and
+    ``ax_diff``, the relative difference per step below them, and the first step beyond
+    tolerance circled."""
     steps = _curves(ax, ax_diff, name, a, b, labels, first, ignored)
+    per_step = None
+    if band is not None:
+        per_step = _draw_band(ax, a, band)
     if ax_diff is None or b is None:
         ax.set_xlabel("step")
         _integer_steps(ax, steps)
         return
     ax.tick_params(labelbottom=False)
-    _difference_strip(ax_diff, a, b, steps, first, allowed, ignored)
+    _difference_strip(ax_diff, a, b, steps, first, allowed, ignored, per_step)
     _integer_steps(ax, steps)
     if first is not None and first in b:
         if math.isfinite(b[first]):
@@ -409,6 +435,36 @@ def _panel(
             y = _edge(b[first])[0]
             ax.plot([first], [y], "o", mfc="none", mec=_BAD, ms=14, mew=1.5, clip_on=False,
                     transform=ax.get_xaxis_transform())  # fmt: skip
+
+
+def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
+    """Shade in ``ax`` the band the calibration runs spanned around curve ``a``, outline the
+    region the envelope allows, and add both to the panel's legend; return the allowed
+    distance at each step drawn."""
+    from matplotlib.colors import to_rgb
+
+    from ..tolerance.envelope import MARGIN
+
+    allowances = band.allowances()
+    rows = [
+        (s, a[s], below, above, allowances[s])
+        for s, below, above in zip(band.steps, band.below, band.above, strict=True)
+        if s in a and math.isfinite(a[s])
+    ]
+    if not rows:
+        return {}
+    steps, centre, below, above, allowed = (list(column) for column in zip(*rows, strict=True))
+    low = [c - w for c, w in zip(centre, allowed, strict=True)]
+    high = [c + w for c, w in zip(centre, allowed, strict=True)]
+    ax.fill_between(steps, low, high, facecolor=(*to_rgb(_ALLOWED), 0.1),
+                    edgecolor=_ALLOWED, linestyle="--", lw=0.8, zorder=0,
+                    label=f"allowed (envelope x{MARGIN:g})")  # fmt: skip
+    ax.fill_between(steps, [c - w for c, w in zip(centre, below, strict=True)],
+                    [c + w for c, w in zip(centre, above, strict=True)], facecolor=_RUNS,
+                    alpha=0.6, lw=0, zorder=1,
+                    label=f"calibration runs ({band.runs})")  # fmt: skip
+    ax.legend(fontsize=7, loc="best")
+    return dict(zip(steps, allowed, strict=True))
 
 
 def _curves(
@@ -456,15 +512,20 @@ def _difference_strip(
     first: int | None,
     allowed: tuple[float, float] | None,
     ignored: bool,
+    per_step: Mapping[int, float] | None = None,
 ) -> None:
     """The strip below a panel: ``|B-A|/|A|`` per step on a log scale (bars, or stems past
     :data:`_BARS` steps), non-finite differences marked, ``=`` on equal steps, the allowed
-    difference as a dashed line."""
+    difference (``per_step``: an envelope's distance at each step) as a dashed line."""
     shared = [s for s in steps if s in a and s in b]
     same, rel, odd = _relative_differences(a, b, shared)
     nonzero = {s: r for s, r in rel.items() if r > 0}
-    limits = {} if ignored else _allowed_relative(a, shared, allowed)
     rtol, atol = allowed or (0.0, 0.0)
+    if per_step:
+        rtol, atol = 0.0, 0.0
+        limits = {} if ignored else _envelope_relative(a, shared, per_step)
+    else:
+        limits = {} if ignored else _allowed_relative(a, shared, allowed)
     if rtol > 0:  # atol adds little where the values are not ~0: one line at rtol
         limits = dict.fromkeys(limits, rtol)
     if nonzero:
@@ -492,10 +553,10 @@ def _difference_strip(
         if rtol > 0:
             ax_diff.axhline(rtol, color="black", lw=0.8, ls="--")
             label += f"\n-- rtol {rtol:.0e}"
-        else:  # atol alone: its share of each step's |A|
+        else:  # atol alone, or an envelope's: its share of each step's |A|
             ax_diff.plot(list(limits), list(limits.values()), color="black", lw=0.8, ls="--",
                          drawstyle="steps-mid")  # fmt: skip
-            label += f"\n-- atol {atol:.0e}/|A|"
+            label += "\n-- envelope/|A|" if per_step else f"\n-- atol {atol:.0e}/|A|"
     if ignored and (nonzero or odd):
         ax_diff.text(0.5, 0.5, "not compared (ignored): differences not gated",
                      transform=ax_diff.transAxes, ha="center", va="center", fontsize=8,
@@ -567,6 +628,17 @@ def _allowed_relative(
         limit = (atol + rtol * x) / x if x else atol
         if limit > 0:
             out[s] = limit
+    return out
+
+
+def _envelope_relative(
+    a: Mapping[int, float], steps: Sequence[int], per_step: Mapping[int, float]
+) -> dict[int, float]:
+    """Per step with an allowed distance, that distance as the strip measures differences."""
+    out: dict[int, float] = {}
+    for s in steps:
+        if s in per_step:
+            out |= _allowed_relative(a, [s], (0.0, per_step[s]))
     return out
 
 
@@ -676,6 +748,7 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
         }
     )
     title = f"{outcome['test']}  (golden {display(outcome['directory'])})"
+    bands = _replayed_bands(outcome)
     if failed_tensors:
         title += f"\ntensors beyond tolerance (not drawn): {_some(failed_tensors, chars=100)}"
     return plot_metrics(
@@ -688,4 +761,27 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
         allowed=allowed,
         excess=excess,
         ignored=ignored,
+        bands=bands,
     )
+
+
+def _replayed_bands(outcome: Mapping[str, Any]) -> dict[str, Band]:
+    """The envelope's bands of the metrics whose tolerance came from it in this replay (a
+    tolerance given above it, such as ``--golden-tolerance``, draws none)."""
+    from ..golden.files import read_envelope
+    from ..tolerance.envelope import SOURCE, VARIANT_SOURCE
+
+    sources = {
+        c["metric"]: c.get("tolerance_source")
+        for c in outcome["comparisons"]
+        if c["kind"] == "metric" and c.get("tolerance_source") in (SOURCE, VARIANT_SOURCE)
+    }
+    if not sources:
+        return {}
+    variant = VARIANT_SOURCE in sources.values()
+    try:
+        envelope = read_envelope(Path(outcome["directory"]), layout_variant=variant)
+    except GoldenError:  # the failure itself says why; the picture is drawn without it
+        return {}
+    bands = {} if envelope is None else envelope.bands
+    return {name: band for name, band in bands.items() if name in sources}

@@ -68,6 +68,7 @@ class Band:
     magnitude: float = 0.0  # the metric's largest recorded |value|
     bias_bound: float | None = None  # the largest mean deviation allowed (None: no bias gate)
     trends: Mapping[str, float] = dataclasses.field(default_factory=dict)  # runs' largest
+    runs: int = 0  # how many calibration runs spanned it
 
     def half_widths(self) -> list[float]:
         """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours."""
@@ -261,6 +262,7 @@ def _band(entry: Mapping[str, Any], magnitude: float) -> Band:
         magnitude,
         None if bias.get("bound") is None else float(bias["bound"]),
         {k: float(v) for k, v in (entry.get("trends") or {}).items()},
+        runs if isinstance(runs := entry.get("runs"), int) and runs > 0 else 0,
     )
 
 

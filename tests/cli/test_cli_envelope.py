@@ -1,0 +1,117 @@
+"""rollout-golden diff, show and verify on a golden with a per-step envelope (envelope.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_rollout_golden import Golden, Mode
+from pytest_rollout_golden.cli import main
+from pytest_rollout_golden.errors import GoldenMismatch
+
+STEPS = 12
+# The runs agreed closely at the first half of the steps, then drifted apart.
+BELOW = [1e-5] * 6 + [1e-3] * 6
+ABOVE = [2e-5] * 6 + [5e-4] * 6
+
+
+def values(step: int, bias: float = 0.0) -> dict[str, float]:
+    return {"loss": 1.0 + 0.01 * step + bias, "kl": 0.01}
+
+
+def record(directory: Path, bias: float = 0.0) -> None:
+    with Golden(directory, mode=Mode.AUTO) as golden:
+        for step in range(STEPS):
+            golden.check(values(step, bias), step=step)
+
+
+def envelope_document(below=BELOW, above=ABOVE) -> dict:
+    from pytest_rollout_golden._internal.tolerance.envelope import document
+
+    band = {"steps": list(range(STEPS)), "below": below, "above": above, "dtype": "float64"}
+    how = {"runs": 3, "perturbations": ["threads"], "tests": ["t.py::test"], "variants": False}
+    return document({"loss": {**band, "runs": 3}}, {**how, "refused": {}})
+
+
+def calibrate(directory: Path, envelope: dict | None = None) -> None:
+    """Give the golden a tolerances.json loose enough for every step, and an envelope."""
+    from pytest_rollout_golden._internal.tolerance.calibration import FORMAT, write
+
+    doc = {"format": FORMAT, "version": 1, "how": {}, "spreads": {},
+           "tolerances": {"loss": {"rtol": 2e-3, "atol": 1e-8}}}  # fmt: skip
+    write(directory, doc, envelope=envelope or envelope_document())
+
+
+def replay_verdicts(directory: Path, bias: float) -> dict[int, str]:
+    """Per step, what replaying ``directory`` with the biased values says of ``loss``."""
+    verdicts = {}
+    with pytest.raises(GoldenMismatch), Golden(directory, mode=Mode.AUTO) as golden:
+        for step in range(STEPS):
+            for c in golden.check(values(step, bias), step=step):
+                if c.name == "loss":
+                    verdicts[step] = str(c.verdict)
+    return verdicts
+
+
+def test_diff_applies_the_envelope_per_step_and_agrees_with_replay(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    record(a)
+    record(b, bias=5e-4)
+    calibrate(a)
+    code = main(["diff", str(a), str(b), "--no-config", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    [golden] = out["goldens"]
+    assert not golden["problems"]  # envelope.json is no file to diff (B has none)
+    rows = {m["step"]: m for m in golden["metrics"] if m["name"] == "loss"}
+    assert rows[0]["source"] == "envelope (envelope.json)" and not rows[0]["ok"]
+    assert rows[11]["source"] == "envelope (envelope.json)" and rows[11]["ok"]
+    assert golden["first_divergence"]["loss"] == 0
+    diff_verdicts = {step: "pass" if row["ok"] else "fail" for step, row in rows.items()}
+    assert diff_verdicts == replay_verdicts(a, bias=5e-4)
+    assert set(diff_verdicts.values()) == {"pass", "fail"}
+    # A --tolerance on the command line stands above the envelope, as in the plugin.
+    assert main(["diff", str(a), str(b), "--no-config", "--tolerance", "loss:rtol=1e-3"]) == 0
+
+
+def test_show_summarises_the_envelope(tmp_path, capsys):
+    record(tmp_path / "a")
+    calibrate(tmp_path / "a")
+    assert main(["show", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "per-step envelope (envelope.json): from 3 runs, margin x2, variants' runs: no" in out
+    assert "  loss: 12 steps (0-11), 3 runs, half-width up to 0.001" in out
+    assert main(["show", str(tmp_path / "a"), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["envelope"] == {
+        "runs": 3,
+        "margin": 2.0,
+        "variants": False,
+        "metrics": {"loss": {"steps": 12, "first": 0, "last": 11, "runs": 3, "widest": 1e-3}},
+    }
+
+
+def test_show_of_a_golden_without_an_envelope_says_nothing_of_one(tmp_path, capsys):
+    record(tmp_path / "a")
+    assert main(["show", str(tmp_path / "a")]) == 0
+    assert "envelope" not in capsys.readouterr().out
+    assert main(["show", str(tmp_path / "a"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["envelope"] is None
+
+
+@pytest.mark.parametrize("verb", ["verify", "diff"])
+def test_an_edited_envelope_fails_naming_file_metric_and_step(tmp_path, capsys, verb):
+    a, b = tmp_path / "a", tmp_path / "b"
+    record(a)
+    record(b)
+    wide = [*BELOW[:3], 0.5, *BELOW[4:]]  # 0.5 > 0.25 x the largest |loss| (1.11)
+    calibrate(a, envelope_document(below=wide))  # the digest in the manifest matches it
+    args = [verb, str(a)] + ([str(b), "--no-config"] if verb == "diff" else [])
+    code = main(args)
+    out = capsys.readouterr()
+    message = out.out + out.err
+    assert code == (1 if verb == "verify" else 2)
+    assert str(a / "envelope.json") in message
+    assert "metric 'loss' at step 3: width 0.5 is beyond" in message
