@@ -575,7 +575,7 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
     from ._internal.golden.files import load_golden, read_envelope
     from ._internal.report.diff import diff_goldens
     from ._internal.report.plot import plot_metrics, series
-    from ._internal.tolerance.envelope import SOURCE
+    from ._internal.tolerance.envelope import band_source
 
     a, b = sides.a, sides.b
     curves = [
@@ -594,7 +594,7 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
             if row.kind == "metric" and row.compared and row.allowed:
                 tol = tolerances.resolver().resolve(row.name)[0]
                 allowed[row.name] = (tol.rtol, tol.atol)
-            if row.kind == "metric" and row.source != SOURCE:  # a tolerance above the band
+            if row.kind == "metric" and not band_source(row.source):  # a tolerance above the band
                 bands.pop(row.name, None)
         ignored = {r.name for r in result.rows if r.kind == "metric" and not r.compared}
     else:

@@ -523,9 +523,10 @@ class Golden:
             self._outcome.rollouts.append(derived_fields_note(name, fields))
 
     def _step_resolver(self, step: int) -> Resolver:
-        """The resolver of ``step``: with the envelope's band at that step, if any."""
-        band = None if self._envelope is None else self._envelope.layer(step)
-        return self._resolver if band is None else self._stack.replace(envelope=band).resolver()
+        """The resolver of ``step``: with the envelope's bands at that step, if any."""
+        if self._envelope is None or self._envelope.layer(step) is None:
+            return self._resolver
+        return self._envelope.stack_at(self._stack, step).resolver()
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's calibrated files looser than without them."""
@@ -644,11 +645,11 @@ class Golden:
         if recorded is None or self._envelope is None:
             return [checks.trend_comparison(c) for c in trends]
         found = [checks.trend_comparison(c, self._envelope) for c in trends]
-        from ..tolerance.envelope import biases
+        from ..tolerance.envelope import band_source, biases
 
         banded: dict[str, list[int]] = {}  # the steps each metric was held to its band
         for c in self._outcome.comparisons:
-            if c.kind == "metric" and c.tolerance_source == self._envelope.source:
+            if c.kind == "metric" and band_source(c.tolerance_source) == self._envelope.source:
                 banded.setdefault(c.name, []).append(c.step)
         source = f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest"
         for bias in biases(self._envelope, recorded, run, banded):

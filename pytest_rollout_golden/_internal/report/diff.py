@@ -212,13 +212,14 @@ def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
 def _step_resolvers(
     stack: Stack, envelope: Envelope | None, resolver: Resolver
 ) -> Callable[[int], Resolver]:
-    """The resolver of each step: with the envelope's layer at that step where it has one,
-    where replay puts it (:attr:`.Stack.envelope`)."""
+    """The resolver of each step: with the envelope's bands at that step where it has them,
+    as replay resolves (:meth:`.Envelope.stack_at`)."""
 
     @functools.cache
     def at(step: int) -> Resolver:
-        layer = None if envelope is None else envelope.layer(step)
-        return resolver if layer is None else stack.replace(envelope=layer).resolver()
+        if envelope is None or envelope.layer(step) is None:
+            return resolver
+        return envelope.stack_at(stack, step).resolver()
 
     return at
 

@@ -458,7 +458,7 @@ def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
     high = [c + w for c, w in zip(centre, allowed, strict=True)]
     ax.fill_between(steps, low, high, facecolor=(*to_rgb(_ALLOWED), 0.1),
                     edgecolor=_ALLOWED, linestyle="--", lw=0.8, zorder=0,
-                    label=f"allowed (envelope x{MARGIN:g})")  # fmt: skip
+                    label=f"band x{MARGIN:g}")  # fmt: skip
     ax.fill_between(steps, [c - w for c, w in zip(centre, below, strict=True)],
                     [c + w for c, w in zip(centre, above, strict=True)], facecolor=_RUNS,
                     alpha=0.6, lw=0, zorder=1,
@@ -769,12 +769,12 @@ def _replayed_bands(outcome: Mapping[str, Any]) -> dict[str, Band]:
     """The envelope's bands of the metrics whose tolerance came from it in this replay (a
     tolerance given above it, such as ``--golden-tolerance``, draws none)."""
     from ..golden.files import read_envelope
-    from ..tolerance.envelope import SOURCE, VARIANT_SOURCE
+    from ..tolerance.envelope import VARIANT_SOURCE, band_source
 
     sources = {
-        c["metric"]: c.get("tolerance_source")
+        c["metric"]: lane
         for c in outcome["comparisons"]
-        if c["kind"] == "metric" and c.get("tolerance_source") in (SOURCE, VARIANT_SOURCE)
+        if c["kind"] == "metric" and (lane := band_source(c.get("tolerance_source") or ""))
     }
     if not sources:
         return {}

@@ -32,6 +32,7 @@ from typing import Any
 from ...errors import GoldenFormatError
 from ...store.location import ENVELOPE
 from .spec import Layer, Tolerance
+from .stack import Stack
 
 FORMAT = "pytest-rollout-golden-envelope"
 # A run shorter than this has no trend to follow: its calibrated tolerances.json suffices.
@@ -55,6 +56,16 @@ SOURCE = f"envelope ({ENVELOPE})"
 VARIANT_SOURCE = f"envelope across variants ({ENVELOPE})"
 
 Numbers = Mapping[str, Mapping[str, tuple[Any, str]]]  # {step: {name: (value, dtype)}}
+
+
+def band_source(tolerance_source: str) -> str | None:
+    """The envelope lane (:data:`SOURCE`, :data:`VARIANT_SOURCE`) whose band gave a
+    comparison its ``atol``, from the comparison's tolerance source; ``None`` if none did."""
+    parts = tolerance_source.split("; ")
+    for lane in (SOURCE, VARIANT_SOURCE):
+        if tolerance_source == lane or f"atol from {lane}" in parts:
+            return lane
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +105,31 @@ class Envelope:
         per_step: dict[int, dict[str, Tolerance]] = {}
         for name, band in self.bands.items():
             for step, allowed in band.allowances().items():
-                per_step.setdefault(step, {})[name] = Tolerance(rtol=0.0, atol=allowed)
+                per_step.setdefault(step, {})[name] = Tolerance(atol=allowed)
         object.__setattr__(self, "_per_step", per_step)
 
     def layer(self, step: int) -> Layer | None:
-        """The tolerances the bands give at ``step`` (exact metric names only)."""
+        """The tolerances the bands give at ``step`` (exact metric names only): an ``atol``,
+        the band; ``rtol`` and ``scale`` come from the layers below the calibrated files."""
         entries = self._per_step.get(step)  # type: ignore[attr-defined]
         return None if not entries else Layer(self.source, entries, exact_names=True)
+
+    def stack_at(self, stack: Stack, step: int) -> Stack:
+        """``stack`` at ``step``: the bands over the calibrated files for the metrics they
+        hold, so that a band adds to the uncalibrated tolerance and never holds a metric
+        tighter than it (the same-math runs of one calibration are a small sample)."""
+        band = self.layer(step)
+        if band is None:
+            return stack
+        held = set(band.entries)
+        files = {
+            part: None if layer is None else layer.excluding(held)
+            for part, layer in (
+                ("calibrated", stack.calibrated),
+                ("calibrated_layout", stack.calibrated_layout),
+            )
+        }
+        return stack.replace(envelope=band, **files)
 
 
 def deviation(

@@ -4,6 +4,7 @@ name. The order in which layers resolve is :mod:`.stack`'s."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fnmatch
 from collections.abc import Collection, Iterable, Mapping
@@ -214,10 +215,19 @@ class Layer:
         self.exact_names = exact_names
         self.entries = {k: Tolerance.coerce(v, what=f"{source} {k!r}") for k, v in entries.items()}
         self._globs = [k for k in self.entries if is_glob(k)]
+        self._without: frozenset[str] = frozenset()
+
+    def excluding(self, names: Iterable[str]) -> Layer:
+        """This layer, silent for the metrics ``names`` (another layer decides them)."""
+        out = copy.copy(self)
+        out._without = self._without | frozenset(names)
+        return out
 
     def key(self, name: str) -> str | None:
         """The entry ``name`` matches, if any (see :func:`entry_key`); a layer of
         ``exact_names`` only by the whole name."""
+        if name in self._without:
+            return None
         if self.exact_names:
             return name if name in self.entries else None
         return entry_key(name, self.entries, self._globs)
