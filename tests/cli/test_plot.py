@@ -432,7 +432,7 @@ def test_plot_draws_the_envelope_of_golden_a_and_its_allowed_difference(tmp_path
     expected = [allowances()[s] / golden[s] for s in range(LONG)]
     assert list(dashed.get_ydata()) == pytest.approx(expected)
     assert "envelope" in strip.get_ylabel()
-    # Beyond the band at the first steps (8e-4 > 2 x 2e-4 plus the default 1e-4 of the magnitude), within it later: as diff says.
+    # Beyond the band at step 0 (8e-4 > 2 x 2e-4 + 1e-4 x the magnitude), within it later.
     assert "diverges at step 0" in figure.axes[panels["loss"]].get_title(loc="left")
 
 
