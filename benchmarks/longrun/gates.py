@@ -36,7 +36,7 @@ from typing import Any
 from pytest_rollout_golden._internal.golden import checks
 from pytest_rollout_golden._internal.golden.results import Verdict
 from pytest_rollout_golden._internal.tolerance import calibration, envelope, trends
-from pytest_rollout_golden._internal.tolerance.spec import RECORDED, Tolerance
+from pytest_rollout_golden._internal.tolerance.spec import Layer
 from pytest_rollout_golden._internal.tolerance.stack import Stack
 
 Series = Mapping[str, Sequence[float]]  # metric -> value per step
@@ -59,29 +59,23 @@ def magnitudes(golden: Series) -> Callable[[str], float | None]:
     return found.get
 
 
-def per_step_tolerances(golden: Series, runs: Sequence[Series]) -> dict[str, Tolerance]:
-    """What ``--golden-calibrate`` writes into tolerances.json (refused entries keep the
-    default), over the built-in defaults; every metric's tolerance in force."""
+def calibrated_stack(golden: Series, runs: Sequence[Series]) -> Stack:
+    """The tolerance stack replay has after ``--golden-calibrate``: tolerances.json's entries
+    (what calibration writes; refused entries keep the default) over the built-in
+    defaults."""
     resolver = Stack().resolver()
     magnitude = magnitudes(golden)
     found = calibration.spreads([numbers(golden), *map(numbers, runs)], recorded=1)
-    out = {}
-    for name in golden:
+    entries = {}
+    for name, spread in found.items():
         base = resolver.resolve(name, ("float32",))[0]
-        spread = found.get(name)
-        tol = calibration.tolerance_for(spread, base) if spread else None
-        if tol is not None and calibration.refusal(tol, base, spread):
-            tol = None
-        written = {"rtol": tol.rtol, "atol": tol.atol, "scale": tol.scale} if tol else {}
-        if tol is not None and calibration.entry_problem(written, name, magnitude(name)):
-            tol = None
-        out[name] = tol or base
-    return out
-
-
-def allowed(tol: Tolerance, expected: float, magnitude: float) -> float:
-    scale = magnitude if tol.scale == RECORDED else float(tol.scale or 0.0)
-    return tol.atol + tol.rtol * max(abs(expected), scale)
+        tol = calibration.tolerance_for(spread, base)
+        if tol is None or calibration.refusal(tol, base, spread):
+            continue
+        written = {"rtol": tol.rtol, "atol": tol.atol, "scale": tol.scale}
+        if not calibration.entry_problem(written, name, magnitude(name)):
+            entries[name] = tol
+    return Stack(calibrated=Layer(calibration.SOURCE, entries))
 
 
 def bands(golden: Series, runs: Sequence[Series]) -> envelope.Envelope | None:
@@ -89,7 +83,7 @@ def bands(golden: Series, runs: Sequence[Series]) -> envelope.Envelope | None:
     found, _ = envelope.bands(
         numbers(golden),
         [(numbers(r), ()) for r in runs],
-        compared=lambda name, dtype: True,
+        base=lambda name, dtype: Stack().resolver().resolve(name, (dtype,))[0],
         magnitude=magnitude,
     )
     content = envelope.document({"same layout": found}, {})
@@ -97,37 +91,32 @@ def bands(golden: Series, runs: Sequence[Series]) -> envelope.Envelope | None:
 
 
 def step_failures(
-    golden: Series,
-    run: Series,
-    tolerances: Mapping[str, Tolerance],
-    env: envelope.Envelope | None,
-) -> tuple[set[str], set[str]]:
-    """``(metrics failing the per-step tolerances, metrics failing with the envelope)``."""
+    golden: Series, run: Series, stack: Stack, env: envelope.Envelope | None
+) -> tuple[set[str], set[str], set[str]]:
+    """``(metrics failing the calibrated per-step tolerances, metrics failing with the
+    envelope, metrics beyond their bias bound)``, each step resolved as replay resolves it."""
     magnitude = magnitudes(golden)
     alone, with_envelope = set(), set()
-    allowances = {n: b.allowances() for n, b in (env.bands if env else {}).items()}
-    for name, expected in golden.items():
-        for step, (g, a) in enumerate(zip(expected, run[name], strict=True)):
+    held: dict[str, dict[int, float]] = {}
+    plain = stack.resolver()
+    for step in range(len(next(iter(golden.values())))):
+        at_step = plain if env is None else env.stack_at(stack, step).resolver()
+        for name, expected in golden.items():
+            g, a = expected[step], run[name][step]
             if not (math.isfinite(g) and math.isfinite(a)):
                 if not (math.isnan(g) and math.isnan(a)):
                     alone.add(name), with_envelope.add(name)
                 continue
-            tol = allowed(tolerances[name], g, magnitude(name) or 0.0)
-            if abs(a - g) > tol:
+            scale = magnitude(name) or 0.0
+            if abs(a - g) > plain.resolve(name, ("float32",))[0].allowance(g, scale):
                 alone.add(name)
-            band = allowances.get(name, {}).get(step)
-            if abs(a - g) > (tol if band is None else band):
+            tol, source = at_step.resolve(name, ("float32",))
+            if abs(a - g) > tol.allowance(g, scale):
                 with_envelope.add(name)
-    return alone, with_envelope
-
-
-def bias_gate(golden: Series, run: Series, runs: Sequence[Series], env: Any) -> set[str]:
-    """The metrics whose mean deviation over the steps exceeds their bias bound."""
-    if env is None:
-        return set()
-    every = {name: range(len(values)) for name, values in golden.items()}
-    found = envelope.biases(env, numbers(golden), numbers(run), every)
-    return {b.name for b in found if not b.holds}
+            if envelope.band_source(source):
+                held.setdefault(name, {})[step] = tol.allowance(g, scale)
+    found = [] if env is None else envelope.biases(env, numbers(golden), numbers(run), held)
+    return alone, with_envelope, {b.name for b in found if not b.holds}
 
 
 LANE_OF = {"unchanged": "same layout", "same-math": "across variants", "bug": "same layout"}
@@ -155,14 +144,14 @@ def trend_gate(golden: Series, run: Series, env: Any, *, replay: bool) -> set[st
 
 def gates_of(golden: Series, run: Series, lane: Sequence[Series]) -> dict[str, set[str]]:
     """Per gate, the metrics that flag ``run`` against ``golden`` calibrated on ``lane``."""
-    tolerances, env = per_step_tolerances(golden, lane), bands(golden, lane)
-    alone, with_envelope = step_failures(golden, run, tolerances, env)
+    stack, env = calibrated_stack(golden, lane), bands(golden, lane)
+    alone, with_envelope, biased = step_failures(golden, run, stack, env)
     found = {
         "per-step": alone,
         "envelope": with_envelope,
         "trend (recording)": trend_gate(golden, run, None, replay=False),
         "trend (replay)": trend_gate(golden, run, env, replay=True),
-        "bias": bias_gate(golden, run, lane, env),
+        "bias": biased,
     }
     found["replay (all)"] = found["envelope"] | found["trend (replay)"] | found["bias"]
     return found

@@ -647,13 +647,15 @@ class Golden:
         found = [checks.trend_comparison(c, self._envelope) for c in trends]
         from ..tolerance.envelope import band_source, biases
 
-        banded: dict[str, list[int]] = {}  # the steps each metric was held to its band
+        held: dict[str, dict[int, float]] = {}  # per metric, step -> what its band allowed
         for c in self._outcome.comparisons:
-            if c.kind == "metric" and band_source(c.tolerance_source) == self._envelope.source:
-                banded.setdefault(c.name, []).append(c.step)
+            lane = band_source(c.tolerance_source)
+            if c.kind == "metric" and lane == self._envelope.source and c.tolerance:
+                allowed = c.tolerance.allowance(float(c.expected), c.scale)
+                held.setdefault(c.name, {})[c.step] = allowed
         source = f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest"
-        for bias in biases(self._envelope, recorded, run, banded):
-            found.append(checks.bias_comparison(bias, banded[bias.name], source))
+        for bias in biases(self._envelope, recorded, run, held):
+            found.append(checks.bias_comparison(bias, sorted(held[bias.name]), source))
         return found
 
     def _unchecked(self) -> list[Comparison]:

@@ -789,9 +789,7 @@ def _envelope(
         ]
     lanes, refused = {}, {}
     for name, runs in sources.items():
-        found, why = envelope.bands(
-            recorded[0], runs, compared=lambda n, d: not base(n, d).ignore, magnitude=magnitude
-        )
+        found, why = envelope.bands(recorded[0], runs, base=base, magnitude=magnitude)
         lanes[name] = found
         refused.update({f"{name}: {metric}": text for metric, text in why.items()})
     if not lanes:

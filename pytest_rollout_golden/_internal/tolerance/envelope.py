@@ -39,7 +39,7 @@ FORMAT = "pytest-rollout-golden-envelope"
 MIN_STEPS = 10
 # The band of N runs underestimates where the next run lands.
 MARGIN = 2.0
-SMOOTH = 1  # steps on each side whose widths a step's allowance takes
+SMOOTH = 3  # steps on each side whose widths a step's allowance takes
 DTYPE_FLOOR = 4.0  # as calibration's: a few units in the last place of the metric's dtype
 EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-52}
 # The widest half-width a band may have, relative to the metric's largest recorded magnitude.
@@ -185,18 +185,17 @@ class Bias:
 
 
 def biases(
-    found: Envelope, golden: Numbers, run: Numbers, steps: Mapping[str, Iterable[int]]
+    found: Envelope, golden: Numbers, run: Numbers, allowed: Mapping[str, Mapping[int, float]]
 ) -> list[Bias]:
-    """The bias gate of every band that has one, over this ``run`` against the ``golden``
-    at the ``steps`` of each metric that its band decided (a tolerance given above the
-    envelope takes the metric out of its band, and out of this gate)."""
+    """The bias gate of every band that has one, over this ``run`` against the ``golden``,
+    at the steps where its band held the metric (``allowed``: metric -> step -> the distance
+    replay allowed; a tolerance given above the envelope takes a metric out of its band,
+    and out of this gate)."""
     out = []
     for name, band in sorted(found.bands.items()):
-        if band.bias_bound is None or name not in steps:
+        if band.bias_bound is None or name not in allowed:
             continue
-        allowances = band.allowances()
-        held = {s: allowances[s] for s in steps[name] if s in allowances}
-        measured = deviation(name, golden, run, held)
+        measured = deviation(name, golden, run, allowed[name])
         if measured is not None:
             out.append(Bias(name, measured[0], measured[1], band.bias_bound))
     return out
@@ -238,13 +237,13 @@ def bands(
     golden: Numbers,
     runs: Sequence[tuple[Numbers, Iterable[str]]],
     *,
-    compared: Callable[[str, str], bool],
+    base: Callable[[str, str], Tolerance],
     magnitude: Callable[[str], float | None],
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``(bands, refused)``: per metric of ``golden`` its band over ``runs`` (each a run's
     numbers and the names it is left out for), for a metric of :data:`MIN_STEPS` steps or
-    more that ``compared(name, dtype)`` and whose runs do not all agree with the golden; and
-    per metric the band refused, with why."""
+    more that its uncalibrated tolerance ``base(name, dtype)`` compares and whose runs do
+    not all agree with the golden; and per metric the band refused, with why."""
     out, refused = {}, {}
     names = sorted({n for values in golden.values() for n in values})
     for name in names:
@@ -252,17 +251,31 @@ def bands(
         band = band_of(name, golden, kept)
         if band is None or len(band["steps"]) < MIN_STEPS:
             continue
-        if not compared(name, band["dtype"]) or not (any(band["below"]) or any(band["above"])):
+        below = base(name, band["dtype"])
+        if below.ignore or not (any(band["below"]) or any(band["above"])):
             continue
         why = problem(band, name, magnitude(name))
         if why:
             refused[name] = why
             continue
         made = _band(band, magnitude(name) or 0.0)
-        bias = bias_bound(name, golden, kept, made.allowances())
+        bias = bias_bound(name, golden, kept, held(made, below, golden, name))
         trends = run_trends(name, kept)
         out[name] = {**band, "runs": len(kept), "bias": bias, "trends": trends}
     return out, refused
+
+
+def held(band: Band, below: Tolerance, golden: Numbers, name: str) -> dict[int, float]:
+    """Per step, the distance from the golden replay allows metric ``name``: the band's over
+    its uncalibrated tolerance ``below`` (the band's ``atol``, ``below``'s ``rtol`` and
+    ``scale``), as :meth:`Envelope.stack_at` resolves it."""
+    out = {}
+    for step, allowed in band.allowances().items():
+        value = golden.get(str(step), {}).get(name)
+        if value is not None:
+            tol = Tolerance(rtol=below.rtol, atol=allowed, scale=below.scale or None)
+            out[step] = tol.allowance(float(value[0]), band.magnitude)
+    return out
 
 
 def run_trends(name: str, runs: Sequence[Numbers]) -> dict[str, float]:

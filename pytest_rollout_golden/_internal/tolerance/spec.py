@@ -71,6 +71,12 @@ class Tolerance:
         """Which of rtol, atol, equal_nan were named (all of them for ``exact``, ``ignore``)."""
         return self._given  # type: ignore[attr-defined]
 
+    def allowance(self, expected: float, magnitude: float | None = None) -> float:
+        """The largest ``|actual - expected|`` this tolerance allows one number
+        (``magnitude``: what ``scale="recorded"`` stands for)."""
+        scale = (magnitude or 0.0) if self.scale == RECORDED else float(self.scale or 0.0)
+        return self.atol + self.rtol * max(abs(expected), scale)
+
     def describe(self) -> str:
         if self.ignore:
             return "not compared"
