@@ -119,7 +119,12 @@ def step_failures(
     return alone, with_envelope, {b.name for b in found if not b.holds}
 
 
-LANE_OF = {"unchanged": "same layout", "same-math": "across variants", "bug": "same layout"}
+LANE_OF = {
+    "unchanged": "same layout",
+    "same-math": "across variants",
+    "bug": "same layout",
+    "variant bug": "across variants",
+}
 
 
 def lanes(seed: Mapping[str, Any]) -> dict[str, list[Series]]:
@@ -167,6 +172,7 @@ def evaluate(setting: Mapping[str, Any]) -> dict:
         entries = [("golden (recording)", "unchanged", golden)]
         entries += [(e["label"], e["kind"], e["metrics"]) for e in seed["held_out"]]
         entries += [(e["label"], "bug", e["metrics"]) for e in seed["bugs"]]
+        entries += [(e["label"], "variant bug", e["metrics"]) for e in seed.get("variant_bugs", ())]
         for label, kind, run in entries:
             found = gates_of(golden, run, of_lane[LANE_OF[kind]])
             for gate, names in found.items():
@@ -201,8 +207,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", type=Path)
     parser.add_argument("--per-metric", action="store_true")
+    parser.add_argument(
+        "--extra", type=Path, action="append", default=[], help="traces of more sections"
+    )
     args = parser.parse_args()
     traces = json.loads(args.traces.read_text())
+    for path in args.extra:
+        for name, setting in json.loads(path.read_text())["settings"].items():
+            for seed, runs in setting["seeds"].items():
+                mine = traces["settings"].get(name, {}).get("seeds", {}).get(seed)
+                if mine is not None and mine["golden"] == runs["golden"]:
+                    mine.update({k: v for k, v in runs.items() if k != "golden"})
     print(report(traces, args.per_metric))
     return 0
 

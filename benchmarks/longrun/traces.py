@@ -133,11 +133,16 @@ def runs() -> dict[str, list[Run]]:
         Run("logprob_gap_3x", head="temperature"),
         Run("kl_3x", head="error"),
     ]
+    variant_bugs = [  # a declared (calibrated) variant that has the defect
+        Run(f"mb4+{run.label}", micro=4, loss_scale=run.loss_scale, head=run.head, variant="mb4")
+        for run in bugs
+    ]
     return {
         "golden": [Run("golden")],
         "calibration": calibration,
         "held_out": held_out,
         "bugs": bugs,
+        "variant_bugs": variant_bugs,
     }
 
 
@@ -423,8 +428,14 @@ def train_run(
         torch.set_num_threads(default)
 
 
-def seed_task(setting: str, seed: int, steps: int) -> dict[str, Any]:
-    """Every run of one (setting, seed); what the output holds under that seed."""
+SECTIONS = ("calibration", "held_out", "bugs", "variant_bugs")
+
+
+def seed_task(
+    setting: str, seed: int, steps: int, sections: tuple[str, ...] = SECTIONS
+) -> dict[str, Any]:
+    """The runs of one (setting, seed) in ``sections`` (the golden always); what the output
+    holds under that seed."""
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True)
     name, dtype = setting.split("-")
@@ -440,7 +451,7 @@ def seed_task(setting: str, seed: int, steps: int) -> dict[str, Any]:
     plan = runs()
     golden, rollouts = train_run(plan["golden"][0], family, batches, None, noises)
     out: dict[str, Any] = {"golden": {"metrics": golden}}
-    for section in ("calibration", "held_out", "bugs"):
+    for section in sections:
         out[section] = []
         for run in plan[section]:
             traces, _ = train_run(run, family, batches, rollouts, noises)
@@ -454,7 +465,7 @@ def seed_task(setting: str, seed: int, steps: int) -> dict[str, Any]:
     return {"setting": setting, "seed": seed, "seconds": time.perf_counter() - started, "out": out}
 
 
-def _task(args: tuple[str, int, int]) -> dict[str, Any]:
+def _task(args: tuple[str, int, int, tuple[str, ...]]) -> dict[str, Any]:
     return seed_task(*args)
 
 
@@ -467,6 +478,8 @@ def _at(values: list[float], step: int) -> float:
 
 def summary(setting: str, seed_out: dict[str, Any]) -> list[str]:
     """Spread of the same-math runs against the golden, thread effects, bug growths."""
+    if not {"calibration", "held_out", "bugs"} <= set(seed_out):
+        return []
     golden = seed_out["golden"]["metrics"]
     steps = len(golden["loss"])
     lines = [f"{setting}, seed 0:"]
@@ -560,12 +573,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help="the runs to make besides the golden (gates.py merges files of other sections)",
+    )
     args = parser.parse_args(argv)
+    sections = tuple(args.sections.split(","))
+    if set(sections) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(set(sections) - set(SECTIONS))}")
     settings = args.settings.split(",")
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         parser.error(f"unknown settings {unknown}; choose from {','.join(SETTINGS)}")
-    tasks = [(s, seed, args.steps) for seed in range(args.seeds) for s in settings]
+    tasks = [(s, seed, args.steps, sections) for seed in range(args.seeds) for s in settings]
     # Idle OpenMP threads spin by default: on a busy machine, several threads per tiny op
     # then cost seconds a step instead of milliseconds.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
