@@ -17,6 +17,7 @@ import bench_compare
 import bench_determinism
 import bench_example
 import bench_io
+import bench_longrun
 import bench_parallel
 import bench_startup
 import torch
@@ -29,6 +30,7 @@ SECTIONS = {
     "example": bench_example,
     "determinism": bench_determinism,
     "parallel": bench_parallel,
+    "longrun": bench_longrun,
 }
 
 

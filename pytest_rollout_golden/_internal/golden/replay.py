@@ -165,6 +165,8 @@ class Golden:
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
         self._envelope: Envelope | None = None  # a long run's per-step bands, once opened
+        self._step_resolvers: dict[int, Resolver] = {}  # with the bands of each step
+        self._uncalibrated: dict[tuple[str, str], Tolerance] = {}  # see _without_files
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
@@ -526,19 +528,17 @@ class Golden:
         """The resolver of ``step``: with the envelope's bands at that step, if any."""
         if self._envelope is None or self._envelope.layer(step) is None:
             return self._resolver
-        return self._envelope.stack_at(self._stack, step).resolver()
+        if step not in self._step_resolvers:
+            self._step_resolvers[step] = self._envelope.stack_at(self._stack, step).resolver()
+        return self._step_resolvers[step]
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's calibrated files looser than without them."""
-        by_step = {c.step: self._step_resolver(c.step) for c in results}
         for c in results:
-            resolver = by_step[c.step]
-            files = [layer for layer in resolver.layers if _calibrated_file(layer.source)]
-            if c.tolerance is None or not files or not _calibrated_file(c.tolerance_source):
+            if c.tolerance is None or not _calibrated_file(c.tolerance_source):
                 continue
-            without_files = resolver.without(*files)
             dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
-            without = without_files.resolve(c.name, (dtype or "float64",))[0]
+            without = self._without_files(c.name, dtype or "float64")
             if not checks.looser(c.tolerance, without):
                 continue
             file = ENVELOPE if ENVELOPE in c.tolerance_source else TOLERANCES
@@ -550,6 +550,15 @@ class Golden:
                 noted["steps"] = [*noted.get("steps", []), c.step]
                 if c.tolerance.atol >= noted.get("atol", 0.0):
                     noted.update(tolerance=c.tolerance.describe(), atol=c.tolerance.atol)
+
+    def _without_files(self, name: str, dtype: str) -> Tolerance:
+        """Value ``name``'s tolerance without the files calibration wrote into the golden
+        (the same at every step: the bands and the calibrated layers all go; cached)."""
+        if (name, dtype) not in self._uncalibrated:
+            files = (self._stack.calibrated, self._stack.calibrated_layout)
+            found = self._resolver.without(*files).resolve(name, (dtype,))[0]
+            self._uncalibrated[name, dtype] = found
+        return self._uncalibrated[name, dtype]
 
     def _magnitude(self, name: str) -> float | None:
         """Metric ``name``'s largest recorded magnitude over every step (cached)."""

@@ -106,13 +106,13 @@ class Envelope:
         for name, band in self.bands.items():
             for step, allowed in band.allowances().items():
                 per_step.setdefault(step, {})[name] = Tolerance(atol=allowed)
-        object.__setattr__(self, "_per_step", per_step)
+        layers = {s: Layer(self.source, e, exact_names=True) for s, e in per_step.items()}
+        object.__setattr__(self, "_layers", layers)
 
     def layer(self, step: int) -> Layer | None:
         """The tolerances the bands give at ``step`` (exact metric names only): an ``atol``,
         the band; ``rtol`` and ``scale`` come from the layers below the calibrated files."""
-        entries = self._per_step.get(step)  # type: ignore[attr-defined]
-        return None if not entries else Layer(self.source, entries, exact_names=True)
+        return self._layers.get(step)  # type: ignore[attr-defined]
 
     def stack_at(self, stack: Stack, step: int) -> Stack:
         """``stack`` at ``step``: the bands over the calibrated files for the metrics they
