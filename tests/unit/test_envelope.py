@@ -10,6 +10,7 @@ import pytest
 
 from pytest_rollout_golden._internal.tolerance import envelope
 from pytest_rollout_golden._internal.tolerance.envelope import Band
+from pytest_rollout_golden._internal.tolerance.spec import IGNORE, Tolerance
 from pytest_rollout_golden.errors import GoldenFormatError
 
 
@@ -24,8 +25,11 @@ def run(offsets: list[float]) -> dict:
     return numbers([g + d for g, d in zip(GOLDEN, offsets, strict=True)])
 
 
+DEFAULT = Tolerance(rtol=1e-4, atol=1e-8, scale="recorded")
+
+
 def build(runs, **kw):
-    kw.setdefault("compared", lambda name, dtype: True)
+    kw.setdefault("base", lambda name, dtype: DEFAULT)
     kw.setdefault("magnitude", lambda name: max(GOLDEN))
     return envelope.bands(numbers(GOLDEN), [(r, ()) for r in runs], **kw)
 
@@ -55,11 +59,11 @@ def test_no_band_where_every_run_agrees_or_the_run_is_short_or_not_compared():
     short = envelope.bands(
         numbers(GOLDEN[: envelope.MIN_STEPS - 1]),
         [(numbers([g + 1e-3 for g in GOLDEN[: envelope.MIN_STEPS - 1]]), ())],
-        compared=lambda n, d: True,
+        base=lambda n, d: DEFAULT,
         magnitude=lambda n: 2.0,
     )
     assert short == ({}, {})
-    assert build([run([1e-3] * 12)], compared=lambda n, d: False)[0] == {}
+    assert build([run([1e-3] * 12)], base=lambda n, d: IGNORE)[0] == {}
 
 
 def test_a_run_left_out_for_a_metric_does_not_widen_its_band():
@@ -67,7 +71,7 @@ def test_a_run_left_out_for_a_metric_does_not_widen_its_band():
     found, _ = envelope.bands(
         numbers(GOLDEN),
         [(good, ()), (bug, ("loss",))],
-        compared=lambda n, d: True,
+        base=lambda n, d: DEFAULT,
         magnitude=lambda n: 2.1,
     )
     assert max(found["loss"]["above"]) < 2e-4 and found["loss"]["runs"] == 1
@@ -83,12 +87,15 @@ def test_a_band_wider_than_the_cap_is_refused_with_why():
 
 
 def test_the_allowance_takes_the_widest_neighbour_and_the_dtype_floor():
-    band = Band((0, 1, 2, 3), (0.0, 0.0, 0.0, 0.0), (0.0, 1e-3, 0.0, 0.0), "float32", 2.0)
+    steps = tuple(range(10))
+    above = tuple(1e-3 if s == 1 else 0.0 for s in steps)
+    band = Band(steps, (0.0,) * 10, above, "float32", 2.0)
     floor = envelope.DTYPE_FLOOR * 2**-23 * 2.0
     allowed = band.allowances()
-    assert allowed[0] == pytest.approx(envelope.MARGIN * 1e-3 + floor)
-    assert allowed[2] == pytest.approx(envelope.MARGIN * 1e-3 + floor)
-    assert allowed[3] == pytest.approx(floor)
+    reach = 1 + envelope.SMOOTH  # the last step whose window holds step 1
+    for step in range(reach + 1):
+        assert allowed[step] == pytest.approx(envelope.MARGIN * 1e-3 + floor)
+    assert allowed[reach + 1] == pytest.approx(floor)
 
 
 def test_the_layer_of_a_step_matches_whole_names_only():
