@@ -63,7 +63,7 @@ def _calibrate(directory: Path) -> None:
     golden = {str(s): {k: (v, "float32") for k, v in _values(s).items()} for s in range(STEPS)}
     magnitude = {k: max(abs(v[k][0]) for v in golden.values()) for k in golden["0"]}.get
     resolver = Stack().resolver()
-    found, _ = envelope.bands(
+    found, _, _ = envelope.bands(
         golden,
         [(run, ()) for run in _runs(9)],
         base=lambda name, dtype: resolver.resolve(name, (dtype,))[0],

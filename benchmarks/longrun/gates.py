@@ -78,16 +78,22 @@ def calibrated_stack(golden: Series, runs: Sequence[Series]) -> Stack:
     return Stack(calibrated=Layer(calibration.SOURCE, entries))
 
 
-def bands(golden: Series, runs: Sequence[Series]) -> envelope.Envelope | None:
+def bands(golden: Series, runs: Sequence[Series], variant: bool) -> envelope.Envelope | None:
+    """The envelope replay reads, of the lane of a variant or of the reference."""
     magnitude = magnitudes(golden)
-    found, _ = envelope.bands(
+    found, _, drifting = envelope.bands(
         numbers(golden),
         [(numbers(r), ()) for r in runs],
         base=lambda name, dtype: Stack().resolver().resolve(name, (dtype,))[0],
         magnitude=magnitude,
     )
-    content = envelope.document({"same layout": found}, {})
-    return envelope.read(content, Path("envelope.json"), magnitude=magnitude)
+    lane = "across variants" if variant else "same layout"
+    content = envelope.document({lane: found}, {})
+    if variant and drifting:
+        content[envelope.DRIFTING] = drifting
+    return envelope.read(
+        content, Path("envelope.json"), magnitude=magnitude, layout_variant=variant
+    )
 
 
 def step_failures(
@@ -98,7 +104,7 @@ def step_failures(
     magnitude = magnitudes(golden)
     alone, with_envelope = set(), set()
     held: dict[str, dict[int, float]] = {}
-    plain = stack.resolver()
+    plain = stack.replace(drifting=None).resolver()  # before envelopes: tolerances.json alone
     for step in range(len(next(iter(golden.values())))):
         at_step = plain if env is None else env.stack_at(stack, step).resolver()
         for name, expected in golden.items():
@@ -111,7 +117,7 @@ def step_failures(
             if abs(a - g) > plain.resolve(name, ("float32",))[0].allowance(g, scale):
                 alone.add(name)
             tol, source = at_step.resolve(name, ("float32",))
-            if abs(a - g) > tol.allowance(g, scale):
+            if not tol.ignore and abs(a - g) > tol.allowance(g, scale):
                 with_envelope.add(name)
             if envelope.band_source(source):
                 held.setdefault(name, {})[step] = tol.allowance(g, scale)
@@ -147,9 +153,13 @@ def trend_gate(golden: Series, run: Series, env: Any, *, replay: bool) -> set[st
     return {c.name for c in comparisons if c.verdict == Verdict.FAIL}
 
 
-def gates_of(golden: Series, run: Series, lane: Sequence[Series]) -> dict[str, set[str]]:
+def gates_of(
+    golden: Series, run: Series, lane: Sequence[Series], variant: bool
+) -> dict[str, set[str]]:
     """Per gate, the metrics that flag ``run`` against ``golden`` calibrated on ``lane``."""
-    stack, env = calibrated_stack(golden, lane), bands(golden, lane)
+    stack, env = calibrated_stack(golden, lane), bands(golden, lane, variant)
+    if variant and env is not None:
+        stack = stack.replace(variant=True, drifting=env.drifting_layer())
     alone, with_envelope, biased = step_failures(golden, run, stack, env)
     found = {
         "per-step": alone,
@@ -174,7 +184,8 @@ def evaluate(setting: Mapping[str, Any]) -> dict:
         entries += [(e["label"], "bug", e["metrics"]) for e in seed["bugs"]]
         entries += [(e["label"], "variant bug", e["metrics"]) for e in seed.get("variant_bugs", ())]
         for label, kind, run in entries:
-            found = gates_of(golden, run, of_lane[LANE_OF[kind]])
+            lane = LANE_OF[kind]
+            found = gates_of(golden, run, of_lane[lane], lane == "across variants")
             for gate, names in found.items():
                 flagged[label][gate] += bool(names)
                 for name in names:

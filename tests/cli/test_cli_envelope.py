@@ -107,7 +107,7 @@ def test_an_edited_envelope_fails_naming_file_metric_and_step(tmp_path, capsys, 
     a, b = tmp_path / "a", tmp_path / "b"
     record(a)
     record(b)
-    wide = [*BELOW[:3], 0.5, *BELOW[4:]]  # 0.5 > 0.25 x the largest |loss| (1.11)
+    wide = [*BELOW[:3], 1.5, *BELOW[4:]]  # 1.5 > 1 x the largest |loss| (1.11)
     calibrate(a, envelope_document(below=wide))  # the digest in the manifest matches it
     args = [verb, str(a)] + ([str(b), "--no-config"] if verb == "diff" else [])
     code = main(args)
@@ -115,4 +115,4 @@ def test_an_edited_envelope_fails_naming_file_metric_and_step(tmp_path, capsys, 
     message = out.out + out.err
     assert code == (1 if verb == "verify" else 2)
     assert str(a / "envelope.json") in message
-    assert "metric 'loss' at step 3: width 0.5 is beyond" in message
+    assert "metric 'loss' at step 3: width 1.5 is beyond" in message

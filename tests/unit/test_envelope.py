@@ -37,7 +37,7 @@ def build(runs, **kw):
 def test_a_band_is_how_far_the_lowest_and_highest_run_lay_from_the_golden():
     a = run([0.0] * 6 + [1e-3] * 6)
     b = run([0.0] * 6 + [-2e-3] * 6)
-    found, refused = build([a, b])
+    found, refused, _ = build([a, b])
     loss = found["loss"]
     assert refused == {} and loss["runs"] == 2
     assert loss["steps"] == list(range(12))
@@ -48,7 +48,7 @@ def test_a_band_is_how_far_the_lowest_and_highest_run_lay_from_the_golden():
 
 
 def test_widths_are_rounded_up_to_three_digits_never_down():
-    found, _ = build([run([1.23456e-4] * 12)])
+    found, _, _ = build([run([1.23456e-4] * 12)])
     width = found["loss"]["above"][0]
     assert width >= 1.23456e-4 - 1e-18 and width <= 1.24e-4 + 1e-18
     assert len(repr(width)) <= 10
@@ -62,13 +62,13 @@ def test_no_band_where_every_run_agrees_or_the_run_is_short_or_not_compared():
         base=lambda n, d: DEFAULT,
         magnitude=lambda n: 2.0,
     )
-    assert short == ({}, {})
+    assert short == ({}, {}, {})
     assert build([run([1e-3] * 12)], base=lambda n, d: IGNORE)[0] == {}
 
 
 def test_a_run_left_out_for_a_metric_does_not_widen_its_band():
     good, bug = run([1e-4] * 12), run([0.5] * 12)
-    found, _ = envelope.bands(
+    found, _, _ = envelope.bands(
         numbers(GOLDEN),
         [(good, ()), (bug, ("loss",))],
         base=lambda n, d: DEFAULT,
@@ -78,10 +78,12 @@ def test_a_run_left_out_for_a_metric_does_not_widen_its_band():
 
 
 def test_a_band_wider_than_the_cap_is_refused_with_why():
-    found, refused = build([run([0.0] * 11 + [1.0])])
+    found, refused, drifting = build([run([0.0] * 11 + [2.5])])
     assert found == {}
+    # wider than the value itself: across variants, a value the runs drift away from
+    assert drifting["loss"]["widest"] == pytest.approx(2.5 / max(GOLDEN), rel=1e-2)
     assert (
-        "metric 'loss' at step 11: width 1 is beyond what envelope.json may hold"
+        "metric 'loss' at step 11: width 2.5 is beyond what envelope.json may hold"
         in (refused["loss"])
     )
 
@@ -114,7 +116,7 @@ def document(**entry) -> dict:
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
-        ({"below": [0.0, 0.5]}, "metric 'loss' at step 1: width 0.5 is beyond"),
+        ({"below": [0.0, 1.5]}, "metric 'loss' at step 1: width 1.5 is beyond"),
         ({"below": [0.0, -1e-3]}, "metric 'loss' at step 1: width -0.001 is beyond"),
         ({"below": [0.0, True]}, "metric 'loss' at step 1: a width must be a number"),
         ({"steps": [1, 0]}, "steps must be increasing"),
@@ -153,8 +155,33 @@ def test_a_variant_uses_the_band_across_variants_and_the_reference_its_own():
 
 
 def test_a_bad_entry_in_either_lane_is_refused():
-    bad = {"steps": [0], "below": [0.9], "above": [0.0]}
-    with pytest.raises(GoldenFormatError, match=r"width 0\.9 is beyond"):
+    bad = {"steps": [0], "below": [1.5], "above": [0.0]}
+    with pytest.raises(GoldenFormatError, match=r"width 1\.5 is beyond"):
         envelope.read(
             {**document(), "layout_metrics": {"loss": bad}}, Path("e"), magnitude=lambda n: 1.0
         )
+
+
+def test_values_variants_drift_away_from_are_not_comparable_across_variants_only():
+    drifting = {"loss": {"widest": 2.3, "trends": {"growth": 3.1}}}
+    content = {**document(), "layout_metrics": {}, envelope.DRIFTING: drifting}
+    mine = envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+    assert mine.drifting_layer() is None  # the reference's own lane compares it
+    theirs = envelope.read(content, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
+    layer = theirs.drifting_layer()
+    assert layer.match("loss").ignore and layer.source == envelope.DRIFTING_SOURCE
+    assert theirs.reached("loss", "growth") == 3.1
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"widest": 0.5}, "is not beyond 1x the metric"),
+        ({"widest": "wide"}, "is not beyond 1x the metric"),
+        ({"widest": 2.0, "trends": {"growth": "x"}}, "is not what calibration writes"),
+    ],
+)
+def test_an_edited_not_comparable_entry_is_refused(entry, problem):
+    content = {**document(), envelope.DRIFTING: {"loss": entry}}
+    with pytest.raises(GoldenFormatError, match=problem):
+        envelope.read(content, Path("e"), magnitude=lambda n: 1.0)

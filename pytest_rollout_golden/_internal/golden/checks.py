@@ -365,8 +365,7 @@ def trend_comparison(check: TrendCheck, envelope: Envelope | None = None) -> Com
         return Comparison(
             f"{name}<=inf", step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=why
         )
-    band = None if envelope is None else envelope.bands.get(check.metric)
-    reached = None if band is None else band.trends.get(check.statistic)
+    reached = None if envelope is None else envelope.reached(check.metric, check.statistic)
     if reached is not None and not bound.holds(reached):
         why = (
             f"{bound.source}: not compared on replay: correct code's calibration runs reach "

@@ -207,6 +207,8 @@ class Golden:
         calibrated, lane = self._files.calibrated_layers(layout_variant=only)
         stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
         self._envelope = self._files.envelope(layout_variant=only)
+        if self._envelope is not None:
+            stack = stack.replace(drifting=self._envelope.drifting_layer())
         recorder = self._files.recorded_by
         if self._replaying and not only and recorder not in (None, self.test_id):
             self._outcome.recorded_by = recorder  # a key=/shared= golden of another test

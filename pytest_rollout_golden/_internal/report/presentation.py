@@ -829,13 +829,18 @@ def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]
     if not found:
         return []
     lines = []
-    if found["lanes"]:
+    if found["lanes"] or found.get("drifting"):
         lines.append(f"    per-step envelope written to {directory}/{ENVELOPE}:")
     for lane, what in found["lanes"].items():
         kept = " (kept: not measured now)" if lane in found["kept"] else ""
         lines.append(
             f"        {lane}: {', '.join(what['metrics'])} over {plural(what['steps'], 'step')}"
             f", from {plural(what['runs'], 'run')}{kept}"
+        )
+    if found.get("drifting"):
+        lines.append(
+            f"        not comparable across variants: {', '.join(found['drifting'])} (the "
+            "calibrated variants drift from the recorded golden by more than the value itself)"
         )
     for name, why in sorted(found["refused"].items()):
         lines.append(f"    envelope refused: {name}: {why}")

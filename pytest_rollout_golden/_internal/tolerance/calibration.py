@@ -647,7 +647,7 @@ def _carried_bands(
     taken from the file there (named under ``how.kept``); ``None`` where no lane holds a
     band."""
     from ... import store
-    from .envelope import LANES
+    from .envelope import DRIFTING, LANES
 
     out = {**content, "how": dict(content["how"])}
     info = manifest["files"].get(ENVELOPE)
@@ -658,6 +658,8 @@ def _carried_bands(
             earlier = {}  # a damaged file is dropped, as --update-golden drops it
         kept = [lane for lane in lanes if LANES[lane] in earlier and LANES[lane] not in out]
         out.update({LANES[lane]: earlier[LANES[lane]] for lane in kept})
+        if ACROSS in kept and DRIFTING in earlier:
+            out[DRIFTING] = earlier[DRIFTING]
         if kept:
             out["how"]["kept"] = kept
     if not any(out.get(section) for section in LANES.values()):
@@ -787,14 +789,20 @@ def _envelope(
             if t in replaying
             for run in runs
         ]
-    lanes, refused = {}, {}
+    lanes, refused, drifting = {}, {}, {}
     for name, runs in sources.items():
-        found, why = envelope.bands(recorded[0], runs, base=base, magnitude=magnitude)
+        found, why, drifts = envelope.bands(recorded[0], runs, base=base, magnitude=magnitude)
         lanes[name] = found
+        if name == ACROSS:  # not comparable across variants, listed as such on every replay
+            drifting = drifts
+            why = {metric: text for metric, text in why.items() if metric not in drifts}
         refused.update({f"{name}: {metric}": text for metric, text in why.items()})
     if not lanes:
         return None, refused
-    return envelope.document(lanes, {**how, "tests": sorted(usable)}), refused
+    content = envelope.document(lanes, {**how, "tests": sorted(usable)})
+    if drifting:
+        content[envelope.DRIFTING] = drifting
+    return content, refused
 
 
 def _recorded_magnitudes(usable: Mapping[str, Sequence[Any]]) -> Magnitude:
@@ -1061,7 +1069,7 @@ def _write_calibrated(
 def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str]) -> dict:
     """What the summary says of a written envelope: per lane its metrics, steps and runs;
     the bands refused."""
-    from .envelope import LANES
+    from .envelope import DRIFTING, LANES
 
     lanes = {}
     for lane, section in LANES.items():
@@ -1073,7 +1081,8 @@ def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str
                 "runs": max(m["runs"] for m in metrics.values()),
             }
     kept = (bands or {}).get("how", {}).get("kept", [])
-    return {"lanes": lanes, "kept": kept, "refused": dict(refused)}
+    drifting = sorted((bands or {}).get(DRIFTING, {}))
+    return {"lanes": lanes, "kept": kept, "refused": dict(refused), "drifting": drifting}
 
 
 def _kept(path: Path) -> list[str]:

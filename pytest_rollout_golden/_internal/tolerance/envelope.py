@@ -31,7 +31,7 @@ from typing import Any
 
 from ...errors import GoldenFormatError
 from ...store.location import ENVELOPE
-from .spec import Layer, Tolerance
+from .spec import IGNORE, Layer, Tolerance
 from .stack import Stack
 
 FORMAT = "pytest-rollout-golden-envelope"
@@ -45,7 +45,7 @@ EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-5
 # The widest half-width a band may have, relative to the metric's largest recorded magnitude.
 # Same-math bf16 runs of the project's long-run harness stray by up to ~X of the magnitude by
 # step 40 (docs/numerics.md#long-runs); a band of a quarter of the metric's size gates nothing.
-MAX_WIDTH = 0.25
+MAX_WIDTH = 1.0
 # The bias gate: a run's mean deviation over the steps, in units of each step's allowance,
 # may not exceed BIAS_MARGIN x the largest the calibration runs had, nor less than BIAS_FLOOR;
 # a bound beyond BIAS_CAP could never fire before the band itself does, and is not written.
@@ -54,6 +54,11 @@ BIAS_FLOOR = 0.05
 BIAS_CAP = 0.9
 SOURCE = f"envelope ({ENVELOPE})"
 VARIANT_SOURCE = f"envelope across variants ({ENVELOPE})"
+DRIFTING_SOURCE = (
+    f"not comparable across variants ({ENVELOPE}: the calibrated variants drift from the "
+    f"recorded golden by more than {MAX_WIDTH:g}x its largest value)"
+)
+DRIFTING = "layout_drifting"  # the section of the values not comparable across variants
 
 Numbers = Mapping[str, Mapping[str, tuple[Any, str]]]  # {step: {name: (value, dtype)}}
 
@@ -100,6 +105,7 @@ class Envelope:
     bands: Mapping[str, Band]
     variants: bool = False
     source: str = SOURCE
+    drifting: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         per_step: dict[int, dict[str, Tolerance]] = {}
@@ -113,6 +119,21 @@ class Envelope:
         """The tolerances the bands give at ``step`` (exact metric names only): an ``atol``,
         the band; ``rtol`` and ``scale`` come from the layers below the calibrated files."""
         return self._layers.get(step)  # type: ignore[attr-defined]
+
+    def reached(self, metric: str, statistic: str) -> float | None:
+        """The largest trend ``statistic`` of ``metric`` the calibration runs reached."""
+        band = self.bands.get(metric)
+        found = band.trends if band is not None else self.drifting.get(metric, {}).get("trends")
+        return None if not found else found.get(statistic)
+
+    def drifting_layer(self) -> Layer | None:
+        """Across variants, the values the calibrated variants drift away from the recorded
+        golden with (wider than :data:`MAX_WIDTH` x the value): not comparable across
+        variants, as a profile's per-micro-batch averages are (a tolerance a user gives
+        above still applies)."""
+        if not self.drifting:
+            return None
+        return Layer(DRIFTING_SOURCE, dict.fromkeys(self.drifting, IGNORE), defaults=True)
 
     def stack_at(self, stack: Stack, step: int) -> Stack:
         """``stack`` at ``step``: the bands over the calibrated files for the metrics they
@@ -239,12 +260,15 @@ def bands(
     *,
     base: Callable[[str, str], Tolerance],
     magnitude: Callable[[str], float | None],
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(bands, refused)``: per metric of ``golden`` its band over ``runs`` (each a run's
-    numbers and the names it is left out for), for a metric of :data:`MIN_STEPS` steps or
-    more that its uncalibrated tolerance ``base(name, dtype)`` compares and whose runs do
-    not all agree with the golden; and per metric the band refused, with why."""
-    out, refused = {}, {}
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """``(bands, refused, drifting)``: per metric of ``golden`` its band over ``runs`` (each
+    a run's numbers and the names it is left out for), for a metric of :data:`MIN_STEPS`
+    steps or more that its uncalibrated tolerance ``base(name, dtype)`` compares and whose
+    runs do not all agree with the golden; per metric the band refused, with why; and of
+    those, the metrics refused because the runs strayed wider than :data:`MAX_WIDTH` x the
+    metric (how far, and the trends they reached): across variants, values that drift from
+    the recorded golden rather than scatter around it (:func:`drifting_layer`)."""
+    out, refused, drifting = {}, {}, {}
     names = sorted({n for values in golden.values() for n in values})
     for name in names:
         kept = [numbers for numbers, left_out in runs if name not in set(left_out)]
@@ -257,12 +281,18 @@ def bands(
         why = problem(band, name, magnitude(name))
         if why:
             refused[name] = why
+            widest = max(band["below"] + band["above"])
+            if magnitude(name) and widest > MAX_WIDTH * magnitude(name):
+                drifting[name] = {
+                    "widest": _round_up(widest / magnitude(name)),
+                    "trends": run_trends(name, kept),
+                }
             continue
         made = _band(band, magnitude(name) or 0.0)
         bias = bias_bound(name, golden, kept, held(made, below, golden, name))
         trends = run_trends(name, kept)
         out[name] = {**band, "runs": len(kept), "bias": bias, "trends": trends}
-    return out, refused
+    return out, refused, drifting
 
 
 def held(band: Band, below: Tolerance, golden: Numbers, name: str) -> dict[int, float]:
@@ -417,7 +447,36 @@ def read(
                     f"{remedy}"
                 )
         lanes[section] = {n: _band(e, magnitude(n) or 0.0) for n, e in sorted(metrics.items())}
+    drifting = content.get(DRIFTING, {})
+    why = _drifting_problem(drifting, magnitude)
+    if why:
+        raise GoldenFormatError(
+            f"{path}: {why}: calibration never writes that, so this file was edited; {remedy}"
+        )
     section = LANES["across variants" if layout_variant else "same layout"]
     if section not in content:
         return None
-    return Envelope(lanes[section], layout_variant, VARIANT_SOURCE if layout_variant else SOURCE)
+    if not layout_variant:
+        return Envelope(lanes[section], False, SOURCE)
+    return Envelope(lanes[section], True, VARIANT_SOURCE, dict(drifting))
+
+
+def _drifting_problem(drifting: Any, magnitude: Callable[[str], float | None]) -> str:
+    """Why the values not comparable across variants may not stand, or ``""``: each a
+    recorded metric the variants strayed from by more than :data:`MAX_WIDTH` x its size."""
+    if not isinstance(drifting, dict):
+        return f"{DRIFTING!r} must be an object"
+    for name, entry in sorted(drifting.items()):
+        widest = entry.get("widest") if isinstance(entry, dict) else None
+        number = isinstance(widest, (int, float)) and not isinstance(widest, bool)
+        if not number or not widest > MAX_WIDTH or not math.isfinite(widest):
+            return (
+                f"metric {name!r} not comparable across variants: its variants' widest "
+                f"straying {widest!r} is not beyond {MAX_WIDTH:g}x the metric"
+            )
+        if magnitude(name) is None:
+            return f"metric {name!r} was never recorded in this golden"
+        why = _trends_problem(entry.get("trends"), name)
+        if why:
+            return why
+    return ""

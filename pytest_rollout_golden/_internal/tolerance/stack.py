@@ -73,6 +73,7 @@ class Stack:
     precision: Layer | None = None
     profile: Sequence[Layer] = ()
     across_variants: Layer | None = None
+    drifting: Layer | None = None  # across variants: values the variants drift away from
     variant: bool = False
     exact: bool = False
 
@@ -81,6 +82,7 @@ class Stack:
         layers = [
             *self.marker,
             self.across_variants if self.variant else None,
+            self.drifting if self.variant else None,
             *self.cli,
             self.lane_fallback,
             self.envelope,
