@@ -223,3 +223,40 @@ def test_a_band_only_the_reference_made_does_not_gate_variants(project):
     # the reference alone replays bit for bit under every thread count: no band, no file
     assert not (project.golden_dir("test_x[mb8]") / "envelope.json").exists(), result.stdout.str()
     project.run().assert_outcomes(passed=2)
+
+
+# Variants of a long run whose train-inference gap drifts away from the recorded rollouts
+# (to 2.5x the recorded gap by the last step): no band can hold it.
+DRIFTING = """
+import json, pathlib
+import pytest
+from pytest_rollout_golden import same_math
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+DRIFT = {"mb8": 0.0, "mb4": 1.0, "mb2": 1.5}
+
+
+@pytest.mark.parametrize("v", same_math(V["variants"]))
+def test_x(golden, v):
+    for step in range(12):
+        gap = 0.011 * (1 + DRIFT[v] * step / 11) * V.get("gap_scale", 1.0)
+        golden.check({"loss": 2.0 + 0.1 * step, "mismatch/abs_logprob_diff_mean": gap}, step=step)
+"""
+
+
+def test_a_value_the_variants_drift_away_from_is_not_comparable_across_variants(project):
+    project.write(DRIFTING)
+    project.set_values(variants=["mb8", "mb4", "mb2"])
+    project.run().assert_outcomes(passed=1, failed=2)  # the defaults cannot hold the drift
+    result = project.run("--golden-calibrate", "3")
+    out = result.stdout.str()
+    assert "not comparable across variants: mismatch/abs_logprob_diff_mean" in out, out
+    content = json.loads((project.golden_dir("test_x[mb8]") / "envelope.json").read_text())
+    assert content["layout_drifting"]["mismatch/abs_logprob_diff_mean"]["widest"] > 1
+    result = project.run()
+    result.assert_outcomes(passed=3)
+    out = result.stdout.str()
+    assert "mismatch/abs_logprob_diff_mean" in out and "not comparable across variants" in out
+    # the reference's own replay still compares it: a drift of its own fails
+    project.set_values(variants=["mb8"], gap_scale=1.5)
+    project.run().assert_outcomes(failed=1)

@@ -662,7 +662,7 @@ def _carried_bands(
             out[DRIFTING] = earlier[DRIFTING]
         if kept:
             out["how"]["kept"] = kept
-    if not any(out.get(section) for section in LANES.values()):
+    if not any(out.get(section) for section in (*LANES.values(), DRIFTING)):
         return None
     return out
 
