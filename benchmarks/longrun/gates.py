@@ -133,6 +133,18 @@ LANE_OF = {
 }
 
 
+def left_out(seed: Mapping[str, Any]) -> list[tuple[str, Any, Series]]:
+    """Each calibrated variant left out of the calibration in turn: ``(label, the lane
+    calibrated without it, its run at the default threads)``."""
+    runs = seed["calibration"]
+    out = []
+    for variant in ("mb2", "mb4"):
+        lane = [c["metrics"] for c in runs if c["variant"] != variant]
+        run = next(c["metrics"] for c in runs if c["label"] == f"{variant}-threads2")
+        out.append((f"{variant} (left out of calibration)", lane, run))
+    return out
+
+
 def lanes(seed: Mapping[str, Any]) -> dict[str, list[Series]]:
     """The calibration runs of each lane: the reference's own (same layout), and the
     reference's with the variants' (across variants)."""
@@ -181,11 +193,15 @@ def evaluate(setting: Mapping[str, Any]) -> dict:
         golden, of_lane = seed["golden"]["metrics"], lanes(seed)
         entries = [("golden (recording)", "unchanged", golden)]
         entries += [(e["label"], e["kind"], e["metrics"]) for e in seed["held_out"]]
+        entries += left_out(seed)
         entries += [(e["label"], "bug", e["metrics"]) for e in seed["bugs"]]
         entries += [(e["label"], "variant bug", e["metrics"]) for e in seed.get("variant_bugs", ())]
         for label, kind, run in entries:
-            lane = LANE_OF[kind]
-            found = gates_of(golden, run, of_lane[lane], lane == "across variants")
+            if isinstance(kind, str):
+                runs, variant = of_lane[LANE_OF[kind]], LANE_OF[kind] == "across variants"
+            else:  # a variant left out of calibration: the lane calibrated without it
+                runs, variant = kind, True
+            found = gates_of(golden, run, runs, variant)
             for gate, names in found.items():
                 flagged[label][gate] += bool(names)
                 for name in names:
