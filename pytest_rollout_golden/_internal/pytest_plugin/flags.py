@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...store.location import TOLERANCES
+from ...store.location import ENVELOPE, TOLERANCES
+from ..tolerance.envelope import MIN_STEPS
 from ..golden.modes import MISSING_STEP_POLICIES
 from ..tolerance.calibration import PERTURBATIONS
 
@@ -164,7 +165,8 @@ FLAGS = (
         "--golden-calibrate",
         "int",
         "run each selected golden test N times under perturbed reduction orders and write "
-        f"calibrated tolerances (spread x margin) into {TOLERANCES} of its golden",
+        f"calibrated tolerances (spread x margin) into {TOLERANCES} of its golden, and for a "
+        f"test of {MIN_STEPS}+ steps per-step bands into {ENVELOPE}",
         metavar="N",
     ),
     Flag(
