@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...store.location import ENVELOPE, TOLERANCES
-from ..tolerance.envelope import MIN_STEPS
 from ..golden.modes import MISSING_STEP_POLICIES
 from ..tolerance.calibration import PERTURBATIONS
+from ..tolerance.envelope import MIN_STEPS
 
 if TYPE_CHECKING:
     import pytest
