@@ -194,27 +194,42 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
 
 
 def _envelope_summary(content: Any) -> dict[str, Any] | None:
-    """What ``show`` says of a golden's ``envelope.json`` (``None``: it has none): the runs,
-    the margin, whether variants' runs made it, and per metric its steps, runs and widest
-    half-width."""
+    """What ``show`` says of a golden's ``envelope.json`` (``None``: it has none): the margin,
+    smooth and runs; per lane, per metric its steps, runs, widest half-width and bias bound;
+    and the values not comparable across variants."""
+    from ._internal.tolerance.envelope import DRIFTING, LANES
+
     if not isinstance(content, dict):
         return None
     how = content.get("how", {})
-    metrics = {}
-    for name, band in sorted(content.get("metrics", {}).items()):
-        steps = band["steps"]
-        metrics[name] = {
-            "steps": len(steps),
-            "first": steps[0] if steps else None,
-            "last": steps[-1] if steps else None,
-            "runs": band.get("runs"),
-            "widest": max([*band["below"], *band["above"]], default=0.0),
-        }
+    lanes = {
+        lane: {name: _band_summary(band) for name, band in sorted(content[section].items())}
+        for lane, section in LANES.items()
+        if section in content
+    }
+    drifting = {
+        name: {"widest": entry.get("widest")}
+        for name, entry in sorted(content.get(DRIFTING, {}).items())
+    }
     return {
-        "runs": how.get("runs"),
         "margin": how.get("margin"),
-        "variants": bool(how.get("variants")),
-        "metrics": metrics,
+        "smooth": how.get("smooth"),
+        "runs": how.get("runs"),
+        "lanes": lanes,
+        "drifting": drifting,
+    }
+
+
+def _band_summary(band: Mapping[str, Any]) -> dict[str, Any]:
+    """One metric's entry of :func:`_envelope_summary`."""
+    steps = band["steps"]
+    return {
+        "steps": len(steps),
+        "first": steps[0] if steps else None,
+        "last": steps[-1] if steps else None,
+        "runs": band.get("runs"),
+        "widest": max([*band["below"], *band["above"]], default=0.0),
+        "bias_bound": (band.get("bias") or {}).get("bound"),
     }
 
 
@@ -222,16 +237,21 @@ def _envelope_lines(summary: Mapping[str, Any] | None) -> list[str]:
     """``show``'s lines of a golden's envelope (:func:`_envelope_summary`)."""
     if summary is None:
         return []
-    variants = "yes" if summary["variants"] else "no"
     lines = [
         f"per-step envelope ({ENVELOPE}): from {summary['runs']} runs, "
-        f"margin x{summary['margin']:g}, variants' runs: {variants}"
+        f"margin x{summary['margin']:g}, smooth {summary['smooth']} steps each side"
     ]
-    for name, m in summary["metrics"].items():
-        lines.append(
-            f"  {name}: {plural(m['steps'], 'step')} ({m['first']}-{m['last']}), "
-            f"{m['runs']} runs, half-width up to {m['widest']:g}"
-        )
+    for lane, metrics in summary["lanes"].items():
+        lines.append(f"  {lane}:")
+        for name, m in metrics.items():
+            bias = "none" if m["bias_bound"] is None else f"{m['bias_bound']:g}"
+            lines.append(
+                f"    {name}: {plural(m['steps'], 'step')} ({m['first']}-{m['last']}), "
+                f"{m['runs']} runs, half-width up to {m['widest']:g}, bias bound {bias}"
+            )
+    if summary["drifting"]:
+        widest = ", ".join(f"{n} ({d['widest']:g}x)" for n, d in summary["drifting"].items())
+        lines.append(f"  not comparable across variants: {widest}")
     return lines
 
 

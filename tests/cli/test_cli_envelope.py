@@ -31,8 +31,8 @@ def envelope_document(below=BELOW, above=ABOVE) -> dict:
     from pytest_rollout_golden._internal.tolerance.envelope import document
 
     band = {"steps": list(range(STEPS)), "below": below, "above": above, "dtype": "float64"}
-    how = {"runs": 3, "perturbations": ["threads"], "tests": ["t.py::test"], "variants": False}
-    return document({"same layout": {"loss": {**band, "runs": 3}}}, {**how, "refused": {}})
+    how = {"runs": 3, "perturbations": ["threads"], "tests": ["t.py::test"]}
+    return document({"same layout": {"loss": {**band, "runs": 3}}}, how)
 
 
 def calibrate(directory: Path, envelope: dict | None = None) -> None:
@@ -82,16 +82,49 @@ def test_show_summarises_the_envelope(tmp_path, capsys):
     calibrate(tmp_path / "a")
     assert main(["show", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
-    assert "per-step envelope (envelope.json): from 3 runs, margin x2, variants' runs: no" in out
-    assert "  loss: 12 steps (0-11), 3 runs, half-width up to 0.001" in out
+    assert (
+        "per-step envelope (envelope.json): from 3 runs, margin x2, smooth 3 steps each side\n"
+        in out
+    )
+    assert "  same layout:\n    loss: 12 steps (0-11), 3 runs, half-width up to 0.001, " in out
+    assert "bias bound none" in out
+    assert "across variants" not in out and "not comparable" not in out
     assert main(["show", str(tmp_path / "a"), "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
+    loss = {"steps": 12, "first": 0, "last": 11, "runs": 3, "widest": 1e-3, "bias_bound": None}
     assert document["envelope"] == {
-        "runs": 3,
         "margin": 2.0,
-        "variants": False,
-        "metrics": {"loss": {"steps": 12, "first": 0, "last": 11, "runs": 3, "widest": 1e-3}},
+        "smooth": 3,
+        "runs": 3,
+        "lanes": {"same layout": {"loss": loss}},
+        "drifting": {},
     }
+
+
+def test_show_lists_both_lanes_and_the_values_not_comparable_across_variants(tmp_path, capsys):
+    from pytest_rollout_golden._internal.tolerance.calibration import write
+
+    record(tmp_path / "a")
+    doc = envelope_document()
+    variants = {**doc["metrics"]["loss"], "runs": 5, "above": [2e-3] * STEPS}
+    doc["layout_metrics"] = {"loss": {**variants, "bias": {"runs": [0.01, -0.02], "bound": 0.06}}}
+    doc["layout_drifting"] = {"kl": {"widest": 3.5, "trends": {"growth": 1.2}}}
+    write(tmp_path / "a", None, envelope=doc)  # the digest in the manifest matches it
+    assert main(["show", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  same layout:\n"
+        "    loss: 12 steps (0-11), 3 runs, half-width up to 0.001, bias bound none\n"
+        "  across variants:\n"
+        "    loss: 12 steps (0-11), 5 runs, half-width up to 0.002, bias bound 0.06\n"
+        "  not comparable across variants: kl (3.5x)\n"
+    ) in out
+    assert main(["show", str(tmp_path / "a"), "--json"]) == 0
+    envelope = json.loads(capsys.readouterr().out)["envelope"]
+    assert set(envelope["lanes"]) == {"same layout", "across variants"}
+    assert envelope["lanes"]["across variants"]["loss"]["widest"] == 2e-3
+    assert envelope["lanes"]["across variants"]["loss"]["bias_bound"] == 0.06
+    assert envelope["drifting"] == {"kl": {"widest": 3.5}}
 
 
 def test_show_of_a_golden_without_an_envelope_says_nothing_of_one(tmp_path, capsys):

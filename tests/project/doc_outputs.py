@@ -498,3 +498,24 @@ def on_disk_envelope(work: Path) -> str:
         lambda m: f"[{', '.join(x.strip() for x in m.group(1).split(','))}]", text
     )
     return joined + "\n"
+
+
+@output("on-disk-envelope-edited")
+def on_disk_envelope_edited(work: Path) -> str:
+    """``verify`` of a copy of the long run's golden whose envelope.json was edited (its
+    digest re-signed): a width of 3.0 below the golden at step 3, beyond 1 x |loss|."""
+    from pytest_rollout_golden._internal.tolerance.calibration import write
+
+    project = work / "edited"
+    shutil.copytree(long_run(work), project)
+    golden = project / "golden" / "test_long" / "test_long"
+    envelope = json.loads((golden / "envelope.json").read_text())
+    envelope["metrics"]["loss"]["below"][3] = 3.0
+    tolerances = golden / "tolerances.json"
+    kept = json.loads(tolerances.read_text()) if tolerances.exists() else None
+    write(golden, kept, envelope=envelope)
+    text = shown(project, "verify", "golden")
+    first = text.index("\n")
+    return (
+        text[:first] + "    # envelope.json edited: 3.0 below the golden at step 3" + text[first:]
+    )
