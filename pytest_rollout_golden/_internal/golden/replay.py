@@ -47,7 +47,7 @@ from ..report.presentation import (
     stand_in_note,
     unused_tolerance,
 )
-from ..tolerance.envelope import BIAS_MARGIN, Envelope
+from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack, ToleranceUsage
@@ -664,7 +664,10 @@ class Golden:
             if c.kind == "metric" and lane == self._envelope.source and c.tolerance:
                 allowed = c.tolerance.allowance(float(c.expected), c.scale)
                 held.setdefault(c.name, {})[c.step] = allowed
-        source = f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest"
+        source = (
+            f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest, at "
+            f"least {BIAS_FLOOR:g}"
+        )
         for bias in biases(self._envelope, recorded, run, held):
             found.append(checks.bias_comparison(bias, sorted(held[bias.name]), source))
         return found
