@@ -122,3 +122,28 @@ def test_an_unknown_profile_stops_the_run_naming_the_known_ones(project):
     assert "golden_metric_profile: unknown profile 'verl2'; use one of megatron, openrlhf, " in (
         result.stderr.str()
     )
+
+
+def test_a_variant_left_out_of_calibration_fails_saying_it_was_not_calibrated(gate):
+    gate.set_values(mb4=2e-6, mb2=-4e-6)
+    result = gate.run("--golden-calibrate", "2", "-k", "mb8 or mb4")
+    result.assert_outcomes(passed=4, deselected=1)
+
+    gate.set_values(mb4=2e-6, mb2=5e-5)  # inside the defaults, beyond the lane mb4 measured
+    result = gate.run()
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert gate.mismatch_row(result, "actor/grad_norm")["allowed"].endswith(
+        "(calibrated variant lane (tolerances.json))"
+    )
+    assert (
+        "note: test_it.py::test_actor[mb2] was not among the tests calibrated in "
+        "tolerances.json (test_it.py::test_actor[mb4], test_it.py::test_actor[mb8]): "
+    ) in out
+    assert "`pytest --golden-calibrate N` over every variant, this one included" in out
+
+    gate.set_values(mb4=5e-5, mb2=2e-6)  # a calibrated variant fails without the note
+    result = gate.run()
+    result.assert_outcomes(passed=2, failed=1)
+    assert "was not among the tests calibrated" not in result.stdout.str()
+    assert "test_actor[mb4]" in "".join(x for x in result.outlines if x.startswith("FAILED"))

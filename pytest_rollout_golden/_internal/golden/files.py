@@ -226,6 +226,27 @@ class GoldenFiles:
 
         return self.unless_damaged(ENVELOPE, read, None)
 
+    def calibrated_tests(self) -> dict[str, list[str]]:
+        """Per calibrated file that holds a lane across variants (``tolerances.json``,
+        ``envelope.json``), the test ids whose runs calibrated it; a file damaged or
+        unreadable counts as absent (replay has already said so)."""
+        from ..tolerance.envelope import LANES
+
+        lanes = {TOLERANCES: "layout_tolerances", ENVELOPE: LANES["across variants"]}
+        out = {}
+        for filename, key in lanes.items():
+            if filename not in self.recorded:
+                continue
+            try:
+                content = self.load(filename)
+            except GoldenFormatError:
+                continue
+            across = content.get(key) if isinstance(content, dict) else None
+            tests = content.get("how", {}).get("tests")
+            if across and isinstance(tests, list):
+                out[filename] = [str(t) for t in tests]
+        return out
+
     # ------------------------------------------------------------------ the new version
 
     def _transaction(self) -> store.Transaction:

@@ -45,6 +45,7 @@ from ..report.presentation import (
     recorded_lines,
     regenerate_in_lane,
     stand_in_note,
+    uncalibrated_variant_note,
     unused_tolerance,
 )
 from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, Envelope
@@ -723,7 +724,8 @@ class Golden:
 
     def failure_message(self, failures: list[Comparison]) -> str:
         """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`)."""
-        only, notes = self._replay_only, self._stand_in_notes(failures)
+        only = self._replay_only
+        notes = self._stand_in_notes(failures) + self._uncalibrated_notes()
         if only is None:
             return mismatch_message(self._outcome, failures, notes=notes)
         return mismatch_message(
@@ -743,6 +745,18 @@ class Golden:
             )
             for step in steps
         ]
+
+    def _uncalibrated_notes(self) -> list[str]:
+        """A variant that none of the calibrations across variants of this golden ran: a
+        note, so that its failure reads as what it may be."""
+        if self._replay_only is None:
+            return []
+        test = self._outcome.test
+        missed = {f: t for f, t in self._files.calibrated_tests().items() if test not in t}
+        if not missed:
+            return []
+        tests = sorted({t for found in missed.values() for t in found})
+        return [uncalibrated_variant_note(test, " and ".join(missed), tests)]
 
     # ------------------------------------------------------------------ context manager
 

@@ -701,6 +701,18 @@ def cancelled_notes(comparisons: Iterable[Comparison]) -> list[str]:
     ]
 
 
+def uncalibrated_variant_note(test: str, filename: str, tests: Sequence[str]) -> str:
+    """Why a variant's failure may be its own trajectory rather than a defect: no calibration
+    ran it, so the lane across variants in ``filename`` was measured without it."""
+    return (
+        f"{test} was not among the tests calibrated in {filename} ({', '.join(sorted(tests))}): "
+        "the spread across variants was measured without it, and a variant calibration never "
+        "ran can stray further (in bf16 each variant's trajectory drifts its own way). If it "
+        "computes the same math, calibrate it with the others: "
+        "`pytest --golden-calibrate N` over every variant, this one included."
+    )
+
+
 def stand_in_note(
     step: int,
     recorded: Mapping[str, int],
