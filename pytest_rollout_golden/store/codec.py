@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import GoldenFormatError, UnsupportedValueError
+from . import floatbits
 
 
 @dataclasses.dataclass
@@ -182,6 +183,19 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
     return flattener.arrays, flattener.node(value, [])
 
 
+def _non_finite(v: float) -> dict[str, Any]:
+    """The layout node of a non-finite float: its text, and its bits where the text loses
+    them (:mod:`.floatbits`)."""
+    bits = floatbits.python_bits(v)
+    return {"t": "float", "v": repr(v), **({"bits": bits} if bits else {})}
+
+
+def _check_bits(text: Any, dtype: str, path: list[str]) -> None:
+    why = floatbits.problem(text, dtype)
+    if why is not None:
+        raise GoldenFormatError(f"value at {_where(path)}: {why}")
+
+
 class _Flattener:
     """One :func:`flatten` call: the arrays found so far, and the layout node of each value.
 
@@ -207,7 +221,7 @@ class _Flattener:
         if v is None or isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
-            return v if math.isfinite(v) else {"t": "float", "v": repr(v)}
+            return v if math.isfinite(v) else _non_finite(v)
         if is_torch_tensor(v):
             return self.tensor(v, path)
         if (_is_numpy(v, "array") or _is_numpy(v, "scalar")) and v.dtype.kind == "V":
@@ -252,6 +266,9 @@ class _Flattener:
                 f"numpy scalar at {_where(path)} has dtype {v.dtype}, which cannot be "
                 "recorded; convert it to a number or a str"
             )
+        bits = floatbits.numpy_bits(v) if v.dtype.kind == "f" else None
+        if bits is not None:  # v.item() would widen the NaN and lose its bits
+            return {"t": "npscalar", "dtype": v.dtype.str, "v": _non_finite(math.nan), "bits": bits}
         return {"t": "npscalar", "dtype": v.dtype.str, "v": self.node(v.item(), path)}
 
     def tensor(self, v: Any, path: list[str]) -> Any:
@@ -412,6 +429,9 @@ class _Unflattener:
         return decode(self, n, path)
 
     def decode_float(self, n: dict[str, Any], path: list[str]) -> Any:
+        if "bits" in n:
+            _check_bits(n["bits"], "float64", path)
+            return floatbits.python_float(n["bits"])
         return float(n["v"])
 
     def decode_torch(self, n: dict[str, Any], path: list[str]) -> Any:
@@ -431,6 +451,9 @@ class _Unflattener:
     def decode_npscalar(self, n: dict[str, Any], path: list[str]) -> Any:
         import numpy as np
 
+        if "bits" in n:
+            _check_bits(n["bits"], np.dtype(n["dtype"]).name, path)
+            return floatbits.numpy_scalar(n["bits"], n["dtype"])
         return np.array(self.node(n["v"], path), dtype=np.dtype(n["dtype"]))[()]
 
     def decode_bytes(self, n: dict[str, Any], path: list[str]) -> Any:

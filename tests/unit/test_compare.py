@@ -117,8 +117,9 @@ def test_exact_lane_is_bitwise():
     assert ok(NAN, NAN, EXACT)
     payload = torch.tensor([0x7FC1], dtype=torch.int16).view(torch.bfloat16)
     canonical = torch.tensor([0x7FC0], dtype=torch.int16).view(torch.bfloat16)
-    # a NaN matches any NaN, as in metrics.json, which cannot keep a payload (issue 9, item 13)
-    assert ok(payload, payload.clone(), EXACT) and ok(payload, canonical, EXACT)
+    # a NaN matches only its own bits: metrics.json and batches keep a payload and sign
+    assert ok(payload, payload.clone(), EXACT) and not ok(payload, canonical, EXACT)
+    assert ok(payload, canonical) is False and ok(payload, canonical, Tolerance(equal_nan=True))
     assert not ok(payload, torch.zeros_like(payload), EXACT)
     diff = compare_values(torch.zeros(4), torch.tensor([0, 0, -0.0, 0]), EXACT, check_dtype=True)
     assert "Mismatched elements: 1 / 4" in difference_detail(diff)

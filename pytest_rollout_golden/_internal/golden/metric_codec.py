@@ -5,7 +5,9 @@ float64 exactly); a Python int or bool as itself. Anything with another dtype
 or a shape keeps both: ``{"dtype": "float32", "value": 0.25}`` or
 ``{"dtype": "float32", "shape": [2], "values": [0.25, 0.5]}``. Every value of
 float16/bfloat16/float32 is exactly representable as a float64, so nothing is
-lost. NaN and infinities are the strings ``"nan"``, ``"inf"`` and ``"-inf"``.
+lost. NaN and infinities are the strings ``"nan"``, ``"inf"`` and ``"-inf"``; a scalar NaN
+other than the dtype's default one also keeps its bits (payload and sign):
+``{"dtype": "float32", "value": "nan", "bits": "0x7fc00042"}`` (:mod:`~...store.floatbits`).
 
 Metrics as verl logs them: a ``verl.utils.metric.Metric`` (values plus an
 aggregation) is recorded as the number verl reports for it, its
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import UnsupportedValueError
+from ...store import floatbits
 from .results import from_json_number, json_number
 
 _SPECIAL = ("nan", "inf", "-inf")  # how JSON holds non-finite floats (results.json_number)
@@ -64,7 +67,8 @@ def encode(value: Any, *, where: str) -> Any:
     if isinstance(value, bool) or (isinstance(value, int) and -(2**63) <= value < 2**63):
         return value
     if isinstance(value, float):
-        return json_number(value)
+        bits = floatbits.python_bits(value)
+        return json_number(value) if bits is None else _nan_node("float64", bits)
     if isinstance(value, int):
         raise UnsupportedValueError(f"{where}: the integer {value} does not fit in int64")
     torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
@@ -82,21 +86,30 @@ def encode(value: Any, *, where: str) -> Any:
         dtype, shape = str(t.dtype).removeprefix("torch."), list(t.shape)
         flat = t.to("cpu").reshape(-1)
         values = (flat.double() if flat.is_floating_point() else flat).tolist()
+        bits = floatbits.tensor_bits(flat[0]) if not shape and flat.is_floating_point() else None
     elif np is not None and isinstance(value, (np.ndarray, np.generic)):
         if value.dtype.kind not in "biuf" or value.dtype.itemsize > 8:  # e.g. np.longdouble
             raise UnsupportedValueError(f"{where}: numpy dtype {value.dtype} is not a metric")
         dtype, shape = value.dtype.name, list(np.shape(value))
         values = np.asarray(value).reshape(-1).tolist()
+        bits = floatbits.numpy_bits(np.asarray(value)[()]) if not shape else None
     else:
         raise UnsupportedValueError(
             f"{where}: a metric must be a number, a numpy scalar/array or a tensor, "
             f"got {type(value).__name__}"
         )
     if not shape:
+        if bits is not None:
+            return _nan_node(dtype, bits)
         if dtype in ("float64", "int64"):  # indistinguishable from a Python float / int
             return json_number(values[0])
         return {"dtype": dtype, "value": json_number(values[0])}
     return {"dtype": dtype, "shape": shape, "values": [json_number(v) for v in values]}
+
+
+def _nan_node(dtype: str, bits: str) -> dict[str, Any]:
+    """A NaN whose bits ``"nan"`` would lose (:mod:`~...store.floatbits`)."""
+    return {"dtype": dtype, "value": "nan", "bits": bits}
 
 
 def decode(node: Any, *, where: str) -> Any:
@@ -110,6 +123,8 @@ def decode(node: Any, *, where: str) -> Any:
             return torch.tensor(node, dtype=torch.int64)
         if isinstance(node, (float, str)):
             return torch.tensor(float(from_json_number(node)), dtype=torch.float64)
+        if "bits" in node:
+            return floatbits.tensor(node["bits"], node["dtype"])
         dtype = getattr(torch, node["dtype"])
         via = torch.float64 if dtype.is_floating_point else dtype
         if "value" in node:
@@ -123,6 +138,8 @@ def decode(node: Any, *, where: str) -> Any:
 def scalar(node: Any) -> Any:
     """A readable scalar for messages and reports, or ``None`` for arrays."""
     if isinstance(node, dict):
+        if "bits" in node:
+            return float(floatbits.tensor(node["bits"], node["dtype"]).item())
         return from_json_number(node["value"]) if "value" in node else None
     return from_json_number(node)
 
@@ -163,6 +180,10 @@ def problem(node: Any) -> str | None:
     dtype = node.get("dtype")
     if not isinstance(dtype, str) or not _DTYPES.fullmatch(dtype):
         return f"unknown dtype {str(dtype)[:40]!r}"
+    if node.keys() == {"dtype", "value", "bits"}:
+        if node["value"] != "nan":
+            return f"a value with bits must be 'nan', got {str(node['value'])[:40]!r}"
+        return floatbits.problem(node["bits"], dtype)
     if node.keys() == {"dtype", "value"}:
         values = [node["value"]]
     elif node.keys() == {"dtype", "shape", "values"}:

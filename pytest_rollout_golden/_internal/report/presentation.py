@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import REMEDY_UPDATE
+from ...store import floatbits
 from ...store.location import ENVELOPE, MANIFEST, TOLERANCES
 from ..golden.results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
 
@@ -56,7 +57,8 @@ def number(value: Any, digits: int | None = None) -> str:
     """A value in a table cell: floats in full (``repr``) or to ``digits`` significant digits.
 
     ``None`` is ``-``; an array's summary ``{"dtype", "shape"}`` reads ``float32[2, 3]``;
-    non-finite floats read ``nan``, ``inf``, ``-inf``. Expected and actual values are
+    non-finite floats read ``nan``, ``inf``, ``-inf``, a NaN of other bits than
+    ``float("nan")`` ``nan:0x...`` (its float64 bits). Expected and actual values are
     shown in full: rounded, a 1-ulp drift would show two equal numbers.
     """
     if value is None:
@@ -66,6 +68,8 @@ def number(value: Any, digits: int | None = None) -> str:
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy or torch scalar
         value = value.item()
     if isinstance(value, float):
+        if math.isnan(value) and floatbits.python_bits(value):  # the bits tell NaNs apart
+            return f"nan:{floatbits.python_bits(value)}"
         return repr(value) if digits is None or not math.isfinite(value) else f"{value:.{digits}g}"
     return str(value)
 

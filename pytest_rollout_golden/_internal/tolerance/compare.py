@@ -589,10 +589,8 @@ def _any_chunk(
     equal = (diff == 0) if integral else a == e
     e_abs = e.abs()
     allowed: Any = 0.0
-    if same_bits is not None:  # the exact lane also catches -0.0 vs 0.0...
-        # ...but a NaN matches any NaN: metrics.json cannot keep a NaN's sign and
-        # payload, and metrics and tensors follow one rule
-        ok = same_bits | both_nan
+    if same_bits is not None:  # the exact lane: -0.0 is not 0.0, a NaN only its own bits
+        ok = same_bits
     else:
         allowed = lane.allowed(e_abs)
         # An infinity matches only itself: inf - x <= rtol * inf would let +inf pass as
