@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import sys
 import types
@@ -313,3 +314,24 @@ def test_a_code_running_dump_never_runs_without_trust_pickle(tmp_path, capsys, l
     assert not (tmp_path / "golden").exists()
     import_(tmp_path / "dump", tmp_path / "golden", "--trust-pickle")  # the control: it is real
     assert marker.exists()
+
+
+def test_nan_payloads_in_meta_info_and_non_tensor_fields_import_bit_for_bit(
+    tmp_path, fake_tensordict
+):
+    import struct
+
+    payload = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000123))[0]
+    marker = np.array(0x7FC00042, dtype=np.uint32).view(np.float32)[()]
+    batch = dataproto(2)
+    batch.meta_info.update({"skipped": payload, "score": marker, "neg": -math.nan})
+    batch.non_tensor_batch["score"] = np.array([marker, np.float32(0.5)], dtype=object)
+    (tmp_path / "dump" / "2").mkdir(parents=True)
+    with open(tmp_path / "dump" / "2" / "gen_batch.dp", "wb") as f:
+        pickle.dump(batch, f)
+    assert import_(tmp_path / "dump", tmp_path / "golden", "--trust-pickle") == 0
+    back = replay(tmp_path / "golden", 2)
+    bits = [struct.pack("<d", back.meta_info[k]) for k in ("skipped", "neg")]
+    assert bits == [struct.pack("<d", payload), struct.pack("<d", -math.nan)]
+    for got in (back.meta_info["score"], back.non_tensor_batch["score"][0]):
+        assert type(got) is np.float32 and np.array(got).view(np.uint32) == 0x7FC00042
