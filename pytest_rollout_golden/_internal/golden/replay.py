@@ -53,7 +53,7 @@ from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bou
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack, ToleranceUsage
 from ..tolerance.trends import TrendBounds, call_trends, evaluate
-from . import checks, metric_codec
+from . import checks, keyed, metric_codec
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .lanes import LaneSetting
@@ -347,6 +347,39 @@ class Golden:
             )
         self._note_derived(name, step, batch)
         return batch if device is None else checks.to_device(batch, device)
+
+    @user_facing
+    def rollout_samples(
+        self,
+        generate: Callable[[], Iterable[Any]],
+        *,
+        key: Callable[[Any], Any],
+        step: int = 0,
+        name: str = "rollout",
+        order: str = "key",
+        device: Any = None,
+    ) -> list[Any]:
+        """The samples of rollout ``name`` at ``step``, whatever order they completed in.
+
+        ``generate()`` returns or yields the samples as the engine finished them (an
+        asynchronous engine, an agent loop); ``key(sample)`` says what identifies one: a
+        str, an int or a tuple of them (prompt uid, sample index, turn, policy version).
+        Recording and replay return the samples sorted by key, so the training step sees
+        the same batch whatever order the engine finished in; ``order="recorded"`` returns
+        the completion order of the recording. A sample is any value ``rollout`` stores
+        (messages, tool calls, token ids, per-turn loss masks), returned bit for bit.
+        Otherwise as :meth:`rollout`.
+        """
+        keyed.check_order(order)
+        checks.require_generator(generate, name)
+        where = f"rollout {name!r} at step {step}"
+        stored = self.rollout(
+            lambda: keyed.collect(generate(), key, where), step=step, name=name, device=device
+        )
+        try:
+            return keyed.ordered(stored, order, where, keyed.REMEDY)
+        except ValueError as exc:
+            raise GoldenError(str(exc)) from None
 
     @user_facing
     def check(
