@@ -47,6 +47,7 @@ from .losses import (
 )
 from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
 from .mismatch import check_mismatch_metrics
+from .rollouts import check_group_diversity, check_token_ids_kept
 
 __all__ = [
     "IS_METRICS",
@@ -54,6 +55,7 @@ __all__ = [
     "check_advantages",
     "check_cispo",
     "check_gae",
+    "check_group_diversity",
     "check_is_weights",
     "check_kl_penalty",
     "check_linear_in_advantages",
@@ -67,5 +69,6 @@ __all__ = [
     "check_rollout_corr_metrics",
     "check_rs_mask",
     "check_split_invariance",
+    "check_token_ids_kept",
     "check_zero_advantage",
 ]
