@@ -41,7 +41,7 @@ def test_duplicate_keys_are_refused_naming_both_samples():
     ],
 )
 def test_a_stored_value_that_is_not_keyed_samples_is_refused_with_the_remedy(stored):
-    with pytest.raises(ValueError, match="not golden.rollout_samples.*the remedy"):
+    with pytest.raises(ValueError, match=r"not golden\.rollout_samples.*the remedy"):
         keyed.ordered(stored, "key", "rollout 'r' at step 0", "the remedy")
 
 
