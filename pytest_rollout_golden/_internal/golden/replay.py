@@ -59,6 +59,7 @@ from .inputs import RolloutInputs, stand_in_marks
 from .lanes import LaneSetting
 from .modes import ModePolicy, ReplayOnly
 from .results import Comparison, Mode, Outcome, Verdict
+from .scores import per_sample as scores_of
 
 _WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
 
@@ -420,6 +421,30 @@ class Golden:
         self._note_loosened(results)
         self._outcome.comparisons.extend(results)
         return results
+
+    @user_facing
+    def check_scores(
+        self,
+        scores: Any,
+        *,
+        step: int = 0,
+        ids: Sequence[Any] | None = None,
+        name: str = "reward",
+        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | None = None,
+    ) -> list[Comparison]:
+        """Record or compare the scores a reward model or verifier gave this step's samples.
+
+        ``scores``: one per sample (a 1-D tensor, array or list); ``ids``: what names each
+        sample (default its index). Each score is the metric ``<name>/<id>``, so a failure
+        names the samples whose score moved, and a tolerance or a same-math variant (scoring
+        in other batch sizes: ``same_math([16, 4, 1])``) applies to all of them. Otherwise as
+        :meth:`check`.
+        """
+        try:
+            metrics = scores_of(scores, ids, name)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{exc} (name={name!r}, step={step})") from None
+        return self.check(metrics, step=step, tolerances=tolerances)
 
     @user_facing
     def check_mismatch(
