@@ -21,6 +21,7 @@ from ..report.presentation import (
     TREND_KIND,
     bias_beyond,
     difference_detail,
+    optimizer_entry_extra,
     trend_beyond,
     typo_hint,
 )
@@ -267,7 +268,13 @@ def tensor_comparison(
 
 
 def dropped_tensors(
-    name: str, dropped: Iterable[str], *, step: int, rank: int | None, micro: int | None
+    name: str,
+    dropped: Iterable[str],
+    *,
+    step: int,
+    rank: int | None,
+    micro: int | None,
+    detail: str = f"recorded but not passed to check_tensors in this run; {DROPPED}",
 ) -> list[Comparison]:
     """A missing comparison per recorded tensor not passed to ``check_tensors(name)``."""
     return [
@@ -278,10 +285,29 @@ def dropped_tensors(
             kind="tensor",
             rank=rank,
             micro=micro,
-            detail=f"recorded but not passed to check_tensors in this run; {DROPPED}",
+            detail=detail,
         )
-        for tensor_name in dropped
+        for tensor_name in sorted(dropped)
     ]
+
+
+def extra_optimizer_entry(
+    label: str, recorded: Iterable[str], *, step: int, rank: int | None, micro: int | None
+) -> Comparison:
+    """The failure of optimizer state entry ``label`` (``optimizer/<parameter>/<entry>``)
+    that the recorded state does not hold; ``recorded``: the recorded tensors' names
+    (``<parameter>/<entry>``)."""
+    parameter = label.split("/", 1)[1].rsplit("/", 1)[0]
+    entries = [t.rsplit("/", 1)[1] for t in recorded if t.rsplit("/", 1)[0] == parameter]
+    return Comparison(
+        label,
+        step,
+        Verdict.FAIL,
+        kind="tensor",
+        rank=rank,
+        micro=micro,
+        detail=optimizer_entry_extra(entries),
+    )
 
 
 def unchecked_metrics(

@@ -432,6 +432,22 @@ def never_recorded_tensors(name: str, step: int, steps: list[int] | None, remedy
     return f"step {step} was never recorded ({listing}); {remedy}"
 
 
+OPTIMIZER_ENTRY_ABSENT = (
+    "recorded in the optimizer state but absent from it in this run (a state not saved, or "
+    f"not restored at resume?); {DROPPED}"
+)
+
+
+def optimizer_entry_extra(recorded: Iterable[str]) -> str:
+    """Why an optimizer state entry the recorded state does not hold fails (``recorded``:
+    the entries recorded for its parameter)."""
+    listing = ", ".join(sorted(recorded)) or "none"
+    return (
+        f"not in the recorded optimizer state (entries recorded for this parameter: "
+        f"{listing}); if the optimizer changed on purpose, {REMEDY_UPDATE}"
+    )
+
+
 def missing_input(
     what: str,
     step: int,
@@ -648,6 +664,8 @@ def _detailed_failures(failures: list[Comparison]) -> list[str]:
             located += [d for d in rest if d not in located]
         elif c.verdict == Verdict.FAIL and c.kind in SERIES_KINDS:
             lines += c.detail.splitlines()
+        elif c.verdict == Verdict.FAIL and c.detail and c.tolerance is None and c.kind == "tensor":
+            lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")  # nothing compared
         elif c.verdict == Verdict.FAIL and c.detail:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
             lines += ["    " + d for d in c.detail.splitlines()]
