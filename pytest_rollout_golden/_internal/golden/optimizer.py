@@ -35,9 +35,10 @@ def optimizer_state(
     ``{parameter name: fp32 tensor}`` kept outside the optimizer, added as the entry
     ``master_weight``.
 
-    Entries holding ``None`` (SGD without momentum) are left out; numbers become 0-d
-    tensors; DTensors are gathered (``full_tensor()``), so that every layout records the
-    same tensors. Raises TypeError or ValueError naming what cannot be named.
+    The tensors are copies, taken now (the optimizer updates its state in place). Entries
+    holding ``None`` (SGD without momentum) are left out; numbers become 0-d tensors;
+    DTensors are gathered (``full_tensor()``), so that every layout records the same
+    tensors. Raises TypeError or ValueError naming what cannot be named.
     """
     if isinstance(optimizer, Mapping) and {"state", "param_groups"} <= optimizer.keys():
         named = _from_state_dict(optimizer, model)
@@ -144,7 +145,8 @@ def _named_parameters(model: Any) -> Iterable[tuple[str, Any]]:
 
 
 def _full(value: Any, label: str) -> Any:
-    """``value`` as a whole tensor: a DTensor gathered, a number as a 0-d tensor."""
+    """A copy of ``value`` as a whole tensor (the optimizer updates its state in place):
+    a DTensor gathered, a number as a 0-d tensor."""
     import torch
 
     if isinstance(value, (bool, int, float)):
@@ -152,4 +154,4 @@ def _full(value: Any, label: str) -> Any:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"optimizer state {label!r}: expected a tensor or a number, got {value!r}")
     full_tensor = getattr(value, "full_tensor", None)  # a DTensor
-    return (full_tensor() if callable(full_tensor) else value).detach()
+    return full_tensor().detach() if callable(full_tensor) else value.detach().clone()
