@@ -21,6 +21,7 @@ from tiny_rl import TrainConfig, generate_rollout, make_trainer, ppo_step
 from pytest_rollout_golden import optimizer_state, save_batch
 
 
+# --8<-- [start:train]
 def train(
     start: int,
     stop: int,
@@ -42,7 +43,7 @@ def train(
     records = {}
     for step in range(start, stop):
         batch = generate_rollout(step=step)  # rollouts of the initial policy: the same every run
-        metrics = ppo_step(model, ref, optimizer, batch, TrainConfig(lr=lr))
+        metrics = ppo_step(model, ref, optimizer, batch, TrainConfig())
         records[f"step{step}"] = {
             "metrics": metrics,
             "optimizer": optimizer_state(optimizer, model),
@@ -50,6 +51,9 @@ def train(
     if save is not None:  # the user's own save
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, save)
     return records
+
+
+# --8<-- [end:train]
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ fails at the first step after it, naming the optimizer state."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -45,5 +46,5 @@ def test_a_resume_that_resets_the_moments_fails_at_the_first_step_after_it(proje
     for name in ("embed", "mix", "head"):
         assert f"tensor 'optimizer/{name}/exp_avg' (step 3)" in out
         assert f"tensor 'optimizer/{name}/exp_avg_sq' (step 3)" in out
-    assert "\n  optimizer/embed/step  3 " in out
+    assert re.search(r"\n  optimizer/embed/step +3 +4\.0 +1\.0 ", out)  # the count restarted
     assert not any(f"  {m}  3 " in out for m in ("pg_loss", "kl", "entropy", "grad_norm"))

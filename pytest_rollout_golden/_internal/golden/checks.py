@@ -32,7 +32,7 @@ from ..tolerance.stack import Resolver, ToleranceUsage
 from ..tolerance.trends import TrendCheck
 from . import metric_codec
 from .modes import ModePolicy
-from .results import Comparison, Verdict
+from .results import Comparison, Verdict, json_number
 
 # ---------------------------------------------------------------------- arguments
 
@@ -504,7 +504,11 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
 
 
 def summary(value: Any) -> dict[str, Any]:
-    return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+    """A tensor's shape and dtype for reports; a 0-d tensor's value too (a step count)."""
+    out = {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+    if not out["shape"] and hasattr(value, "item"):
+        out["value"] = json_number(value.item())
+    return out
 
 
 def to_device(batch: Any, device: Any) -> Any:

@@ -55,12 +55,15 @@ _ROWS_SHOWN = 30  # rows beyond tolerance printed per golden and table; --json h
 def number(value: Any, digits: int | None = None) -> str:
     """A value in a table cell: floats in full (``repr``) or to ``digits`` significant digits.
 
-    ``None`` is ``-``; an array's summary ``{"dtype", "shape"}`` reads ``float32[2, 3]``;
-    non-finite floats read ``nan``, ``inf``, ``-inf``. Expected and actual values are
+    ``None`` is ``-``; an array's summary ``{"dtype", "shape"}`` reads ``float32[2, 3]``
+    (a 0-d array's, with its ``value``: that value); non-finite floats read ``nan``,
+    ``inf``, ``-inf``. Expected and actual values are
     shown in full: rounded, a 1-ulp drift would show two equal numbers.
     """
     if value is None:
         return "-"
+    if isinstance(value, dict) and "value" in value:
+        return number(value["value"], digits)
     if isinstance(value, dict):
         return f"{value.get('dtype')}{value.get('shape')}"
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy or torch scalar
