@@ -130,3 +130,18 @@ def test_optimizer_entries_resolve_to_their_families(name, rtol, atol, scale):
     tol, source = Stack().resolver().resolve(name, ("float32",))
     assert (tol.rtol, tol.atol, tol.scale) == (rtol, atol, scale)
     assert "built-in default" in source
+
+
+def test_an_empty_state_is_refused_unless_the_golden_holds_that_step(tmp_path):
+    from pytest_rollout_golden import Golden, GoldenMismatch
+
+    model, opt = trained(steps=0)
+    empty = r"step 0: the optimizer holds no state.*after optimizer"
+    with pytest.raises(ValueError, match=empty), Golden(tmp_path) as golden:
+        golden.check_optimizer(opt, step=0, model=model)
+    model, opt = trained(steps=1)
+    with Golden(tmp_path) as golden:
+        golden.check_optimizer(opt, step=0, model=model)
+    model, opt = trained(steps=0)  # the state was never restored: every entry is missing
+    with pytest.raises(GoldenMismatch, match=r"12 of 12 checks failed"), Golden(tmp_path) as g:
+        g.check_optimizer(opt, step=0, model=model)

@@ -517,6 +517,14 @@ class Golden:
         checks.step_key(step)
         tensors = flat(optimizer_state(optimizer, model, master_weights=master_weights))
         self._open()
+        if (
+            not tensors
+            and tensors_filename(OPTIMIZER, step, None, None) not in self._files.recorded
+        ):
+            raise ValueError(
+                f"check_optimizer at step {step}: the optimizer holds no state to record; "
+                "call it after optimizer.step()"
+            )
         return self._check_tensor_file(
             OPTIMIZER, tensors, {}, step=step, rank=None, micro=None, whole_state=True
         )
