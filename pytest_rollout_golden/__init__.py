@@ -24,6 +24,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._internal.golden.determinism import deterministic, fingerprint
+    from ._internal.golden.optimizer import optimizer_state
     from ._internal.golden.replay import Golden
     from ._internal.golden.variants import same_math
     from .store import load_batch, save_batch
@@ -37,6 +38,7 @@ _LAZY = {
     "deterministic": "_internal.golden.determinism",
     "fingerprint": "_internal.golden.determinism",
     "Golden": "_internal.golden.replay",
+    "optimizer_state": "_internal.golden.optimizer",
     "RolloutBatch": "store.codec",
     "same_math": "_internal.golden.variants",
 }
@@ -61,6 +63,7 @@ __all__ = [
     "deterministic",
     "fingerprint",
     "load_batch",
+    "optimizer_state",
     "same_math",
     "save_batch",
 ]

@@ -519,3 +519,106 @@ def on_disk_envelope_edited(work: Path) -> str:
     return (
         text[:first] + "    # envelope.json edited: 3.0 below the golden at step 3" + text[first:]
     )
+
+
+# ------------------------------------------------------- docs/guide/optimizer-and-resume.md
+
+OPTIMIZER_TEST = """\
+import torch
+
+
+def test_train(golden):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, amsgrad=AMSGRAD)
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    for step in range(3):
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 1:
+            optimizer.state[model[0].weight]["exp_avg"] *= SCALE
+        golden.check_optimizer(optimizer, step=step, model=model)
+AMSGRAD, SCALE = False, 1.0
+"""
+
+
+def optimizer_project(work: Path) -> Path:
+    """A recorded three-step AdamW test (``OPTIMIZER_TEST``)."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test = work / "test_optimizer.py"
+    test.write_text(OPTIMIZER_TEST)
+    run_pytest(work)
+    return test
+
+
+@output("optimizer-mismatch")
+def optimizer_mismatch(work: Path) -> str:
+    """The first moment of one parameter scaled by 1.001 after step 1."""
+    test = optimizer_project(work)
+    test.write_text(OPTIMIZER_TEST.replace("SCALE = False, 1.0", "SCALE = False, 1.001"))
+    return failure(run_pytest(work))
+
+
+@output("optimizer-entries")
+def optimizer_entries(work: Path) -> str:
+    """AMSGrad switched on after the recording: an entry the recorded state does not hold."""
+    test = optimizer_project(work)
+    test.write_text(OPTIMIZER_TEST.replace("SCALE = False, 1.0", "SCALE = True, 1.0"))
+    lines = failure(run_pytest(work)).splitlines()
+    return "\n".join([lines[0], *[line for line in lines if line.startswith("tensor")][:2]]) + "\n"
+
+
+@output("resume-forget-optimizer")
+def resume_forget_optimizer(work: Path) -> str:
+    """examples/test_resume_golden.py's known bug against its committed golden, run as a
+    failure (``--runxfail``): the headline, the first rows and the first tensor."""
+    for name in ("tiny_rl.py", "resume_rl.py", "test_resume_golden.py"):
+        shutil.copy(ROOT / "examples" / name, work / name)
+    golden = "golden/examples/test_resume_golden"
+    shutil.copytree(ROOT / golden, work / "golden" / "test_resume_golden")
+    (work / "pytest.ini").write_text("[pytest]\n")
+    text = run_pytest(work, "test_resume_golden.py", "-k", "forget", "--runxfail")
+    lines = failure(text).splitlines()
+    tensor = next(i for i, line in enumerate(lines) if line.startswith("tensor '"))
+    return "\n".join([*lines[:6], "  ...", *lines[tensor : tensor + 4], "..."]) + "\n"
+
+
+@output("resume-metrics-only")
+def resume_metrics_only(work: Path) -> str:
+    """How many steps after a resume that forgets the optimizer a metrics-only gate fails:
+    examples/resume_rl.py (checkpoint after step 2, resumed at step 3), its metrics recorded
+    by the uninterrupted run and replayed at the built-in defaults, per learning rate and
+    run length. The checkpoint round trip runs in this process: the defect is the forgotten
+    optimizer, not the process."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from resume_rl import train
+
+    from pytest_rollout_golden import Golden, GoldenMismatch, Mode
+
+    def first_failure(records: dict, directory: Path, steps: int, mode: Mode) -> str:
+        try:
+            with Golden(directory, mode=mode) as golden:
+                for step in range(steps):
+                    golden.check(records[f"step{step}"]["metrics"], step=step)
+        except GoldenMismatch as mismatch:
+            return str(mismatch).splitlines()[0]
+        return ""
+
+    rows = ["lr     steps  metrics alone first fail at"]
+    for steps in (6, 40):
+        for lr in (1e-2, 1e-3, 1e-4):
+            checkpoint = work / f"checkpoint-{lr}-{steps}.pt"
+            straight = train(0, steps, lr=lr)
+            first = train(0, 3, save=checkpoint, lr=lr)
+            rest = train(3, steps, resume=checkpoint, forget_optimizer=True, lr=lr)
+            directory = work / f"golden-{lr}-{steps}"
+            first_failure(straight, directory, steps, Mode.AUTO)
+            headline = first_failure({**first, **rest}, directory, steps, Mode.STRICT)
+            found = re.match(r"golden mismatch: first divergence at step (\d+): ([^;]+)", headline)
+            where = f"step {found[1]} ({found[2]})" if found else f"never in {steps} steps"
+            rows.append(f"{lr:<6.0e} {steps:<6} {where}")
+    return "\n".join(rows) + "\n"

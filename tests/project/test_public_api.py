@@ -13,7 +13,7 @@ PUBLIC = {
         "GoldenMissingError", "GoldenNaNWarning", "GoldenNotFetchedError",
         "GoldenToleranceWarning", "Mode", "Outcome", "RolloutBatch", "Tolerance",
         "UnsupportedValueError", "Verdict", "deterministic", "fingerprint", "load_batch",
-        "same_math", "save_batch",
+        "optimizer_state", "same_math", "save_batch",
     ],
     "pytest_rollout_golden.store": ["load_batch", "save_batch"],
     "pytest_rollout_golden.dumps": ["flatten"],

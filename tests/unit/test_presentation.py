@@ -538,3 +538,14 @@ def test_a_trend_failure_reads_as_a_trend_not_as_the_first_divergence():
     document = grown.to_json()
     assert document["bound"] == 2.0 and Comparison.from_json(document) == grown
     assert "bound" not in drift.to_json() and Comparison.from_json(drift.to_json()) == drift
+
+
+def test_a_zero_dim_tensor_reads_as_its_value_in_a_table():
+    import torch
+
+    from pytest_rollout_golden._internal.golden.checks import summary
+    from pytest_rollout_golden._internal.report.presentation import number
+
+    assert number(summary(torch.tensor(4.0))) == "4.0"
+    assert number(summary(torch.tensor(float("inf")))) == "inf"
+    assert number(summary(torch.zeros(2, 3))) == "float32[2, 3]"

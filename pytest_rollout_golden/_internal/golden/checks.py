@@ -21,6 +21,7 @@ from ..report.presentation import (
     TREND_KIND,
     bias_beyond,
     difference_detail,
+    optimizer_entry_extra,
     trend_beyond,
     typo_hint,
 )
@@ -31,7 +32,7 @@ from ..tolerance.stack import Resolver, ToleranceUsage
 from ..tolerance.trends import TrendCheck
 from . import metric_codec
 from .modes import ModePolicy
-from .results import Comparison, Verdict
+from .results import Comparison, Verdict, json_number
 
 # ---------------------------------------------------------------------- arguments
 
@@ -267,7 +268,13 @@ def tensor_comparison(
 
 
 def dropped_tensors(
-    name: str, dropped: Iterable[str], *, step: int, rank: int | None, micro: int | None
+    name: str,
+    dropped: Iterable[str],
+    *,
+    step: int,
+    rank: int | None,
+    micro: int | None,
+    detail: str = f"recorded but not passed to check_tensors in this run; {DROPPED}",
 ) -> list[Comparison]:
     """A missing comparison per recorded tensor not passed to ``check_tensors(name)``."""
     return [
@@ -278,10 +285,29 @@ def dropped_tensors(
             kind="tensor",
             rank=rank,
             micro=micro,
-            detail=f"recorded but not passed to check_tensors in this run; {DROPPED}",
+            detail=detail,
         )
-        for tensor_name in dropped
+        for tensor_name in sorted(dropped)
     ]
+
+
+def extra_optimizer_entry(
+    label: str, recorded: Iterable[str], *, step: int, rank: int | None, micro: int | None
+) -> Comparison:
+    """The failure of optimizer state entry ``label`` (``optimizer/<parameter>/<entry>``)
+    that the recorded state does not hold; ``recorded``: the recorded tensors' names
+    (``<parameter>/<entry>``)."""
+    parameter = label.split("/", 1)[1].rsplit("/", 1)[0]
+    entries = [t.rsplit("/", 1)[1] for t in recorded if t.rsplit("/", 1)[0] == parameter]
+    return Comparison(
+        label,
+        step,
+        Verdict.FAIL,
+        kind="tensor",
+        rank=rank,
+        micro=micro,
+        detail=optimizer_entry_extra(entries),
+    )
 
 
 def unchecked_metrics(
@@ -478,7 +504,11 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
 
 
 def summary(value: Any) -> dict[str, Any]:
-    return {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+    """A tensor's shape and dtype for reports; a 0-d tensor's value too (a step count)."""
+    out = {"shape": list(getattr(value, "shape", ())), "dtype": dtype_name(value)}
+    if not out["shape"] and hasattr(value, "item"):
+        out["value"] = json_number(value.item())
+    return out
 
 
 def to_device(batch: Any, device: Any) -> Any:

@@ -31,6 +31,7 @@ from ...errors import (
 from ...store.location import ENVELOPE, TOLERANCES, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
+    OPTIMIZER_ENTRY_ABSENT,
     derived_fields_note,
     input_outside_base_lane,
     lane_missing,
@@ -62,6 +63,7 @@ from .results import Comparison, Mode, Outcome, Verdict
 from .scores import per_sample as scores_of
 
 _WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
+OPTIMIZER = "optimizer"  # the tensors name of check_optimizer: optimizer/<parameter>/<entry>
 
 
 class UpdateRegistry(Protocol):
@@ -543,12 +545,69 @@ class Golden:
         tensor, how many positions its mask selected (``masked`` in the file's manifest
         entry), so that ``rollout-golden diff`` can say it compares padding too.
         """
-        key = checks.step_key(step)
+        checks.step_key(step)
         self._open()
         masks = checks.tensor_masks(name, tensors, mask)
-        if key in self._rollouts.not_recorded:
+        return self._check_tensor_file(name, tensors, masks, step=step, rank=rank, micro=micro)
+
+    @user_facing
+    def check_optimizer(
+        self,
+        optimizer: Any,
+        *,
+        step: int = 0,
+        model: Any = None,
+        master_weights: Mapping[str, Any] | None = None,
+    ) -> list[Comparison]:
+        """Record or compare the optimizer's state at ``step`` by parameter name, as tensors
+        ``optimizer/<parameter>/<entry>`` (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``;
+        SGD's ``momentum_buffer``; whatever else the state holds).
+
+        ``optimizer``, ``model`` and ``master_weights`` are those of
+        :func:`~pytest_rollout_golden.optimizer_state` (a ``torch.optim`` optimizer, its
+        ``state_dict()`` or an already named state; FSDP2's DTensor state is gathered, so
+        every rank calls this). The recorded state is the whole state: an entry it holds
+        and this run lacks is missing, an entry this run adds fails (neither is recorded
+        except under ``--update-golden``). Moments are compared against their largest
+        recorded element (the built-in ``optimizer/*`` tolerances); the step count exactly.
+        """
+        from .optimizer import flat, optimizer_state
+
+        checks.step_key(step)
+        tensors = flat(optimizer_state(optimizer, model, master_weights=master_weights))
+        self._open()
+        if (
+            not tensors
+            and tensors_filename(OPTIMIZER, step, None, None) not in self._files.recorded
+        ):
+            raise ValueError(
+                f"check_optimizer at step {step}: the optimizer holds no state to record; "
+                "call it after optimizer.step()"
+            )
+        return self._check_tensor_file(
+            OPTIMIZER, tensors, {}, step=step, rank=None, micro=None, whole_state=True
+        )
+
+    def _check_tensor_file(
+        self,
+        name: str,
+        tensors: Mapping[str, Any],
+        masks: Mapping[str, Any],
+        *,
+        step: int,
+        rank: int | None,
+        micro: int | None,
+        whole_state: bool = False,
+    ) -> list[Comparison]:
+        """Compare or stage one tensors file (``check_tensors``, ``check_optimizer``).
+
+        ``whole_state``: the recorded file is the complete set (an optimizer's state), so
+        a tensor it lacks fails instead of being recorded beside the others, and one it
+        holds that this run lacks is missing, with the optimizer's wording.
+        """
+        if str(step) in self._rollouts.not_recorded:
             return self._not_compared([f"{name}/{t}" for t in tensors], step, kind="tensor")
-        filename = tensors_filename(name, int(key), rank, micro)
+        filename = tensors_filename(name, step, rank, micro)
         checks.require_first_call(
             name, filename in self._touched, step=step, rank=rank, micro=micro
         )
@@ -558,13 +617,18 @@ class Golden:
         where = {"step": step, "rank": rank, "micro": micro}
         never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
         checker = checks.Checker(self._resolver, self.policy, self._usage, never_recorded)
+        closed = whole_state and old_info is not None and not self.policy.rerecords
         results = []
         for tensor_name, value in tensors.items():
             recorded, selected = old.get(tensor_name), masks.get(tensor_name)
             label = f"{name}/{tensor_name}"
+            if closed and recorded is None:
+                results.append(checks.extra_optimizer_entry(label, old, **where))
+                continue
             results.append(checker.tensor(label, recorded, value, mask=selected, **where))
         if self.policy.reports_unchecked:
-            results += checks.dropped_tensors(name, old.keys() - tensors.keys(), **where)
+            absent = {"detail": OPTIMIZER_ENTRY_ABSENT} if whole_state else {}
+            results += checks.dropped_tensors(name, old.keys() - tensors.keys(), **where, **absent)
         staged = checks.staged_tensors(old, tensors, results, self.policy)
         if staged is not None:
             counts = checks.mask_counts(masks, staged)

@@ -56,13 +56,16 @@ _ROWS_SHOWN = 30  # rows beyond tolerance printed per golden and table; --json h
 def number(value: Any, digits: int | None = None) -> str:
     """A value in a table cell: floats in full (``repr``) or to ``digits`` significant digits.
 
-    ``None`` is ``-``; an array's summary ``{"dtype", "shape"}`` reads ``float32[2, 3]``;
-    non-finite floats read ``nan``, ``inf``, ``-inf``, a NaN of other bits than
-    ``float("nan")`` ``nan:0x...`` (its float64 bits). Expected and actual values are
+    ``None`` is ``-``; an array's summary ``{"dtype", "shape"}`` reads ``float32[2, 3]``
+    (a 0-d array's, with its ``value``: that value); non-finite floats read ``nan``,
+    ``inf``, ``-inf``, a NaN of other bits than ``float("nan")`` ``nan:0x...`` (its float64
+    bits). Expected and actual values are
     shown in full: rounded, a 1-ulp drift would show two equal numbers.
     """
     if value is None:
         return "-"
+    if isinstance(value, dict) and "value" in value:
+        return number(value["value"], digits)
     if isinstance(value, dict):
         return f"{value.get('dtype')}{value.get('shape')}"
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy or torch scalar
@@ -436,6 +439,22 @@ def never_recorded_tensors(name: str, step: int, steps: list[int] | None, remedy
     return f"step {step} was never recorded ({listing}); {remedy}"
 
 
+OPTIMIZER_ENTRY_ABSENT = (
+    "recorded in the optimizer state but absent from it in this run (a state not saved, or "
+    f"not restored at resume?); {DROPPED}"
+)
+
+
+def optimizer_entry_extra(recorded: Iterable[str]) -> str:
+    """Why an optimizer state entry the recorded state does not hold fails (``recorded``:
+    the entries recorded for its parameter)."""
+    listing = ", ".join(sorted(recorded)) or "none"
+    return (
+        f"not in the recorded optimizer state (entries recorded for this parameter: "
+        f"{listing}); if the optimizer changed on purpose, {REMEDY_UPDATE}"
+    )
+
+
 def missing_input(
     what: str,
     step: int,
@@ -652,6 +671,8 @@ def _detailed_failures(failures: list[Comparison]) -> list[str]:
             located += [d for d in rest if d not in located]
         elif c.verdict == Verdict.FAIL and c.kind in SERIES_KINDS:
             lines += c.detail.splitlines()
+        elif c.verdict == Verdict.FAIL and c.detail and c.tolerance is None and c.kind == "tensor":
+            lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")  # nothing compared
         elif c.verdict == Verdict.FAIL and c.detail:
             lines.append(f"{c.kind} {c.name!r} ({where(c)}), allowed {allowed(c)}:")
             lines += ["    " + d for d in c.detail.splitlines()]

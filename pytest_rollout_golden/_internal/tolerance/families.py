@@ -57,6 +57,17 @@ MISMATCH = Tolerance(rtol=1e-4, atol=2e-5, scale=RECORDED)
 # Per-token tensors, compared normwise: every element against the tensor's largest
 # recorded magnitude, as the error of a reduction is bounded by the size of its terms.
 PER_TOKEN = Tolerance(rtol=1e-4, atol=1e-6, scale=RECORDED)
+# Optimizer moments (golden.check_optimizer: optimizer/<parameter>/<entry>), compared
+# normwise like the gradients they average: every element against the tensor's largest
+# recorded element. The first moment (Adam's exp_avg, SGD's momentum_buffer) is a positive
+# combination of gradients and carries their relative noise: grad_norm's rtol. The second,
+# exp_avg_sq, averages squared gradients: d(g^2) = 2 g dg, twice the relative noise, so
+# twice the rtol. No absolute floor: exp_avg_sq of gradients of 1e-3 is ~1e-9 after the
+# first step, below any floor that would not also pass moments reset to zero.
+MOMENT = Tolerance(rtol=1e-4, atol=0.0, scale=RECORDED)
+SECOND_MOMENT = Tolerance(rtol=2e-4, atol=0.0, scale=RECORDED)
+# Counts kept as floats (Adam's step): one step more or less is a defect, never noise.
+COUNT = Tolerance(rtol=0.0, atol=0.0)
 # A name no family claims: a training value computed in float32 at best, whatever type
 # carries it (a Python float is not a float64 computation).
 TRAINING = Tolerance(rtol=1e-4, atol=1e-8, scale=RECORDED)
@@ -69,6 +80,9 @@ FAMILIES: dict[str, Tolerance] = {
     "fraction": FRACTION,
     "mismatch": MISMATCH,
     "per_token": PER_TOKEN,
+    "moment": MOMENT,
+    "second_moment": SECOND_MOMENT,
+    "count": COUNT,
     "training": TRAINING,
 }
 
@@ -76,6 +90,9 @@ BUILTIN_NAMES: dict[str, str] = {
     # first: the first matching glob of a layer answers
     "mismatch/*fraction": "fraction",
     "mismatch/*": "mismatch",
+    **dict.fromkeys(["optimizer/*/exp_avg", "optimizer/*/momentum_buffer"], "moment"),
+    **dict.fromkeys(["optimizer/*/exp_avg_sq", "optimizer/*/max_exp_avg_sq"], "second_moment"),
+    "optimizer/*/step": "count",
     **dict.fromkeys(
         [
             "pg_loss",
