@@ -150,6 +150,30 @@ def test_roll_gae_defect_is_found():
         run()
 
 
+def test_roll_gae_is_found_on_a_batch_of_masked_values():
+    # ROLL stores the masked values in its batch, so the batch's padding holds zeros there;
+    # its GAE still reads the critic's output at the padding column.
+    batch = {
+        "token_level_rewards": torch.tensor([[1.0, 0.0]], dtype=torch.float64),
+        "values": torch.tensor([[0.0, 0.0]], dtype=torch.float64),
+        "response_mask": torch.tensor([[True, False]]),
+    }
+    with finds("gae.unmasked_values") as caught:
+        invariants.check_gae(fw.roll_gae_defect, batch, gamma=1.0, lam=0.95)
+    assert "(b=0, t=0)" in str(caught.value)
+    assert "critic" in str(caught.value)
+
+
+def test_roll_gae_defect_is_found_without_garbage_in_the_batch():
+    @hunt
+    @given(value_batches(holes=False, padding="right", garbage=False))
+    def run(batch):
+        invariants.check_gae(fw.roll_gae_defect, batch, gamma=1.0, lam=0.95)
+
+    with finds("gae.unmasked_values"):
+        run()
+
+
 def test_slime_gae_steps_through_masked_tokens():
     # One row [valid, masked, valid]: slime steps through the middle token with its value.
     batch = {
