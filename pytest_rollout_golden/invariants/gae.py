@@ -20,6 +20,7 @@ from .comparison import (
     fmt,
     garbage_padding,
     holds_garbage,
+    positions,
     reference_lines,
     refill_padding,
     refilled_lines,
@@ -29,6 +30,7 @@ from .comparison import (
     token_tensor,
     unit_roundoff,
     valid_mask,
+    versus,
 )
 
 __all__ = ["check_gae"]
@@ -213,19 +215,28 @@ def _unmasked_values(run: _GAERun) -> None:
         return  # the padding already holds values: reference agreement judged them
     probe = {**run.batch, "values": garbage_padding(values, run.steps)}
     again, again_returns = _call(run.fn, probe, run.whiten)
+    advantage_moved = run.tolerance.exceeded(again, run.advantages)
     moved = run.steps & (
-        run.tolerance.exceeded(again, run.advantages)
-        | run.returns_tolerance.exceeded(again_returns, run.returns)
+        advantage_moved | run.returns_tolerance.exceeded(again_returns, run.returns)
     )
-    if bool(moved.any()):
+    lines = []
+    for b, t in positions(moved):
+        what, got, before = (
+            ("advantage", again, run.advantages)
+            if advantage_moved[b, t]
+            else ("return", again_returns, run.returns)
+        )
+        pair = versus("with padding values", float(got[b, t]), "with zeros", float(before[b, t]))
+        lines.append(f"(b={b}, t={t}): {what} {pair}")
+    if lines:
         fail(
             "gae.unmasked_values",
-            "the critic's values off the valid tokens (zero in this batch, given values from "
-            "-2 to 3 here, as a critic outputs at every position) changed valid advantages or "
-            "returns: the values reach the recursion unmasked, and the value after the last "
-            "valid token is bootstrapped from padding (ROLL's compute_gae_advantage_return "
-            "gets the unmasked values): mask the values first",
-            refilled_lines(moved, again, run.advantages),
+            "giving the critic's values on padding (zero in this batch; a critic outputs a "
+            "value at every position) changed valid advantages or returns: the values reach "
+            "the recursion unmasked and the value after the last valid token is bootstrapped "
+            "from padding (as ROLL's compute_gae_advantage_return gets them): mask the values "
+            "first",
+            lines,
         )
 
 

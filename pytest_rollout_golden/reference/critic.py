@@ -24,7 +24,7 @@ def value_token_losses(
     values: Tensor,
     returns: Tensor,
     *,
-    cliprange_value: float | None = 0.2,
+    cliprange_value: float | None = 0.5,
 ) -> tuple[Tensor, Tensor]:
     """Per-token value loss ``½·max((v - R)², (v_clip - R)²)`` and a bool flag: the clipped
     term is strictly the larger (the token's gradient is then zero).
@@ -46,7 +46,7 @@ def value_loss(
     returns: Tensor,
     response_mask: Tensor,
     *,
-    cliprange_value: float | None = 0.2,
+    cliprange_value: float | None = 0.5,
     agg_mode: AggMode = "token-mean",
     global_tokens: int | Tensor | None = None,
     global_seqs: int | Tensor | None = None,
