@@ -3,6 +3,8 @@ rejection sampling, IS weights, whitening): correct ones pass, known defects are
 
 from __future__ import annotations
 
+import functools
+
 import frameworks as fw
 import guarded
 import pytest
@@ -172,6 +174,27 @@ def test_roll_gae_defect_is_found_without_garbage_in_the_batch():
 
     with finds("gae.unmasked_values"):
         run()
+
+
+GAE_ON_ZEROS = {
+    "roll-masked-values": (fw.roll_gae, {"holes": False}, {}),
+    "areal": (fw.areal_gae, {}, {}),
+    "slime-steps": (fw.slime_gae, {"hole_values": True}, {"masked_tokens": "step"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GAE_ON_ZEROS))
+def test_gae_that_masks_its_values_passes_on_zero_padding(name):
+    # gae.unmasked_values gives the padding values only where the batch holds zeros there.
+    fn, draw, check = GAE_ON_ZEROS[name]
+
+    @passes(100)
+    @given(value_batches(garbage=False, dtype=DTYPES, **draw), st.sampled_from([0.9, 1.0]))
+    def run(batch, gamma):
+        gae = functools.partial(fn, gamma=gamma, lam=0.95)
+        invariants.check_gae(gae, batch, gamma=gamma, lam=0.95, **check)
+
+    run()
 
 
 def test_slime_gae_steps_through_masked_tokens():
