@@ -26,6 +26,7 @@ from .reference.masking import as_bool_mask
 
 __all__ = [
     "GRID",
+    "critic_batches",
     "is_thresholds",
     "kl_batches",
     "register_profiles",
@@ -453,6 +454,55 @@ def value_batches(
             last = draw(st.lists(st.integers(-16, 16), min_size=size, max_size=size))
             last_values = torch.tensor(last, dtype=torch.float64).div(8)
             out["last_values"] = last_values.to(frame.float_dtype)
+        return out
+
+    return build()
+
+
+def critic_batches(
+    *,
+    min_batch: int = 1,
+    max_batch: int = 6,
+    max_len: int = 10,
+    dtype: torch.dtype | Sequence[torch.dtype] = torch.float64,
+    mask_dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    padding: Literal["right", "left", "either"] = "either",
+    allow_empty_rows: bool = True,
+    garbage: bool = True,
+) -> st.SearchStrategy[dict[str, torch.Tensor]]:
+    """Inputs of a value loss: ``vpreds`` (the critic's new predictions), ``values`` (the
+    rollout critic's, which the clip range is centred on), ``returns`` and ``response_mask``
+    (``[B, T]``).
+
+    ``values`` and ``returns`` are multiples of 1/8 in ``[-2, 2]``; ``vpreds`` is ``values``
+    plus a multiple of 1/16 in ``[-1, 1]``, so that a clip range of 0.1 to 0.5 has tokens
+    inside and outside it, on both sides of the return. Padding holds garbage in every float
+    field (zeros with ``garbage=False``).
+    """
+    if not 1 <= min_batch <= max_batch:
+        raise ValueError(f"need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
+    sizes = st.integers(min_batch, max_batch)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+        frame = _draw_frame(draw, dtype, mask_dtype, sizes, 1, max_len, padding)
+        lengths = _draw_lengths(draw, frame, allow_empty_rows)
+        if sum(lengths) == 0:
+            lengths[0] = 1
+        mask = _padding_mask(lengths, frame.width, frame.side)
+        count = sum(lengths)
+        values = torch.tensor(_draw_ints(draw, -16, 16, count), dtype=torch.float64) / 8
+        offsets = torch.tensor(_draw_ints(draw, -16, 16, count), dtype=torch.float64) / 16
+        returns = torch.tensor(_draw_ints(draw, -16, 16, count), dtype=torch.float64) / 8
+        scale = draw(st.integers(1, 1000)) / 4 if garbage else 0.0
+        out = {}
+        for field, (key, valid) in enumerate(
+            {"vpreds": values + offsets, "values": values, "returns": returns}.items()
+        ):
+            full = _junk(frame.size, frame.width, scale, field)
+            full[mask] = valid
+            out[key] = full.to(frame.float_dtype)
+        out["response_mask"] = mask.to(frame.mask_type)
         return out
 
     return build()

@@ -32,6 +32,7 @@ sequence-level IS weight over 12 tokens is only known to a few percent).
 
 from .advantages import check_advantages
 from .correction import check_is_weights, check_rs_mask
+from .critic import check_value_loss
 from .gae import check_gae
 from .kl import check_kl_penalty
 from .losses import (
@@ -70,5 +71,6 @@ __all__ = [
     "check_rs_mask",
     "check_split_invariance",
     "check_token_ids_kept",
+    "check_value_loss",
     "check_zero_advantage",
 ]

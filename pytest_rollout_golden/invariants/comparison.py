@@ -27,6 +27,8 @@ TOKEN_FLOATS = (
     "token_level_rewards",
     "values",
     "is_weights",
+    "vpreds",
+    "returns",
 )
 
 GUARD_RTOL = 4e-6

@@ -18,6 +18,9 @@ from .comparison import (
     f64,
     fail,
     fmt,
+    garbage_padding,
+    holds_garbage,
+    positions,
     reference_lines,
     refill_padding,
     refilled_lines,
@@ -27,6 +30,7 @@ from .comparison import (
     token_tensor,
     unit_roundoff,
     valid_mask,
+    versus,
 )
 
 __all__ = ["check_gae"]
@@ -202,10 +206,45 @@ def _padding_independence(run: _GAERun) -> None:
         )
 
 
+def _unmasked_values(run: _GAERun) -> None:
+    """A critic outputs a value at every position, so a batch whose values are zero off the
+    steps (values masked when stored) hides a GAE that reads them unmasked: give those
+    positions values and require the same advantages and returns."""
+    values = run.batch["values"]
+    if holds_garbage(values, run.steps):
+        return  # the padding already holds values: reference agreement judged them
+    probe = {**run.batch, "values": garbage_padding(values, run.steps)}
+    again, again_returns = _call(run.fn, probe, run.whiten)
+    advantage_moved = run.tolerance.exceeded(again, run.advantages)
+    moved = run.steps & (
+        advantage_moved | run.returns_tolerance.exceeded(again_returns, run.returns)
+    )
+    lines = []
+    for b, t in positions(moved):
+        what, got, before = (
+            ("advantage", again, run.advantages)
+            if advantage_moved[b, t]
+            else ("return", again_returns, run.returns)
+        )
+        pair = versus("with padding values", float(got[b, t]), "with zeros", float(before[b, t]))
+        lines.append(f"(b={b}, t={t}): {what} {pair}")
+    if lines:
+        fail(
+            "gae.unmasked_values",
+            "giving the critic's values on padding (zero in this batch; a critic outputs a "
+            "value at every position) changed valid advantages or returns: the values reach "
+            "the recursion unmasked and the value after the last valid token is bootstrapped "
+            "from padding (as ROLL's compute_gae_advantage_return gets them): mask the values "
+            "first",
+            lines,
+        )
+
+
 _INVARIANTS: tuple[Callable[[_GAERun], None], ...] = (
     _reference_agreement,
     _returns,
     _padding_independence,
+    _unmasked_values,
 )
 """The invariants of :func:`check_gae`, in the order they are judged."""
 
@@ -241,6 +280,10 @@ def check_gae(
     * ``gae.returns``: ``returns = A + V`` with the advantages before whitening;
     * ``gae.padding_independence``: other garbage on padding and masked tokens changes no
       valid advantage or return;
+    * ``gae.unmasked_values``: when the batch's values are zero on padding (and masked
+      tokens), values put there change no valid advantage or return: a critic outputs a
+      value at every position, and a GAE fed them unmasked (ROLL) bootstraps the padding
+      value into the last valid token;
     * ``gae.whiten_single_token``: whitening a batch with one valid token gives a finite
       value (NeMo-RL's unbiased variance divides by ``n - 1 = 0``).
 

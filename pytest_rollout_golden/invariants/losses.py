@@ -16,7 +16,6 @@ from ..reference.losses import AggMode, RatioLevel, policy_loss, sequence_log_ra
 from ..reference.masking import masked_mean
 from .comparison import (
     GUARD_RTOL,
-    TOKEN_FLOATS,
     Batch,
     accepts,
     accumulation_roundoff,
@@ -24,11 +23,9 @@ from .comparison import (
     digits_to_separate,
     f64,
     fail,
-    first_item,
     fmt,
     garbage_padding,
     holds_garbage,
-    padding_hint,
     positions,
     refill_padding,
     replace_valid,
@@ -36,6 +33,18 @@ from .comparison import (
     unit_roundoff,
     valid_mask,
     versus,
+)
+from .evaluation import (
+    Evaluation,
+    LossTolerance,
+    SplitRun,
+    as_float64,
+    compare_losses,
+    grad_lines,
+    gradient,
+    leaf_batch,
+    scalar_loss,
+    split_invariance,
 )
 
 __all__ = [
@@ -51,251 +60,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- loss evaluation
-
-
-def _leaf_batch(batch: Batch) -> tuple[dict[str, Any], Tensor]:
-    """A shallow copy of the batch whose ``log_probs`` is a fresh leaf requiring grad."""
-    leaf = batch["log_probs"].detach().clone().requires_grad_(True)
-    out = dict(batch)
-    out["log_probs"] = leaf
-    return out, leaf
-
-
-def _scalar(name: str, output: Any) -> Tensor:
-    value = first_item(output)
-    if not isinstance(value, Tensor):
-        value = torch.as_tensor(value, dtype=torch.float64)
-    if value.numel() != 1:
-        fail(f"{name}.shape", f"the loss must be a scalar, got shape {tuple(value.shape)}")
-    return value.reshape(())
-
-
-def _grad(loss: Tensor, leaf: Tensor) -> Tensor:
-    if not loss.requires_grad:
-        return torch.zeros_like(leaf, dtype=torch.float64)
-    (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
-    return torch.zeros_like(leaf, dtype=torch.float64) if grad is None else f64(grad)
-
-
-def _loss_kwargs(
-    loss_fn: Callable[..., Any], global_tokens: int, global_seqs: int, **extra: Any
-) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"global_tokens": global_tokens, "global_seqs": global_seqs}
-    for key, value in extra.items():
-        if accepts(loss_fn, key):
-            kwargs[key] = value
-    return kwargs
-
-
-class _Evaluation:
-    """Loss value and gradient w.r.t. ``log_probs`` (both float64) of one loss call."""
-
-    def __init__(self, name: str, loss_fn: Callable[..., Any], batch: Batch, **extra: Any):
-        extra.setdefault("n_micro_batches", 1)  # the whole batch in one piece
-        global_tokens, global_seqs = batch_counts(batch)
-        full, leaf = _leaf_batch(batch)
-        loss = _scalar(
-            name, loss_fn(full, **_loss_kwargs(loss_fn, global_tokens, global_seqs, **extra))
-        )
-        self.dtype = loss.dtype
-        self.value = float(loss.detach())
-        self.grad = _grad(loss, leaf)
-        if not math.isfinite(self.value):
-            fail(f"{name}.finite", f"the loss is {self.value}{padding_hint(batch)}")
-        if not bool(torch.isfinite(self.grad).all()):
-            bad = ~torch.isfinite(self.grad)
-            fail(
-                f"{name}.finite",
-                f"non-finite gradient entries{padding_hint(batch)}",
-                [f"(b={b}, t={t}): {fmt(float(self.grad[b, t]))}" for b, t in positions(bad)],
-            )
-
-
-class _LossTolerance:
-    """How far two ways of computing the same loss may differ, in value and per-token gradient.
-
-    Default rule: rounding, ``8·(eps·(2 + pieces) + eps_acc·n)`` relative to the size of the
-    loss (``|L|`` plus the magnitudes of its per-token terms, bounded by ``Σ|∇L|`` times the
-    largest token value), plus :data:`GUARD_RTOL` for epsilon guards in denominators.
-    Gradients: ``8·eps + GUARD_RTOL`` relative plus rounding of the largest entry. The user's
-    ``rtol`` replaces the relative part of both, ``atol`` the absolute part.
-    """
-
-    def __init__(
-        self,
-        batch: Batch,
-        dtypes: Sequence[torch.dtype],
-        reference: _Evaluation,
-        pieces: int = 1,
-        rtol: float | None = None,
-        atol: float | None = None,
-    ):
-        eps = unit_roundoff(batch["log_probs"].dtype, *dtypes)
-        acc = accumulation_roundoff(eps)
-        valid = valid_mask(batch)
-        n = int(valid.sum())
-        magnitude = 1.0
-        for key in TOKEN_FLOATS:
-            if key in batch and bool(valid.any()):
-                magnitude = max(magnitude, 1.0 + float(f64(batch[key])[valid].abs().max()))
-        rounding = 8 * (eps * (2 + pieces) + acc * n)
-        self.value_scale = abs(reference.value) + float(reference.grad.abs().sum()) * magnitude
-        self.value = resolve_tolerance(rounding + GUARD_RTOL, 1e-300, rtol, atol)
-        grad_atol = 8 * (eps + acc * n) * float(reference.grad.abs().max()) + 1e-300
-        self.grad = resolve_tolerance(8 * eps + GUARD_RTOL, grad_atol, rtol, atol)
-
-    def value_close(self, a: float, b: float) -> bool:
-        return not self.value.exceeded(a, b, self.value_scale)
-
-    def grad_off(self, a: Tensor, b: Tensor) -> Tensor:
-        return self.grad.exceeded(a, b)
-
-
-def _grad_lines(
-    off: Tensor, got: Tensor, expected: Tensor, got_name: str, expected_name: str
-) -> list[str]:
-    return [
-        f"(b={b}, t={t}): "
-        + versus(got_name, float(got[b, t]), expected_name, float(expected[b, t]))
-        for b, t in positions(off)
-    ]
-
-
-def _compare(
-    invariant: str,
-    what: str,
-    tolerance: _LossTolerance,
-    got: _Evaluation | tuple[float, Tensor],
-    expected: _Evaluation,
-    *,
-    got_name: str,
-    expected_name: str,
-    details: Sequence[str] = (),
-    grad_mask: Tensor | None = None,
-) -> None:
-    value, grad = (got.value, got.grad) if isinstance(got, _Evaluation) else got
-    if not tolerance.value_close(value, expected.value):
-        ratio = f", ratio {value / expected.value:.6g}" if expected.value else ""
-        fail(
-            invariant,
-            f"{what}: loss {versus(got_name, value, expected_name, expected.value)}{ratio}",
-            details,
-        )
-    off = tolerance.grad_off(grad, expected.grad)
-    if grad_mask is not None:
-        off &= grad_mask
-    if bool(off.any()):
-        fail(
-            f"{invariant}.gradient",
-            f"{what}: gradients w.r.t. log_probs differ at {int(off.sum())} positions",
-            list(details) + _grad_lines(off, grad, expected.grad, got_name, expected_name),
-        )
-
-
-# --------------------------------------------------------------------------- split / DP
-
-
-class _SplitRun:
-    """The full-batch loss of a split-invariance check, the row partitions (per scheme, per
-    rank, the micro-batches' rows) and the counts every piece is called with."""
-
-    def __init__(
-        self,
-        loss_fn: Callable[..., Any],
-        batch: Batch,
-        *,
-        n_splits: int,
-        dp_size: int,
-        grad_reduce: Literal["mean", "sum"],
-        rtol: float | None,
-        atol: float | None,
-    ):
-        self.loss_fn, self.batch, self.n_splits, self.dp_size = loss_fn, batch, n_splits, dp_size
-        self.grad_reduce, self.rtol, self.atol = grad_reduce, rtol, atol
-        self.global_tokens, self.global_seqs = batch_counts(batch)
-        self.full = _Evaluation("split_invariance", loss_fn, batch, dp_size=1)
-        mask = batch["response_mask"]
-        shards = parallel.dp_shards(parallel.batch_size(batch), dp_size)
-        self.schemes: dict[str, list[list[list[int]]]] = {}
-        for shard in shards:
-            local = parallel.micro_batch_splits(mask[shard], n_splits) if shard else {}
-            for name in ("by_count", "by_token_budget", "interleaved"):
-                pieces = [[shard[i] for i in piece] for piece in local.get(name, [])]
-                self.schemes.setdefault(name, []).append(pieces)
-        self.row_tokens = parallel.token_counts(mask)
-
-    def summed_pieces(self, ranks: list[list[list[int]]]) -> tuple[Tensor, Tensor, list[str]]:
-        """What the ranks back-propagate, reduced as the all-reduce does; its gradient; one
-        line per piece."""
-        work, leaf = _leaf_batch(self.batch)
-        total: Tensor | float = 0.0
-        lines = []
-        for rank, pieces in enumerate(ranks):
-            for rows in pieces:
-                kwargs = _loss_kwargs(
-                    self.loss_fn,
-                    self.global_tokens,
-                    self.global_seqs,
-                    dp_size=self.dp_size,
-                    n_micro_batches=len(pieces),
-                )
-                piece = _scalar(
-                    "split_invariance", self.loss_fn(parallel.select_rows(work, rows), **kwargs)
-                )
-                total = total + piece
-                where = f"rank {rank} " if self.dp_size > 1 else ""
-                lines.append(
-                    f"{where}rows {rows} ({sum(self.row_tokens[r] for r in rows)} valid tokens): "
-                    f"loss {fmt(float(piece.detach()))}"
-                )
-        if self.grad_reduce == "mean":
-            total = total / self.dp_size
-        total_t = torch.as_tensor(total)
-        return total_t, _grad(total_t, leaf), lines
-
-    def dp_hints(self, value: float) -> list[str]:
-        """Name a ratio of ``1/dp_size`` or ``1/dp_size²`` to the full batch."""
-        dp_size, full = self.dp_size, self.full.value
-        hints = []
-        if dp_size > 1 and full and abs(value / full * dp_size**2 - 1) < 1e-6:
-            hints.append("ratio is 1/dp_size²: the DP normalizer looks applied twice")
-        if dp_size > 1 and full and abs(value / full * dp_size - 1) < 1e-6:
-            hints.append(
-                "ratio is 1/dp_size: the loss is not multiplied by dp_size before the "
-                "mean all-reduce"
-            )
-        return hints
-
-
-def _split_invariance(run: _SplitRun) -> None:
-    """Every partition scheme in turn: the summed pieces against the full batch."""
-    for name, ranks in run.schemes.items():
-        total, grad, lines = run.summed_pieces(ranks)
-        got = (float(total.detach()), grad)
-        tolerance = _LossTolerance(
-            run.batch,
-            [run.full.dtype, total.dtype],
-            run.full,
-            pieces=len(lines),
-            rtol=run.rtol,
-            atol=run.atol,
-        )
-        layout = f"{run.dp_size} DP ranks × " if run.dp_size > 1 else ""
-        what = f"{layout}{run.n_splits} micro-batches split {name}"
-        _compare(
-            "split_invariance",
-            what,
-            tolerance,
-            got,
-            run.full,
-            got_name="summed pieces",
-            expected_name="full batch",
-            details=lines + run.dp_hints(got[0]),
-        )
-
-
-_SPLIT_INVARIANTS: tuple[Callable[[_SplitRun], None], ...] = (_split_invariance,)
+_SPLIT_INVARIANTS: tuple[Callable[[SplitRun], None], ...] = (split_invariance,)
 """The invariants of :func:`check_split_invariance` (its value and ``.gradient`` parts are
 judged together, scheme by scheme)."""
 
@@ -339,7 +104,7 @@ def check_split_invariance(
         )
     if grad_reduce not in ("mean", "sum"):
         raise ValueError(f"grad_reduce must be 'mean' or 'sum', got {grad_reduce!r}")
-    run = _SplitRun(
+    run = SplitRun(
         loss_fn,
         batch,
         n_splits=n_splits,
@@ -365,20 +130,20 @@ def check_permutation_invariance(
     """Reordering the rows (reversed, rotated by one) changes neither the loss nor the gradient
     of each token. Invariants: ``permutation_invariance`` (value), ``….gradient``."""
     size = parallel.batch_size(batch)
-    base = _Evaluation("permutation_invariance", loss_fn, batch)
+    base = Evaluation("permutation_invariance", loss_fn, batch)
     orders = {"reversed": list(range(size))[::-1], "rotated": [*range(1, size), 0]}
     for name, order in orders.items():
         if order == list(range(size)):
             continue
-        moved = _Evaluation("permutation_invariance", loss_fn, parallel.select_rows(batch, order))
+        moved = Evaluation("permutation_invariance", loss_fn, parallel.select_rows(batch, order))
         device = moved.grad.device
         inverse = torch.empty(size, dtype=torch.long, device=device)
         inverse[torch.tensor(order, device=device)] = torch.arange(size, device=device)
         got = (moved.value, moved.grad[inverse])
-        _compare(
+        compare_losses(
             "permutation_invariance",
             f"rows {name} (order {order})",
-            _LossTolerance(batch, [base.dtype, moved.dtype], base, rtol=rtol, atol=atol),
+            LossTolerance(batch, [base.dtype, moved.dtype], base, rtol=rtol, atol=atol),
             got,
             base,
             got_name="permuted",
@@ -404,7 +169,7 @@ def check_padding_invariance(
     is *not* padding invariant by definition; give it a fixed ``loss_scale_factor``.
     Invariants: ``padding_invariance`` (value), ``….gradient``, ``….padding_gradient``.
     """
-    base = _Evaluation("padding_invariance", loss_fn, batch)
+    base = Evaluation("padding_invariance", loss_fn, batch)
     valid = valid_mask(batch)
     leaked = ~valid & (base.grad != 0)
     if bool(leaked.any()):
@@ -413,9 +178,9 @@ def check_padding_invariance(
             "padding positions have a non-zero gradient",
             [f"(b={b}, t={t}): {fmt(float(base.grad[b, t]))}" for b, t in positions(leaked)],
         )
-    refilled = _Evaluation("padding_invariance", loss_fn, refill_padding(batch))
-    tolerance = _LossTolerance(batch, [base.dtype, refilled.dtype], base, rtol=rtol, atol=atol)
-    _compare(
+    refilled = Evaluation("padding_invariance", loss_fn, refill_padding(batch))
+    tolerance = LossTolerance(batch, [base.dtype, refilled.dtype], base, rtol=rtol, atol=atol)
+    compare_losses(
         "padding_invariance",
         "other garbage in the padding positions",
         tolerance,
@@ -431,7 +196,7 @@ def check_padding_invariance(
             value = batch[key]
             zeros = value.new_zeros((value.shape[0], extra))
             wider[key] = torch.cat([zeros, value] if side == "left" else [value, zeros], dim=-1)
-    widened = _Evaluation("padding_invariance", loss_fn, wider)
+    widened = Evaluation("padding_invariance", loss_fn, wider)
     keep = slice(extra, None) if side == "left" else slice(0, valid.shape[-1])
     extra_cols = slice(0, extra) if side == "left" else slice(valid.shape[-1], None)
     leaked = widened.grad[:, extra_cols] != 0
@@ -441,10 +206,10 @@ def check_padding_invariance(
             f"{extra} extra padding columns on the {side} get a non-zero gradient",
             [f"(b={b}, extra column {t})" for b, t in positions(leaked)],
         )
-    _compare(
+    compare_losses(
         "padding_invariance",
         f"{extra} extra garbage padding columns on the {side}",
-        _LossTolerance(batch, [base.dtype, widened.dtype], base, rtol=rtol, atol=atol),
+        LossTolerance(batch, [base.dtype, widened.dtype], base, rtol=rtol, atol=atol),
         (widened.value, widened.grad[:, keep]),
         base,
         got_name="wider",
@@ -470,21 +235,21 @@ def check_packing_invariance(
     the packed call are scattered back to ``[B, T]`` and compared.
     Invariants: ``packing_invariance`` (value), ``….gradient``.
     """
-    padded = _Evaluation("packing_invariance", padded_loss_fn, batch)
+    padded = Evaluation("packing_invariance", padded_loss_fn, batch)
     global_tokens, global_seqs = batch_counts(batch)
     packed, cu_seqlens = parallel.pack(batch)
-    work, leaf = _leaf_batch(packed)
-    loss = _scalar(
+    work, leaf = leaf_batch(packed)
+    loss = scalar_loss(
         "packing_invariance",
         packed_loss_fn(
             work, cu_seqlens=cu_seqlens, global_tokens=global_tokens, global_seqs=global_seqs
         ),
     )
-    grad = parallel.unpack(_grad(loss, leaf), cu_seqlens, batch["response_mask"])
-    _compare(
+    grad = parallel.unpack(gradient(loss, leaf), cu_seqlens, batch["response_mask"])
+    compare_losses(
         "packing_invariance",
         f"packed into {int(cu_seqlens[-1])} tokens with cu_seqlens={cu_seqlens.tolist()}",
-        _LossTolerance(batch, [padded.dtype, loss.dtype], padded, pieces=2, rtol=rtol, atol=atol),
+        LossTolerance(batch, [padded.dtype, loss.dtype], padded, pieces=2, rtol=rtol, atol=atol),
         (float(loss.detach()), grad),
         padded,
         got_name="packed",
@@ -524,7 +289,7 @@ class _ClipRun:
         self.high = self.low if settings.clip_ratio_high is None else settings.clip_ratio_high
         self.work = dict(batch)
         self.work["rollout_log_probs"] = batch["old_log_probs"].clone()
-        self.result = _Evaluation(self.name, loss_fn, self.work)
+        self.result = Evaluation(self.name, loss_fn, self.work)
         self.grad = self.result.grad
         self.valid = valid_mask(batch)
         self.eps = unit_roundoff(batch["log_probs"].dtype, self.result.dtype)
@@ -577,11 +342,11 @@ class _ClipRun:
             counts = {"global_tokens": global_tokens, "global_seqs": global_seqs}
             return policy_loss(*inputs, **counts, **options)[0]
 
-        expected = _Evaluation(self.name, reference, _as_float64(self.work))
-        tolerance = _LossTolerance(
+        expected = Evaluation(self.name, reference, as_float64(self.work))
+        tolerance = LossTolerance(
             self.batch, [self.result.dtype], expected, rtol=settings.rtol, atol=settings.atol
         )
-        _compare(
+        compare_losses(
             f"{self.name}.reference_agreement",
             what,
             tolerance,
@@ -591,13 +356,6 @@ class _ClipRun:
             expected_name="reference",
             grad_mask=~self.near,
         )
-
-
-def _as_float64(batch: Batch) -> dict[str, Any]:
-    return {
-        k: f64(v) if isinstance(v, Tensor) and v.is_floating_point() else v
-        for k, v in batch.items()
-    }
 
 
 # --------------------------------------------------------------------------- PPO clip
@@ -787,9 +545,9 @@ def check_ppo_reduces_to_reinforce(
       log-prob form ``-A·log π`` has the same gradient but a different value).
     """
     work = _on_policy(batch)
-    ppo = _Evaluation("ppo_reduces_to_reinforce", ppo_loss_fn, work)
-    reinforce = _Evaluation("ppo_reduces_to_reinforce", reinforce_loss_fn, work)
-    tolerance = _LossTolerance(
+    ppo = Evaluation("ppo_reduces_to_reinforce", ppo_loss_fn, work)
+    reinforce = Evaluation("ppo_reduces_to_reinforce", reinforce_loss_fn, work)
+    tolerance = LossTolerance(
         batch, [ppo.dtype, reinforce.dtype], reinforce, pieces=2, rtol=rtol, atol=atol
     )
     off = tolerance.grad_off(ppo.grad, reinforce.grad)
@@ -798,7 +556,7 @@ def check_ppo_reduces_to_reinforce(
             "ppo_reduces_to_reinforce.gradient",
             "at ratio 1 the PPO gradient differs from the REINFORCE gradient at "
             f"{int(off.sum())} positions",
-            _grad_lines(off, ppo.grad, reinforce.grad, "ppo", "reinforce"),
+            grad_lines(off, ppo.grad, reinforce.grad, "ppo", "reinforce"),
         )
     surrogate = float(reinforce.grad.sum())
     if not tolerance.value_close(ppo.value, surrogate):
@@ -830,7 +588,7 @@ def check_zero_advantage(
     before masking. Invariants: ``zero_advantage`` (value), ``zero_advantage.gradient``."""
     advantages = garbage_padding(batch["advantages"], valid_mask(batch))
     zeroed = _with_advantages({**batch, "advantages": advantages}, torch.zeros_like(advantages))
-    result = _Evaluation("zero_advantage", loss_fn, zeroed)
+    result = Evaluation("zero_advantage", loss_fn, zeroed)
     eps = unit_roundoff(batch["log_probs"].dtype, result.dtype)
     tolerance = resolve_tolerance(0.0, 16 * eps, rtol, atol)
     if tolerance.exceeded(result.value, 0.0):
@@ -865,19 +623,19 @@ def check_linear_in_advantages(
     two keep the scaling exact. Invariants: ``linear_in_advantages.homogeneity``,
     ``linear_in_advantages.additivity`` (and ``.gradient`` variants).
     """
-    base = _Evaluation("linear_in_advantages", loss_fn, batch)
+    base = Evaluation("linear_in_advantages", loss_fn, batch)
     advantages = batch["advantages"]
     for scale in scales:
         if scale <= 0:
             raise ValueError(f"scales must be > 0 (got {scale}); use additive=True for negation")
-        scaled = _Evaluation(
+        scaled = Evaluation(
             "linear_in_advantages", loss_fn, _with_advantages(batch, advantages * scale)
         )
         expected = (base.value * scale, base.grad * scale)
-        _compare(
+        compare_losses(
             "linear_in_advantages.homogeneity",
             f"advantages × {scale}",
-            _LossTolerance(batch, [base.dtype, scaled.dtype], scaled, rtol=rtol, atol=atol),
+            LossTolerance(batch, [base.dtype, scaled.dtype], scaled, rtol=rtol, atol=atol),
             expected,
             scaled,
             got_name=f"{scale} × L(A)",
@@ -892,18 +650,18 @@ def check_linear_in_advantages(
         "L(A + A') = L(A) + L(A')": (advantages + other, other),
     }
     for what, (combined_adv, second) in pairs.items():
-        combined = _Evaluation(
+        combined = Evaluation(
             "linear_in_advantages", loss_fn, _with_advantages(batch, combined_adv)
         )
         if second is None:
             expected = (-base.value, -base.grad)
         else:
-            part = _Evaluation("linear_in_advantages", loss_fn, _with_advantages(batch, second))
+            part = Evaluation("linear_in_advantages", loss_fn, _with_advantages(batch, second))
             expected = (base.value + part.value, base.grad + part.grad)
-        _compare(
+        compare_losses(
             "linear_in_advantages.additivity",
             what,
-            _LossTolerance(
+            LossTolerance(
                 batch, [base.dtype, combined.dtype], combined, pieces=2, rtol=rtol, atol=atol
             ),
             expected,

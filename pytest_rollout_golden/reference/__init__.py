@@ -1,4 +1,4 @@
-"""Reference numerics for rollout correction, policy losses and group advantages.
+"""Reference numerics for rollout correction, policy and value losses and advantages.
 
 Pure torch, device-agnostic, computed in the dtype of the inputs (float64, float32, bf16).
 The formulas are restated in ``docs/numerics.md``. Metrics come back as plain dicts of
@@ -43,6 +43,7 @@ from .correction import (
     safe_log_ratio,
     token_divergence,
 )
+from .critic import value_loss, value_token_losses
 from .losses import (
     AGG_MODES,
     K3_BOUND,
@@ -133,4 +134,6 @@ __all__ = [
     "sequence_scores",
     "token_divergence",
     "valid_rows",
+    "value_loss",
+    "value_token_losses",
 ]

@@ -622,3 +622,62 @@ def resume_metrics_only(work: Path) -> str:
             where = f"step {found[1]} ({found[2]})" if found else f"never in {steps} steps"
             rows.append(f"{lr:<6.0e} {steps:<6} {where}")
     return "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------- docs/numerics.md
+
+
+def checker_failure(check: Callable[[], None]) -> str:
+    """The message of the AssertionError a checker raises."""
+    try:
+        check()
+    except AssertionError as error:
+        return f"{error}\n"
+    raise AssertionError("the checker passed")
+
+
+@output("gae-unmasked-values")
+def gae_unmasked_values(work: Path) -> str:
+    """``check_gae`` on a GAE fed the critic's values unmasked (ROLL), over the issue's row
+    stored with its values masked (0 in the padding column)."""
+    import torch
+
+    from pytest_rollout_golden import invariants
+
+    def roll_gae(rewards, values, mask):
+        rewards, advantages, running = rewards * mask, torch.zeros_like(values), 0.0
+        for t in reversed(range(values.shape[-1])):
+            next_value = values[:, t + 1] if t + 1 < values.shape[-1] else 0.0
+            running = rewards[:, t] + next_value - values[:, t] + 0.95 * running
+            advantages[:, t] = running
+        return advantages, advantages + values
+
+    batch = {
+        "token_level_rewards": torch.tensor([[1.0, 0.0]], dtype=torch.float64),
+        "values": torch.tensor([[0.0, 0.0]], dtype=torch.float64),
+        "response_mask": torch.tensor([[True, False]]),
+    }
+    return checker_failure(lambda: invariants.check_gae(roll_gae, batch, gamma=1.0, lam=0.95))
+
+
+@output("critic-micro-batch")
+def critic_micro_batch(work: Path) -> str:
+    """``check_value_loss`` on verl's ``compute_value_loss`` formula normalized per
+    micro-batch (verl #6957): two rows of 2 and 1 valid tokens."""
+    import torch
+
+    from pytest_rollout_golden import invariants, reference
+
+    def value_loss(batch, *, global_tokens, global_seqs):
+        loss, _ = reference.value_loss(
+            batch["vpreds"], batch["values"], batch["returns"], batch["response_mask"]
+        )  # no global_tokens: each micro-batch divides by its own token count
+        return loss
+
+    batch = {
+        "vpreds": torch.tensor([[1.0, 0.5, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64),
+        "values": torch.tensor([[1.0, 0.25, 3.0], [0.0, 1.0, 0.0]], dtype=torch.float64),
+        "returns": torch.tensor([[0.0, 0.5, 2.0], [1.0, 0.0, 0.0]], dtype=torch.float64),
+        "response_mask": torch.tensor([[True, True, False], [True, False, False]]),
+    }
+    return checker_failure(lambda: invariants.check_value_loss(value_loss, batch))

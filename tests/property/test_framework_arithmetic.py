@@ -3,6 +3,8 @@ rejection sampling, IS weights, whitening): correct ones pass, known defects are
 
 from __future__ import annotations
 
+import functools
+
 import frameworks as fw
 import guarded
 import pytest
@@ -148,6 +150,51 @@ def test_roll_gae_defect_is_found():
 
     with finds("gae.reference_agreement"):
         run()
+
+
+def test_roll_gae_is_found_on_a_batch_of_masked_values():
+    # ROLL stores the masked values in its batch, so the batch's padding holds zeros there;
+    # its GAE still reads the critic's output at the padding column.
+    batch = {
+        "token_level_rewards": torch.tensor([[1.0, 0.0]], dtype=torch.float64),
+        "values": torch.tensor([[0.0, 0.0]], dtype=torch.float64),
+        "response_mask": torch.tensor([[True, False]]),
+    }
+    with finds("gae.unmasked_values") as caught:
+        invariants.check_gae(fw.roll_gae_defect, batch, gamma=1.0, lam=0.95)
+    assert "(b=0, t=0)" in str(caught.value)
+    assert "critic" in str(caught.value)
+
+
+def test_roll_gae_defect_is_found_without_garbage_in_the_batch():
+    @hunt
+    @given(value_batches(holes=False, padding="right", garbage=False))
+    def run(batch):
+        invariants.check_gae(fw.roll_gae_defect, batch, gamma=1.0, lam=0.95)
+
+    with finds("gae.unmasked_values"):
+        run()
+
+
+GAE_ON_ZEROS = {
+    "roll-masked-values": (fw.roll_gae, {"holes": False}, {}),
+    "areal": (fw.areal_gae, {}, {}),
+    "slime-steps": (fw.slime_gae, {"hole_values": True}, {"masked_tokens": "step"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GAE_ON_ZEROS))
+def test_gae_that_masks_its_values_passes_on_zero_padding(name):
+    # gae.unmasked_values gives the padding values only where the batch holds zeros there.
+    fn, draw, check = GAE_ON_ZEROS[name]
+
+    @passes(100)
+    @given(value_batches(garbage=False, dtype=DTYPES, **draw), st.sampled_from([0.9, 1.0]))
+    def run(batch, gamma):
+        gae = functools.partial(fn, gamma=gamma, lam=0.95)
+        invariants.check_gae(gae, batch, gamma=gamma, lam=0.95, **check)
+
+    run()
 
 
 def test_slime_gae_steps_through_masked_tokens():

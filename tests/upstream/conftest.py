@@ -29,6 +29,16 @@ def openrlhf_loss():
 
 
 @pytest.fixture(scope="session")
+def openrlhf_gae():
+    """OpenRLHF 0.11.2's ``get_advantages_and_returns(values, rewards, action_mask, gamma,
+    lambd)``."""
+    try:
+        return upstream.openrlhf_gae()
+    except upstream.Missing as missing:
+        pytest.skip(str(missing))
+
+
+@pytest.fixture(scope="session")
 def trl_grpo():
     """``trl.trainer.grpo_trainer.GRPOTrainer`` of TRL 1.16.0."""
     try:

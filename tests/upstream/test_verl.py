@@ -22,11 +22,13 @@ from lane import (
 from pytest_rollout_golden import invariants, reference as ref
 from pytest_rollout_golden.reference.masking import as_bool_mask
 from pytest_rollout_golden.strategies import (
+    critic_batches,
     is_thresholds,
     reward_batches,
     rollout_batches,
     rs_configs,
     rs_thresholds,
+    value_batches,
 )
 
 COMBOS = pytest.mark.parametrize(
@@ -570,3 +572,103 @@ def test_offpolicy_metrics_raise_without_valid_tokens(verl):
 
     with known_discrepancy("metrics.degenerate_batch"):
         run()
+
+
+# --------------------------------------------------------------------------- critic and GAE
+
+
+def critics(dtype, mask, **options):
+    float_dtype = DTYPES[dtype]
+    return critic_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
+
+
+def verl_value_loss(core, mode, *, global_batch_info=True):
+    """``compute_value_loss`` as verl's ``value_loss`` calls it: with the step's counts (since
+    verl #6957), or without them (before: each micro-batch normalized by its own)."""
+
+    def loss_fn(batch, *, global_tokens, global_seqs, dp_size=1):
+        info = {"dp_size": dp_size, "batch_num_tokens": global_tokens}
+        info["global_batch_size"] = global_seqs
+        loss, _ = core.compute_value_loss(
+            batch["vpreds"],
+            batch["returns"],
+            batch["values"],
+            batch["response_mask"],
+            cliprange_value=0.5,
+            loss_agg_mode=mode,
+            loss_scale_factor=SCALE,
+            **(info if global_batch_info else {}),
+        )
+        return loss
+
+    return loss_fn
+
+
+@COMBOS
+def test_value_loss_conforms(verl, dtype, mask):
+    core, _ = verl
+
+    @conforms
+    @given(critics(dtype, mask, min_batch=2), st.sampled_from(ref.AGG_MODES), st.integers(1, 3))
+    def run(batch, mode, dp_size):
+        invariants.check_value_loss(
+            verl_value_loss(core, mode),
+            batch,
+            cliprange_value=0.5,
+            agg_mode=mode,
+            loss_scale_factor=SCALE,
+            dp_size=dp_size,
+        )
+
+    run()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_value_loss_without_the_global_batch_info_is_caught(verl, mode):
+    # verl #6957: value_loss called compute_value_loss without the step's counts.
+    core, _ = verl
+
+    @discrepancy_hunt
+    @given(critic_batches(min_batch=2))
+    def run(batch):
+        loss_fn = verl_value_loss(core, mode, global_batch_info=False)
+        invariants.check_value_loss(loss_fn, batch, cliprange_value=0.5, agg_mode=mode)
+
+    with pytest.raises(AssertionError, match=r"\[value_loss\.micro_batch_invariance") as caught:
+        run()
+    assert "verl #6957" in str(caught.value)
+
+
+def verl_gae(core, gamma, lam):
+    def fn(token_level_rewards, values, response_mask):
+        return core.compute_gae_advantage_return(
+            token_level_rewards, values, response_mask, gamma=gamma, lam=lam
+        )
+
+    return fn
+
+
+def two_valid_tokens(batch):
+    # masked_var raises ValueError for a batch with one valid token (documented there).
+    return int(as_bool_mask(batch["response_mask"]).sum()) >= 2
+
+
+# ``1 - response_mask`` raises on a bool mask: verl's masks are integer or float.
+@pytest.mark.parametrize(
+    "dtype, mask", [(d, m) for d in DTYPES for m in ("int", "float")], ids=lambda v: str(v)
+)
+@pytest.mark.parametrize("garbage", [True, False], ids=["garbage", "zeros"])
+def test_gae_conforms(verl, dtype, mask, garbage):
+    core, _ = verl
+    float_dtype = DTYPES[dtype]
+    batches = value_batches(
+        dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), garbage=garbage
+    )
+
+    @conforms
+    @given(batches.filter(two_valid_tokens), st.sampled_from([(1.0, 0.95), (0.99, 0.9)]))
+    def run(batch, params):
+        gamma, lam = params
+        invariants.check_gae(verl_gae(core, gamma, lam), batch, gamma=gamma, lam=lam, whiten=True)
+
+    run()

@@ -17,12 +17,16 @@ directory without running that ``__init__``.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
 import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
 
 VERL_VERSION = "0.9.1"
@@ -115,6 +119,29 @@ def openrlhf_loss() -> types.ModuleType:
     package.__path__ = [str(Path(root.__file__).parent / "models")]
     sys.modules["openrlhf.models"] = package
     return importlib.import_module("openrlhf.models.loss")
+
+
+def openrlhf_gae() -> Callable[..., typing.Any]:
+    """``RemoteExperienceMaker.get_advantages_and_returns`` of OpenRLHF 0.11.2, compiled on
+    its own from the installed ``openrlhf/trainer/ppo_utils/experience_maker.py``: that
+    module imports Ray actor groups, vLLM and DeepSpeed, the method only torch (and never
+    reads ``self``, which gets ``None``)."""
+    _require("openrlhf", OPENRLHF_VERSION)
+    import torch
+
+    root = Path(importlib.import_module("openrlhf").__file__).parent
+    path = root / "trainer" / "ppo_utils" / "experience_maker.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    (method,) = (
+        node
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef) and cls.name == "RemoteExperienceMaker"
+        for node in cls.body
+        if isinstance(node, ast.FunctionDef) and node.name == "get_advantages_and_returns"
+    )
+    namespace: dict[str, typing.Any] = {"torch": torch, "Tuple": tuple}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    return functools.partial(namespace["get_advantages_and_returns"], None)
 
 
 def trl_grpo_trainer() -> type:

@@ -192,8 +192,15 @@ PROFILES: dict[str, Profile] = {
                 "prompt_length/*": "training",
                 "rollout_corr/*": "training",
             },
-            # dp_actor appends these once per micro-batch and the trainer averages the list
-            per_micro_batch=("actor/pg_clipfrac*", "actor/ppo_kl", "actor/entropy"),
+            # dp_actor and dp_critic append these once per micro-batch and the trainer
+            # averages the list
+            per_micro_batch=(
+                "actor/pg_clipfrac*",
+                "actor/ppo_kl",
+                "actor/entropy",
+                "critic/vf_clipfrac",
+                "critic/vpred_mean",
+            ),
             not_compared=("timing_s/*", "timing_per_token_ms/*", "perf/*", "global_seqlen/*"),
         ),
         Profile(

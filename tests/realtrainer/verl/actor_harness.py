@@ -240,7 +240,7 @@ def _undecorated(func: Any, name: str) -> Any:
     return func
 
 
-def _patched_method(obj: Any, name: str, edits: list[tuple[str, str]]) -> types.MethodType:
+def patched_method(obj: Any, name: str, edits: list[tuple[str, str]]) -> types.MethodType:
     """``obj.name`` recompiled from verl's source with ``edits`` (regex, replacement; each
     must match exactly once, so a verl release that moved the code fails loudly)."""
     func = _undecorated(getattr(type(obj), name), name)
@@ -342,7 +342,7 @@ class ActorRun:
         )
         self.actor = DataParallelPPOActor(config, self.model, self.optimizer)
         if bug is not None:
-            self.actor.update_policy = _patched_method(self.actor, "update_policy", _BUG_EDITS[bug])
+            self.actor.update_policy = patched_method(self.actor, "update_policy", _BUG_EDITS[bug])
 
     def _dataproto(self, batch: dict[str, torch.Tensor]) -> Any:
         from verl import DataProto

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import time
 from pathlib import Path
 
 import pytest
+from lane_report import section, verdict_problems
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -88,36 +88,6 @@ def test_actor(golden, case):
 """
 
 
-def _outcome(result: pytest.RunResult, param: str) -> str | None:
-    """PASSED / FAILED / ERROR of ``test_actor[param]`` in a ``-rA`` summary."""
-    pattern = re.compile(rf"^(PASSED|FAILED|ERROR) \S*test_actor\[{re.escape(param)}\]")
-    for line in result.outlines:
-        match = pattern.match(line)
-        if match:
-            return match.group(1)
-    return None
-
-
-def _section(result: pytest.RunResult, param: str) -> list[str]:
-    """The failure report of ``test_actor[param]`` (its ``___ title ___`` section)."""
-    lines, inside = [], False
-    for line in result.outlines:
-        if re.match(r"^_{3,} .* _{3,}$", line):
-            inside = f"test_actor[{param}]" in line
-            continue
-        if re.match(r"^={3,} ", line):
-            inside = False
-        if inside:
-            lines.append(line)
-    return lines
-
-
-def _mismatched(section: list[str]) -> set[str]:
-    """Metrics in the rows of the mismatch table (``metric  step  expected  actual ...``)."""
-    rows = (re.match(r"^\s*(\S+)\s+\d+\s+-?[\d.]", line) for line in section)
-    return {row.group(1) for row in rows if row}
-
-
 def test_verl_actor_lane(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Record the references once, replay every variant and bug once, check each verdict."""
     monkeypatch.delenv("CI", raising=False)
@@ -134,22 +104,11 @@ def test_verl_actor_lane(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPa
     print(f"record {recorded - start:.1f}s, replay {time.perf_counter() - recorded:.1f}s")
 
     assert record.parseoutcomes().get("passed") == 2, "\n".join(record.outlines)
-    problems = []
-    for param in SAME_MATH:
-        outcome = _outcome(replay, param)
-        if outcome != "PASSED":
-            report = "\n    ".join(_section(replay, param)[-25:])
-            problems.append(f"same-math [{param}] must pass, got {outcome}:\n    {report}")
-    for param, metric in MUST_FAIL.items():
-        outcome = _outcome(replay, param)
-        section = _section(replay, param)
-        if outcome != "FAILED":
-            problems.append(f"[{param}] must fail on {metric}, got {outcome}")
-        elif metric not in _mismatched(section):
-            report = "\n    ".join(section[-25:])
-            problems.append(f"[{param}] failed, but not on {metric}:\n    {report}")
+    problems = verdict_problems(replay, "test_actor", SAME_MATH, MUST_FAIL)
     # the one metric that shows a dropped scale leads the headline (ranked by severity)
-    headline = next((x for x in _section(replay, "bug_gradaccum") if "golden mismatch" in x), "")
+    headline = next(
+        (x for x in section(replay, "test_actor", "bug_gradaccum") if "golden mismatch" in x), ""
+    )
     if "first divergence at step 0: actor/grad_norm" not in headline:
         problems.append(f"[bug_gradaccum]: grad_norm does not lead the headline: {headline}")
     # per-micro-batch means are reported as not comparable across variants, not as passing
