@@ -681,3 +681,74 @@ def critic_micro_batch(work: Path) -> str:
         "response_mask": torch.tensor([[True, True, False], [True, False, False]]),
     }
     return checker_failure(lambda: invariants.check_value_loss(value_loss, batch))
+
+
+# ------------------------------------------- docs/guide/recording.md: check_scores
+
+
+SCORES_TEST = """\
+import pytest
+import torch
+from pytest_rollout_golden import same_math
+
+BATCH_NORM = False
+IDS = [f"p{p}#{i}" for p in range(3) for i in range(2)]
+
+
+def reward_model(features):
+    w = torch.linspace(-1.0, 1.0, features.shape[-1])
+    scores = torch.tanh(features @ w)
+    if BATCH_NORM and len(scores) > 1:  # the defect: scores standardized over their batch
+        scores = (scores - scores.mean()) / (scores.std() + 1e-6)
+    return scores
+
+
+@pytest.mark.parametrize("batch_size", same_math([6, 2, 1], ids=lambda b: f"bs{b}"))
+def test_reward(golden, batch_size):
+    features = golden.rollout(lambda: torch.randn(6, 8))
+    scores = torch.cat([reward_model(chunk) for chunk in features.split(batch_size)])
+    golden.check_scores(scores, ids=IDS, name="rm")
+"""
+
+
+@output("scores-batch-dependent")
+def scores_batch_dependent(work: Path) -> str:
+    """A reward standardized over its batch, scored in batches of 2: the rows of that variant."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test = work / "test_reward.py"
+    test.write_text(SCORES_TEST)
+    run_pytest(work)
+    test.write_text(SCORES_TEST.replace("BATCH_NORM = False", "BATCH_NORM = True"))
+    return failure(run_pytest(work, "-k", "bs2"))
+
+
+# ----------------------------------------------- docs/numerics.md: check_token_ids_kept
+
+
+@output("token-ids-kept")
+def token_ids_kept(work: Path) -> str:
+    """An agent loop that re-tokenizes a turn the engine sampled letter by letter."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from pytest_rollout_golden.invariants import check_token_ids_kept
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["[UNK]"], initial_alphabet=alphabet
+    )
+    tok.train_from_iterator(
+        ["the answer is 42", "the tool says 40 + 2", "answer: 42"] * 50, trainer
+    )
+    turns = [[tok.token_to_id(c) for c in "answer"] + tok.encode(" is").ids, tok.encode("42").ids]
+    prompt, tool = tok.encode("the tool").ids, tok.encode(" says 40 + 2 ").ids
+    trained = [tok.encode(tok.decode(t)).ids for t in turns]  # the defect: text re-tokenized
+    ids = prompt + trained[0] + tool + trained[1]
+    mask = [0] * len(prompt) + [1] * len(trained[0]) + [0] * len(tool) + [1] * len(trained[1])
+    try:
+        check_token_ids_kept(turns, ids, mask, decode=tok.decode)
+    except AssertionError as exc:
+        return f"{exc}\n"
+    raise AssertionError("check_token_ids_kept passed a re-tokenized trajectory")
