@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GoldenError
-from .entry import Entry, Skipped
+from .entry import Entry, Skipped, one_record
 from .values import json_safe, split
 
 PATTERNS = (
@@ -58,14 +58,7 @@ def entries(source: Path, name: str) -> Iterator[Entry | Skipped]:
 
 
 def _record(entry: Entry, payload: Any) -> tuple[Any, dict[str, Any]]:
-    """A jsonl dump's one record (a ``.pt`` dump's payload is already one)."""
-    if entry.reader == "jsonl":
-        if len(payload) != 1:
-            raise GoldenError(
-                f"{entry.path}: NexRL writes one JSON record per file, found {len(payload)}"
-            )
-        payload = payload[0]
-    return payload, {}
+    return one_record(entry, payload, "NexRL"), {}
 
 
 def _checked(entry: Entry, payload: Any) -> tuple[dict[str, Any], dict[str, Any]]:
