@@ -519,8 +519,8 @@ def test_slime_error_before_the_payload_is_read_names_the_step_of_the_file_name(
     assert import_(tmp_path / "dump", tmp_path / "golden", "--layout", "slime") == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        f"error: step 4, {root / '4.pt'}: neither a torch.save archive nor a pickle "
-        "(it starts with b'rollout 4 w')"
+        f"error: step 4, {root / '4.pt'}: neither a torch.save archive nor a pickle: it is "
+        "text (it starts 'rollout 4 was not dumped')"
     )
     assert "raw pickle" not in err
     assert "move it out of the dump folder" in err
