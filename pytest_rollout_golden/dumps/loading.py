@@ -91,17 +91,17 @@ def _load(path: Path, *, trust_pickle: bool) -> Any:
                 why = f"torch.load(weights_only=True): {refusal}"
                 raise GoldenError(_needs_trust(path, why)) from None
         return torch.load(path, map_location="cpu", weights_only=False)  # trusted by the caller
-    if is_pickle(head):
-        if not trust_pickle:
-            raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
-        with open(path, "rb") as f:
-            return pickle.load(f)  # the caller passed --trust-pickle for this file
     if not trust_pickle:
+        if is_pickle(head):
+            raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
         raise _not_a_pickle(path, head, trusted=False)
     try:
         with open(path, "rb") as f:
-            return pickle.load(f)  # a pickle of protocol 0 or 1, trusted by the caller
-    except Exception:  # pickle's own words on JSON or text ("invalid load key") say nothing
+            return pickle.load(f)  # the caller passed --trust-pickle for this file
+    except Exception:
+        if is_pickle(head):
+            raise  # a damaged pickle: load() names what pickle found wrong
+        # pickle's own words on JSON or text ("invalid load key") say nothing of the file
         raise _not_a_pickle(path, head, trusted=True) from None
 
 
@@ -345,14 +345,13 @@ def read_jsonl(path: Path) -> list[Any]:
     out, left = [], _allowance(path)
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
             try:
-                line = raw.decode("utf-8")
-                if line.strip():
-                    out.append(json.loads(line))
+                out.append(json.loads(raw.decode("utf-8")))
             except ValueError as exc:  # UnicodeDecodeError is one
                 raise _not_json(path, number, exc) from None
-            if line.strip():
-                left = _check_expansion(path, out[-1], left=left, line=number)
+            left = _check_expansion(path, out[-1], left=left, line=number)
     return out
 
 
