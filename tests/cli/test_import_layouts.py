@@ -601,7 +601,9 @@ def test_import_help_lists_each_layouts_file_patterns(capsys):
     for pattern in ("{step}/{inner_idx}/tq_batch.pt", "{step}/gen_batch.dp",
                     "step_{step}_rank{rank}_micro{micro}.pt", "step_{step}_rank{rank}.pt",
                     "rollout/{version}/{task_id}.jsonl", "eval_{rollout_id}.pt",
-                    "[train|val/]step_{step}.pkl"):  # fmt: skip
+                    "[train|val/]step_{step}.pkl", "{step}.jsonl  trainer.rollout_data_dir",
+                    "rollout_dump_data.step_{step}.jsonl", "train_data_step{step}.jsonl",
+                    "val_data_step{step}.jsonl", "nemo-rl:"):  # fmt: skip
         assert pattern in text, pattern
 
 
