@@ -7,7 +7,7 @@
     rollout-golden diff G@cpu G@cuda-sm90     two lanes of a golden (or of every golden of a root)
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
     rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
-    rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
+    rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps -> golden
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -731,19 +731,21 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="PNG file to write; given golden roots, the directory to write one PNG per golden",
     )
+    from .dumps import LAYOUTS
+
     p_import = sub.add_parser(
         "import",
-        help="convert verl/ROLL/NexRL/AReaL/slime dumps into a golden directory",
-        description="Convert a folder of framework dumps into a golden directory. Dumps are "
-        "pickles or torch.save files: each is loaded with torch.load(weights_only=True) when "
-        "that suffices; anything else needs --trust-pickle, because unpickling runs code named "
-        "in the file.",
+        help="convert verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps into a golden directory",
+        description="Convert a folder of framework dumps into a golden directory. JSON-lines "
+        "logs are read with json only. Pickles and torch.save files are loaded with "
+        "torch.load(weights_only=True) when that suffices; anything else needs --trust-pickle, "
+        "because unpickling runs code named in the file.",
         epilog=_import_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p_import.add_argument("source", type=Path, help="the dump folder")
     p_import.add_argument("-o", "--output", type=Path, required=True, help="golden to write")
-    p_import.add_argument("--layout", choices=("verl", "roll", "nexrl", "areal", "slime"))
+    p_import.add_argument("--layout", choices=tuple(LAYOUTS))
     p_import.add_argument("--name", default="rollout", help="rollout name (golden.rollout(name=))")
     p_import.add_argument("--test", help="test id recorded in the manifest")
     p_import.add_argument(

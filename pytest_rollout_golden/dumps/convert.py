@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GoldenError
-from . import areal, nexrl, roll, slime, verl
+from . import areal, nemo_rl, nexrl, roll, slime, verl
 from .entry import Entry, Imported, Skipped
 from .loading import load, read_jsonl, whole_sentences
 from .values import plain
 
-LAYOUTS = {"verl": verl, "roll": roll, "nexrl": nexrl, "areal": areal, "slime": slime}
+# Detection tries them in this order: slime reads any .pt file, so it comes last.
+LAYOUTS = {"verl": verl, "roll": roll, "nexrl": nexrl, "areal": areal, "nemo-rl": nemo_rl,
+           "slime": slime}  # fmt: skip
 
 
 def detect(source: Path) -> str:
@@ -30,11 +32,27 @@ def entries(source: Path, layout: str, name: str = "rollout") -> tuple[list[Entr
     """The files of a dump folder in ``layout``: each mapped to a golden file, or skipped."""
     found, skipped = [], []
     for item in LAYOUTS[layout].entries(source, name):
-        (skipped if isinstance(item, Skipped) else found).append(item)
+        if isinstance(item, Skipped):
+            skipped.append(_elsewhere(item, layout))
+        else:
+            found.append(item)
     if not found:
         patterns = "; ".join(LAYOUTS[layout].PATTERNS)
         raise GoldenError(f"{source}: no {layout} dump files found; {layout} reads {patterns}")
     return found, skipped
+
+
+def _elsewhere(skipped: Skipped, layout: str) -> Skipped:
+    """``skipped``, saying which other layout reads the file, if one does by its name."""
+    others = [other for other, module in LAYOUTS.items()
+              if other != layout and module.matches([skipped.path])]  # fmt: skip
+    if not others:
+        return skipped
+    return Skipped(
+        skipped.path,
+        f"{skipped.why}; it is named as a {others[0]} dump: import it into another golden "
+        f"with --layout {others[0]}",
+    )
 
 
 def convert(

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import GoldenError
+
 #: ``prepare(entry, payload) -> (payload, metadata)``: a layout's last word on a loaded
 #: file; it may set the entry's step, name and rank from the payload.
 Prepare = Callable[["Entry", Any], "tuple[Any, dict[str, Any]]"]
@@ -45,3 +47,16 @@ class Imported:
 
     done: list[tuple[Entry, str]]
     skipped: list[Skipped]
+
+
+def one_record(entry: Entry, payload: Any, writer: str) -> Any:
+    """The one JSON record of a JSON-lines ``entry`` whose ``writer`` writes one line per file
+    (a ``torch.save`` entry's payload is that record already)."""
+    if entry.reader != "jsonl":
+        return payload
+    if len(payload) != 1:
+        raise GoldenError(
+            f"{entry.path}: {writer} writes one JSON record per file, found {len(payload)}; "
+            "dump that step again, or move the file out of the dump folder"
+        )
+    return payload[0]

@@ -15,6 +15,7 @@ a list shared or nested in itself) is refused before anything is converted.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import pickle
@@ -41,6 +42,7 @@ _LIST_COST = 192
 _CONTAINER_COST = 512  # a dict, tuple, dataclass, ...: an object of the layout, and a list
 _ENTRY_COST = 256  # a dict's entry: a [key, value] pair of the layout
 _DATAPROTO = ("batch", "non_tensor_batch", "meta_info")
+_HEAD = 64  # bytes read to tell a file's format (torch.save's needs 24)
 _LONGEST = 500  # characters of a foreign error message shown, cut at a sentence's end
 
 
@@ -73,10 +75,10 @@ def load(path: Path, *, trust_pickle: bool) -> Any:
 def _load(path: Path, *, trust_pickle: bool) -> Any:
     import torch
 
-    from ..store import TORCH_SAVE_HEAD, is_pickle, torch_save_format
+    from ..store import is_pickle, torch_save_format
 
     with open(path, "rb") as f:
-        head = f.read(TORCH_SAVE_HEAD)
+        head = f.read(_HEAD)
     saved = torch_save_format(head)  # zip, legacy, or not torch.save's
     if saved:
         if saved == "zip":
@@ -89,17 +91,61 @@ def _load(path: Path, *, trust_pickle: bool) -> Any:
                 why = f"torch.load(weights_only=True): {refusal}"
                 raise GoldenError(_needs_trust(path, why)) from None
         return torch.load(path, map_location="cpu", weights_only=False)  # trusted by the caller
-    if not trust_pickle and not is_pickle(head):
-        start = f"it starts with {head[:11]!r}" if head else "it is empty"
-        raise GoldenError(
-            f"{path}: neither a torch.save archive nor a pickle ({start}); nothing was loaded "
-            "from it. If it is a pickle of protocol 0 or 1, pass --trust-pickle; else move it "
-            "out of the dump folder"
-        )
     if not trust_pickle:
-        raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
-    with open(path, "rb") as f:
-        return pickle.load(f)  # the caller passed --trust-pickle for this file
+        if is_pickle(head):
+            raise GoldenError(_needs_trust(path, "it is a raw pickle, not a torch.save archive"))
+        raise _not_a_pickle(path, head, trusted=False)
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)  # the caller passed --trust-pickle for this file
+    except Exception:
+        if is_pickle(head):
+            raise  # a damaged pickle: load() names what pickle found wrong
+        # pickle's own words on JSON or text ("invalid load key") say nothing of the file
+        raise _not_a_pickle(path, head, trusted=True) from None
+
+
+def _not_a_pickle(path: Path, head: bytes, *, trusted: bool) -> GoldenError:
+    """The error for a file that is neither torch.save's nor (``trusted``: loadable as) a
+    pickle, saying what it is instead."""
+    kind, what = sniffed(head)
+    if kind == "empty":
+        remedy = "dump that step again, or move it out of the dump folder"
+    elif trusted or kind in ("json", "format"):
+        remedy = "move it out of the dump folder"
+    else:  # text or unknown bytes: what a pickle of protocol 0 or 1 looks like
+        remedy = (
+            "if it is a pickle of protocol 0 or 1, pass --trust-pickle; else move it out of "
+            "the dump folder"
+        )
+    start = "not a pickle" if trusted else "neither a torch.save archive nor a pickle"
+    return GoldenError(f"{path}: {start}: {what}; nothing was loaded from it: {remedy}")
+
+
+def sniffed(head: bytes) -> tuple[str, str]:
+    """``(kind, clause)``: what a file starting with ``head`` is, ``kind`` one of ``empty``,
+    ``format`` (a binary format named in the clause), ``json``, ``text`` or ``binary``, and
+    the clause for an error (``it is JSON text (it starts '{"a": 1}')``)."""
+    from ..store.files import ZIP_MAGIC, is_pickle, torch_save_format
+
+    if not head:
+        return "empty", "it is empty"
+    formats = (
+        (head.startswith(ZIP_MAGIC), "a zip archive (torch.save's format)"),
+        (torch_save_format(head) == "legacy", "a legacy torch.save file"),
+        (is_pickle(head), "a pickle"),
+        (head.startswith(b"\x93NUMPY"), "a numpy .npy file"),
+        (head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30, "a safetensors file"),
+    )
+    for found, what in formats:
+        if found:
+            return "format", f"it is {what}"
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head)
+    if "\ufffd" not in text and all(c.isprintable() or c in "\t\n\r" for c in text):
+        if text.lstrip().startswith(("{", "[")):
+            return "json", f"it is JSON text (it starts {text[:24]!r})"
+        return "text", f"it is text (it starts {text[:24]!r})"
+    return "binary", f"it is binary data of an unknown format (it starts with {head[:12]!r})"
 
 
 def _allowance(path: Path) -> int:
@@ -297,17 +343,33 @@ def read_jsonl(path: Path) -> list[Any]:
     values then cost to convert is charged, line by line, against the file's allowance.
     """
     out, left = [], _allowance(path)
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except ValueError as exc:
-                raise GoldenError(
-                    f"{path}: line {number} is not JSON ({exc}); the file was cut while it was "
-                    "written, or is not a dump: dump that step again, or move the file out of "
-                    "the dump folder"
-                ) from None
+                out.append(json.loads(raw.decode("utf-8")))
+            except ValueError as exc:  # UnicodeDecodeError is one
+                raise _not_json(path, number, exc) from None
             left = _check_expansion(path, out[-1], left=left, line=number)
     return out
+
+
+def _not_json(path: Path, number: int, exc: ValueError) -> GoldenError:
+    """The error for line ``number`` of ``path``, which is not JSON (``exc`` says why); the
+    whole file by what it is if that line is the first and the file is not text."""
+    with open(path, "rb") as f:
+        kind, what = sniffed(f.read(_HEAD))
+    if number == 1 and kind in ("format", "binary"):
+        return GoldenError(
+            f"{path}: not JSON lines: {what}; nothing was loaded from it: move it out of the "
+            "dump folder"
+        )
+    if isinstance(exc, UnicodeDecodeError):
+        why = f"is not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
+    else:
+        why = f"is not JSON ({exc})"
+    return GoldenError(
+        f"{path}: line {number} {why}; the file was cut while it was written, or is not a "
+        "dump: dump that step again, or move the file out of the dump folder"
+    )

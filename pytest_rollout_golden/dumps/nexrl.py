@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GoldenError
-from .entry import Entry, Skipped
+from .entry import Entry, Skipped, one_record
 from .values import json_safe, split
 
 PATTERNS = (
@@ -58,28 +58,41 @@ def entries(source: Path, name: str) -> Iterator[Entry | Skipped]:
 
 
 def _record(entry: Entry, payload: Any) -> tuple[Any, dict[str, Any]]:
-    """A jsonl dump's one record (a ``.pt`` dump's payload is already one)."""
-    if entry.reader == "jsonl":
-        if len(payload) != 1:
-            raise GoldenError(
-                f"{entry.path}: NexRL writes one JSON record per file, found {len(payload)}"
-            )
-        payload = payload[0]
-    return payload, {}
+    return one_record(entry, payload, "NexRL"), {}
 
 
 def _checked(entry: Entry, payload: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tensors a test checks, and the rest (bookkeeping, text) as metadata."""
-    payload, _ = _record(entry, payload)
+    return _split(entry.name, one_record(entry, payload, "NexRL"))
+
+
+def checked_tensors(kind: str, dump: Any) -> dict[str, Any]:
+    """The tensors ``rollout-golden import`` wrote for a NexRL dump of ``kind``, by name.
+
+    ``dump`` is the dict a ``DataDumper`` file holds (``torch.load`` of a ``.pt`` file, or
+    ``json.loads`` of a ``.jsonl`` line): its numbers and tensors flattened as
+    :func:`~pytest_rollout_golden.dumps.flatten` names them, less the bookkeeping import keeps
+    as metadata (``step``, ``rank``, ``micro_idx``, ``*_shape``, ...). These are exactly the
+    names ``golden.check_tensors(kind, ..., step=, rank=, micro=)`` expects of the golden, in
+    strict mode too. ``trajectory`` is a rollout (``golden.rollout``), not checked tensors.
+    """
+    if kind not in KINDS or kind == "trajectory":
+        checked = ", ".join(k for k in KINDS if k != "trajectory")
+        where = "a rollout: replay it with golden.rollout" if kind == "trajectory" else "unknown"
+        raise GoldenError(f"NexRL dump kind {kind!r}: {where}; import checks tensors of {checked}")
+    return _split(kind, dump)[0]
+
+
+def _split(kind: str, payload: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tensors a test checks of a ``kind`` dump, and the rest (bookkeeping, text) as
+    metadata."""
     if not isinstance(payload, dict):
         raise GoldenError(
-            f"{entry.path}: a NexRL {entry.name} dump holds a dict, found "
-            f"{type(payload).__name__}; dump that step again, or move the file out of the "
-            "dump folder"
+            f"a NexRL {kind} dump holds a dict, found {type(payload).__name__}; dump that step "
+            "again, or move the file out of the dump folder"
         )
     checked, metadata = dict(payload), {}
     for key in list(checked):
-        if key in BOOKKEEPING or key.endswith("_shape") or key in _STATISTICS.get(entry.name, ()):
+        if key in BOOKKEEPING or key.endswith("_shape") or key in _STATISTICS.get(kind, ()):
             metadata[key] = checked.pop(key)
     for key, inner in _NESTED_BOOKKEEPING.items():
         if isinstance(checked.get(key), dict):

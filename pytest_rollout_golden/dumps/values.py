@@ -26,7 +26,8 @@ def flatten(value: Any) -> dict[str, Any]:
     a tensor stays itself; a Python number, and a list (of lists) of numbers, becomes a
     tensor: ``float64`` if any number is a float (so the bits stay), else ``int64``, else
     ``bool``. Strings, ``None`` and empty lists are not numbers: :func:`split` returns them.
-    Pass a dump's value through this to check it against the golden ``import`` wrote.
+    For the names ``import`` wrote of a NexRL dump (its bookkeeping left out), use
+    :func:`~pytest_rollout_golden.dumps.checked_tensors`.
     Two leaves of one name (``{"a/b": 1, "a": {"b": 2}}``) raise :class:`~..errors.GoldenError`.
     """
     return split(value)[0]

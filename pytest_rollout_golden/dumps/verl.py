@@ -6,6 +6,11 @@ synchronous). The step is the outer folder; inner folder 0 becomes rollout ``NAM
 inner folder ``i`` > 0 rollout ``NAME_inner{i}``. ``RolloutSkip`` (V0) saves
 ``{step}/gen_batch.dp`` (``DataProto.save_to_disk``, a pickle); forks name the folder
 ``genstep_{step}``. Each folder's ``meta.json`` repeats the step and is not imported.
+
+``trainer.rollout_data_dir`` (and ``validation_data_dir``) get ``{step}.jsonl``, one JSON
+line per sample (``RayPPOTrainer._log_rollout_data`` -> ``_write_generations``,
+``verl/trainer/ppo/ray_trainer.py``): rollout ``NAME``, the list of its records, read with
+``json`` only. A ``{number}.jsonl`` in a folder named by a number is AReaL's, not verl's.
 """
 
 from __future__ import annotations
@@ -22,13 +27,19 @@ PATTERNS = (
     "inner i -> NAME_inner{i}",
     "{step}/gen_batch.dp  RolloutSkip (V0), a DataProto pickle (needs --trust-pickle)",
     "genstep_{step}/gen_batch.dp",
+    "{step}.jsonl  trainer.rollout_data_dir: one JSON line per sample -> rollout NAME",
 )
 TQ_BATCH, GEN_BATCH, META = "tq_batch.pt", "gen_batch.dp", "meta.json"
 _GEN_STEP = re.compile(r"(?:genstep_)?(\d+)")
 
 
 def matches(files: list[Path]) -> bool:
-    return any(p.name in (TQ_BATCH, GEN_BATCH) for p in files)
+    return any(p.name in (TQ_BATCH, GEN_BATCH) or _generations(p) for p in files)
+
+
+def _generations(path: Path) -> bool:
+    """Whether ``path`` is a ``{step}.jsonl`` that ``_write_generations`` writes."""
+    return path.suffix == ".jsonl" and path.stem.isdecimal() and not path.parent.name.isdecimal()
 
 
 def entries(source: Path, name: str) -> Iterator[Entry | Skipped]:
@@ -51,7 +62,9 @@ def entries(source: Path, name: str) -> Iterator[Entry | Skipped]:
                     "{step}/gen_batch.dp)"
                 )
             yield Entry(path, "rollout", name, int(match.group(1)))
+        elif _generations(path):
+            yield Entry(path, "rollout", name, int(path.stem), reader="jsonl")
         elif path.name == META and {TQ_BATCH, GEN_BATCH} & {p.name for p in path.parent.iterdir()}:
             yield Skipped(path, "verl's step record; the step is read from the folder names")
         else:
-            yield Skipped(path, "not a verl rollout dump (tq_batch.pt or gen_batch.dp)")
+            yield Skipped(path, "not a verl dump (tq_batch.pt, gen_batch.dp or {step}.jsonl)")

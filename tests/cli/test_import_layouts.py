@@ -519,8 +519,8 @@ def test_slime_error_before_the_payload_is_read_names_the_step_of_the_file_name(
     assert import_(tmp_path / "dump", tmp_path / "golden", "--layout", "slime") == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        f"error: step 4, {root / '4.pt'}: neither a torch.save archive nor a pickle "
-        "(it starts with b'rollout 4 w')"
+        f"error: step 4, {root / '4.pt'}: neither a torch.save archive nor a pickle: it is "
+        "text (it starts 'rollout 4 was not dumped')"
     )
     assert "raw pickle" not in err
     assert "move it out of the dump folder" in err
@@ -601,7 +601,9 @@ def test_import_help_lists_each_layouts_file_patterns(capsys):
     for pattern in ("{step}/{inner_idx}/tq_batch.pt", "{step}/gen_batch.dp",
                     "step_{step}_rank{rank}_micro{micro}.pt", "step_{step}_rank{rank}.pt",
                     "rollout/{version}/{task_id}.jsonl", "eval_{rollout_id}.pt",
-                    "[train|val/]step_{step}.pkl"):  # fmt: skip
+                    "[train|val/]step_{step}.pkl", "{step}.jsonl  trainer.rollout_data_dir",
+                    "rollout_dump_data.step_{step}.jsonl", "train_data_step{step}.jsonl",
+                    "val_data_step{step}.jsonl", "nemo-rl:"):  # fmt: skip
         assert pattern in text, pattern
 
 

@@ -752,3 +752,24 @@ def token_ids_kept(work: Path) -> str:
     except AssertionError as exc:
         return f"{exc}\n"
     raise AssertionError("check_token_ids_kept passed a re-tokenized trajectory")
+
+
+@output("import-jsonl-mixed")
+def import_jsonl_mixed(work: Path) -> str:
+    """A folder holding the JSON-lines logs of verl, ROLL and NeMo-RL (one line each, in each
+    writer's shape: tests/cli/test_import_jsonl.py runs or reproduces the writers): imported
+    as detected, then as NeMo-RL."""
+    lines = {
+        "logs/verl_rollouts/3.jsonl": {"input": "1+1?", "output": "2", "gts": "2", "score": 1.0,
+                                       "step": 3, "request_id": "r0"},
+        "logs/roll/rollout_dump_data.step_3.jsonl": {"prompt": ["1+1?"], "responses": ["2"],
+                                                     "scores": [1.0], "global_step": [3]},
+        "logs/nemo/train_data_step3.jsonl": {"content": [[{"role": "user", "content": "1+1?"}]],
+                                             "rewards": [1.0], "idx": 0},
+    }  # fmt: skip
+    for name, record in lines.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(json.dumps(record) + "\n")
+    return shown(work, "import", "logs", "-o", "golden/test_logs/test_verl") + shown(
+        work, "import", "logs", "--layout", "nemo-rl", "-o", "golden/test_logs/test_nemo"
+    )
