@@ -65,8 +65,11 @@ class TinyRepo:
             {"calc.py": CALC.format(scale=1.0), "test_calc.py": TEST, "pytest.ini": INI},
         )
 
-    def commit(self, message: str, files: dict[str, str]) -> str:
-        """Write ``files`` (relative path -> text) and commit them; returns the hash."""
+    def commit(self, message: str, files: dict[str, str], remove: tuple[str, ...] = ()) -> str:
+        """Write ``files`` (relative path -> text), delete ``remove`` and commit; returns the
+        hash."""
+        for rel in remove:
+            (self.path / rel).unlink()
         for rel, text in files.items():
             target = self.path / rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from ...errors import GoldenError
 from .git import Commit, git
 
 OWNER = "owner.json"
+CHILDREN = "children"  # a file per running pytest: its pid as name, its start time inside
 _RUN = re.compile(r"run-\d+-[0-9a-f]+")
 
 
@@ -82,6 +83,7 @@ def reap(root_folder: Path) -> list[Path]:
         owner = _owner(entry)
         if owner is None or _alive(owner):
             continue
+        _stop_orphans(entry)
         _remove(entry)
         removed.append(entry)
     return removed
@@ -91,6 +93,20 @@ def _alive(owner: dict[str, Any]) -> bool:
     """Whether the process that wrote ``owner`` still runs."""
     now = start_time(owner["pid"])
     return now is not None and owner["start"] in (None, now)
+
+
+def _stop_orphans(folder: Path) -> None:
+    """Kill the pytest runs a killed owner left running (recorded in ``children/``, each
+    with its start time, so that no later process with the same pid is hit)."""
+    children = folder / CHILDREN
+    if children.is_symlink() or not children.is_dir():
+        return
+    for entry in children.iterdir():
+        if entry.name.isdigit() and not entry.is_symlink():
+            pid = int(entry.name)
+            if start_time(pid) == entry.read_text():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 def _owner(folder: Path) -> dict[str, Any] | None:
@@ -201,12 +217,16 @@ class Trees:
         child = subprocess.Popen(command, start_new_session=True, **kwargs)
         with self._lock:
             self._children.add(child)
+        record = self.folder / CHILDREN / str(child.pid)
+        record.parent.mkdir(exist_ok=True)
+        record.write_text(start_time(child.pid) or "")
         return child
 
     def forget(self, child: subprocess.Popen[bytes]) -> None:
         """``child`` has ended (or was stopped)."""
         with self._lock:
             self._children.discard(child)
+        (self.folder / CHILDREN / str(child.pid)).unlink(missing_ok=True)
 
     def _catch_sigterm(self) -> None:
         """SIGTERM unwinds like Ctrl-C (so the run folder is removed), where nobody else
