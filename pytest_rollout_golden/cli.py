@@ -8,6 +8,7 @@
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
     rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
+    rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -662,6 +663,117 @@ def import_dumps(args: argparse.Namespace) -> int:
     return 0
 
 
+def bisect_command(args: argparse.Namespace) -> int:
+    """Search the commits between ``--good`` and ``--bad`` for the first one whose replay of
+    the selected tests fails; 0 found, 1 ambiguous (skipped commits border it)."""
+    from ._internal.commits.bisect import BisectOptions, bisect
+    from ._internal.report.commits import bisect_lines, bisect_plan, bisect_progress
+
+    if args.jobs < 1:
+        raise GoldenError(f"--jobs {args.jobs}: give at least 1")
+    spec = _run_spec(args, default_goldens=args.good)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    options = BisectOptions(
+        good=args.good,
+        bad=args.bad,
+        jobs=args.jobs,
+        cache=_commit_cache(args),
+        check_ends=args.check_ends,
+        on_plan=lambda good, bad, count: progress(
+            bisect_plan(good, bad, count, spec.goldens.describe())
+        ),
+        on_run=lambda tried, run: progress(bisect_progress(tried, run)),
+    )
+    result = bisect(spec, options)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print("\n".join(bisect_lines(result)))
+    return 0 if result.first_bad is not None else 1
+
+
+def _run_spec(args: argparse.Namespace, *, default_goldens: str) -> Any:
+    """The run at each commit, from the options: the tests (run where this command runs,
+    relative to the top of its git checkout) and their goldens (``--goldens``: an existing
+    folder, else a ref; default the golden root as committed at ``default_goldens``)."""
+    from ._internal.commits.git import toplevel
+    from ._internal.commits.goldens import GoldenSource
+    from ._internal.commits.runs import RunSpec
+
+    cwd = Path.cwd().resolve()
+    repo = toplevel(cwd)
+    golden_root = (cwd / args.golden_root).resolve()
+    if not golden_root.is_relative_to(repo):
+        raise GoldenError(f"--golden-root {args.golden_root}: outside the checkout {repo}")
+    golden_rel = golden_root.relative_to(repo).as_posix()
+    given = args.goldens
+    if given is not None and Path(given).is_dir():
+        goldens = GoldenSource.directory(Path(given))
+    else:
+        goldens = GoldenSource.committed(repo, given or default_goldens, golden_rel)
+    return RunSpec(
+        repo=repo,
+        cwd_rel=cwd.relative_to(repo).as_posix(),
+        golden_rel=golden_rel,
+        goldens=goldens,
+        pytest_args=tuple(args.pytest_args),
+        any_failure=getattr(args, "any_failure", False),
+        timeout=args.timeout,
+        pythonpath=tuple(args.pythonpath),
+    )
+
+
+def _commit_cache(args: argparse.Namespace) -> Any:
+    """The cache of results of commits tried (``None`` with ``--no-cache``)."""
+    from ._internal.commits.cache import Cache
+
+    return None if args.no_cache else Cache(args.cache_dir)
+
+
+def _commit_run_options(parser: argparse.ArgumentParser, *, goldens_default: str) -> None:
+    """The options of the verbs that run tests at other commits."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--goldens",
+        metavar="SOURCE",
+        help="the goldens every commit runs on: a folder, or a git ref "
+        f"(default: {goldens_default})",
+    )
+    parser.add_argument(
+        "--golden-root",
+        default="golden",
+        metavar="DIR",
+        help="the project's golden folder, relative to the current folder (default: golden)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="commits run at once (default: 1)"
+    )
+    parser.add_argument("--no-cache", action="store_true", help="run every commit, store no result")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where results of commits are cached "
+        "(default: $XDG_CACHE_HOME/pytest-rollout-golden/commits)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="seconds one commit's run may take; a run past it is skipped",
+    )
+    parser.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another import folder, relative to each checkout (repeatable)",
+    )
+
+
 def _import_epilog() -> str:
     """The files each layout reads, for ``rollout-golden import -h``."""
     from .dumps import PATTERNS
@@ -769,13 +881,47 @@ def _parser() -> argparse.ArgumentParser:
     p_diff.add_argument(
         "--no-config", action="store_true", help="ignore the project's golden_tolerances"
     )
+    _bisect_parser(sub)
     return parser
+
+
+def _bisect_parser(sub: Any) -> None:
+    """``rollout-golden bisect``'s options."""
+    p_bisect = sub.add_parser(
+        "bisect",
+        help="find the first commit between --good and --bad whose replay fails",
+        usage="rollout-golden bisect --good REF --bad REF [options] [-- PYTEST_ARGS ...]",
+        description="Replay the selected tests (PYTEST_ARGS after --) at the commits between "
+        "--good and --bad, each in a temporary checkout on the goldens committed at --good, "
+        "and print the first bad commit, its first divergence and the commits tried. The "
+        "checkout you run it in is only read.",
+    )
+    p_bisect.add_argument("--good", required=True, metavar="REF", help="a commit that passes")
+    p_bisect.add_argument("--bad", required=True, metavar="REF", help="a commit that fails")
+    p_bisect.add_argument(
+        "--any-failure",
+        action="store_true",
+        help="a commit is bad when any test fails, not only on the plugin's verdict",
+    )
+    p_bisect.add_argument(
+        "--check-ends",
+        action="store_true",
+        help="replay --good and --bad too, and stop unless they replay good and bad",
+    )
+    _commit_run_options(p_bisect, goldens_default="the golden root as committed at --good")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = len(argv)
+    if argv[:1] == ["bisect"] and "--" in argv:  # what follows -- is pytest's, whatever it is
+        split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    args.pytest_args = argv[split + 1 :]
     try:
+        if args.command == "bisect":
+            return bisect_command(args)
         if args.command == "verify":
             return verify(args.paths)
         if args.command == "show":
