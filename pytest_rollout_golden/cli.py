@@ -8,6 +8,7 @@
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
     rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
+    rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -674,16 +675,16 @@ def _import_epilog() -> str:
     return "\n".join(lines)
 
 
-def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
-    """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
+def _tolerances(args: argparse.Namespace, paths: Sequence[Path]) -> tuple[Stack, str]:
+    """The plugin's layers: --tolerance/--ignore, then the ini of the project holding
+    ``paths`` (or ``--config``), then built-ins."""
     from ._internal.pytest_plugin.options import with_profile
     from ._internal.pytest_plugin.projectini import find_config, linelist
 
     ini: tuple[Layer, ...] = ()
     config, profile = "", ""
     if not args.no_config:
-        paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
-        path, options = find_config(paths)
+        path, options = find_config([args.config] if args.config else [p for p in paths if p])
         if args.config and path is None:
             raise GoldenError(f"{args.config}: not a pytest configuration file")
         if path is not None:
@@ -757,24 +758,111 @@ def _parser() -> argparse.ArgumentParser:
     )
     p_diff.add_argument("a", type=Path, help="golden, root or batch file; GOLDEN@LANE: a lane")
     p_diff.add_argument("b", type=Path, help="the same kind of path as A")
-    p_diff.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
-    p_diff.add_argument(
+    _tolerance_arguments(p_diff)
+    _compare_parser(sub)
+    return parser
+
+
+def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a verb that diffs goldens: tolerances, ``--json``, the ini to read."""
+    parser.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
+    parser.add_argument(
         "--ignore", action="append", default=[], metavar="NAME", help="do not compare (glob)"
     )
-    p_diff.add_argument("--exact", action="store_true", help="demand bit equality")
-    p_diff.add_argument("--json", action="store_true", help="machine-readable output")
-    p_diff.add_argument(
+    parser.add_argument("--exact", action="store_true", help="demand bit equality")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
         "--config", type=Path, help="pytest configuration file to read golden_tolerances from"
     )
-    p_diff.add_argument(
+    parser.add_argument(
         "--no-config", action="store_true", help="ignore the project's golden_tolerances"
     )
-    return parser
+
+
+def _commit_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a verb that runs the tests at other commits (``-- PYTEST_ARGS`` after
+    them: :func:`_split_pytest_args`)."""
+    parser.add_argument(
+        "--goldens",
+        metavar="SOURCE",
+        help="where the recorded inputs come from: an existing folder, else a git ref (its "
+        "committed golden folder)",
+    )
+    parser.add_argument(
+        "--golden-root",
+        type=Path,
+        default=Path("golden"),
+        metavar="DIR",
+        help="the project's golden folder (default: golden, under the current directory)",
+    )
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="commits run at once")
+    parser.add_argument("--timeout", type=float, metavar="S", help="seconds per pytest run")
+    parser.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="one more import folder (relative: in the checkout), after the checkout's top "
+        "and its src/",
+    )
+
+
+def _compare_parser(sub: Any) -> None:
+    p_compare = sub.add_parser(
+        "compare",
+        help="run the selected tests at git refs A and B on the same goldens; diff the values",
+        description="Run the tests after -- at git refs A and B, each in a temporary checkout "
+        "with --update-golden on its own copy of the same goldens, and diff B's values against "
+        "A's per golden, step and metric. The checkout you run it in is never written.",
+    )
+    p_compare.add_argument("a", metavar="A", help="git ref: branch, tag, commit hash, HEAD~3")
+    p_compare.add_argument("b", metavar="B", help="git ref")
+    _commit_run_arguments(p_compare)
+    _tolerance_arguments(p_compare)
+
+
+def _split_pytest_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``compare`` / ``bisect``: what follows the first ``--`` goes to pytest."""
+    if argv[:1] in (["compare"], ["bisect"]) and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
+    """Run the tests at refs A and B on the same goldens; print the diff (0 same, 1 differs)."""
+    from ._internal.commits.compare import compare
+    from ._internal.commits.goldens import GoldenSource, source_of
+    from ._internal.commits.runs import RunSpec, locate
+    from ._internal.report.commits import compare_lines
+
+    repo, cwd_rel, golden_rel = locate(Path.cwd(), args.golden_root)
+    if args.goldens is None:
+        source = GoldenSource.directory(repo / golden_rel)
+    else:
+        source = source_of(args.goldens, repo, golden_rel)
+    spec = RunSpec(
+        repo,
+        cwd_rel,
+        golden_rel,
+        source,
+        pytest_args=tuple(args.pytest_args),
+        timeout=args.timeout,
+        pythonpath=tuple(args.pythonpath),
+    )
+    result = compare(spec, args.a, args.b, tolerances, jobs=args.jobs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        print("\n".join(compare_lines(result)))
+    return 1 if result.differs else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
+    argv, pytest_args = _split_pytest_args(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    args.pytest_args = pytest_args
     try:
         if args.command == "verify":
             return verify(args.paths)
@@ -785,16 +873,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plot":
             args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
             args.no_config = False
-            tolerances, _ = _tolerances(args)
+            tolerances, _ = _tolerances(args, [args.a, args.b])
             return plot(args.a, args.b, args.output, tolerances)
+        paths = [Path.cwd()] if args.command == "compare" else [args.a, args.b]
         try:
-            tolerances, config = _tolerances(args)
+            tolerances, config = _tolerances(args, paths)
         except ValueError as exc:
             parser.error(str(exc))
+        if args.command == "compare":
+            return compare_commits(args, tolerances)
         return diff(args.a, args.b, tolerances, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the temporary checkouts and their runs are gone already
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
