@@ -8,6 +8,7 @@
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
     rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/slime dumps -> golden
+    rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
     rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
@@ -671,7 +672,7 @@ def bisect_command(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise GoldenError(f"--jobs {args.jobs}: give at least 1")
-    spec = _run_spec(args, default_goldens=args.good)
+    spec = _run_spec(args, goldens_at=args.good)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -695,30 +696,25 @@ def bisect_command(args: argparse.Namespace) -> int:
     return 0 if result.first_bad is not None else 1
 
 
-def _run_spec(args: argparse.Namespace, *, default_goldens: str) -> Any:
-    """The run at each commit, from the options: the tests (run where this command runs,
-    relative to the top of its git checkout) and their goldens (``--goldens``: an existing
-    folder, else a ref; default the golden root as committed at ``default_goldens``)."""
-    from ._internal.commits.git import toplevel
-    from ._internal.commits.goldens import GoldenSource
-    from ._internal.commits.runs import RunSpec
+def _run_spec(args: argparse.Namespace, *, goldens_at: str | None) -> Any:
+    """The run at each commit, from the options: the tests (run in the current folder's place
+    in each checkout) and their goldens: ``--goldens``, else the golden root as committed at
+    ``goldens_at``, else as it is on disk."""
+    from ._internal.commits.goldens import GoldenSource, source_of
+    from ._internal.commits.runs import RunSpec, locate
 
-    cwd = Path.cwd().resolve()
-    repo = toplevel(cwd)
-    golden_root = (cwd / args.golden_root).resolve()
-    if not golden_root.is_relative_to(repo):
-        raise GoldenError(f"--golden-root {args.golden_root}: outside the checkout {repo}")
-    golden_rel = golden_root.relative_to(repo).as_posix()
-    given = args.goldens
-    if given is not None and Path(given).is_dir():
-        goldens = GoldenSource.directory(Path(given))
+    repo, cwd_rel, golden_rel = locate(Path.cwd(), args.golden_root)
+    if args.goldens is not None:
+        source = source_of(args.goldens, repo, golden_rel)
+    elif goldens_at is None:
+        source = GoldenSource.directory(repo / golden_rel)
     else:
-        goldens = GoldenSource.committed(repo, given or default_goldens, golden_rel)
+        source = GoldenSource.committed(repo, goldens_at, golden_rel)
     return RunSpec(
-        repo=repo,
-        cwd_rel=cwd.relative_to(repo).as_posix(),
-        golden_rel=golden_rel,
-        goldens=goldens,
+        repo,
+        cwd_rel,
+        golden_rel,
+        source,
         pytest_args=tuple(args.pytest_args),
         any_failure=getattr(args, "any_failure", False),
         timeout=args.timeout,
@@ -733,47 +729,6 @@ def _commit_cache(args: argparse.Namespace) -> Any:
     return None if args.no_cache else Cache(args.cache_dir)
 
 
-def _commit_run_options(parser: argparse.ArgumentParser, *, goldens_default: str) -> None:
-    """The options of the verbs that run tests at other commits."""
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument(
-        "--goldens",
-        metavar="SOURCE",
-        help="the goldens every commit runs on: a folder, or a git ref "
-        f"(default: {goldens_default})",
-    )
-    parser.add_argument(
-        "--golden-root",
-        default="golden",
-        metavar="DIR",
-        help="the project's golden folder, relative to the current folder (default: golden)",
-    )
-    parser.add_argument(
-        "--jobs", type=int, default=1, metavar="N", help="commits run at once (default: 1)"
-    )
-    parser.add_argument("--no-cache", action="store_true", help="run every commit, store no result")
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        metavar="DIR",
-        help="where results of commits are cached "
-        "(default: $XDG_CACHE_HOME/pytest-rollout-golden/commits)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        help="seconds one commit's run may take; a run past it is skipped",
-    )
-    parser.add_argument(
-        "--pythonpath",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="another import folder, relative to each checkout (repeatable)",
-    )
-
-
 def _import_epilog() -> str:
     """The files each layout reads, for ``rollout-golden import -h``."""
     from .dumps import PATTERNS
@@ -786,16 +741,16 @@ def _import_epilog() -> str:
     return "\n".join(lines)
 
 
-def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
-    """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
+def _tolerances(args: argparse.Namespace, paths: Sequence[Path]) -> tuple[Stack, str]:
+    """The plugin's layers: --tolerance/--ignore, then the ini of the project holding
+    ``paths`` (or ``--config``), then built-ins."""
     from ._internal.pytest_plugin.options import with_profile
     from ._internal.pytest_plugin.projectini import find_config, linelist
 
     ini: tuple[Layer, ...] = ()
     config, profile = "", ""
     if not args.no_config:
-        paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
-        path, options = find_config(paths)
+        path, options = find_config([args.config] if args.config else [p for p in paths if p])
         if args.config and path is None:
             raise GoldenError(f"{args.config}: not a pytest configuration file")
         if path is not None:
@@ -869,20 +824,90 @@ def _parser() -> argparse.ArgumentParser:
     )
     p_diff.add_argument("a", type=Path, help="golden, root or batch file; GOLDEN@LANE: a lane")
     p_diff.add_argument("b", type=Path, help="the same kind of path as A")
-    p_diff.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
-    p_diff.add_argument(
-        "--ignore", action="append", default=[], metavar="NAME", help="do not compare (glob)"
-    )
-    p_diff.add_argument("--exact", action="store_true", help="demand bit equality")
-    p_diff.add_argument("--json", action="store_true", help="machine-readable output")
-    p_diff.add_argument(
-        "--config", type=Path, help="pytest configuration file to read golden_tolerances from"
-    )
-    p_diff.add_argument(
-        "--no-config", action="store_true", help="ignore the project's golden_tolerances"
-    )
+    _tolerance_arguments(p_diff)
+    _compare_parser(sub)
     _bisect_parser(sub)
     return parser
+
+
+def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a verb that diffs goldens: tolerances, ``--json``, the ini to read."""
+    parser.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
+    parser.add_argument(
+        "--ignore", action="append", default=[], metavar="NAME", help="do not compare (glob)"
+    )
+    parser.add_argument("--exact", action="store_true", help="demand bit equality")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--config", type=Path, help="pytest configuration file to read golden_tolerances from"
+    )
+    parser.add_argument(
+        "--no-config", action="store_true", help="ignore the project's golden_tolerances"
+    )
+
+
+def _commit_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a verb that runs the tests at other commits (``-- PYTEST_ARGS`` after
+    them: :func:`_split_pytest_args`)."""
+    parser.add_argument(
+        "--goldens",
+        metavar="SOURCE",
+        help="where the recorded inputs come from: an existing folder, else a git ref (its "
+        "committed golden folder)",
+    )
+    parser.add_argument(
+        "--golden-root",
+        type=Path,
+        default=Path("golden"),
+        metavar="DIR",
+        help="the project's golden folder (default: golden, under the current directory)",
+    )
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="commits run at once")
+    parser.add_argument("--timeout", type=float, metavar="S", help="seconds per pytest run")
+    parser.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="one more import folder (relative: in the checkout), after the checkout's top "
+        "and its src/",
+    )
+
+
+def _compare_parser(sub: Any) -> None:
+    p_compare = sub.add_parser(
+        "compare",
+        help="run the selected tests at git refs A and B on the same goldens; diff the values",
+        description="Run the tests after -- at git refs A and B, each in a temporary checkout "
+        "with --update-golden on its own copy of the same goldens, and diff B's values against "
+        "A's per golden, step and metric. The checkout you run it in is never written.",
+    )
+    p_compare.add_argument("a", metavar="A", help="git ref: branch, tag, commit hash, HEAD~3")
+    p_compare.add_argument("b", metavar="B", help="git ref")
+    _commit_run_arguments(p_compare)
+    _tolerance_arguments(p_compare)
+
+
+def _split_pytest_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``compare`` / ``bisect``: what follows the first ``--`` goes to pytest."""
+    if argv[:1] in (["compare"], ["bisect"]) and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
+    """Run the tests at refs A and B on the same goldens; print the diff (0 same, 1 differs)."""
+    from ._internal.commits.compare import compare
+    from ._internal.report.commits import compare_lines
+
+    spec = _run_spec(args, goldens_at=None)
+    result = compare(spec, args.a, args.b, tolerances, jobs=args.jobs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        print("\n".join(compare_lines(result)))
+    return 1 if result.differs else 0
 
 
 def _bisect_parser(sub: Any) -> None:
@@ -908,17 +933,25 @@ def _bisect_parser(sub: Any) -> None:
         action="store_true",
         help="replay --good and --bad too, and stop unless they replay good and bad",
     )
-    _commit_run_options(p_bisect, goldens_default="the golden root as committed at --good")
+    _commit_run_arguments(p_bisect)
+    p_bisect.add_argument("--json", action="store_true", help="machine-readable output")
+    p_bisect.add_argument(
+        "--no-cache", action="store_true", help="run every commit, store no result"
+    )
+    p_bisect.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where results of commits are kept "
+        "(default: $XDG_CACHE_HOME/pytest-rollout-golden/commits)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = len(argv)
-    if argv[:1] == ["bisect"] and "--" in argv:  # what follows -- is pytest's, whatever it is
-        split = argv.index("--")
-    args = parser.parse_args(argv[:split])
-    args.pytest_args = argv[split + 1 :]
+    argv, pytest_args = _split_pytest_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
+    args.pytest_args = pytest_args
     try:
         if args.command == "bisect":
             return bisect_command(args)
@@ -931,16 +964,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plot":
             args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
             args.no_config = False
-            tolerances, _ = _tolerances(args)
+            tolerances, _ = _tolerances(args, [args.a, args.b])
             return plot(args.a, args.b, args.output, tolerances)
+        paths = [Path.cwd()] if args.command == "compare" else [args.a, args.b]
         try:
-            tolerances, config = _tolerances(args)
+            tolerances, config = _tolerances(args, paths)
         except ValueError as exc:
             parser.error(str(exc))
+        if args.command == "compare":
+            return compare_commits(args, tolerances)
         return diff(args.a, args.b, tolerances, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the temporary checkouts and their runs are gone already
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -59,6 +59,16 @@ class GoldenSource:
         return str(self.folder)
 
 
+def source_of(value: str, repo: Path, golden_rel: str) -> GoldenSource:
+    """``--goldens VALUE``: an existing folder, else a git ref of ``repo``."""
+    if Path(value).is_dir():
+        return GoldenSource.directory(Path(value))
+    try:
+        return GoldenSource.committed(repo, value, golden_rel)
+    except GoldenError as exc:
+        raise GoldenError(f"--goldens {value}: not a folder, and {exc}") from None
+
+
 def install(source: GoldenSource, tree: Path, golden_rel: str) -> Path:
     """Replace checkout ``tree``'s golden folder (``golden_rel`` under it) with a copy of
     ``source``; returns the folder."""

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...errors import GoldenError
 from ..tolerance.spec import Tolerance
-from .git import Commit
+from .git import Commit, toplevel
 from .goldens import GoldenSource, install
 from .trees import Tree, stop
 
@@ -119,6 +120,21 @@ class CommitRun:
         if fields.get("outcome") not in (GOOD, BAD, SKIP):
             raise ValueError(f"outcome {fields.get('outcome')!r} is not good, bad or skip")
         return cls(**fields)
+
+
+def locate(cwd: Path, golden_root: Path) -> tuple[Path, str, str]:
+    """``(repo, cwd_rel, golden_rel)`` of a run started in ``cwd`` with the golden folder
+    ``golden_root`` (relative to ``cwd``, or absolute): the top of the git checkout holding
+    ``cwd``, and both folders relative to it."""
+    repo = toplevel(cwd)
+    cwd = cwd.resolve()
+    golden = (cwd / golden_root).resolve()
+    if not golden.is_relative_to(repo):
+        raise GoldenError(
+            f"--golden-root {golden_root}: {golden} is outside the git checkout {repo}; "
+            "give the project's golden folder"
+        )
+    return repo, cwd.relative_to(repo).as_posix(), golden.relative_to(repo).as_posix()
 
 
 def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:

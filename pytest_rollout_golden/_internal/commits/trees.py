@@ -63,6 +63,8 @@ def start_time(pid: int) -> str | None:
             boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             return None
+        if fields[0] in ("Z", "X"):  # ended, not yet waited for
+            return None
         return f"{boot}:{fields[19]}"  # field 22 of stat: start time in clock ticks
     done = subprocess.run(
         ["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True, check=False
