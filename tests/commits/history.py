@@ -12,7 +12,8 @@
 - ``dirty``: the checkout is left with an uncommitted change of ``calc.py`` (a bug of its
   own) and an untracked golden, which a bisect must never use.
 
-Commits are made with fixed names and dates, so two histories built alike have the same shas.
+Commits are made with fixed names and dates, and the goldens recorded on one thread, so two
+histories built alike have the same shas (on machines with the same torch and platform).
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ def git(repo: Path, *args: str, when: int = 0) -> str:
     return done.stdout.strip()
 
 
-def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest args`` in ``cwd``, in a fresh interpreter."""
+def run_pytest(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest args`` in ``cwd``, in a fresh interpreter (``env``: more variables)."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=cwd,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         check=False,
@@ -114,7 +116,8 @@ def _first_commit(repo: Path) -> str:
     (repo / "test_calc.py").write_text(TEST)
     (repo / "pytest.ini").write_text(INI)
     (repo / ".gitignore").write_text(GITIGNORE)
-    recorded = run_pytest(repo)
+    # one thread: the manifest's fingerprint, hence every sha, is the same on any CPU machine
+    recorded = run_pytest(repo, "-p", "no:hypothesispytest", OMP_NUM_THREADS="1")
     if recorded.returncode or not (repo / "golden").is_dir():
         raise RuntimeError(f"recording the goldens failed:\n{recorded.stdout}{recorded.stderr}")
     return _commit(repo, 0, "Toy run with its goldens")
