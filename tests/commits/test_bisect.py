@@ -61,6 +61,7 @@ def test_bisect_finds_the_first_bad_commit_in_six_replays(bugged, capsys) -> Non
     assert found["replays"] <= 6, found["tried"]
     divergence = found["first_bad_run"]["first"]
     assert (divergence["metric"], divergence["step"]) == ("pg_loss", 1)
+    assert divergence["golden"] == "golden/test_calc/test_training"  # not the temporary tree
     assert 1 < divergence["excess"] < 10  # a 1e-3 bug against the default rtol of 1e-4
     skipped = [run for run in found["tried"] if run["outcome"] == "skip"]
     assert [run["commit"]["sha"] for run in skipped] == [bugged.shas[BROKEN]]

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
@@ -174,6 +175,12 @@ class _Runner:
             run = run_commit(self._spec, commit, tree)
         finally:
             self._trees.remove(tree)
+        first = run.first
+        root = tree.path.resolve()
+        if first is not None and Path(first.golden).is_relative_to(root):  # the tree is gone
+            run.first = dataclasses.replace(
+                first, golden=Path(first.golden).relative_to(root).as_posix()
+            )
         if cache is not None:
             cache.put(entry, run)
         return run
