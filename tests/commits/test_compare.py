@@ -63,11 +63,12 @@ def test_a_bad_ref_is_an_error_naming_it(history, monkeypatch, capsys):
     assert "nosuch: no such commit" in capsys.readouterr().err
 
 
-def _start(history, tmp_path) -> tuple[subprocess.Popen, object]:
+def _start(history, tmp_path, jobs: int = 1) -> tuple[subprocess.Popen, object]:
     """A compare whose test sleeps, started in a subprocess; returns it once its pytest runs,
-    with the run folder."""
+    with the file that records that pytest (named by its pid) in the run folder."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "TINY_SLEEP": "60"}
     command = [sys.executable, "-m", "pytest_rollout_golden", "compare", "HEAD~1", "HEAD"]
+    command += ["--jobs", str(jobs)]
     compare = subprocess.Popen(command, cwd=history.path, env=env, stderr=subprocess.PIPE)
     root = tmp_path / f"rollout-golden-commits-{os.getuid()}"
     deadline = time.monotonic() + 120
@@ -91,16 +92,21 @@ def _gone(pid: int, seconds: float = 20) -> bool:
     return True
 
 
-def test_ctrl_c_removes_the_run_folder_and_kills_pytest(history, tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "jobs", "status"), [(signal.SIGINT, 1, 130), (signal.SIGTERM, 2, 143)]
+)
+def test_ctrl_c_or_sigterm_removes_the_run_folder_and_kills_pytest(
+    history, tmp_path, signum, jobs, status
+):
     before = fingerprint(history.path)
-    compare, child = _start(history, tmp_path)
-    folder, pid = child.parent.parent, int(child.name)
-    assert trees.start_time(pid) is not None
-    compare.send_signal(signal.SIGINT)
-    assert compare.wait(timeout=60) == 130
-    assert "interrupted" in compare.stderr.read().decode()
+    compare, child = _start(history, tmp_path, jobs)
+    folder = child.parent.parent
+    pids = [int(c.name) for c in child.parent.iterdir()]
+    assert all(trees.start_time(pid) is not None for pid in pids)
+    compare.send_signal(signum)
+    assert compare.wait(timeout=60) == status, compare.stderr.read()
     assert not folder.exists()
-    assert _gone(pid)
+    assert all(_gone(pid) for pid in pids)
     assert fingerprint(history.path) == before
 
 

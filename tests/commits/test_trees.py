@@ -135,3 +135,14 @@ def test_goldens_from_a_ref_are_the_committed_ones(repo, tmp_path):
     assert goldens.digest(source).startswith("git:")
     with pytest.raises(GoldenError, match=r"golden: not committed at main~1 .*--goldens"):
         goldens.GoldenSource.committed(repo.path, "main~1", "golden")
+
+
+def test_the_digest_follows_a_linked_golden_as_the_copy_does(tmp_path):
+    (tmp_path / "elsewhere" / "g").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "g" / "metrics.json").write_text("1")
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "g").symlink_to(tmp_path / "elsewhere" / "g")
+    source = goldens.GoldenSource.directory(tmp_path / "golden")
+    before = goldens.digest(source)
+    (tmp_path / "elsewhere" / "g" / "metrics.json").write_text("2")
+    assert goldens.digest(source) != before

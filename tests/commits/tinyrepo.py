@@ -45,6 +45,8 @@ def git(repo: Path, *args: str) -> str:
         "GIT_AUTHOR_EMAIL": "t@example.com",
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",  # the same hashes on every run
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
     }
     done = subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True

@@ -156,6 +156,32 @@ def cli_diff_json(work: Path) -> str:
     return laid_out(document, depth=3) + "\n"
 
 
+def tiny_git_project(work: Path) -> Path:
+    """The tiny git project of ``tests/commits``: goldens recorded, a commit of notes, then
+    a 1e-3 bug in the loss (fixed dates: the same commit hashes on every run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tinyrepo", ROOT / "tests/commits/tinyrepo.py")
+    assert spec is not None and spec.loader is not None
+    tinyrepo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tinyrepo)
+    repo = tinyrepo.TinyRepo(work / "project")
+    repo.record()
+    repo.commit("notes", {"notes.txt": "unrelated"})
+    repo.bug()
+    return repo.path
+
+
+@output("cli-compare")
+def cli_compare(work: Path) -> str:
+    """``compare`` of the commit that recorded the goldens against the bug, times as ``…``."""
+    import re
+
+    project = tiny_git_project(work)
+    text = shown(project, "compare", "HEAD~2", "HEAD", "--jobs", "2", "--", "-q", status=True)
+    return re.sub(r"exit (\d+), [\d.]+ s\)", r"exit \1, … s)", in_example(text, project))
+
+
 LONG_RUN: list[Path] = []  # a 12-step golden calibrated over 3 runs, once per session
 LONG_TEST = """\
 import math, pathlib

@@ -42,16 +42,21 @@ def environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _REDIRECTS}
 
 
-def git(repo: Path, *args: str, what: str = "") -> str:
-    """Run ``git -C repo ARGS`` (hooks off) and return its output; :class:`GoldenError`
-    naming ``what`` (else the command) and git's own message when it fails."""
+def _run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``git -C repo ARGS`` with hooks off, its output captured."""
     command = ["git", "-c", "core.hooksPath=/dev/null", "-C", str(repo), *args]
     try:
-        done = subprocess.run(
+        return subprocess.run(
             command, capture_output=True, text=True, env=environment(), check=False
         )
     except FileNotFoundError:
         raise GoldenError("git: not found; install git, or put it on PATH") from None
+
+
+def git(repo: Path, *args: str, what: str = "") -> str:
+    """Run ``git -C repo ARGS`` (hooks off) and return its output; :class:`GoldenError`
+    naming ``what`` (else the command) and git's own message when it fails."""
+    done = _run(repo, *args)
     if done.returncode != 0:
         message = done.stderr.strip().splitlines()
         raise GoldenError(f"{what or 'git ' + ' '.join(args)}: {message[-1] if message else ''}")
@@ -90,13 +95,7 @@ def between(repo: Path, good: str | Commit, bad: str | Commit) -> list[Commit]:
     bad_c = bad if isinstance(bad, Commit) else resolve(repo, bad)
     if good_c.sha == bad_c.sha:
         raise GoldenError(f"good and bad are the same commit ({good_c.short}); nothing to search")
-    ancestor = subprocess.run(
-        ["git", "-C", str(repo), "merge-base", "--is-ancestor", good_c.sha, bad_c.sha],
-        capture_output=True,
-        env=environment(),
-        check=False,
-    )
-    if ancestor.returncode != 0:
+    if _run(repo, "merge-base", "--is-ancestor", good_c.sha, bad_c.sha).returncode != 0:
         raise GoldenError(
             f"{good_c.short} ({good_c.subject}) is not an ancestor of {bad_c.short} "
             f"({bad_c.subject}); give --good an older commit of the same history"

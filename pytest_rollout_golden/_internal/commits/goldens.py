@@ -106,7 +106,12 @@ def digest(source: GoldenSource) -> str:
         return "git:" + git(source.repo, "rev-parse", spec).strip()
     assert source.folder is not None
     hasher = hashlib.sha256()
-    for path in sorted(p for p in source.folder.rglob("*") if p.is_file()):
+    files = [  # links followed, as the copy follows them
+        Path(folder) / name
+        for folder, _, names in os.walk(source.folder, followlinks=True)
+        for name in names
+    ]
+    for path in sorted(p for p in files if p.is_file()):
         rel = path.relative_to(source.folder).as_posix().encode()
         hasher.update(len(rel).to_bytes(8, "big") + rel)
         data = path.read_bytes()

@@ -166,11 +166,17 @@ def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:
 
 def _env(spec: RunSpec, tree: Path) -> dict[str, str]:
     """This process's environment, the checkout's folders first on ``PYTHONPATH``: its
-    package shadows an installed (or editable) copy of the user's project."""
+    package shadows an installed (or editable) copy of the user's project. No ``.pyc`` is
+    written."""
     paths = [str(tree)] + ([str(tree / "src")] if (tree / "src").is_dir() else [])
     paths += [str(tree / extra) for extra in spec.pythonpath]  # an absolute one stays as is
     inherited = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + ([inherited] if inherited else []))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths + ([inherited] if inherited else [])),
+        # a module found in the user's checkout (not at this commit) must not leave a .pyc there
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def _run(

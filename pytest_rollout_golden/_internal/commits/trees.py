@@ -152,6 +152,7 @@ class Trees:
         self._lock = threading.Lock()
         self._children: set[subprocess.Popen[bytes]] = set()
         self._sigterm: Any = None
+        self._closed = False
 
     def __enter__(self) -> Trees:
         top = root(self.base)
@@ -181,6 +182,7 @@ class Trees:
         masked = _block_signals()
         try:
             with self._lock:
+                self._closed = True
                 children = list(self._children)
             for child in children:
                 stop(child)
@@ -216,8 +218,10 @@ class Trees:
     def popen(self, command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start ``command`` in a process group of its own, known to the run: leaving the run
         kills it."""
-        child = subprocess.Popen(command, start_new_session=True, **kwargs)
-        with self._lock:
+        with self._lock:  # once the run is left, nothing more starts in it
+            if self._closed:
+                raise GoldenError(f"{self.folder}: the run has ended; nothing more runs in it")
+            child = subprocess.Popen(command, start_new_session=True, **kwargs)
             self._children.add(child)
         record = self.folder / CHILDREN / str(child.pid)
         record.parent.mkdir(exist_ok=True)
