@@ -122,3 +122,12 @@ def test_bad_ends_are_a_clear_error(tmp_path, capsys) -> None:
     status, _, err = _main(history, argv, capsys)
     assert status == 2
     assert "is not an ancestor of" in err and "give --good an older commit" in err
+
+
+def test_check_ends_stops_when_the_good_end_replays_bad(tmp_path, capsys) -> None:
+    history = build_history(tmp_path / "repo", commits=4, bug_at=1)
+    argv = ["bisect", "--good", history.shas[1], "--bad", history.bad, "--check-ends"]
+    status, _, err = _main(history, [*argv, "--jobs", "2", "--no-cache", "--", *FAST], capsys)
+    assert status == 2
+    assert f"--good {history.shas[1][:10]} (Scale the loss after the first step) replays bad" in err
+    assert "give --good a commit that replays good" in err

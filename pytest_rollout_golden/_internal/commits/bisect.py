@@ -102,14 +102,16 @@ def bisect(spec: RunSpec, options: BisectOptions) -> BisectResult:
     options.on_plan(good, bad, len(commits))
     with Trees(spec.repo) as trees, _Runner(spec, options, trees) as runner:
         if options.check_ends:
-            _check_ends(runner.run([good, bad]))
+            for run, wanted in zip(runner.run([good, bad]), ("good", "bad"), strict=True):
+                _expect(run, wanted)
         while not search.done:
             batch = search.next_batch()
             for index, run in zip(batch, runner.run([commits[i] for i in batch]), strict=True):
                 search.record(index, run.outcome)
         found = search.result
         if found.first_bad is not None and not runner.tried(commits[found.first_bad]):
-            runner.run([commits[found.first_bad]])  # its divergence is the answer's detail
+            # only the trusted bad end can be the answer untried: its divergence is the detail
+            _expect(runner.run([commits[found.first_bad]])[0], "bad")
     return BisectResult(
         good=good,
         bad=bad,
@@ -124,15 +126,14 @@ def bisect(spec: RunSpec, options: BisectOptions) -> BisectResult:
     )
 
 
-def _check_ends(runs: list[CommitRun]) -> None:
-    """``--check-ends``: the good end must replay good and the bad end bad."""
-    for run, wanted in zip(runs, ("good", "bad"), strict=True):
-        if run.outcome != wanted:
-            reason = f": {run.reason}" if run.reason else ""
-            raise GoldenError(
-                f"--{wanted} {run.commit.short} ({run.commit.subject}) replays {run.outcome}, "
-                f"not {wanted}{reason}; give --{wanted} a commit that replays {wanted}"
-            )
+def _expect(run: CommitRun, wanted: str) -> None:
+    """The end ``--good`` or ``--bad`` (``wanted``) must replay as it says."""
+    if run.outcome != wanted:
+        reason = f": {run.reason}" if run.reason else ""
+        raise GoldenError(
+            f"--{wanted} {run.commit.short} ({run.commit.subject}) replays {run.outcome}, "
+            f"not {wanted}{reason}; give --{wanted} a commit that replays {wanted}"
+        )
 
 
 class _Runner:

@@ -48,18 +48,16 @@ def _commit(commit: Commit) -> str:
 def bisect_plan(good: Commit, bad: Commit, count: int, goldens: str) -> str:
     """The first progress line: what is searched, on which goldens."""
     return (
-        f"bisect: {plural(count, 'commit')} after good {_commit(good)} up to bad "
-        f"{_commit(bad)}; goldens: {goldens}"
+        f"bisect: {plural(count, 'commit')} after good {good.short} ({good.subject}) up to bad "
+        f"{bad.short} ({bad.subject}); goldens: {goldens}"
     )
 
 
 def bisect_progress(tried: int, run: CommitRun) -> str:
     """One progress line per commit tried."""
-    how = "cached" if run.cached else f"{run.seconds:.1f} s"
+    how = "(cached)" if run.cached else f"in {run.seconds:.1f} s"
     reason = f" ({run.reason})" if run.reason and run.outcome == "skip" else ""
-    return (
-        f"bisect: [{tried}] {run.commit.short} {run.outcome} in {how}: {run.commit.subject}{reason}"
-    )
+    return f"bisect: [{tried}] {run.commit.short} {run.outcome} {how}: {run.commit.subject}{reason}"
 
 
 def divergence(run: CommitRun) -> str:
