@@ -1,4 +1,4 @@
-"""``rollout-golden``: verify, show, diff, plot and import goldens outside pytest.
+"""``rollout-golden``: verify, show, diff, plot and import goldens outside pytest; compare commits.
 
     rollout-golden verify [PATH ...]          check every checksum of every golden and lane
     rollout-golden show PATH [--json]         lanes, steps x metrics, per-tensor statistics
@@ -878,6 +878,7 @@ def _compare_parser(sub: Any) -> None:
     p_compare = sub.add_parser(
         "compare",
         help="run the selected tests at git refs A and B on the same goldens; diff the values",
+        usage="rollout-golden compare A B [options] -- [PYTEST_ARGS ...]",
         description="Run the tests after -- at git refs A and B, each in a temporary checkout "
         "with --update-golden on its own copy of the same goldens, and diff B's values against "
         "A's per golden, step and metric. The checkout you run it in is never written.",

@@ -57,10 +57,14 @@ def test_compare_shows_the_metric_and_step_beyond_tolerance(history, monkeypatch
     assert list((tmp_path / f"rollout-golden-commits-{os.getuid()}").iterdir()) == []
 
 
-def test_a_bad_ref_is_an_error_naming_it(history, monkeypatch, capsys):
+def test_a_bad_ref_or_golden_source_is_an_error_naming_it(history, monkeypatch, capsys):
     monkeypatch.chdir(history.path)
     assert main(["compare", "nosuch", "HEAD"]) == 2
     assert "nosuch: no such commit" in capsys.readouterr().err
+    assert main(["compare", "HEAD~1", "HEAD", "--goldens", "nosuch"]) == 2
+    assert "--goldens nosuch: not a folder, and nosuch: no such commit" in capsys.readouterr().err
+    assert main(["compare", "HEAD~1", "HEAD", "--golden-root", str(history.path.parent)]) == 2
+    assert "is outside the git checkout" in capsys.readouterr().err
 
 
 def _start(history, tmp_path, jobs: int = 1) -> tuple[subprocess.Popen, object]:

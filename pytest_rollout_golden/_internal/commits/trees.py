@@ -80,12 +80,15 @@ def reap(root_folder: Path) -> list[Path]:
     """
     removed = []
     for entry in sorted(root_folder.iterdir()):
-        if not _RUN.fullmatch(entry.name) or not stat.S_ISDIR(entry.lstat().st_mode):
+        try:
+            if not _RUN.fullmatch(entry.name) or not stat.S_ISDIR(entry.lstat().st_mode):
+                continue
+            owner = _owner(entry)
+            if owner is None or _alive(owner):
+                continue
+            _stop_orphans(entry)
+        except FileNotFoundError:  # another run reaped it meanwhile
             continue
-        owner = _owner(entry)
-        if owner is None or _alive(owner):
-            continue
-        _stop_orphans(entry)
         _remove(entry)
         removed.append(entry)
     return removed
