@@ -13,6 +13,7 @@ import platform
 import sys
 import time
 
+import bench_bisect
 import bench_compare
 import bench_determinism
 import bench_example
@@ -31,6 +32,7 @@ SECTIONS = {
     "determinism": bench_determinism,
     "parallel": bench_parallel,
     "longrun": bench_longrun,
+    "bisect": bench_bisect,
 }
 
 

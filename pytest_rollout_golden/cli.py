@@ -1,4 +1,4 @@
-"""``rollout-golden``: verify, show, diff, plot and import goldens outside pytest.
+"""``rollout-golden``: verify, show, diff, plot and import goldens outside pytest; compare commits.
 
     rollout-golden verify [PATH ...]          check every checksum of every golden and lane
     rollout-golden show PATH [--json]         lanes, steps x metrics, per-tensor statistics
@@ -8,6 +8,8 @@
     rollout-golden plot A [B] -o out.png      metric curves, first divergence marked
     rollout-golden plot ROOT_A [ROOT_B] -o DIR  one PNG per golden (pair), DIR/REL.png
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps -> golden
+    rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
+    rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -662,6 +664,71 @@ def import_dumps(args: argparse.Namespace) -> int:
     return 0
 
 
+def bisect_command(args: argparse.Namespace) -> int:
+    """Search the commits between ``--good`` and ``--bad`` for the first one whose replay of
+    the selected tests fails; 0 found, 1 ambiguous (skipped commits border it)."""
+    from ._internal.commits.bisect import BisectOptions, bisect
+    from ._internal.report.commits import bisect_lines, bisect_plan, bisect_progress
+
+    if args.jobs < 1:
+        raise GoldenError(f"--jobs {args.jobs}: give at least 1")
+    spec = _run_spec(args, goldens_at=args.good)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    options = BisectOptions(
+        good=args.good,
+        bad=args.bad,
+        jobs=args.jobs,
+        cache=_commit_cache(args),
+        check_ends=args.check_ends,
+        on_plan=lambda good, bad, count: progress(
+            bisect_plan(good, bad, count, spec.goldens.describe())
+        ),
+        on_run=lambda tried, run: progress(bisect_progress(tried, run)),
+    )
+    result = bisect(spec, options)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print("\n".join(bisect_lines(result)))
+    return 0 if result.first_bad is not None else 1
+
+
+def _run_spec(args: argparse.Namespace, *, goldens_at: str | None) -> Any:
+    """The run at each commit, from the options: the tests (run in the current folder's place
+    in each checkout) and their goldens: ``--goldens``, else the golden root as committed at
+    ``goldens_at``, else as it is on disk."""
+    from ._internal.commits.goldens import GoldenSource, source_of
+    from ._internal.commits.runs import RunSpec, locate
+
+    repo, cwd_rel, golden_rel = locate(Path.cwd(), args.golden_root)
+    if args.goldens is not None:
+        source = source_of(args.goldens, repo, golden_rel)
+    elif goldens_at is None:
+        source = GoldenSource.directory(repo / golden_rel)
+    else:
+        source = GoldenSource.committed(repo, goldens_at, golden_rel)
+    return RunSpec(
+        repo,
+        cwd_rel,
+        golden_rel,
+        source,
+        pytest_args=tuple(args.pytest_args),
+        any_failure=getattr(args, "any_failure", False),
+        timeout=args.timeout,
+        pythonpath=tuple(args.pythonpath),
+    )
+
+
+def _commit_cache(args: argparse.Namespace) -> Any:
+    """The cache of results of commits tried (``None`` with ``--no-cache``)."""
+    from ._internal.commits.cache import Cache
+
+    return None if args.no_cache else Cache(args.cache_dir)
+
+
 def _import_epilog() -> str:
     """The files each layout reads, for ``rollout-golden import -h``."""
     from .dumps import PATTERNS
@@ -674,16 +741,16 @@ def _import_epilog() -> str:
     return "\n".join(lines)
 
 
-def _tolerances(args: argparse.Namespace) -> tuple[Stack, str]:
-    """The plugin's layers: --tolerance/--ignore, then the project's ini, then built-ins."""
+def _tolerances(args: argparse.Namespace, paths: Sequence[Path]) -> tuple[Stack, str]:
+    """The plugin's layers: --tolerance/--ignore, then the ini of the project holding
+    ``paths`` (or ``--config``), then built-ins."""
     from ._internal.pytest_plugin.options import with_profile
     from ._internal.pytest_plugin.projectini import find_config, linelist
 
     ini: tuple[Layer, ...] = ()
     config, profile = "", ""
     if not args.no_config:
-        paths = [args.config] if args.config else [p for p in (args.a, args.b) if p]
-        path, options = find_config(paths)
+        path, options = find_config([args.config] if args.config else [p for p in paths if p])
         if args.config and path is None:
             raise GoldenError(f"{args.config}: not a pytest configuration file")
         if path is not None:
@@ -759,25 +826,138 @@ def _parser() -> argparse.ArgumentParser:
     )
     p_diff.add_argument("a", type=Path, help="golden, root or batch file; GOLDEN@LANE: a lane")
     p_diff.add_argument("b", type=Path, help="the same kind of path as A")
-    p_diff.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
-    p_diff.add_argument(
+    _tolerance_arguments(p_diff)
+    _compare_parser(sub)
+    _bisect_parser(sub)
+    return parser
+
+
+def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a verb that diffs goldens: tolerances, ``--json``, the ini to read."""
+    parser.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
+    parser.add_argument(
         "--ignore", action="append", default=[], metavar="NAME", help="do not compare (glob)"
     )
-    p_diff.add_argument("--exact", action="store_true", help="demand bit equality")
-    p_diff.add_argument("--json", action="store_true", help="machine-readable output")
-    p_diff.add_argument(
+    parser.add_argument("--exact", action="store_true", help="demand bit equality")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
         "--config", type=Path, help="pytest configuration file to read golden_tolerances from"
     )
-    p_diff.add_argument(
+    parser.add_argument(
         "--no-config", action="store_true", help="ignore the project's golden_tolerances"
     )
-    return parser
+
+
+def _commit_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a verb that runs the tests at other commits (``-- PYTEST_ARGS`` after
+    them: :func:`_split_pytest_args`)."""
+    parser.add_argument(
+        "--goldens",
+        metavar="SOURCE",
+        help="where the recorded inputs come from: an existing folder, else a git ref (its "
+        "committed golden folder)",
+    )
+    parser.add_argument(
+        "--golden-root",
+        type=Path,
+        default=Path("golden"),
+        metavar="DIR",
+        help="the project's golden folder (default: golden, under the current directory)",
+    )
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="commits run at once")
+    parser.add_argument("--timeout", type=float, metavar="S", help="seconds per pytest run")
+    parser.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="one more import folder (relative: in the checkout), after the checkout's top "
+        "and its src/",
+    )
+
+
+def _compare_parser(sub: Any) -> None:
+    p_compare = sub.add_parser(
+        "compare",
+        help="run the selected tests at git refs A and B on the same goldens; diff the values",
+        usage="rollout-golden compare A B [options] -- [PYTEST_ARGS ...]",
+        description="Run the tests after -- at git refs A and B, each in a temporary checkout "
+        "with --update-golden on its own copy of the same goldens, and diff B's values against "
+        "A's per golden, step and metric. The checkout you run it in is never written.",
+    )
+    p_compare.add_argument("a", metavar="A", help="git ref: branch, tag, commit hash, HEAD~3")
+    p_compare.add_argument("b", metavar="B", help="git ref")
+    _commit_run_arguments(p_compare)
+    _tolerance_arguments(p_compare)
+
+
+def _split_pytest_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``compare`` / ``bisect``: what follows the first ``--`` goes to pytest."""
+    if argv[:1] in (["compare"], ["bisect"]) and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
+    """Run the tests at refs A and B on the same goldens; print the diff (0 same, 1 differs)."""
+    from ._internal.commits.compare import compare
+    from ._internal.report.commits import compare_lines
+
+    spec = _run_spec(args, goldens_at=None)
+    result = compare(spec, args.a, args.b, tolerances, jobs=args.jobs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        print("\n".join(compare_lines(result)))
+    return 1 if result.differs else 0
+
+
+def _bisect_parser(sub: Any) -> None:
+    """``rollout-golden bisect``'s options."""
+    p_bisect = sub.add_parser(
+        "bisect",
+        help="find the first commit between --good and --bad whose replay fails",
+        usage="rollout-golden bisect --good REF --bad REF [options] [-- PYTEST_ARGS ...]",
+        description="Replay the selected tests (PYTEST_ARGS after --) at the commits between "
+        "--good and --bad, each in a temporary checkout on the goldens committed at --good, "
+        "and print the first bad commit, its first divergence and the commits tried. The "
+        "checkout you run it in is only read.",
+    )
+    p_bisect.add_argument("--good", required=True, metavar="REF", help="a commit that passes")
+    p_bisect.add_argument("--bad", required=True, metavar="REF", help="a commit that fails")
+    p_bisect.add_argument(
+        "--any-failure",
+        action="store_true",
+        help="a commit is bad when any test fails, not only on the plugin's verdict",
+    )
+    p_bisect.add_argument(
+        "--check-ends",
+        action="store_true",
+        help="replay --good and --bad too, and stop unless they replay good and bad",
+    )
+    _commit_run_arguments(p_bisect)
+    p_bisect.add_argument("--json", action="store_true", help="machine-readable output")
+    p_bisect.add_argument(
+        "--no-cache", action="store_true", help="run every commit, store no result"
+    )
+    p_bisect.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where results of commits are kept "
+        "(default: $XDG_CACHE_HOME/pytest-rollout-golden/commits)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
+    argv, pytest_args = _split_pytest_args(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    args.pytest_args = pytest_args
     try:
+        if args.command == "bisect":
+            return bisect_command(args)
         if args.command == "verify":
             return verify(args.paths)
         if args.command == "show":
@@ -787,16 +967,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plot":
             args.tolerance, args.ignore, args.exact, args.config = [], [], False, None
             args.no_config = False
-            tolerances, _ = _tolerances(args)
+            tolerances, _ = _tolerances(args, [args.a, args.b])
             return plot(args.a, args.b, args.output, tolerances)
+        paths = [Path.cwd()] if args.command == "compare" else [args.a, args.b]
         try:
-            tolerances, config = _tolerances(args)
+            tolerances, config = _tolerances(args, paths)
         except ValueError as exc:
             parser.error(str(exc))
+        if args.command == "compare":
+            return compare_commits(args, tolerances)
         return diff(args.a, args.b, tolerances, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the temporary checkouts and their runs are gone already
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -156,6 +156,32 @@ def cli_diff_json(work: Path) -> str:
     return laid_out(document, depth=3) + "\n"
 
 
+def tiny_git_project(work: Path) -> Path:
+    """The tiny git project of ``tests/commits``: goldens recorded, a commit of notes, then
+    a 1e-3 bug in the loss (fixed dates: the same commit hashes on every run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tinyrepo", ROOT / "tests/commits/tinyrepo.py")
+    assert spec is not None and spec.loader is not None
+    tinyrepo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tinyrepo)
+    repo = tinyrepo.TinyRepo(work / "project")
+    repo.record()
+    repo.commit("notes", {"notes.txt": "unrelated"})
+    repo.bug()
+    return repo.path
+
+
+@output("cli-compare")
+def cli_compare(work: Path) -> str:
+    """``compare`` of the commit that recorded the goldens against the bug, times as ``…``."""
+    import re
+
+    project = tiny_git_project(work)
+    text = shown(project, "compare", "HEAD~2", "HEAD", "--jobs", "2", "--", "-q", status=True)
+    return re.sub(r"exit (\d+), [\d.]+ s\)", r"exit \1, … s)", in_example(text, project))
+
+
 LONG_RUN: list[Path] = []  # a 12-step golden calibrated over 3 runs, once per session
 LONG_TEST = """\
 import math, pathlib
@@ -773,3 +799,73 @@ def import_jsonl_mixed(work: Path) -> str:
     return shown(work, "import", "logs", "-o", "golden/test_logs/test_verl") + shown(
         work, "import", "logs", "--layout", "nemo-rl", "-o", "golden/test_logs/test_nemo"
     )
+
+
+# ---------------------------------------------------------------- docs/guide/bisect.md
+
+BISECTED: dict[str, str] = {}  # the toy history and its first bisect's output, once a session
+BISECT = ("bisect", "--good", "HEAD~31", "--bad", "HEAD")
+
+
+def bisected(work: Path) -> tuple[Path, str]:
+    """The 32-commit history of tests/commits/ (the bug at commit 11, commit 16 does not
+    collect) and what its first bisect printed; later bisects of it find every commit cached."""
+    if not BISECTED or not Path(BISECTED["repo"]).exists():
+        sys.path.insert(0, str(ROOT / "tests" / "commits"))
+        from history import build_history
+
+        repo = build_history(work / "history" / "repo", bug_at=11, broken_at=16).repo
+        BISECTED["repo"] = str(repo)
+        BISECTED["first"] = bisect_shown(repo, *BISECT, "--", "test_calc.py")
+    return Path(BISECTED["repo"]), BISECTED["first"]
+
+
+def bisect_shown(repo: Path, *args: str) -> str:
+    """``$ rollout-golden ARGS`` in the history, stderr and stdout as a terminal interleaves
+    them; durations, which vary from run to run, read ``…``."""
+    import re
+
+    env = environment()
+    env["XDG_CACHE_HOME"] = str(repo.parent / "cache")
+    env["PYTEST_ADDOPTS"] = "-p no:hypothesispytest"  # a faster replay, the same output
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_rollout_golden", *args],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = re.sub(r"\b\d+\.\d s\b", "… s", done.stdout).splitlines()
+    header = next((i for i, line in enumerate(lines) if " seconds " in line), len(lines))
+    column = lines[header].find(" seconds ") + 1 if header < len(lines) else 0
+    for i in range(header + 1, len(lines)):  # the table's seconds column
+        lines[i] = lines[i][:column] + "…".ljust(7) + lines[i][column + 7 :]
+    return "\n".join([f"$ rollout-golden {' '.join(args)}", *lines]) + "\n"
+
+
+@output("bisect-session")
+def bisect_session(work: Path) -> str:
+    return bisected(work)[1]
+
+
+@output("bisect-cached")
+def bisect_cached(work: Path) -> str:
+    """The same bisect again: every commit it tries is in the cache."""
+    repo, _ = bisected(work)
+    return bisect_shown(repo, *BISECT, "--", "test_calc.py")
+
+
+@output("cli-bisect-json")
+def cli_bisect_json(work: Path) -> str:
+    """``--json`` of the same bisect (cached), long fields and all but one run elided."""
+    repo, _ = bisected(work)
+    env = environment()
+    env["XDG_CACHE_HOME"] = str(repo.parent / "cache")
+    args = (*BISECT, "--json", "--", "test_calc.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_rollout_golden", *args],
+        cwd=repo, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    document = json.loads(done.stdout)
+    document["seconds"] = "..."
+    for run in (document["first_bad_run"], *document["tried"]):
+        run.update(seconds="...", log_tail="...", failures=["..."] if run["failures"] else [])
+    document["tried"] = [*document["tried"][:1], "..."]
+    return f"$ rollout-golden {' '.join(args)}\n" + laid_out(document, depth=2) + "\n"

@@ -1,0 +1,127 @@
+"""``rollout-golden compare A B``: two commits on the same recorded inputs, the diff of what
+they compute, and the temporary checkouts gone however the command ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from tinyrepo import TinyRepo, fingerprint
+
+from pytest_rollout_golden._internal.commits import trees
+from pytest_rollout_golden.cli import main
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """goldens recorded, an unrelated commit, then the 1e-3 bug."""
+    repo = TinyRepo(tmp_path_factory.mktemp("c") / "project")
+    repo.record()
+    repo.commit("notes", {"notes.txt": "unrelated"})
+    repo.bug()
+    return repo
+
+
+def test_compare_shows_the_metric_and_step_beyond_tolerance(history, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(history.path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = fingerprint(history.path)
+
+    assert main(["compare", "HEAD~2", "HEAD", "--jobs", "2", "--", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert f"A: {history.shas[1][:10]} record goldens (pytest --update-golden: exit 0" in out
+    assert f"B: {history.shas[3][:10]} scale the loss by 1.001" in out
+    assert "test_calc/test_loss: DIFFERS (3 beyond tolerance)" in out
+    assert "pg_loss  step 0" in out
+
+    assert main(["compare", "HEAD~2", "HEAD~1", "--json", "--jobs", "2"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is True and document["summary"]["within_tolerance"] == 1
+    assert (document["a"]["commit"], document["b"]["commit"]) == tuple(history.shas[1:3])
+
+    assert main(["compare", "HEAD~1", "HEAD", "--json", "--jobs", "2"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    (golden,) = document["goldens"]
+    assert golden["golden"] == "test_calc/test_loss"
+    assert golden["first_divergence"] == {"pg_loss": 0}
+    beyond = [r for r in golden["metrics"] if not r["ok"]]
+    assert [(r["name"], r["step"]) for r in beyond] == [("pg_loss", s) for s in range(3)]
+    assert beyond[0]["rel_max"] == pytest.approx(1e-3)
+    assert fingerprint(history.path) == before
+    assert list((tmp_path / f"rollout-golden-commits-{os.getuid()}").iterdir()) == []
+
+
+def test_a_bad_ref_or_golden_source_is_an_error_naming_it(history, monkeypatch, capsys):
+    monkeypatch.chdir(history.path)
+    assert main(["compare", "nosuch", "HEAD"]) == 2
+    assert "nosuch: no such commit" in capsys.readouterr().err
+    assert main(["compare", "HEAD~1", "HEAD", "--goldens", "nosuch"]) == 2
+    assert "--goldens nosuch: not a folder, and nosuch: no such commit" in capsys.readouterr().err
+    assert main(["compare", "HEAD~1", "HEAD", "--golden-root", str(history.path.parent)]) == 2
+    assert "is outside the git checkout" in capsys.readouterr().err
+
+
+def _start(history, tmp_path, jobs: int = 1) -> tuple[subprocess.Popen, object]:
+    """A compare whose test sleeps, started in a subprocess; returns it once its pytest runs,
+    with the file that records that pytest (named by its pid) in the run folder."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TINY_SLEEP": "60"}
+    command = [sys.executable, "-m", "pytest_rollout_golden", "compare", "HEAD~1", "HEAD"]
+    command += ["--jobs", str(jobs)]
+    compare = subprocess.Popen(command, cwd=history.path, env=env, stderr=subprocess.PIPE)
+    root = tmp_path / f"rollout-golden-commits-{os.getuid()}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        runs = list(root.glob("run-*/children/*"))
+        if runs:
+            time.sleep(3)  # let pytest get into the test
+            return compare, runs[0]
+        assert compare.poll() is None, compare.stderr.read()
+        time.sleep(0.2)
+    compare.kill()
+    raise AssertionError("the compare never started pytest")
+
+
+def _gone(pid: int, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while trees.start_time(pid) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize(
+    ("signum", "jobs", "status"), [(signal.SIGINT, 1, 130), (signal.SIGTERM, 2, 143)]
+)
+def test_ctrl_c_or_sigterm_removes_the_run_folder_and_kills_pytest(
+    history, tmp_path, signum, jobs, status
+):
+    before = fingerprint(history.path)
+    compare, child = _start(history, tmp_path, jobs)
+    folder = child.parent.parent
+    pids = [int(c.name) for c in child.parent.iterdir()]
+    assert all(trees.start_time(pid) is not None for pid in pids)
+    compare.send_signal(signum)
+    assert compare.wait(timeout=60) == status, compare.stderr.read()
+    assert not folder.exists()
+    assert all(_gone(pid) for pid in pids)
+    assert fingerprint(history.path) == before
+
+
+def test_after_a_sigkill_the_next_start_reaps_the_run(history, tmp_path):
+    before = fingerprint(history.path)
+    compare, child = _start(history, tmp_path)
+    folder, pid = child.parent.parent, int(child.name)
+    compare.kill()
+    compare.wait()
+    assert folder.is_dir() and trees.start_time(pid) is not None  # pytest runs on, orphaned
+    with trees.Trees(history.path, base=tmp_path) as run:
+        assert not folder.exists() and run.folder.is_dir()
+    assert _gone(pid)
+    assert fingerprint(history.path) == before

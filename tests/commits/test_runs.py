@@ -1,0 +1,160 @@
+"""One run at one commit: the verdict rules, the isolation from the user's checkout, and the
+cache of results."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from tinyrepo import CALC, TinyRepo, fingerprint
+
+from pytest_rollout_golden._internal.commits import cache, git, goldens, runs, trees
+from pytest_rollout_golden._internal.commits.runs import BAD, GOOD, SKIP, judge
+
+C = git.Commit("a" * 40, "subject")
+
+
+def comparison(verdict: str, step: int, **kw) -> dict:
+    return {
+        "test": "t.py::t",
+        "golden": "/g",
+        "metric": "pg_loss",
+        "step": step,
+        "verdict": verdict,
+        "expected": 0.5,
+        "actual": 0.5005,
+        "abs_diff": 5e-4,
+        "tolerance": {"rtol": 1e-4, "atol": 1e-8},
+        "excess": 9.9,
+        **kw,
+    }
+
+
+def report(*comparisons: dict, status: str = "failed") -> dict:
+    return {
+        "format": "pytest-rollout-golden-report",
+        "comparisons": list(comparisons),
+        "tests": [{"test": "t.py::t", "directory": "/g", "status": status}],
+    }
+
+
+def test_a_failed_comparison_is_bad_and_its_lowest_step_the_first_divergence():
+    run = judge(
+        C, 1, report(comparison("pass", 0), comparison("fail", 2), comparison("fail", 1)), []
+    )
+    assert run.outcome == BAD and len(run.failures) == 2
+    first = run.first
+    assert (first.metric, first.step, first.expected, first.actual) == ("pg_loss", 1, 0.5, 0.5005)
+    assert first.tolerance == "rtol=0.0001, atol=1e-08" and first.excess == 9.9
+
+
+def test_a_failure_inside_an_expected_failure_does_not_count():
+    run = judge(C, 0, report(comparison("fail", 0), status="xfailed"), [])
+    assert run.outcome == GOOD
+
+
+def test_exit_1_without_a_failed_comparison():
+    passed = report(comparison("pass", 0), status="replayed")
+    log = ["x", "E   AssertionError: other test", "E   more"]
+    assert judge(C, 1, passed, log).outcome == GOOD
+    assert judge(C, 1, passed, log, any_failure=True).outcome == BAD
+    crashed = judge(C, 1, report(), log)  # no comparison ran
+    assert (crashed.outcome, crashed.reason) == (
+        SKIP,
+        "no comparison ran: AssertionError: other test",
+    )
+    assert judge(C, 1, report(), log, any_failure=True).outcome == BAD
+
+
+@pytest.mark.parametrize("code", [2, 3, 4, 5])
+def test_exits_above_1_are_skipped_with_the_reason(code):
+    run = judge(C, code, report(comparison("fail", 0)), ["E   SyntaxError: bad", "== 1 error =="])
+    assert run.outcome == SKIP and run.reason.endswith("SyntaxError: bad")
+
+
+def test_no_report_or_nothing_compared_is_skipped():
+    assert judge(C, 0, None, ["1 passed"]).outcome == SKIP
+    assert judge(C, 0, report(status="replayed"), []).reason == (
+        "the tests passed but compared nothing"
+    )
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """good, goldens, bug, a commit that does not collect, one that crashes before any
+    comparison, and the package moved to src/."""
+    repo = TinyRepo(tmp_path_factory.mktemp("h") / "project")
+    repo.record()
+    repo.bug()
+    repo.commit(
+        "test does not collect",
+        {"calc.py": CALC.format(scale=1.0), "test_calc.py": "def test_loss(:\n"},
+    )
+    crash = CALC.format(scale=1.0).replace(
+        "    return", "    raise RuntimeError('boom')\n    return"
+    )
+    repo.commit("crash", {"test_calc.py": TINY_TEST, "calc.py": crash})
+    repo.commit("src layout", {"src/calc.py": CALC.format(scale=1.0)}, remove=("calc.py",))
+    return repo
+
+
+TINY_TEST = """
+import calc
+
+
+def test_loss(golden):
+    for step in range(3):
+        golden.check({"pg_loss": calc.loss(step)}, step=step)
+"""
+
+
+def spec_of(repo, **kw) -> runs.RunSpec:
+    source = goldens.GoldenSource.committed(repo.path, repo.shas[1], "golden")
+    return runs.RunSpec(repo=repo.path, cwd_rel=".", golden_rel="golden", goldens=source, **kw)
+
+
+def test_runs_at_commits_judge_them_and_never_touch_the_checkout(history, tmp_path, monkeypatch):
+    # the checkout's own copy, uncommitted and importable: the tree's must shadow it
+    (history.path / "src" / "calc.py").write_text(CALC.format(scale=3.0))
+    outside = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(history.path / "src"), outside]))
+    before = fingerprint(history.path)
+    spec = spec_of(history)
+    outcomes = {}
+    with trees.Trees(history.path, base=tmp_path) as run:
+        for index in (2, 3, 4, 5):
+            commit = git.resolve(history.path, history.shas[index])
+            outcomes[index] = runs.run_commit(spec, commit, run.add(commit))
+    assert fingerprint(history.path) == before
+    assert {i: r.outcome for i, r in outcomes.items()} == {
+        2: BAD,
+        3: SKIP,
+        4: SKIP,
+        5: GOOD,
+    }, {i: (r.reason, r.log_tail) for i, r in outcomes.items()}
+    first = outcomes[2].first
+    assert (first.metric, first.step, first.expected) == ("pg_loss", 0, 0.5)
+    assert first.actual == pytest.approx(0.5005) and first.excess > 1
+    assert "SyntaxError" in outcomes[3].reason and "collection" in outcomes[3].reason
+    assert outcomes[4].reason == "no comparison ran: RuntimeError: boom"
+
+
+def test_the_cache_returns_a_stored_run_and_ignores_a_damaged_one(history, tmp_path):
+    notes = []
+    store = cache.Cache(tmp_path / "cache", note=notes.append)
+    spec = spec_of(history)
+    commit = git.resolve(history.path, history.shas[2])
+    key = cache.key(spec, commit, goldens.digest(spec.goldens))
+    assert store.get(key) is None
+    run = judge(commit, 1, report(comparison("fail", 0)), [])
+    store.put(key, run)
+    again = store.get(key)
+    assert again.cached and again.outcome == BAD and again.first == run.first
+    assert cache.key(spec_of(history, pytest_args=("-k", "x")), commit, "d") != key
+    store.path(key).write_text('{"format": "pytest-rollout-golden-commit-run", "key": "')
+    assert store.get(key) is None
+    assert notes and "ignored a damaged cache entry" in notes[0]
+    wrong = {"format": cache.FORMAT, "key": key, "run": {**run.to_json(), "outcome": "maybe"}}
+    store.path(key).write_text(json.dumps(wrong))
+    assert store.get(key) is None and len(notes) == 2

@@ -1,0 +1,148 @@
+"""The git side of comparing commits: refs, ranges, the temporary checkouts, their cleanup
+and the goldens installed into them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from tinyrepo import CALC, TinyRepo, fingerprint
+
+from pytest_rollout_golden._internal.commits import git, goldens, trees
+from pytest_rollout_golden.errors import GoldenError
+
+
+@pytest.fixture
+def repo(tmp_path):
+    tiny = TinyRepo(tmp_path / "project")
+    for i in range(3):
+        tiny.commit(f"note {i}", {f"notes/{i}.txt": str(i)})
+    return tiny
+
+
+def test_between_lists_the_range_oldest_first_bad_last(repo):
+    commits = git.between(repo.path, repo.shas[0], "main")
+    assert [c.sha for c in commits] == repo.shas[1:]
+    assert [c.subject for c in commits] == ["note 0", "note 1", "note 2"]
+    assert git.resolve(repo.path, "main~1") == commits[-2]
+
+
+def test_refs_that_do_not_name_a_range_are_errors_naming_them(repo):
+    with pytest.raises(GoldenError, match=r"nosuch: no such commit in .*git log --oneline"):
+        git.resolve(repo.path, "nosuch")
+    with pytest.raises(GoldenError, match=r"is not an ancestor of .*older commit"):
+        git.between(repo.path, "main", repo.shas[0])
+    with pytest.raises(GoldenError, match="not a git ref"):
+        git.resolve(repo.path, "--all")
+
+
+def test_a_tree_holds_the_commit_and_the_checkout_is_never_written(repo, tmp_path):
+    (repo.path / "calc.py").write_text(CALC.format(scale=3.0))  # uncommitted
+    (repo.path / "untracked.txt").write_text("mine")
+    before = fingerprint(repo.path)
+    with trees.Trees(repo.path, base=tmp_path) as run:
+        tree = run.add(git.resolve(repo.path, repo.shas[1]))
+        assert (tree.path / "calc.py").read_text() == CALC.format(scale=1.0)
+        assert (tree.path / "notes" / "0.txt").read_text() == "0"
+        assert not (tree.path / "notes" / "1.txt").exists()
+        assert not (tree.path / "untracked.txt").exists()
+        assert json.loads((run.folder / "owner.json").read_text())["pid"] == os.getpid()
+        folder = run.folder
+        run.remove(tree)
+        assert not tree.path.exists()
+    assert not folder.exists()
+    assert fingerprint(repo.path) == before
+
+
+def test_leaving_on_an_exception_removes_the_run_folder(repo, tmp_path):
+    with pytest.raises(KeyboardInterrupt), trees.Trees(repo.path, base=tmp_path) as run:
+        run.add(git.resolve(repo.path, "main"))
+        folder = run.folder
+        raise KeyboardInterrupt
+    assert not folder.exists()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _leftover(root, name, owner) -> object:
+    folder = root / name
+    (folder / "tree").mkdir(parents=True)
+    (folder / "tree" / "file").write_text("x")
+    if owner is not None:
+        (folder / "owner.json").write_text(json.dumps(owner))
+    return folder
+
+
+def test_reap_removes_only_run_folders_of_dead_owners(tmp_path):
+    root = trees.root(tmp_path)
+    assert oct(root.stat().st_mode & 0o777) == "0o700"
+    dead = {"pid": _dead_pid(), "start": "whenever"}
+    me = {"pid": os.getpid(), "start": trees.start_time(os.getpid())}
+    reused = {"pid": os.getpid(), "start": "another process, earlier"}
+    gone = _leftover(root, "run-1-aa", dead)
+    gone_reused = _leftover(root, "run-2-bb", reused)
+    live = _leftover(root, "run-3-cc", me)
+    ownerless = _leftover(root, "run-4-dd", None)
+    stranger = _leftover(root, "other-5-ee", dead)
+    outside = _leftover(tmp_path, "run-6-ff", dead)
+    (root / "run-7-aa").symlink_to(outside)
+    (gone / "link").symlink_to(outside)  # inside a folder to remove: removed, not followed
+
+    assert sorted(trees.reap(root)) == [gone, gone_reused]
+
+    assert not gone.exists() and not gone_reused.exists()
+    for kept in (live, ownerless, stranger, outside, root / "run-7-aa"):
+        assert (kept / "tree" / "file").read_text() == "x"
+
+
+def test_the_root_refuses_a_symlink_or_a_foreign_folder(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / f"rollout-golden-commits-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(GoldenError, match="not a folder"):
+        trees.root(tmp_path)
+
+
+def test_goldens_from_a_folder_include_uncommitted_files(repo, tmp_path):
+    repo.record()
+    (repo.path / "golden" / "extra.txt").write_text("uncommitted")
+    source = goldens.GoldenSource.directory(repo.path / "golden")
+    with trees.Trees(repo.path, base=tmp_path) as run:
+        tree = run.add(git.resolve(repo.path, repo.shas[0]))  # before the goldens
+        installed = goldens.install(source, tree.path, "golden")
+        assert (installed / "extra.txt").read_text() == "uncommitted"
+        assert (installed / "test_calc" / "test_loss" / "manifest.json").is_file()
+    before = goldens.digest(source)
+    (repo.path / "golden" / "extra.txt").write_text("changed")
+    assert goldens.digest(source) != before
+
+
+def test_goldens_from_a_ref_are_the_committed_ones(repo, tmp_path):
+    repo.record()
+    (repo.path / "golden" / "extra.txt").write_text("uncommitted")
+    source = goldens.GoldenSource.committed(repo.path, "main", "golden")
+    with trees.Trees(repo.path, base=tmp_path) as run:
+        tree = run.add(git.resolve(repo.path, repo.shas[0]))
+        installed = goldens.install(source, tree.path, "golden")
+        assert not (installed / "extra.txt").exists()
+        assert (installed / "test_calc" / "test_loss" / "manifest.json").is_file()
+    assert goldens.digest(source).startswith("git:")
+    with pytest.raises(GoldenError, match=r"golden: not committed at main~1 .*--goldens"):
+        goldens.GoldenSource.committed(repo.path, "main~1", "golden")
+
+
+def test_the_digest_follows_a_linked_golden_as_the_copy_does(tmp_path):
+    (tmp_path / "elsewhere" / "g").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "g" / "metrics.json").write_text("1")
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "g").symlink_to(tmp_path / "elsewhere" / "g")
+    source = goldens.GoldenSource.directory(tmp_path / "golden")
+    before = goldens.digest(source)
+    (tmp_path / "elsewhere" / "g" / "metrics.json").write_text("2")
+    assert goldens.digest(source) != before
