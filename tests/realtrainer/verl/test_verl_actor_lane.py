@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import time
 from pathlib import Path
 
 import pytest
-from lane_report import section, verdict_problems
+from lane_report import Lane, run_lane
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -60,63 +59,14 @@ MUST_FAIL = {
     "tm_mb4": "actor/pg_loss",  # token-mean + micro-batch 4: real change on legacy actor
 }
 
-INNER_TEST = """
-import sys
-
-import pytest
-
-sys.path.insert(0, {harness_dir!r})
-import actor_harness as H  # noqa: E402
-
-from pytest_rollout_golden import same_math  # noqa: E402
-
-CASES = same_math(
-    {{name: H.ALL_CASES[name] for name in [*H.SAME_MATH, *H.BUGGED]}}, reference=H.REFERENCE
-) + same_math(H.TOKEN_MEAN, reference=H.TOKEN_MEAN_REFERENCE)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_actor(golden, case):
-    run = H.ActorRun(**case)
-    for step in range(H.STEPS):
-        batch = golden.rollout(lambda: H.make_batch(step), step=step)
-        out = run.step(batch)
-        golden.check(out.metrics, step=step)
-        golden.check_tensors(
-            "old_log_prob", {{"log_probs": out.old_log_prob}}, mask=out.response_mask, step=step
-        )
-"""
-
 
 def test_verl_actor_lane(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Record the references once, replay every variant and bug once, check each verdict."""
-    monkeypatch.delenv("CI", raising=False)
-    paths = [str(VERL07), str(REPO), os.environ.get("PYTHONPATH", "")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    pytester.makeini("[pytest]\ngolden_metric_profile = verl\n")
-    pytester.makepyfile(test_verl_lane=INNER_TEST.format(harness_dir=str(HERE)))
-    common = ("-p", "no:cacheprovider", "-rA")
-
-    start = time.perf_counter()
-    record = pytester.runpytest_subprocess(*common, "--update-golden", "-k", "mb8", timeout=300)
-    recorded = time.perf_counter()
-    replay = pytester.runpytest_subprocess(*common, timeout=300)
-    print(f"record {recorded - start:.1f}s, replay {time.perf_counter() - recorded:.1f}s")
-
-    assert record.parseoutcomes().get("passed") == 2, "\n".join(record.outlines)
-    problems = verdict_problems(replay, "test_actor", SAME_MATH, MUST_FAIL)
-    # the one metric that shows a dropped scale leads the headline (ranked by severity)
-    headline = next(
-        (x for x in section(replay, "test_actor", "bug_gradaccum") if "golden mismatch" in x), ""
-    )
-    if "first divergence at step 0: actor/grad_norm" not in headline:
-        problems.append(f"[bug_gradaccum]: grad_norm does not lead the headline: {headline}")
-    # per-micro-batch means are reported as not comparable across variants, not as passing
-    reported = [x for x in replay.outlines if "not comparable across variants" in x]
-    if not any("test_verl_lane.py::test_actor[mb4]" in x for x in reported):
-        problems.append("the summary does not list [mb4]'s metrics as not comparable")
-    outcomes = replay.parseoutcomes()
-    counts = (outcomes.get("passed", 0), outcomes.get("failed", 0))
-    if counts != (len(SAME_MATH), len(MUST_FAIL)):
-        problems.append(f"replay: {counts} passed/failed, want {len(SAME_MATH), len(MUST_FAIL)}")
-    assert not problems, "\n".join(problems) + "\n\nreplay output:\n" + "\n".join(replay.outlines)
+    lane = Lane(
+        harness="actor_harness", run="ActorRun", test="test_actor",
+        tensor=("old_log_prob", "log_probs"), same_math=SAME_MATH, must_fail=MUST_FAIL,
+        # the one metric that shows a dropped scale leads the headline (ranked by severity)
+        headline=("bug_gradaccum", "actor/grad_norm"),
+        not_comparable="mb4",  # per-micro-batch means: reported, not passed silently
+    )  # fmt: skip
+    run_lane(pytester, monkeypatch, lane, [VERL07, REPO])
