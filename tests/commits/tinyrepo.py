@@ -96,9 +96,12 @@ class TinyRepo:
 
 
 def pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest in ``folder`` as a developer runs it: without the ``CI`` of this suite's
+    machine, which would make the plugin refuse to record."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=folder,
+        env={k: v for k, v in os.environ.items() if k != "CI"},
         capture_output=True,
         text=True,
         check=False,
