@@ -146,3 +146,20 @@ def test_the_digest_follows_a_linked_golden_as_the_copy_does(tmp_path):
     before = goldens.digest(source)
     (tmp_path / "elsewhere" / "g" / "metrics.json").write_text("2")
     assert goldens.digest(source) != before
+
+
+@pytest.mark.parametrize("golden_rel", ["linked/golden", "../outside/golden", "/abs/golden"])
+def test_install_never_removes_a_folder_outside_the_temporary_tree(tmp_path, golden_rel):
+    """A golden path that leaves the tree, through ``..``, an absolute path or a symlink the
+    commit holds, is refused; the folder it would have replaced is untouched."""
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    (outside / "golden").mkdir(parents=True)
+    (outside / "golden" / "keep.txt").write_text("the user's")
+    tree.mkdir()
+    (tree / "linked").symlink_to(outside)
+    source_dir = tmp_path / "src"
+    (source_dir / "x").mkdir(parents=True)
+    source = goldens.GoldenSource.directory(source_dir)
+    with pytest.raises(GoldenError, match="outside the temporary checkout"):
+        goldens.install(source, tree, golden_rel.replace("/abs", str(tmp_path / "abs")))
+    assert (outside / "golden" / "keep.txt").read_text() == "the user's"

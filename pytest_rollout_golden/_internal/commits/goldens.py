@@ -72,7 +72,7 @@ def source_of(value: str, repo: Path, golden_rel: str) -> GoldenSource:
 def install(source: GoldenSource, tree: Path, golden_rel: str) -> Path:
     """Replace checkout ``tree``'s golden folder (``golden_rel`` under it) with a copy of
     ``source``; returns the folder."""
-    target = tree / golden_rel
+    target = _inside(tree, golden_rel)
     if target.is_symlink() or target.is_file():
         target.unlink()
     elif target.exists():
@@ -94,6 +94,24 @@ def install(source: GoldenSource, tree: Path, golden_rel: str) -> Path:
     if source.golden_rel != golden_rel:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tree / source.golden_rel, target)
+    return target
+
+
+def _inside(tree: Path, golden_rel: str) -> Path:
+    """``tree / golden_rel``, or GoldenError where it would lie outside ``tree``: an absolute
+    path, ``..``, or a folder on the way that is a symlink (the commit may hold one)."""
+    target, rel = tree / golden_rel, Path(golden_rel)
+    real_tree = Path(os.path.realpath(tree))  # the temporary folder's own links are fine
+    if (
+        rel.is_absolute()
+        or ".." in rel.parts
+        or Path(os.path.realpath(target.parent)) != real_tree / rel.parent
+    ):
+        raise GoldenError(
+            f"--golden-root {golden_rel}: the golden folder would lie outside the temporary "
+            f"checkout {tree} (an absolute path, '..', or a symlink on the way); nothing was "
+            "replaced. Give the golden folder's path inside the project, with no symlink on the way"
+        )
     return target
 
 
