@@ -12,7 +12,8 @@ import tempfile
 import time
 
 import pytest
-from tinyrepo import TinyRepo, fingerprint
+from history import tree_digest
+from tinyrepo import TinyRepo
 
 from pytest_rollout_golden._internal.commits import trees
 from pytest_rollout_golden.cli import main
@@ -31,7 +32,7 @@ def history(tmp_path_factory):
 def test_compare_shows_the_metric_and_step_beyond_tolerance(history, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(history.path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    before = fingerprint(history.path)
+    before = tree_digest(history.path)
 
     assert main(["compare", "HEAD~2", "HEAD", "--jobs", "2", "--", "-q"]) == 1
     out = capsys.readouterr().out
@@ -53,7 +54,7 @@ def test_compare_shows_the_metric_and_step_beyond_tolerance(history, monkeypatch
     beyond = [r for r in golden["metrics"] if not r["ok"]]
     assert [(r["name"], r["step"]) for r in beyond] == [("pg_loss", s) for s in range(3)]
     assert beyond[0]["rel_max"] == pytest.approx(1e-3)
-    assert fingerprint(history.path) == before
+    assert tree_digest(history.path) == before
     assert list((tmp_path / f"rollout-golden-commits-{os.getuid()}").iterdir()) == []
 
 
@@ -102,7 +103,7 @@ def _gone(pid: int, seconds: float = 20) -> bool:
 def test_ctrl_c_or_sigterm_removes_the_run_folder_and_kills_pytest(
     history, tmp_path, signum, jobs, status
 ):
-    before = fingerprint(history.path)
+    before = tree_digest(history.path)
     compare, child = _start(history, tmp_path, jobs)
     folder = child.parent.parent
     pids = [int(c.name) for c in child.parent.iterdir()]
@@ -111,11 +112,11 @@ def test_ctrl_c_or_sigterm_removes_the_run_folder_and_kills_pytest(
     assert compare.wait(timeout=60) == status, compare.stderr.read()
     assert not folder.exists()
     assert all(_gone(pid) for pid in pids)
-    assert fingerprint(history.path) == before
+    assert tree_digest(history.path) == before
 
 
 def test_after_a_sigkill_the_next_start_reaps_the_run(history, tmp_path):
-    before = fingerprint(history.path)
+    before = tree_digest(history.path)
     compare, child = _start(history, tmp_path)
     folder, pid = child.parent.parent, int(child.name)
     compare.kill()
@@ -124,4 +125,4 @@ def test_after_a_sigkill_the_next_start_reaps_the_run(history, tmp_path):
     with trees.Trees(history.path, base=tmp_path) as run:
         assert not folder.exists() and run.folder.is_dir()
     assert _gone(pid)
-    assert fingerprint(history.path) == before
+    assert tree_digest(history.path) == before

@@ -7,7 +7,8 @@ import json
 import os
 
 import pytest
-from tinyrepo import CALC, TinyRepo, fingerprint
+from history import tree_digest
+from tinyrepo import CALC, TinyRepo
 
 from pytest_rollout_golden._internal.commits import cache, git, goldens, runs, trees
 from pytest_rollout_golden._internal.commits.runs import BAD, GOOD, SKIP, judge
@@ -119,14 +120,14 @@ def test_runs_at_commits_judge_them_and_never_touch_the_checkout(history, tmp_pa
     (history.path / "src" / "calc.py").write_text(CALC.format(scale=3.0))
     outside = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(history.path / "src"), outside]))
-    before = fingerprint(history.path)
+    before = tree_digest(history.path)
     spec = spec_of(history)
     outcomes = {}
     with trees.Trees(history.path, base=tmp_path) as run:
         for index in (2, 3, 4, 5):
             commit = git.resolve(history.path, history.shas[index])
             outcomes[index] = runs.run_commit(spec, commit, run.add(commit))
-    assert fingerprint(history.path) == before
+    assert tree_digest(history.path) == before
     assert {i: r.outcome for i, r in outcomes.items()} == {
         2: BAD,
         3: SKIP,

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from tinyrepo import CALC, TinyRepo, fingerprint
+from history import tree_digest
+from tinyrepo import CALC, TinyRepo
 
 from pytest_rollout_golden._internal.commits import git, goldens, trees
 from pytest_rollout_golden.errors import GoldenError
@@ -42,7 +43,7 @@ def test_refs_that_do_not_name_a_range_are_errors_naming_them(repo):
 def test_a_tree_holds_the_commit_and_the_checkout_is_never_written(repo, tmp_path):
     (repo.path / "calc.py").write_text(CALC.format(scale=3.0))  # uncommitted
     (repo.path / "untracked.txt").write_text("mine")
-    before = fingerprint(repo.path)
+    before = tree_digest(repo.path)
     with trees.Trees(repo.path, base=tmp_path) as run:
         tree = run.add(git.resolve(repo.path, repo.shas[1]))
         assert (tree.path / "calc.py").read_text() == CALC.format(scale=1.0)
@@ -54,7 +55,7 @@ def test_a_tree_holds_the_commit_and_the_checkout_is_never_written(repo, tmp_pat
         run.remove(tree)
         assert not tree.path.exists()
     assert not folder.exists()
-    assert fingerprint(repo.path) == before
+    assert tree_digest(repo.path) == before
 
 
 def test_leaving_on_an_exception_removes_the_run_folder(repo, tmp_path):

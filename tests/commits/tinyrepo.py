@@ -8,11 +8,9 @@ files and commits; ``bug()`` commits a relative error of 1e-3 in ``calc.py``.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from history import git, run_pytest
 
 CALC = """
 import os
@@ -36,22 +34,6 @@ def test_loss(golden):
 """
 
 INI = "[pytest]\ngolden_dir = golden\n"
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",  # the same hashes on every run
-        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
-    }
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
-    )
-    return done.stdout.strip()
 
 
 class TinyRepo:
@@ -83,7 +65,7 @@ class TinyRepo:
 
     def record(self) -> str:
         """Record the goldens with pytest and commit them."""
-        done = pytest_in(self.path)
+        done = run_pytest(self.path)
         assert done.returncode == 0, done.stdout + done.stderr
         git(self.path, "add", "golden")
         git(self.path, "commit", "-q", "-m", "record goldens")
@@ -93,33 +75,3 @@ class TinyRepo:
     def bug(self, message: str = "scale the loss by 1.001") -> str:
         """Commit a relative error of 1e-3 in the loss."""
         return self.commit(message, {"calc.py": CALC.format(scale=1.001)})
-
-
-def pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest in ``folder`` as a developer runs it: without the ``CI`` of this suite's
-    machine, which would make the plugin refuse to record."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=folder,
-        env={k: v for k, v in os.environ.items() if k != "CI"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def fingerprint(folder: Path) -> dict[str, str]:
-    """Every file and link under ``folder`` (``.git`` included) -> a hash of its content,
-    mode and modification time."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(folder):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            info = path.lstat()
-            what = f"{info.st_mode}:{info.st_mtime_ns}:{info.st_size}"
-            if path.is_symlink():
-                what += ":" + os.readlink(path)
-            elif path.is_file():
-                what += ":" + hashlib.sha256(path.read_bytes()).hexdigest()
-            out[str(path.relative_to(folder))] = what
-    return out

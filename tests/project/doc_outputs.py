@@ -159,13 +159,10 @@ def cli_diff_json(work: Path) -> str:
 def tiny_git_project(work: Path) -> Path:
     """The tiny git project of ``tests/commits``: goldens recorded, a commit of notes, then
     a 1e-3 bug in the loss (fixed dates: the same commit hashes on every run)."""
-    import importlib.util
+    sys.path.insert(0, str(ROOT / "tests" / "commits"))
+    from tinyrepo import TinyRepo
 
-    spec = importlib.util.spec_from_file_location("tinyrepo", ROOT / "tests/commits/tinyrepo.py")
-    assert spec is not None and spec.loader is not None
-    tinyrepo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tinyrepo)
-    repo = tinyrepo.TinyRepo(work / "project")
+    repo = TinyRepo(work / "project")
     repo.record()
     repo.commit("notes", {"notes.txt": "unrelated"})
     repo.bug()
