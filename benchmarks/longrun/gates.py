@@ -1,7 +1,7 @@
 """The long-run gates measured on the runs of ``traces.py``: false alarms on unchanged code
 and same-math variants, detections of seeded defects, per setting and gate.
 
-    python benchmarks/longrun/gates.py /work/traces/traces-40.json [--per-metric]
+    python benchmarks/longrun/gates.py TRACES [--extra MORE] [--settings A,B] [--per-metric]
 
 Each seed of each setting is one golden test: its golden run is the recording, its
 calibration runs (the reference and two same-math variants under three thread counts, what
@@ -19,7 +19,21 @@ against them with each gate:
   gap metrics);
 * ``bias``: the bias statistic over steps against the bound calibration wrote.
 
-A run counts as flagged by a gate when any metric fails it; the table gives flagged / seeds.
+Candidates (not in the plugin), for a replay of the calibrated variant mb4 (reordered, or
+with a defect) and for each calibrated variant's 1- and 4-thread run against a calibration
+made without it:
+
+* ``self bias``: the bias statistic against the variant's own 2-thread calibration run
+  instead of the golden, in units of the band replay held each step, bounded as calibration
+  bounds the bias gate but from the variant's own runs;
+* ``self lane (all)``: every replay gate with the variant's own runs as a same-layout lane.
+
+``--first-step-alone`` measures another candidate: each band's first step held to its own
+width, not widened by its later neighbours (every run starts from the same weights, so
+the step before the first update differs by reduction order alone).
+
+A run counts as flagged by a gate when any metric fails it; the table gives flagged / seeds,
+``-`` where a candidate does not apply.
 """
 
 from __future__ import annotations
@@ -98,9 +112,10 @@ def bands(golden: Series, runs: Sequence[Series], variant: bool) -> envelope.Env
 
 def step_failures(
     golden: Series, run: Series, stack: Stack, env: envelope.Envelope | None
-) -> tuple[set[str], set[str], set[str]]:
+) -> tuple[set[str], set[str], set[str], dict[str, dict[int, float]]]:
     """``(metrics failing the calibrated per-step tolerances, metrics failing with the
-    envelope, metrics beyond their bias bound)``, each step resolved as replay resolves it."""
+    envelope, metrics beyond their bias bound, per metric and step the distance a band
+    allowed)``, each step resolved as replay resolves it."""
     magnitude = magnitudes(golden)
     alone, with_envelope = set(), set()
     held: dict[str, dict[int, float]] = {}
@@ -122,7 +137,7 @@ def step_failures(
             if envelope.band_source(source):
                 held.setdefault(name, {})[step] = tol.allowance(g, scale)
     found = [] if env is None else envelope.biases(env, numbers(golden), numbers(run), held)
-    return alone, with_envelope, {b.name for b in found if not b.holds}
+    return alone, with_envelope, {b.name for b in found if not b.holds}, held
 
 
 LANE_OF = {
@@ -165,14 +180,37 @@ def trend_gate(golden: Series, run: Series, env: Any, *, replay: bool) -> set[st
     return {c.name for c in comparisons if c.verdict == Verdict.FAIL}
 
 
+def self_bias(
+    own: Series, own_runs: Sequence[Series], run: Series, held: Mapping[str, Mapping[int, float]]
+) -> set[str]:
+    """The candidate self-paired bias gate: the metrics whose mean deviation from the
+    variant's ``own`` run, in units of the distance the lane's band allowed each step
+    (``held``), exceeds the bound the variant's ``own_runs`` give (:func:`envelope.bias_bound`
+    with the variant's own run in place of the golden)."""
+    mine, others = numbers(own), [numbers(r) for r in own_runs]
+    out = set()
+    for name, allowed in held.items():
+        bound = envelope.bias_bound(name, mine, others, allowed)["bound"]
+        measured = envelope.deviation(name, mine, numbers(run), allowed)
+        if bound is not None and measured is not None and abs(measured[0]) > bound:
+            out.add(name)
+    return out
+
+
 def gates_of(
-    golden: Series, run: Series, lane: Sequence[Series], variant: bool
+    golden: Series,
+    run: Series,
+    lane: Sequence[Series],
+    variant: bool,
+    own: tuple[Series, Sequence[Series]] | None = None,
 ) -> dict[str, set[str]]:
-    """Per gate, the metrics that flag ``run`` against ``golden`` calibrated on ``lane``."""
+    """Per gate, the metrics that flag ``run`` against ``golden`` calibrated on ``lane``;
+    with ``own`` (a calibrated variant's run and its calibration runs) the self-paired bias
+    too."""
     stack, env = calibrated_stack(golden, lane), bands(golden, lane, variant)
     if variant and env is not None:
         stack = stack.replace(variant=True, drifting=env.drifting_layer())
-    alone, with_envelope, biased = step_failures(golden, run, stack, env)
+    alone, with_envelope, biased, held = step_failures(golden, run, stack, env)
     found = {
         "per-step": alone,
         "envelope": with_envelope,
@@ -181,7 +219,45 @@ def gates_of(
         "bias": biased,
     }
     found["replay (all)"] = found["envelope"] | found["trend (replay)"] | found["bias"]
+    if own is not None:
+        found["self bias"] = self_bias(*own, run, held)
+        found["replay + self bias"] = found["replay (all)"] | found["self bias"]
     return found
+
+
+BUG_LABELS = ("loss_x1.001", "logprob_gap_3x", "kl_3x")
+# The calibrated variant a replay runs as (its same_math / variants() id): a reordering of
+# mb4's sums keeps mb4's id, and the defects seeded into mb4 run as mb4.
+VARIANT_OF = {"mb4-reversed": "mb4", **{f"mb4+{b}": "mb4" for b in BUG_LABELS}}
+DEFAULT_THREADS = 2  # the thread count the golden and each variant's first run used
+
+
+def own_lane(
+    seed: Mapping[str, Any], variant: str, without: str = ""
+) -> tuple[Series, list[Series]]:
+    """A calibrated variant paired with itself: ``(its run at the default thread count, the
+    calibration runs of that variant but ``without``)``."""
+    runs = [c for c in seed["calibration"] if c["variant"] == variant and c["label"] != without]
+    own = next(c["metrics"] for c in runs if c["threads"] == DEFAULT_THREADS)
+    return own, [c["metrics"] for c in runs]
+
+
+def self_lane(own: Series, run: Series, own_runs: Sequence[Series]) -> set[str]:
+    """Every replay gate with the variant's own run as the golden and its own runs as the
+    band (a same-layout lane per variant)."""
+    return gates_of(own, run, own_runs, variant=False)["replay (all)"]
+
+
+def own_thread_replays(seed: Mapping[str, Any]) -> list[tuple[str, str, Series]]:
+    """Each calibrated variant's run at 1 and at 4 threads, replayed as a calibration made
+    without it would see it: ``(row label, run label, run)``."""
+    out = []
+    for variant in ("mb2", "mb4"):
+        for threads, others in ((1, "2/4"), (4, "2/1")):
+            label = f"{variant}-threads{threads}"
+            run = next(c["metrics"] for c in seed["calibration"] if c["label"] == label)
+            out.append((f"{variant} at {threads} threads (calibrated at {others})", label, run))
+    return out
 
 
 def evaluate(setting: Mapping[str, Any]) -> dict:
@@ -189,6 +265,13 @@ def evaluate(setting: Mapping[str, Any]) -> dict:
     flagged: dict[str, Counter] = defaultdict(Counter)
     by_metric: dict[tuple[str, str], Counter] = defaultdict(Counter)
     seeds = setting["seeds"]
+
+    def count(label: str, found: Mapping[str, set[str]]) -> None:
+        for gate, names in found.items():
+            flagged[label][gate] += bool(names)
+            for name in names:
+                by_metric[label, gate][name] += 1
+
     for seed in seeds.values():
         golden, of_lane = seed["golden"]["metrics"], lanes(seed)
         entries = [("golden (recording)", "unchanged", golden)]
@@ -201,15 +284,45 @@ def evaluate(setting: Mapping[str, Any]) -> dict:
                 runs, variant = of_lane[LANE_OF[kind]], LANE_OF[kind] == "across variants"
             else:  # a variant left out of calibration: the lane calibrated without it
                 runs, variant = kind, True
-            found = gates_of(golden, run, runs, variant)
-            for gate, names in found.items():
-                flagged[label][gate] += bool(names)
-                for name in names:
-                    by_metric[label, gate][name] += 1
+            own = own_lane(seed, VARIANT_OF[label]) if label in VARIANT_OF else None
+            found = gates_of(golden, run, runs, variant, own)
+            if own is not None:
+                found["self lane (all)"] = self_lane(own[0], run, own[1])
+            count(label, found)
+        for label, without, run in own_thread_replays(seed):
+            runs = [c["metrics"] for c in seed["calibration"] if c["label"] != without]
+            own = own_lane(seed, without.split("-")[0], without)
+            found = gates_of(golden, run, runs, True, own)
+            found["self lane (all)"] = self_lane(own[0], run, own[1])
+            count(label, found)
     return {"seeds": len(seeds), "flagged": flagged, "by_metric": by_metric}
 
 
-COLUMNS = ("per-step", "envelope", "trend (recording)", "trend (replay)", "bias", "replay (all)")
+COLUMNS = (
+    "per-step",
+    "envelope",
+    "trend (recording)",
+    "trend (replay)",
+    "bias",
+    "replay (all)",
+    "self bias",
+    "replay + self bias",
+    "self lane (all)",
+)
+
+
+def first_step_alone() -> None:
+    """Hold each band's first step (step 0) to its own width: the candidate of
+    ``--first-step-alone``, applied to every band this process builds."""
+    smoothed = envelope.Band.half_widths
+
+    def half_widths(band: envelope.Band) -> list[float]:
+        out = smoothed(band)
+        if band.steps and band.steps[0] == 0:
+            out[0] = max(band.below[0], band.above[0])
+        return out
+
+    envelope.Band.half_widths = half_widths  # type: ignore[method-assign]
 
 
 def report(traces: Mapping[str, Any], per_metric: bool) -> str:
@@ -221,7 +334,7 @@ def report(traces: Mapping[str, Any], per_metric: bool) -> str:
         lines.append("| run | " + " | ".join(COLUMNS) + " |")
         lines.append("| :-- | " + " | ".join("--:" for _ in COLUMNS) + " |")
         for label, counts in result["flagged"].items():
-            cells = [f"{counts[g]}/{n}" for g in COLUMNS]
+            cells = [f"{counts[g]}/{n}" if g in counts else "-" for g in COLUMNS]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         if per_metric:
             for (label, gate), counts in sorted(result["by_metric"].items()):
@@ -237,8 +350,17 @@ def main() -> int:
     parser.add_argument(
         "--extra", type=Path, action="append", default=[], help="traces of more sections"
     )
+    parser.add_argument("--settings", help="comma-separated settings to evaluate (default all)")
+    parser.add_argument(
+        "--first-step-alone", action="store_true", help="bands' step 0 not widened by step 1-3"
+    )
     args = parser.parse_args()
+    if args.first_step_alone:
+        first_step_alone()
     traces = json.loads(args.traces.read_text())
+    if args.settings:
+        wanted = args.settings.split(",")
+        traces["settings"] = {k: v for k, v in traces["settings"].items() if k in wanted}
     for path in args.extra:
         for name, setting in json.loads(path.read_text())["settings"].items():
             for seed, runs in setting["seeds"].items():
