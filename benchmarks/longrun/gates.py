@@ -28,10 +28,6 @@ made without it:
   bounds the bias gate but from the variant's own runs;
 * ``self lane (all)``: every replay gate with the variant's own runs as a same-layout lane.
 
-``--first-step-alone`` measures another candidate: each band's first step held to its own
-width, not widened by its later neighbours (every run starts from the same weights, so
-the step before the first update differs by reduction order alone).
-
 A run counts as flagged by a gate when any metric fails it; the table gives flagged / seeds,
 ``-`` where a candidate does not apply.
 """
@@ -311,20 +307,6 @@ COLUMNS = (
 )
 
 
-def first_step_alone() -> None:
-    """Hold each band's first step (step 0) to its own width: the candidate of
-    ``--first-step-alone``, applied to every band this process builds."""
-    smoothed = envelope.Band.half_widths
-
-    def half_widths(band: envelope.Band) -> list[float]:
-        out = smoothed(band)
-        if band.steps and band.steps[0] == 0:
-            out[0] = max(band.below[0], band.above[0])
-        return out
-
-    envelope.Band.half_widths = half_widths  # type: ignore[method-assign]
-
-
 def report(traces: Mapping[str, Any], per_metric: bool) -> str:
     lines = []
     for name, setting in traces["settings"].items():
@@ -351,12 +333,7 @@ def main() -> int:
         "--extra", type=Path, action="append", default=[], help="traces of more sections"
     )
     parser.add_argument("--settings", help="comma-separated settings to evaluate (default all)")
-    parser.add_argument(
-        "--first-step-alone", action="store_true", help="bands' step 0 not widened by step 1-3"
-    )
     args = parser.parse_args()
-    if args.first_step_alone:
-        first_step_alone()
     traces = json.loads(args.traces.read_text())
     if args.settings:
         wanted = args.settings.split(",")

@@ -95,9 +95,22 @@ def test_the_allowance_takes_the_widest_neighbour_and_the_dtype_floor():
     floor = envelope.DTYPE_FLOOR * 2**-23 * 2.0
     allowed = band.allowances()
     reach = 1 + envelope.SMOOTH  # the last step whose window holds step 1
-    for step in range(reach + 1):
+    for step in range(1, reach + 1):
         assert allowed[step] == pytest.approx(envelope.MARGIN * 1e-3 + floor)
     assert allowed[reach + 1] == pytest.approx(floor)
+
+
+@pytest.mark.parametrize("first", [0, 1, 7])
+def test_the_first_recorded_step_is_held_to_its_own_width(first):
+    # Every run starts from the same weights: at the first step they differ by reduction
+    # order alone, so the wider steps after it must not widen its allowance.
+    steps = tuple(range(first, first + 10))
+    above = (1e-9, 1e-3, 2e-3) + (3e-3,) * 7
+    band = Band(steps, (0.0,) * 10, above, "float32", 2.0)
+    floor = envelope.DTYPE_FLOOR * 2**-23 * 2.0
+    allowed = band.allowances()
+    assert allowed[first] == pytest.approx(envelope.MARGIN * 1e-9 + floor)
+    assert allowed[first + 1] == pytest.approx(envelope.MARGIN * 3e-3 + floor)
 
 
 def test_the_layer_of_a_step_matches_whole_names_only():

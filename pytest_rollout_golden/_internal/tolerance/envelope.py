@@ -14,10 +14,14 @@ tighter than the defaults::
     allowed at step s = MARGIN x H(s) + DTYPE_FLOOR x eps(dtype) x the metric's magnitude
                         + the uncalibrated rtol x max(|golden(s)|, scale)
     H(s) = the largest half-width max(below, above) at steps s - SMOOTH .. s + SMOOTH
+    H(first step) = its own half-width
 
 The band is stored relative to the golden, so ``--update-golden`` keeps it around the new
 values (it describes the setup's noise, not the values). ``H`` takes the widest of the
-neighbouring steps because the widths of a few runs at one step are a small sample.
+neighbouring steps because the widths of a few runs at one step are a small sample. The
+first step a test records is the exception: every run starts there from the same weights,
+so the runs differ by reduction order alone, and its later neighbours' widths would hide a
+small constant defect there (the loss x 1.001 of docs/guide/long-runs.md).
 
 Each band also holds a bias bound (:func:`bias_bound`: a replay's mean deviation over the
 steps, in units of each step's allowance, against what the calibration runs had) and the
@@ -103,10 +107,12 @@ class Band:
     runs: int = 0  # how many calibration runs spanned it
 
     def half_widths(self) -> list[float]:
-        """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours."""
+        """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours; the first
+        step, its own."""
         widths = [max(b, a) for b, a in zip(self.below, self.above, strict=True)]
         n = len(widths)
-        return [max(widths[max(0, i - SMOOTH) : min(n, i + SMOOTH + 1)]) for i in range(n)]
+        smoothed = [max(widths[max(0, i - SMOOTH) : min(n, i + SMOOTH + 1)]) for i in range(n)]
+        return widths[:1] + smoothed[1:]
 
     def allowances(self) -> dict[int, float]:
         """Per step, the distance from the golden this band allows."""
