@@ -9,20 +9,24 @@ to, for the same reason: in float64 the layouts differ by reduction order alone 
 relative). The fault ``critic-micro-norm`` (verl #6957) normalizes each micro-batch's value
 loss by its own token count: one micro-batch on one rank computes the right step, so only the
 layouts that cut the step (micro-batches, DP) show it, and there by far more than rounding.
+Through a golden, ``check_step`` gates the critic's metrics and per-token ``critic/values``.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from test_parallel_policy import RTOL, assert_same_step
 
+from pytest_rollout_golden import Golden, GoldenMismatch, Mode
 from pytest_rollout_golden.parallel import Layout
 from pytest_rollout_golden.parallel.policy import (
     CRITIC_METRICS,
     PolicyConfig,
+    check_step,
     full_weights,
     make_rollout,
     run,
@@ -88,7 +92,6 @@ def test_critic_metrics_are_the_reference_value_loss_of_the_step(single_process)
         Layout(dp=2, packing=True, micro_batches=2),
         Layout(cp=2, packing=True),
         Layout(sp=2, tp=2),
-        Layout(max_tokens=12),
     ],
     ids=str,
 )
@@ -130,3 +133,57 @@ def test_per_micro_batch_critic_normalization_fails_the_layout(single_process, f
 def test_a_critic_fault_needs_the_value_head():
     with pytest.raises(ValueError, match=r"PolicyConfig\(critic=True\)"):
         run(Layout(fault="critic-micro-norm"), PolicyConfig(), BATCHES[:1])
+
+
+def gate(directory: Path, results, mode: Mode) -> None:
+    with Golden(directory, mode=mode) as golden:
+        for step, result in enumerate(results):
+            check_step(golden, result, step=step)
+
+
+def test_check_step_gates_the_critic_through_a_golden(tmp_path: Path, single_process):
+    """The single-process run records the critic's metrics and per-token values; a layout
+    replays them at the golden's defaults and the critic fault fails, naming both."""
+    gate(tmp_path, single_process, Mode.AUTO)
+    assert (tmp_path / "tensors-critic-step000001-rank0-micro0.safetensors").is_file()
+    gate(tmp_path, run(Layout(dp=2, micro_batches=2), CRITIC64, BATCHES), Mode.STRICT)
+
+    faulty = run(Layout(micro_batches=4, fault="critic-micro-norm"), CRITIC64, BATCHES)
+    with pytest.raises(GoldenMismatch) as failed:
+        gate(tmp_path, faulty, Mode.STRICT)
+    message = str(failed.value)
+    headline = "golden mismatch: first divergence at step 0: critic/grad_norm "
+    assert message.startswith(headline), message
+    assert "tensor 'critic/values' (step 1, rank 0, micro 0)" in message, message
+
+
+CRITIC_GATE = """
+import pytest
+from pytest_rollout_golden.parallel import Layout, layout_params
+from pytest_rollout_golden.parallel.policy import PolicyConfig, check_step, make_rollout, run
+
+CFG = PolicyConfig(critic=True)
+LAYOUTS = [
+    Layout(tp=2, pp=2, micro_batches=2),
+    Layout(dp=2, packing=True, micro_batches=2),
+    Layout(micro_batches=4, fault="critic-micro-norm"),
+]
+
+@pytest.mark.golden(shared="parallel-critic-float32")
+@pytest.mark.parametrize("layout", layout_params(LAYOUTS))
+def test_gate(golden, layout):
+    batches = [golden.rollout(lambda s=s: make_rollout(CFG, s), step=s) for s in range(3)]
+    for step, result in enumerate(run(layout, CFG, batches)):
+        check_step(golden, result, step=step)
+"""
+
+
+def test_float32_critic_layouts_replay_within_the_layout_lane_and_the_fault_fails(project):
+    """In float32 the reference records, two layouts replay within the measured lane of the
+    critic's metrics and values, and the critic fault fails beyond it."""
+    project.write(CRITIC_GATE)
+    result = project.run()
+    result.assert_outcomes(passed=3, failed=1)
+    assert "mb4-critic-micro-norm] against the golden of the reference" in result.stdout.str()
+    row = project.mismatch_row(result, "critic/grad_norm")
+    assert row["allowed"] == "rtol=1e-05, atol=1e-07 (variant lane)"
