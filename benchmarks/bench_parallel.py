@@ -1,6 +1,7 @@
 """Cross-layout spread of the reference policy's metrics, and the cost of a variant test.
 
-    python benchmarks/bench_parallel.py [--seeds 5] [--dtype float32] [--matrix round2] [--cost]
+    python benchmarks/bench_parallel.py [--seeds 5] [--dtype float32] [--matrix round2] [--critic]
+    python benchmarks/bench_parallel.py --cost
 
 Spread: for every layout of a matrix and every seed, train 3 steps on real
 torch.distributed processes and compare each metric with the single-process run of the
@@ -11,6 +12,8 @@ margin; the deliberately wrong layouts are measured too, to show the lane still 
 Matrices: ``standard`` is the full ``variants()`` matrix of the dense policy (32 layouts,
 world size <= 8); ``round2`` is the MoE policy (4 experts, top-2) over TP, ring (cp) and
 Ulysses (sp) sequence splits, EP, packing and a dynamic token budget (48 layouts).
+``--critic`` trains the policy with its value head (``PolicyConfig(critic=True)``): the
+critic's metrics and per-token values are measured too, and its fault with the others.
 
 Cost (``--cost``, also the ``parallel`` section of ``benchmarks/run.py``): seconds per variant
 test body (3 training steps) at world sizes 2 and 4, cold through spawned interpreters (one
@@ -29,6 +32,7 @@ import time
 from harness import Section, Target, table
 
 from pytest_rollout_golden.parallel import FAULTS, Layout, forkserver, launcher, variants
+from pytest_rollout_golden.parallel.layout import CRITIC_FAULTS
 from pytest_rollout_golden.parallel.params import LAYOUT_TOLERANCES
 from pytest_rollout_golden.parallel.policy import PolicyConfig, make_rollout, run as train
 
@@ -43,7 +47,9 @@ FAULTY = {
     "ep-local-aux": Layout(ep=2, fault="ep-local-aux"),
     "micro-mean (dynamic batch)": Layout(max_tokens=16, fault="micro-mean"),
 }
-assert {layout.fault for layout in FAULTY.values()} == set(FAULTS)
+CRITIC_FAULTY = {"critic-micro-norm": Layout(micro_batches=4, fault="critic-micro-norm")}
+assert {layout.fault for layout in {**FAULTY, **CRITIC_FAULTY}.values()} == set(FAULTS)
+assert {layout.fault for layout in CRITIC_FAULTY.values()} == set(CRITIC_FAULTS)
 MATRICES = {
     "standard": (0, lambda: variants()),
     "round2": (
@@ -69,20 +75,25 @@ def spread(results, reference) -> dict[str, tuple[float, float]]:
             rel = abs(x - y) / abs(y) if abs(y) > 1e-6 else 0.0
             r, ab = out.get(name, (0.0, 0.0))
             out[name] = (max(r, rel), max(ab, abs(x - y)))
-        diff = (a.log_probs.double() - e.log_probs.double()).abs()
-        rel = float((diff / e.log_probs.double().abs().clamp(min=1e-6)).max())
-        r, ab = out.get("log_probs", (0.0, 0.0))
-        out["log_probs"] = (max(r, rel), max(ab, float(diff.max())))
+        tensors = {"log_probs": (a.log_probs, e.log_probs), "values": (a.values, e.values)}
+        for name, (x, y) in tensors.items():
+            if y is None:
+                continue
+            diff = (x.double() - y.double()).abs()
+            rel = float((diff / y.double().abs().clamp(min=1e-6)).max())
+            r, ab = out.get(name, (0.0, 0.0))
+            out[name] = (max(r, rel), max(ab, float(diff.max())))
     return out
 
 
-def measure_spread(dtype: str, seeds: int, matrix: str = "standard") -> None:
+def measure_spread(dtype: str, seeds: int, matrix: str = "standard", critic: bool = False) -> None:
     experts, params = MATRICES[matrix]
+    faulty = {**FAULTY, **CRITIC_FAULTY} if critic else FAULTY
     layouts = [p.values[0] for p in params()][1:]
     worst: dict[str, tuple[float, float, str]] = {}
     faults: dict[str, dict[str, tuple[float, float]]] = {}
     for seed in range(seeds):
-        cfg = PolicyConfig(dtype=dtype, seed=seed, experts=experts)
+        cfg = PolicyConfig(dtype=dtype, seed=seed, experts=experts, critic=critic)
         batches = [make_rollout(cfg, step) for step in range(STEPS)]
         reference = train(Layout(), cfg, batches)
         for layout in layouts:
@@ -92,12 +103,13 @@ def measure_spread(dtype: str, seeds: int, matrix: str = "standard") -> None:
                 else:
                     worst[name] = (worst[name][0], max(ab, worst[name][1]), worst[name][2])
         if seed == 0:
-            for fault, layout in FAULTY.items():
+            for fault, layout in faulty.items():
                 if layout.fault == "ep-local-aux" and not experts:
                     continue
                 faults[fault] = spread(train(layout, cfg, batches), reference)
     lane = LAYOUT_TOLERANCES.get(dtype, {})  # none shipped for bfloat16: see parallel.md
-    print(f"\n{dtype}, {matrix}: {len(layouts)} layouts x {seeds} seeds x {STEPS} steps\n")
+    what = f"{dtype}, {matrix}" + (" with the value head" if critic else "")
+    print(f"\n{what}: {len(layouts)} layouts x {seeds} seeds x {STEPS} steps\n")
     print("| metric | max rel spread | max abs spread | worst layout | shipped rtol | atol |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, (rel, ab, where) in worst.items():
@@ -230,10 +242,11 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--dtype", default="float32", choices=[*LAYOUT_TOLERANCES, "bfloat16"])
     parser.add_argument("--matrix", default="standard", choices=sorted(MATRICES))
+    parser.add_argument("--critic", action="store_true", help="with the value head")
     parser.add_argument("--cost", action="store_true", help="per-variant cost, cold and warm")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of --cost (median)")
     args = parser.parse_args()
     if args.cost:
         measure_cost(args.rounds)
     else:
-        measure_spread(args.dtype, args.seeds, args.matrix)
+        measure_spread(args.dtype, args.seeds, args.matrix, args.critic)

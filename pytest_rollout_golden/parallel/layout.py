@@ -16,6 +16,7 @@ FAULTS = (
     "ring-no-causal",
     "ulysses-head-split",
     "ep-local-aux",
+    "critic-micro-norm",
 )
 """Deliberate bugs the reference policy can inject, to prove that the gate catches them:
 
@@ -30,8 +31,14 @@ FAULTS = (
 * ``ulysses-head-split``: Ulysses scatters ``[head_dim, heads]`` instead of ``[heads,
   head_dim]`` in its all-to-all, so every "head" mixes dimensions of several heads;
 * ``ep-local-aux``: the router's load statistics and the auxiliary loss are computed per
-  expert-parallel rank and averaged, instead of over every token of the step.
+  expert-parallel rank and averaged, instead of over every token of the step;
+* ``critic-micro-norm`` (needs the value head, ``PolicyConfig(critic=True)``): each
+  micro-batch's value loss is normalized by its own token count and the pieces are summed
+  (verl #6957), so the critic's gradient grows with the micro-batches and DP ranks.
 """
+
+CRITIC_FAULTS = ("critic-micro-norm",)
+"""The faults of :data:`FAULTS` planted in the value head's loss."""
 
 
 class Place(NamedTuple):

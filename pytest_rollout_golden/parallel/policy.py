@@ -46,6 +46,17 @@ plus a low-variance KL penalty against the reference log probs of the batch
 ``pg_loss``, ``kl``, ``entropy`` (token means over the step) and ``grad_norm`` (before the
 update), ``aux_loss`` with experts, plus per-token ``log_probs`` of the policy that took
 the step.
+
+* **Value head** (opt-in: ``PolicyConfig(critic=True)``). A linear head ``hidden -> 1``
+  on the final norm, at the positions that predict the response tokens (verl's critic reads
+  ``values[:, -R - 1:-1]``), on the last pipeline stage and whole on every TP rank (its input
+  is the replicated residual stream, so each TP rank computes the same values and their
+  gradient; it is counted once in ``grad_norm``). The step adds ``vf_coef`` times the clipped
+  value loss (:func:`~..reference.critic.value_token_losses`) of the head's predictions
+  against the batch's ``values`` and ``returns``, token-mean over the step with the policy
+  loss's normalizer, so DP, sequence splits and micro-batches add up as the policy loss does.
+  Metrics ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean`` (token means over
+  the step) and ``critic/grad_norm`` (the head's gradient), plus per-token ``values``.
 """
 
 from __future__ import annotations
@@ -57,16 +68,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..reference.advantages import grpo_advantages
+from ..reference.advantages import gae_advantages, grpo_advantages
+from ..reference.critic import CLIPFRAC_METRIC, value_token_losses
 from ..reference.losses import aggregate_loss, kl_penalty, ppo_clip_token_losses
 from .attention import dense_attention, ring_attention, ulysses_attention
 from .batching import dp_shards, split_by_count, split_by_token_budget
 from .comm import Groups, all_reduce, copy_to_tp, make_groups, reduce_from_tp, world_sum
 from .launcher import device, launch
-from .layout import Layout
+from .layout import CRITIC_FAULTS, Layout
 from .moe import RouterStats, aux_loss, experts_of, moe_mlp
 
 METRICS = ("pg_loss", "kl", "entropy", "grad_norm")
+CRITIC_METRICS = ("critic/vf_loss", CLIPFRAC_METRIC, "critic/vpred_mean", "critic/grad_norm")
+"""The value head's metrics (verl's critic names), recorded with ``PolicyConfig(critic=True)``."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +105,15 @@ class PolicyConfig:
     expert_ffn: int = 32
     capacity_factor: float | None = None  # None: dropless
     aux_coef: float = 0.01
+    critic: bool = False  # a value head trained beside the policy (off: the policy alone)
+    vf_coef: float = 0.5
+    cliprange_value: float = 0.5  # verl's default
 
     def metrics(self) -> tuple[str, ...]:
-        """The step's metrics: :data:`METRICS`, plus ``aux_loss`` with experts."""
-        return (*METRICS, "aux_loss") if self.experts else METRICS
+        """The step's metrics: :data:`METRICS`, ``aux_loss`` with experts, then
+        :data:`CRITIC_METRICS` with the value head."""
+        aux = ("aux_loss",) if self.experts else ()
+        return (*METRICS, *aux, *(CRITIC_METRICS if self.critic else ()))
 
     @property
     def seq_len(self) -> int:
@@ -136,6 +155,8 @@ def full_weights(cfg: PolicyConfig) -> dict[str, Tensor]:
             weights[f"layers.{i}.experts.{e}.e_down"] = draw(fe, h, scale=fe**-0.5)
     weights["norm_f"] = 1.0 + draw(h, scale=0.1)
     weights["head"] = draw(h, cfg.vocab, scale=h**-0.5)
+    if cfg.critic:  # drawn last: every other weight is the same with or without the head
+        weights["value_head"] = draw(h, scale=h**-0.5)
     return {k: v.to(cfg.torch_dtype) for k, v in weights.items()}
 
 
@@ -164,7 +185,7 @@ def shard_weights(
             continue
         if name in ("embed", "pos") and stage != 0:
             continue
-        if name in ("norm_f", "head") and stage != layout.pp - 1:
+        if name in ("norm_f", "head", "value_head") and stage != layout.pp - 1:
             continue
         if is_expert(name) and int(name.split(".")[3]) not in mine_experts:
             continue
@@ -389,6 +410,15 @@ def predicted_here(mb: MicroBatch, g: Groups) -> tuple[Tensor, Tensor]:
     return mine, (row * len(held) + local)[mine]
 
 
+def predicting_hidden(
+    h: Tensor, w: dict[str, Tensor], mb: MicroBatch, g: Groups
+) -> tuple[Tensor, Tensor]:
+    """Last stage: the final norm of ``h`` at this rank's predicting positions, and the mask
+    of their tokens among ``mb``'s."""
+    mine, flat = predicted_here(mb, g)
+    return rms_norm(h, w["norm_f"]).reshape(-1, h.shape[-1])[flat.to(h.device)], mine
+
+
 def head_log_probs(
     h: Tensor, w: dict[str, Tensor], mb: MicroBatch, g: Groups
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -396,14 +426,28 @@ def head_log_probs(
 
     Returns log probs and entropies of those tokens and the mask of them among ``mb``'s.
     """
-    mine, flat = predicted_here(mb, g)
-    x = rms_norm(h, w["norm_f"]).reshape(-1, h.shape[-1])[flat.to(h.device)]
+    x, mine = predicting_hidden(h, w, mb, g)
     local_logits = copy_to_tp(x, g) @ w["head"]
     log_probs, entropy = vocab_parallel_log_probs(local_logits, mb.targets[mine].to(h.device), g)
     return log_probs, entropy, mine
 
 
+def value_predictions(h: Tensor, w: dict[str, Tensor], mb: MicroBatch, g: Groups) -> Tensor:
+    """Last stage: the value head's prediction at each of this rank's predicting positions
+    (the head is whole on every TP rank: no collective)."""
+    x, _ = predicting_hidden(h, w, mb, g)
+    return x @ w["value_head"]
+
+
 # ---------------------------------------------------------------------- one training step
+
+
+def _picked(
+    batch: dict[str, Tensor], mb: MicroBatch, mine: Tensor, keys: tuple[str, ...], like: Tensor
+) -> list[Tensor]:
+    """The batch's per-token ``keys`` at the valid tokens of ``mb`` this rank predicts."""
+    index = torch.tensor(mb.rows, dtype=torch.long)
+    return [batch[k][index][mb.response_mask][mine].to(like) for k in keys]
 
 
 def _token_losses(
@@ -411,16 +455,49 @@ def _token_losses(
 ) -> tuple[Tensor, Tensor]:
     """Per valid token this rank predicts: PPO-clip loss and k3 KL, from the batch's old and
     ref log probs."""
-    index = torch.tensor(mb.rows, dtype=torch.long)
-    valid = mb.response_mask
-    old, ref, adv = (
-        batch[k][index][valid][mine].to(log_probs)
-        for k in ("old_log_probs", "ref_log_prob", "advantages")
-    )
+    keys = ("old_log_probs", "ref_log_prob", "advantages")
+    old, ref, adv = _picked(batch, mb, mine, keys, log_probs)
     pg, _, _ = ppo_clip_token_losses(
         log_probs, old, adv, clip_ratio_low=cfg.clip_low, clip_ratio_high=cfg.clip_high
     )
     return pg, kl_penalty(log_probs, ref, "low_var_kl")
+
+
+def _micro_loss(
+    h: Tensor,
+    w: dict[str, Tensor],
+    batch: dict[str, Tensor],
+    cfg: PolicyConfig,
+    g: Groups,
+    mb: MicroBatch,
+    normalizer: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Last stage: ``mb``'s share of the step's loss (token sums over ``normalizer``), its
+    metric sums (``pg, kl, entropy``, then ``vf, clipped, vpred`` with the value head) and its
+    per-token outputs ``[log_probs(, values)]`` over every token of ``mb`` (zero where another
+    sequence rank predicts)."""
+    log_probs, entropy, mine = head_log_probs(h, w, mb, g)
+    pg, kl = _token_losses(log_probs, batch, mb, cfg, mine)
+    per_token = (pg + cfg.kl_coef * kl).unsqueeze(0)
+    ones = torch.ones_like(per_token)
+    loss = aggregate_loss(per_token, ones, "token-mean", global_tokens=normalizer)
+    sums, outputs = [pg.sum(), kl.sum(), entropy.sum()], [log_probs]
+    if cfg.critic:
+        vpreds = value_predictions(h, w, mb, g)
+        values, returns = _picked(batch, mb, mine, ("values", "returns"), vpreds)
+        vf, clipped = value_token_losses(
+            vpreds, values, returns, cliprange_value=cfg.cliprange_value
+        )
+        vf_normalizer = normalizer
+        if g.layout.fault == "critic-micro-norm":  # each micro-batch's own token-mean, summed
+            vf_normalizer = normalizer.new_tensor(mb.targets.numel())
+        vf_loss = aggregate_loss(vf.unsqueeze(0), ones, "token-mean", global_tokens=vf_normalizer)
+        loss = loss + cfg.vf_coef * vf_loss
+        sums += [vf.sum(), clipped.to(vf.dtype).sum(), vpreds.sum()]
+        outputs.append(vpreds)
+    every = log_probs.new_zeros(len(outputs), mb.targets.numel())
+    every[:, mine.to(every.device)] = torch.stack(outputs).detach()
+    return loss, torch.stack(sums).detach().double(), every
 
 
 def default_splits(layout: Layout, response_mask: Tensor) -> list[list[list[int]]]:
@@ -463,17 +540,17 @@ def gpipe_forward_backward(
     """GPipe: every micro-batch's forward, then every backward in reverse order.
 
     Gradients accumulate in ``w[...].grad``. Returns the step's metric pieces of this rank
-    (``[pg, kl, entropy]`` sums over global tokens; zeros but on the last stage), each
-    micro-batch's per-token log probs (last stage; every token, from every sequence rank)
-    and the load-balancing loss of this stage's layers (0.0 without experts).
+    (the sums of :func:`_micro_loss` over global tokens; zeros but on the last stage), each
+    micro-batch's per-token ``[log_probs(, values)]`` (last stage; every token, from every
+    sequence rank) and the load-balancing loss of this stage's layers (0.0 without experts).
     """
     layout = g.layout
     last = g.stage == layout.pp - 1
     prev_rank = g.stage_ranks[g.stage - 1] if g.stage > 0 else None
     next_rank = g.stage_ranks[g.stage + 1] if not last else None
     saved: list[tuple[Tensor | None, Tensor, bool]] = []  # (input, output or loss, empty)
-    sums = torch.zeros(3, dtype=torch.float64, device=device())
-    log_probs_out: list[tuple[MicroBatch, Tensor]] = []
+    sums = torch.zeros(6 if cfg.critic else 3, dtype=torch.float64, device=device())
+    outputs: list[tuple[MicroBatch, Tensor]] = []
     stats = RouterStats(cfg.experts, cfg.top_k)
     for mb in micros:
         empty = not mb.rows
@@ -490,21 +567,13 @@ def gpipe_forward_backward(
                 dist.send(h.detach().contiguous(), dst=next_rank)
             saved.append((h_in, h, empty))
             continue
-        log_probs, entropy, mine = head_log_probs(h, w, mb, g)
-        pg, kl = _token_losses(log_probs, batch, mb, cfg, mine)
-        per_token = (pg + cfg.kl_coef * kl).unsqueeze(0)
-        ones = torch.ones_like(per_token)
         normalizer = global_tokens
         if layout.fault == "micro-mean":  # each micro-batch's own mean, averaged: wrong
             normalizer = normalizer.new_tensor(mb.targets.numel() * len(micros) * layout.data_ranks)
-        loss = aggregate_loss(per_token, ones, "token-mean", global_tokens=normalizer)
-        with torch.no_grad():
-            pieces = torch.stack([pg.sum(), kl.sum(), entropy.sum()]).double()
-            sums += pieces / normalizer.double().clamp(min=1)
+        loss, pieces, every = _micro_loss(h, w, batch, cfg, g, mb, normalizer)
+        sums += pieces / normalizer.double().clamp(min=1)
         saved.append((h_in, loss, empty))
-        every = torch.zeros(mb.targets.numel(), dtype=log_probs.dtype, device=log_probs.device)
-        every[mine.to(every.device)] = log_probs.detach()
-        log_probs_out.append((mb, every))
+        outputs.append((mb, every))
 
     aux_value = 0.0
     if cfg.experts:
@@ -520,11 +589,11 @@ def gpipe_forward_backward(
             out.backward(grad)
         if h_in is not None and not empty:
             dist.send(h_in.grad.contiguous(), dst=prev_rank)
-    if log_probs_out and g.seq is not None:  # every sequence rank predicts some tokens
-        flat = all_reduce(torch.cat([values for _, values in log_probs_out]), g.seq)
-        sizes = [values.numel() for _, values in log_probs_out]
-        log_probs_out = list(zip([mb for mb, _ in log_probs_out], flat.split(sizes), strict=True))
-    return sums, log_probs_out, aux_value / cfg.layers
+    if outputs and g.seq is not None:  # every sequence rank predicts some tokens
+        flat = all_reduce(torch.cat([values for _, values in outputs], dim=1), g.seq)
+        sizes = [values.shape[1] for _, values in outputs]
+        outputs = list(zip([mb for mb, _ in outputs], flat.split(sizes, dim=1), strict=True))
+    return sums, outputs, aux_value / cfg.layers
 
 
 def _grads(w: dict[str, Tensor], names: list[str]) -> list[Tensor]:
@@ -574,7 +643,8 @@ def train_step(
     g: Groups,
     splits: list[list[list[int]]] | None = None,
 ) -> dict[str, Any]:
-    """One PPO step of this rank's shard; returns metrics and per-token log probs (last stage).
+    """One PPO step of this rank's shard; returns metrics and per-token log probs (and values,
+    with the value head) on the last stage.
 
     ``splits[data_rank]`` lists the rows of each of that data rank's micro-batches
     (default: :func:`default_splits`).
@@ -591,9 +661,11 @@ def train_step(
     # The token-mean's normalizer is the step's valid-token count (every rank has the batch).
     global_tokens = mask.sum().to(device(), torch.float64)
 
-    sums, log_probs, aux = gpipe_forward_backward(w, batch, cfg, g, micros, global_tokens)
+    sums, outputs, aux = gpipe_forward_backward(w, batch, cfg, g, micros, global_tokens)
     reduce_gradients(w, g)
-    norm = grad_norm(w, g)
+    norms = {"grad_norm": grad_norm(w, g)}
+    if "value_head" in w:  # whole on each last-stage rank, its gradient summed over data ranks
+        norms["critic/grad_norm"] = float(w["value_head"].grad.double().norm())
     with torch.no_grad():  # SGD
         for p in w.values():
             p -= cfg.lr * p.grad
@@ -606,14 +678,14 @@ def train_step(
 
     result: dict[str, Any] = {"rank": g.rank, "last_stage": g.stage == layout.pp - 1}
     if result["last_stage"]:
-        result["metrics"] = {
-            **dict(zip(("pg_loss", "kl", "entropy"), sums.tolist(), strict=True)),
-            "grad_norm": norm,
-        }
-        if cfg.experts:
-            result["metrics"]["aux_loss"] = float(aux_total)
+        names = ("pg_loss", "kl", "entropy", *CRITIC_METRICS[:3])
+        values = {**dict(zip(names, sums.tolist(), strict=False)), **norms}  # 3 or 6 sums
+        values["aux_loss"] = float(aux_total)
+        result["metrics"] = {name: values[name] for name in cfg.metrics()}
         result["rows"] = shard_rows
-        result["log_probs"] = _padded(log_probs, cfg).cpu()
+        result["log_probs"] = _padded([(mb, every[0]) for mb, every in outputs], cfg).cpu()
+        if cfg.critic:
+            result["values"] = _padded([(mb, every[1]) for mb, every in outputs], cfg).cpu()
     return result
 
 
@@ -645,11 +717,13 @@ def train(
 
 @dataclass
 class StepResult:
-    """Metrics of one step and per-token log probs ``[B, R]`` of the whole batch."""
+    """Metrics of one step and per-token log probs ``[B, R]`` of the whole batch (and the
+    value head's predictions, ``values``, with ``PolicyConfig(critic=True)``)."""
 
     metrics: dict[str, float]
     log_probs: Tensor
     response_mask: Tensor | None = None
+    values: Tensor | None = None
 
 
 def run(
@@ -663,8 +737,13 @@ def run(
     """Train ``len(batches)`` steps on ``layout`` (real processes) and reassemble the results.
 
     ``splits`` overrides how rows are cut into data-rank shards and micro-batches (every
-    step).
+    step). A fault of the value head (:data:`~.layout.CRITIC_FAULTS`) needs ``cfg.critic``.
     """
+    if layout.fault in CRITIC_FAULTS and not cfg.critic:
+        raise ValueError(
+            f"fault {layout.fault!r} is planted in the value head's loss, which this policy "
+            "does not have: run it with PolicyConfig(critic=True)"
+        )
     per_rank = launch(train, layout, layout, cfg, batches, splits, timeout=timeout)
     out = []
     for step, batch in enumerate(batches):
@@ -672,21 +751,28 @@ def run(
         shards = [s for s in shards if layout.place(s["rank"]).tp == 0]
         shards = [s for s in shards if layout.place(s["rank"]).seq == 0]
         mask = batch["response_mask"]
-        log_probs = torch.zeros(mask.shape[0], cfg.response_len, dtype=cfg.torch_dtype)
+        outputs = {
+            key: torch.zeros(mask.shape[0], cfg.response_len, dtype=cfg.torch_dtype)
+            for key in ("log_probs", "values")
+            if key in shards[0]
+        }
         for s in shards:
-            log_probs[torch.tensor(s["rows"], dtype=torch.long)] = s["log_probs"]
-        out.append(StepResult(shards[0]["metrics"], log_probs, mask))
+            for key, whole in outputs.items():
+                whole[torch.tensor(s["rows"], dtype=torch.long)] = s[key]
+        metrics = shards[0]["metrics"]
+        out.append(StepResult(metrics, outputs["log_probs"], mask, outputs.get("values")))
     return out
 
 
 def check_step(
     golden: Any, result: StepResult, *, step: int, reference: Layout | None = None
 ) -> None:
-    """Gate one step: every metric, and per-token log probs by (data rank, micro-batch).
+    """Gate one step: every metric, and per-token log probs (``policy/log_probs``) and, with
+    the value head, values (``critic/values``) by (data rank, micro-batch).
 
     Ranks and micro-batches are those of the *reference* layout (one of each by default):
-    a variant's log probs are reassembled into the whole batch first and cut the way the
-    reference cuts it, so that every layout checks the same tensors.
+    a variant's per-token outputs are reassembled into the whole batch first and cut the way
+    the reference cuts it, so that every layout checks the same tensors.
     """
     reference = reference or Layout()
     golden.check(result.metrics, step=step)
@@ -696,13 +782,10 @@ def check_step(
     for data_rank, micros in enumerate(default_splits(reference, mask)):
         for micro, piece in enumerate(micros):
             rows = torch.tensor(piece, dtype=torch.long)
-            golden.check_tensors(
-                "policy",
-                {"log_probs": result.log_probs[rows]},
-                step=step,
-                rank=data_rank,
-                micro=micro,
-            )
+            where = {"step": step, "rank": data_rank, "micro": micro}
+            golden.check_tensors("policy", {"log_probs": result.log_probs[rows]}, **where)
+            if result.values is not None:
+                golden.check_tensors("critic", {"values": result.values[rows]}, **where)
 
 
 # ---------------------------------------------------------------------- rollouts
@@ -715,6 +798,10 @@ def make_rollout(
 
     Token ids and rewards are random; ``ref_log_prob`` is the initial policy's log prob (the
     reference model) and ``old_log_probs`` that plus noise, as if from a rollout engine.
+    With the value head, ``values`` are the initial head's predictions plus noise (as if from
+    an older critic; wide enough that the value clip binds on part of the tokens) and
+    ``returns`` their GAE returns (gamma 1, lambda 0.95); both drawn after everything else,
+    so the other fields are those of the batch without the head.
     """
     g = torch.Generator().manual_seed(10_000 + 1_000 * cfg.seed + step)
     size = prompts * group
@@ -727,17 +814,23 @@ def make_rollout(
     rewards = torch.zeros(size, cfg.response_len, dtype=torch.float64)
     rewards[torch.arange(size), lengths - 1] = torch.rand(size, generator=g, dtype=torch.float64)
     batch = {"input_ids": ids, "response_mask": mask, "uid": uid}
-    ref = single_process_log_probs(cfg, batch)
+    ref, values = initial_outputs(cfg, batch)
     noise = 0.05 * torch.randn(ref.shape, generator=g, dtype=torch.float64)
     dtype = cfg.torch_dtype
     batch["ref_log_prob"] = ref
     batch["old_log_probs"] = ((ref.double() + noise) * mask).to(dtype)
     batch["advantages"] = grpo_advantages(rewards, mask, uid).to(dtype)
+    if values is not None:
+        noise = 0.5 * torch.randn(values.shape, generator=g, dtype=torch.float64)
+        old_values = (values.double() + noise) * mask
+        _, returns = gae_advantages(rewards, old_values, mask, gamma=1.0, lam=0.95)
+        batch["values"], batch["returns"] = old_values.to(dtype), returns.to(dtype)
     return batch
 
 
-def single_process_log_probs(cfg: PolicyConfig, batch: dict[str, Tensor]) -> Tensor:
-    """``[B, R]`` log probs of the initial weights (world size 1, padded, no gradient)."""
+def initial_outputs(cfg: PolicyConfig, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """``[B, R]`` log probs of the initial weights and, with the value head, its values
+    (world size 1, padded, no gradient)."""
     layout = Layout()
     g = make_groups(layout, 0)
     w = shard_weights(full_weights(cfg), cfg, layout, 0)
@@ -747,4 +840,6 @@ def single_process_log_probs(cfg: PolicyConfig, batch: dict[str, Tensor]) -> Ten
     with torch.no_grad():
         h = stage_forward(mb.input_ids, w, cfg, mb, g, stats)
         log_probs, _, _ = head_log_probs(h, w, mb, g)
-    return _padded([(mb, log_probs)], cfg)
+        values = value_predictions(h, w, mb, g) if cfg.critic else None
+    out = _padded([(mb, log_probs)], cfg)
+    return out, None if values is None else _padded([(mb, values)], cfg)

@@ -14,9 +14,12 @@ CLIPFRAC_METRIC = "critic/vf_clipfrac"
 
 
 def clipped_value_predictions(vpreds: Tensor, values: Tensor, cliprange_value: float) -> Tensor:
-    """``values + clamp(vpreds - values, -c, c)``: the new predictions kept within ``c`` of the
-    values the rollout's critic gave (``values``)."""
-    return values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
+    """``clamp(vpreds, values - c, values + c)`` (``= values + clamp(vpreds - values, -c, c)``):
+    the new predictions kept within ``c`` of the values the rollout's critic gave
+    (``values``). Clamping ``vpreds`` itself, as verl's ``clip_by_value`` does, leaves a
+    prediction inside the range exactly as it is, so its two loss terms tie exactly and it is
+    never counted as clipped (``values + (vpreds - values)`` may round off ``vpreds``)."""
+    return torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
 
 
 def value_token_losses(

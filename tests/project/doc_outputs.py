@@ -339,6 +339,46 @@ def parallel_mismatch(work: Path) -> str:
     return "\n".join([*lines[:6], "  ...", *lines[tensor : tensor + 4], "...", lines[-1]]) + "\n"
 
 
+CRITIC_LAYOUTS = """\
+from pytest_rollout_golden.parallel import Layout
+from pytest_rollout_golden.parallel.policy import CRITIC_METRICS, PolicyConfig, make_rollout, run
+
+cfg = PolicyConfig(dtype="float64", critic=True)
+batches = [make_rollout(cfg, step) for step in range(2)]
+one = run(Layout(), cfg, batches)
+print("single process, step 0:")
+print("".join(f"{name:>20}" for name in CRITIC_METRICS))
+print("".join(f"{one[0].metrics[name]:20.4f}" for name in CRITIC_METRICS))
+print("max relative difference over 2 steps:")
+for layout in [
+    Layout(tp=2, pp=2, micro_batches=2),
+    Layout(dp=2, packing=True, micro_batches=2),
+    Layout(cp=2, packing=True),
+    Layout(fault="critic-micro-norm"),
+    Layout(micro_batches=4, fault="critic-micro-norm"),
+    Layout(dp=2, fault="critic-micro-norm"),
+]:
+    result = run(layout, cfg, batches)
+    print(layout.id)
+    for name in CRITIC_METRICS:
+        moved = max(abs(a.metrics[name] / e.metrics[name] - 1) for a, e in zip(result, one))
+        shown = f"{moved:.1e}" if moved > 1e-12 else "< 1e-12"
+        print(f"{shown:>20}", end="")
+    print()
+"""
+
+
+@output("parallel-critic")
+def parallel_critic(work: Path) -> str:
+    """The value head's metrics in three layouts and under the critic fault, float64."""
+    (work / "critic_layouts.py").write_text(CRITIC_LAYOUTS)
+    done = subprocess.run(
+        [sys.executable, "critic_layouts.py"],
+        cwd=work, env=environment(), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return "$ python critic_layouts.py\n" + done.stdout
+
+
 # ---------------------------------------------------------------- docs/guide/mismatch.md
 
 

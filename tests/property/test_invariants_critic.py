@@ -78,6 +78,19 @@ def test_reference_matches_a_per_token_formula():
     assert metrics == {"critic/vf_clipfrac": 0.0}
 
 
+def test_a_prediction_within_the_clip_range_is_never_counted_clipped():
+    """Inside ``values ± c`` the clipped prediction is the prediction: the two terms tie, even
+    where ``values + (vpreds - values)`` rounds off ``vpreds`` (here by one ulp, away from the
+    return), as verl's ``clip_by_value`` never does."""
+    vpreds, values, returns = (
+        torch.tensor([[x]], dtype=torch.float64) for x in (-0.465, -0.148, 0.378)
+    )
+    assert float(values + (vpreds - values)) != -0.465
+    losses, clipped = ref.value_token_losses(vpreds, values, returns, cliprange_value=0.5)
+    assert not bool(clipped.any())
+    assert float(losses) == pytest.approx(0.5 * 0.843**2, rel=1e-15)
+
+
 @passes
 @given(critic_batches(), CLIPS)
 def test_reference_token_losses_match_a_loop(batch, clip):
