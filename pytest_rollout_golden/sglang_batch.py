@@ -18,18 +18,20 @@ samples of prompt 0, then those of prompt 1, ... Ask for log probs with
 :func:`sglang_rollout` raises.
 
 Which log probs these are: by default ``log_softmax(logits / temperature)`` after the
-penalties, logit bias and custom logit processors, before top-k / top-p / min-p, i.e. at
-the sampling temperature (``Sampler.forward`` in ``sglang/srt/layers/sampler.py``). With
-the environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` on the server, and for
-greedy requests (``temperature=0``, which SGLang runs as ``top_k=1`` at temperature 1),
-they are the raw ``log_softmax(logits)``, at temperature 1. The batch says which in
-vLLM's words (``meta_info["logprobs_mode"]``: ``"processed_logprobs"`` or
-``"raw_logprobs"``), so that :func:`log_prob_temperature` gives the temperature to pass to
+penalties, logit bias, grammar masks and custom logit processors, before top-k / top-p /
+min-p, i.e. at the sampling temperature (``Sampler.forward`` in
+``sglang/srt/layers/sampler.py``). With the environment variable
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` on the server, and for greedy requests
+(``temperature=0``, which SGLang runs as ``top_k=1`` at temperature 1), they are the raw
+``log_softmax(logits)``, at temperature 1. The batch says which in vLLM's words
+(``meta_info["logprobs_mode"]``: ``"processed_logprobs"`` or ``"raw_logprobs"``), so that
+:func:`log_prob_temperature` gives the temperature to pass to
 :func:`pytest_rollout_golden.mismatch.sampled_log_probs`.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -115,9 +117,11 @@ def _prompts(input_ids: Sequence[int] | Sequence[Sequence[int]]) -> list[list[in
     """The prompts' token ids, one list per prompt (SGLang's single-prompt form too)."""
     if isinstance(input_ids, (str, bytes)) or not len(input_ids):
         raise ValueError("input_ids must be the prompts' token ids, as given to generate")
-    if all(isinstance(t, int) for t in input_ids):
-        return [[int(t) for t in input_ids]]  # type: ignore[arg-type]
-    return [[int(t) for t in prompt] for prompt in input_ids]  # type: ignore[union-attr]
+    try:
+        operator.index(input_ids[0])  # an int (numpy's, a 0-d tensor's too): one prompt
+    except TypeError:
+        return [[int(t) for t in prompt] for prompt in input_ids]  # type: ignore[union-attr]
+    return [[int(t) for t in input_ids]]  # type: ignore[arg-type]
 
 
 def _row(result: Mapping[str, Any], prompt: list[int], uid: str, where: str) -> Row:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sglang_results
 import torch
@@ -56,13 +57,14 @@ def test_a_single_prompt_gives_one_dict_or_n_dicts():
     assert one.batch["responses"].tolist() == [[30, EOS]]
     assert one.batch["prompts"].tolist() == [[5, 6]]
     n = [result(f"r{i}", [5, 6], [30 + i], [-1.0]) for i in range(3)]
-    batch = sglang_rollout(n, input_ids=[5, 6], pad_token_id=0, uids=["q"])
+    batch = sglang_rollout(n, input_ids=torch.tensor([5, 6]), pad_token_id=0, uids=["q"])
     assert batch.non_tensor_batch["uid"].tolist() == ["q", "q", "q"]
     assert batch.batch["responses"][:, 0].tolist() == [30, 31, 32]
 
 
 def test_uids_name_the_prompts():
-    batch = sglang_rollout(results(), input_ids=PROMPTS, pad_token_id=0, uids=["q-a", "q-b"])
+    numpy_prompts = [np.array(p, dtype=np.int64) for p in PROMPTS]
+    batch = sglang_rollout(results(), input_ids=numpy_prompts, pad_token_id=0, uids=["q-a", "q-b"])
     assert batch.non_tensor_batch["uid"].tolist() == ["q-a", "q-a", "q-b", "q-b"]
     with pytest.raises(ValueError, match="got 1 uids for 2 prompts"):
         sglang_rollout(results(), input_ids=PROMPTS, pad_token_id=0, uids=["x"])
