@@ -37,8 +37,9 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
+from ._internal.rollout_rows import Row, rollout_batch
 from .store.codec import RolloutBatch
 
 __all__ = ["VllmSamplingWarning", "log_prob_temperature", "vllm_generate", "vllm_rollout"]
@@ -87,33 +88,22 @@ def vllm_rollout(
     docstring). For a verl ``DataProto``:
     ``DataProto.from_dict(b.batch, b.non_tensor_batch, b.meta_info)``.
     """
-    import numpy as np
-
-    rows = _rows(outputs, uids)
-    P, R = _lengths(rows, prompt_length, response_length)
-    non_tensor_batch = {
-        "uid": _objects([r.uid for r in rows], np),
-        "finish_reason": _objects([r.finish_reason for r in rows], np),
-    }
-    meta_info: dict[str, Any] = {"pad_token_id": pad_token_id}
+    meta_info: dict[str, Any] = {}
     if temperature is not None:
         meta_info["temperature"] = float(temperature)
     if logprobs_mode is not None:
         meta_info["logprobs_mode"] = str(logprobs_mode)
-    return RolloutBatch(_tensors(rows, P, R, pad_token_id), non_tensor_batch, meta_info)
+    return rollout_batch(
+        _rows(outputs, uids),
+        pad_token_id=pad_token_id,
+        prompt_length=prompt_length,
+        response_length=response_length,
+        meta_info=meta_info,
+        max_tokens_hint="SamplingParams(max_tokens={R})",
+    )
 
 
-class _Row(NamedTuple):
-    """One completion of one request: a row of the batch."""
-
-    prompt: list[int]
-    tokens: list[int]
-    logprobs: list[float]
-    uid: str
-    finish_reason: Any
-
-
-def _rows(outputs: Sequence[Any], uids: Sequence[str] | None) -> list[_Row]:
+def _rows(outputs: Sequence[Any], uids: Sequence[str] | None) -> list[Row]:
     """One row per completion, request by request, completions in ``index`` order."""
     if uids is not None and len(uids) != len(outputs):
         raise ValueError(f"got {len(uids)} uids for {len(outputs)} vLLM request outputs")
@@ -130,62 +120,10 @@ def _rows(outputs: Sequence[Any], uids: Sequence[str] | None) -> list[_Row]:
             where = f"vLLM request {request.request_id!r}, completion {completion.index}"
             tokens = [int(t) for t in completion.token_ids]
             logprobs = _sampled_logprobs(completion.logprobs, tokens, where)
-            rows.append(_Row(list(prompt), tokens, logprobs, uid, completion.finish_reason))
+            rows.append(Row(list(prompt), tokens, logprobs, uid, completion.finish_reason))
     if not rows:
         raise ValueError("no vLLM completions to convert (empty outputs)")
     return rows
-
-
-def _lengths(
-    rows: list[_Row], prompt_length: int | None, response_length: int | None
-) -> tuple[int, int]:
-    """``(P, R)``: the prompt and response widths, by default the longest of each."""
-    longest_prompt = max(len(r.prompt) for r in rows)
-    longest_response = max(len(r.tokens) for r in rows)
-    P = longest_prompt if prompt_length is None else prompt_length
-    R = longest_response if response_length is None else response_length
-    if longest_prompt > P:
-        raise ValueError(
-            f"a prompt has {longest_prompt} tokens, more than prompt_length={P}; "
-            "truncate prompts before generating, or raise prompt_length"
-        )
-    if longest_response > R:
-        raise ValueError(
-            f"a completion has {longest_response} tokens, more than response_length={R}; "
-            f"generate with SamplingParams(max_tokens={R}), or raise response_length"
-        )
-    return P, R
-
-
-def _tensors(rows: list[_Row], P: int, R: int, pad_token_id: int) -> dict[str, Any]:
-    """The ``batch`` of :func:`vllm_rollout`: prompts left-padded to ``P``, responses
-    right-padded to ``R``, their masks, positions and the sampled tokens' log probs."""
-    import torch
-
-    B = len(rows)
-    prompts = torch.full((B, P), pad_token_id, dtype=torch.int64)
-    responses = torch.full((B, R), pad_token_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((B, P), dtype=torch.int64)
-    response_mask = torch.zeros((B, R), dtype=torch.int64)
-    rollout_log_probs = torch.zeros((B, R), dtype=torch.float32)
-    for b, (prompt, tokens, logprobs, _, _) in enumerate(rows):
-        if prompt:
-            prompts[b, P - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
-            prompt_mask[b, P - len(prompt) :] = 1
-        if tokens:
-            responses[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-            response_mask[b, : len(tokens)] = 1
-            rollout_log_probs[b, : len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    return {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-        "response_mask": response_mask,
-        "rollout_log_probs": rollout_log_probs,
-    }
 
 
 def log_prob_temperature(meta_info: Any) -> float:
@@ -301,10 +239,4 @@ def _sampled_logprobs(logprobs: Any, tokens: list[int], where: str) -> list[floa
         if value is None:
             raise ValueError(f"{where}: no logprob for the sampled token {token} at position {i}")
         out.append(float(value))
-    return out
-
-
-def _objects(values: list[Any], np: Any) -> Any:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
     return out

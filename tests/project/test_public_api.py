@@ -23,6 +23,9 @@ PUBLIC = {
     "pytest_rollout_golden.vllm_batch": [
         "VllmSamplingWarning", "log_prob_temperature", "vllm_generate", "vllm_rollout",
     ],
+    "pytest_rollout_golden.sglang_batch": [
+        "log_prob_temperature", "sglang_generate", "sglang_rollout",
+    ],
 }  # fmt: skip
 
 
@@ -35,7 +38,8 @@ def test_the_public_names_are_pinned(module: str):
 
 
 @pytest.mark.parametrize(
-    "module", ["strategies", "invariants", "reference", "parallel", "mismatch", "vllm_batch"]
+    "module",
+    ["strategies", "invariants", "reference", "parallel", "mismatch", "vllm_batch", "sglang_batch"],
 )
 def test_every_public_module_is_in_the_api_reference_with_docstrings(module: str):
     """docs/reference/api.md renders these modules from their docstrings: every public
