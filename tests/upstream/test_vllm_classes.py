@@ -267,3 +267,20 @@ def test_log_probs_of_the_neighbouring_position_fail_the_gate(vllm):
             ]
     batch = vllm_rollout(generation.outputs, pad_token_id=0)
     assert gate(trainer_log_probs(batch, temperature=1.0), batch)
+
+
+@pytest.mark.parametrize("mode", ["raw_logits", "processed_logits"])
+def test_logits_modes_are_refused(vllm, mode):
+    """vLLM's ``*_logits`` modes report logits, not log probs: no trainer temperature matches
+    them, so a batch of them would fail every mismatch gate for no bug of the trainer."""
+    from vllm.config.model import LogprobsMode
+
+    assert mode in typing.get_args(LogprobsMode)
+    message = rf"logprobs_mode '{mode}' reports logits, not log probs.*logprobs_mode='raw_logprobs'"
+    with pytest.raises(ValueError, match=message):
+        log_prob_temperature({"logprobs_mode": mode, "temperature": TEMPERATURE})
+    llm = ToyLLM(vllm, mode)
+    with pytest.raises(ValueError, match=message):
+        vllm_generate(llm, PROMPTS, sampling_params(vllm), pad_token_id=0)
+    with pytest.raises(ValueError, match=message):
+        vllm_rollout(generate(vllm).outputs, pad_token_id=0, logprobs_mode=mode)
