@@ -11,6 +11,9 @@ position, a wrong temperature) must fail: the adapter refuses them, or the misma
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
 import typing
 from pathlib import Path
@@ -24,6 +27,10 @@ from pytest_rollout_golden import mismatch, vllm_batch
 from pytest_rollout_golden._internal.tolerance.mismatch_bounds import DEFAULT_BOUNDS
 from pytest_rollout_golden.vllm_batch import log_prob_temperature, vllm_generate, vllm_rollout
 
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+VLLM010 = Path(os.environ.get("VLLM010_TARGET", REPO / ".venv" / "vllm010"))
+
 PROMPTS = [[5, 6, 11], [9], [3, 4]]
 TEMPERATURE = 0.7
 MODES = ["raw_logprobs", "processed_logprobs"]
@@ -32,7 +39,9 @@ MODES = ["raw_logprobs", "processed_logprobs"]
 def sampling_params(vllm, *, flat: bool = False, top: int = 2) -> list:
     """Three requests: n=2 with the top ``top`` and prompt logprobs, n=1 with only the sampled
     token's log prob, n=3; stop tokens, EOS and max_tokens end them."""
-    common = {"temperature": TEMPERATURE, "flat_logprobs": flat, "stop_token_ids": [17, 12]}
+    common: dict = {"temperature": TEMPERATURE, "stop_token_ids": [17, 12]}
+    if flat:  # vLLM 0.10 has no FlatLogprobs
+        common["flat_logprobs"] = True
     return [
         vllm.SamplingParams(n=2, seed=3, logprobs=top, max_tokens=6, prompt_logprobs=1, **common),
         vllm.SamplingParams(n=1, seed=21, logprobs=0, max_tokens=4, **common),
@@ -184,7 +193,10 @@ class ToyLLM:
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         return vllm_engine.generate(
-            self.vllm, prompts, sampling_params, logprobs_mode=self.mode
+            self.vllm,
+            prompts,
+            sampling_params,
+            logprobs_mode=getattr(self.mode, "value", self.mode),
         ).outputs
 
 
@@ -284,3 +296,51 @@ def test_logits_modes_are_refused(vllm, mode):
         vllm_generate(llm, PROMPTS, sampling_params(vllm), pad_token_id=0)
     with pytest.raises(ValueError, match=message):
         vllm_rollout(generate(vllm).outputs, pad_token_id=0, logprobs_mode=mode)
+
+
+# ------------------------------------------------------------------- vLLM 0.10.2
+
+VLLM010_CHECK = """
+import vllm
+from vllm.config import LogprobsMode
+
+import test_vllm_classes as t
+from pytest_rollout_golden.vllm_batch import log_prob_temperature, vllm_generate, vllm_rollout
+
+assert vllm.__version__ == "0.10.2", vllm.__file__
+for mode in t.MODES:
+    generation = t.generate(vllm, mode)
+    assert all(type(c.logprobs) is list for o in generation.outputs for c in o.outputs)
+    t.assert_converts_exactly(vllm_rollout(generation.outputs, pad_token_id=0), generation)
+    llm = t.ToyLLM(vllm, LogprobsMode(mode))  # an enum in 0.10, a string in 0.33
+    batch = vllm_generate(llm, t.PROMPTS, t.sampling_params(vllm), pad_token_id=0)()
+    assert batch.meta_info["logprobs_mode"] == mode
+    trainer = t.trainer_log_probs(batch, temperature=log_prob_temperature(batch))
+    assert trainer.equal(batch.batch["rollout_log_probs"])
+try:
+    llm = t.ToyLLM(vllm, LogprobsMode.RAW_LOGITS)
+    vllm_generate(llm, t.PROMPTS, t.sampling_params(vllm), pad_token_id=0)
+except ValueError as error:
+    assert "reports logits, not log probs" in str(error)
+else:
+    raise AssertionError("raw_logits accepted")
+print("vLLM 0.10.2 converts bit-exactly")
+"""
+
+
+def test_vllm_0_10_converts_bit_exactly():
+    """The oldest release checked, in a subprocess with its own folder first on the path:
+    ``Logprob`` dicts only (no ``FlatLogprobs``), ``LogprobsLists`` of lists, one request id,
+    ``logprobs_mode`` an enum."""
+    if not (VLLM010 / "vllm" / "outputs.py").is_file():
+        pytest.skip(
+            f"vLLM 0.10.2 is not installed in {VLLM010}; install it as "
+            "tests/upstream/requirements-vllm010.txt says"
+        )
+    path = os.pathsep.join([str(VLLM010), str(REPO), str(HERE)])
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM010_CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("vLLM 0.10.2 converts bit-exactly")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 
 import numpy as np
 import torch
@@ -71,15 +72,15 @@ def generate(vllm, prompts, params, *, logprobs_mode="raw_logprobs") -> Generati
         request_params = copy.copy(request_params)
         request_params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM._add_request
         request = EngineCoreRequest(
-            request_id=f"{i}-toy", prompt_token_ids=list(prompt), mm_features=None,
-            sampling_params=request_params, pooling_params=None, arrival_time=0.0,
-            lora_request=None, cache_salt=None, data_parallel_rank=None, external_req_id=str(i),
+            prompt_token_ids=list(prompt), mm_features=None, sampling_params=request_params,
+            pooling_params=None, arrival_time=0.0, lora_request=None, cache_salt=None,
+            data_parallel_rank=None, **_request_ids(EngineCoreRequest, str(i)),
         )  # fmt: skip
         if request_params.n == 1:
             processor.add_request(request, None, None, 0)
             children[request.request_id] = (str(i), 0, list(prompt), request_params)
             continue
-        parent = ParentRequest(request)
+        parent = _parent(ParentRequest, request)
         for index in range(request_params.n):
             child_id, child_params = parent.get_child_info(index)
             child = copy.copy(request)
@@ -105,6 +106,21 @@ def generate(vllm, prompts, params, *, logprobs_mode="raw_logprobs") -> Generati
             result = processor.process_outputs([out])
             finished += [o for o in result.request_outputs if o.finished]
     return Generation(sorted(finished, key=lambda o: int(o.request_id)), sampled)
+
+
+def _request_ids(request_class, external: str) -> dict:
+    """vLLM 0.33 keeps the caller's id as ``external_req_id`` and an internal one as
+    ``request_id``; 0.10 has one id, and the EOS id on the request."""
+    if "external_req_id" in request_class.__struct_fields__:
+        return {"request_id": f"{external}-toy", "external_req_id": external}
+    return {"request_id": external, "eos_token_id": EOS}
+
+
+def _parent(parent_class, request):
+    """``ParentRequest(request)`` (0.33) or ``ParentRequest(request_id, sampling_params)``."""
+    if len(inspect.signature(parent_class).parameters) == 1:
+        return parent_class(request)
+    return parent_class(request.request_id, request.sampling_params)
 
 
 def _decode(prompt, params, logprobs_mode) -> Sampled:
@@ -149,13 +165,12 @@ def _gather(row: torch.Tensor, token: int, k: int):
     from vllm.v1.outputs import LogprobsLists
 
     top = row.topk(k)
-    ids = [token, *top.indices.tolist()]
-    values = torch.cat([row[token : token + 1], top.values])
-    return LogprobsLists(
-        np.array([ids], dtype=np.int32),
-        values.unsqueeze(0).numpy(),
-        np.array([int((row >= row[token]).sum())]),
-    )
+    ids = np.array([[token, *top.indices.tolist()]], dtype=np.int32)
+    values = torch.cat([row[token : token + 1], top.values]).unsqueeze(0).numpy()
+    ranks = np.array([int((row >= row[token]).sum())])
+    if "ndarray" not in str(LogprobsLists.__annotations__["logprobs"]):
+        return LogprobsLists(ids.tolist(), values.tolist(), ranks.tolist())  # vLLM 0.10: lists
+    return LogprobsLists(ids, values, ranks)
 
 
 def _prompt_logprobs(prompt, params):
