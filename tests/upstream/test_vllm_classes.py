@@ -328,6 +328,7 @@ print("vLLM 0.10.2 converts bit-exactly")
 """
 
 
+@pytest.mark.usefixtures("vllm")  # the packages 0.10.2 imports come with 0.33.0's folder
 def test_vllm_0_10_converts_bit_exactly():
     """The oldest release checked, in a subprocess with its own folder first on the path:
     ``Logprob`` dicts only (no ``FlatLogprobs``), ``LogprobsLists`` of lists, one request id,
@@ -337,7 +338,8 @@ def test_vllm_0_10_converts_bit_exactly():
             f"vLLM 0.10.2 is not installed in {VLLM010}; install it as "
             "tests/upstream/requirements-vllm010.txt says"
         )
-    path = os.pathsep.join([str(VLLM010), str(REPO), str(HERE)])
+    # vLLM 0.10.2 first; the packages both releases import come from the inherited path
+    path = os.pathsep.join([str(VLLM010), str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", VLLM010_CHECK], env=env, capture_output=True, text=True, timeout=600

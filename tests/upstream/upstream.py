@@ -170,13 +170,17 @@ def vllm_module() -> types.ModuleType:
     """The ``vllm`` package of vLLM 0.33.0, with ``vllm.outputs``, ``vllm.logprobs``,
     ``vllm.config.model`` and the engine's output processor imported.
 
-    Installed with ``--no-deps`` beside torch 2.13.0+cpu
-    (``tests/upstream/requirements-vllm.txt``): these modules import on CPU, the model
-    runner and sampler do not (``vllm._C`` is CUDA-built). Importing ``vllm`` sets a few
+    Installed with ``--no-deps`` beside torch 2.13.0+cpu in a folder of its own
+    (``tests/upstream/requirements-vllm.txt``), which ``test_vllm_lane.py`` puts on the path
+    of a subprocess: these modules import on CPU, the model runner and sampler do not
+    (``vllm._C`` is CUDA-built). Importing ``vllm`` sets a few
     ``TORCHINDUCTOR_*`` / ``TRITON_*`` environment variables; they are put back, so that
     the tests sharing this process see the environment they started with.
     """
-    _require("vllm", VLLM_VERSION)
+    try:
+        _require("vllm", VLLM_VERSION)
+    except Missing as missing:
+        raise Missing(f"{missing}; tests/upstream/test_vllm_lane.py runs these tests") from None
     saved = dict(os.environ)
     try:
         for name in ("vllm.outputs", "vllm.logprobs", "vllm.config.model",
