@@ -23,10 +23,13 @@ Which log probs these are is the engine's choice, not the request's: vLLM's engi
 argument ``logprobs_mode`` (``LLM(..., logprobs_mode=...)``) is ``"raw_logprobs"`` by
 default, the log softmax of the model's logits *before* temperature, penalties and
 top-k/top-p, i.e. at temperature 1; ``"processed_logprobs"`` gives them after the logits
-processors, penalties and temperature scaling, i.e. of the distribution actually sampled
-from. A trainer comparing its log probs with ``rollout_log_probs`` must compute them at
-the same temperature, or every run at temperature ≠ 1 shows a spurious mismatch (TRL
-#4159). :func:`vllm_generate` stores the sampling ``temperature`` and, where the engine
+processors, penalties, temperature scaling and top-k/top-p (renormalized over the tokens
+kept), i.e. of the distribution actually sampled from. ``"raw_logits"`` and
+``"processed_logits"`` report logits, not log probs, and are refused. A trainer comparing
+its log probs with ``rollout_log_probs`` must compute them at the same temperature, or
+every run at temperature ≠ 1 shows a spurious mismatch (TRL #4159); with top-k/top-p,
+processed log probs are renormalized over the kept tokens, which a temperature alone does
+not reproduce. :func:`vllm_generate` stores the sampling ``temperature`` and, where the engine
 exposes it, its ``logprobs_mode`` in ``meta_info``; :func:`log_prob_temperature` reads the
 temperature the recorded log probs are at, for
 :func:`pytest_rollout_golden.mismatch.sampled_log_probs`.
@@ -44,8 +47,11 @@ from .store.codec import RolloutBatch
 
 __all__ = ["VllmSamplingWarning", "log_prob_temperature", "vllm_generate", "vllm_rollout"]
 
-RAW_MODES = ("raw_logprobs", "raw_logits")
+RAW_MODES = ("raw_logprobs",)
 """vLLM ``logprobs_mode`` values reported before temperature scaling."""
+
+LOGITS_MODES = ("raw_logits", "processed_logits")
+"""vLLM ``logprobs_mode`` values that report logits, not log probs: refused."""
 
 _LOGPROBS_HINT = (
     "pass SamplingParams(logprobs=0) (the sampled token's log prob; logprobs=k adds the top k)"
@@ -92,7 +98,7 @@ def vllm_rollout(
     if temperature is not None:
         meta_info["temperature"] = float(temperature)
     if logprobs_mode is not None:
-        meta_info["logprobs_mode"] = str(logprobs_mode)
+        meta_info["logprobs_mode"] = _log_prob_mode(logprobs_mode)
     return rollout_batch(
         _rows(outputs, uids),
         pad_token_id=pad_token_id,
@@ -143,7 +149,7 @@ def log_prob_temperature(meta_info: Any) -> float:
             "meta_info): vLLM's default raw_logprobs are at temperature 1, processed_logprobs "
             "at the sampling temperature"
         )
-    if mode in RAW_MODES:
+    if _log_prob_mode(mode) in RAW_MODES:
         return 1.0
     temperature = meta.get("temperature")
     if temperature is None:
@@ -196,8 +202,20 @@ def vllm_generate(
         response_length=response_length,
         uids=uids,
         temperature=temperatures.pop() if len(temperatures) == 1 else None,
-        logprobs_mode=engine_logprobs_mode(llm),
+        logprobs_mode=mode if (mode := engine_logprobs_mode(llm)) is None else _log_prob_mode(mode),
     )
+
+
+def _log_prob_mode(mode: Any) -> str:
+    """``mode`` as a string; ValueError for the modes that report logits."""
+    mode = str(getattr(mode, "value", mode))
+    if mode in LOGITS_MODES:
+        raise ValueError(
+            f"logprobs_mode {mode!r} reports logits, not log probs: rollout_log_probs would "
+            "hold logits, which no trainer log probs match; start the engine with "
+            "LLM(..., logprobs_mode='raw_logprobs') or 'processed_logprobs'"
+        )
+    return mode
 
 
 def engine_logprobs_mode(llm: Any) -> str | None:

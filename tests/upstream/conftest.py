@@ -45,3 +45,12 @@ def trl_grpo():
         return upstream.trl_grpo_trainer()
     except upstream.Missing as missing:
         pytest.skip(str(missing))
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    """The ``vllm`` package of vLLM 0.33.0 (its output classes and output processor)."""
+    try:
+        return upstream.vllm_module()
+    except upstream.Missing as missing:
+        pytest.skip(str(missing))

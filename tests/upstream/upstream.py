@@ -1,4 +1,5 @@
-"""Import the numerics modules of the real verl 0.9.1 and OpenRLHF 0.11.2 without their runtimes.
+"""Import the numerics modules of the real verl 0.9.1 and OpenRLHF 0.11.2 without their runtimes
+(and vLLM 0.33.0's output classes: :func:`vllm_module`).
 
 The packages come from the package index, installed with ``pip install --no-deps`` together
 with the small pure-Python packages their numerics modules import (``.ci/run`` does it; the
@@ -23,6 +24,7 @@ import importlib
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import os
 import sys
 import types
 import typing
@@ -159,3 +161,37 @@ def trl_grpo_trainer() -> type:
             "tests/realtrainer/requirements-trl.txt)"
         ) from error
     return module.GRPOTrainer
+
+
+VLLM_VERSION = "0.33.0"
+
+
+def vllm_module() -> types.ModuleType:
+    """The ``vllm`` package of vLLM 0.33.0, with ``vllm.outputs``, ``vllm.logprobs``,
+    ``vllm.config.model`` and the engine's output processor imported.
+
+    Installed with ``--no-deps`` beside torch 2.13.0+cpu in a folder of its own
+    (``tests/upstream/requirements-vllm.txt``), which ``test_vllm_lane.py`` puts on the path
+    of a subprocess: these modules import on CPU, the model runner and sampler do not
+    (``vllm._C`` is CUDA-built). Importing ``vllm`` sets a few
+    ``TORCHINDUCTOR_*`` / ``TRITON_*`` environment variables; they are put back, so that
+    the tests sharing this process see the environment they started with.
+    """
+    try:
+        _require("vllm", VLLM_VERSION)
+    except Missing as missing:
+        raise Missing(f"{missing}; tests/upstream/test_vllm_lane.py runs these tests") from None
+    saved = dict(os.environ)
+    try:
+        for name in ("vllm.outputs", "vllm.logprobs", "vllm.config.model",
+                     "vllm.v1.engine.output_processor"):  # fmt: skip
+            importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        raise Missing(
+            f"vLLM's output classes need {error.name!r} (pip install --no-deps -r "
+            "tests/upstream/requirements-vllm.txt)"
+        ) from error
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return importlib.import_module("vllm")
