@@ -10,6 +10,7 @@ import pytest
 
 from pytest_rollout_golden._internal.tolerance import envelope
 from pytest_rollout_golden._internal.tolerance.envelope import Band
+from pytest_rollout_golden._internal.tolerance.mismatch_bounds import Bound
 from pytest_rollout_golden._internal.tolerance.spec import IGNORE, Tolerance
 from pytest_rollout_golden.errors import GoldenFormatError
 
@@ -198,3 +199,170 @@ def test_an_edited_not_comparable_entry_is_refused(entry, problem):
     content = {**document(), envelope.DRIFTING: {"loss": entry}}
     with pytest.raises(GoldenFormatError, match=problem):
         envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+
+
+# ----------------------------------------------------------- margins by distinct runs
+
+
+def exceedance(m: float, k: int) -> float:
+    """``P(|Z| > m max(|Z_1|, ..., |Z_k|))`` for iid standard normals, by the trapezoid rule
+    over ``|Z|`` (its density beyond 12 is below 1e-31)."""
+    n, top = 24_000, 12.0
+    h = top / n
+    total = 0.0
+    for i in range(n + 1):
+        z = i * h
+        inside = math.erf(z / (m * math.sqrt(2))) ** k
+        total += (
+            math.sqrt(2 / math.pi) * math.exp(-z * z / 2) * inside * (0.5 if i in (0, n) else 1)
+        )
+    return total * h
+
+
+def test_each_margin_gives_the_next_run_the_chance_eight_runs_give_it():
+    target = exceedance(envelope.MARGIN, 8)
+    assert target == pytest.approx(8.28e-3, rel=1e-3)
+    for k, m in enumerate(envelope.MARGINS, start=1):
+        assert exceedance(m, k) == pytest.approx(target, rel=1e-2), k
+    assert list(envelope.MARGINS) == sorted(envelope.MARGINS, reverse=True)
+    assert min(envelope.MARGINS) > envelope.MARGIN
+    assert envelope.margin(len(envelope.MARGINS) + 1) == envelope.margin(50) == envelope.MARGIN
+
+
+FLOOR = envelope.DTYPE_FLOOR * 2**-23 * 2.0  # float32, magnitude 2
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 30])
+def test_a_band_of_fewer_distinct_runs_allows_more(k):
+    steps = tuple(range(10))
+    band = Band(
+        steps, (0.0,) * 10, (1e-6,) + (1e-3,) * 9, "float32", 2.0, runs=k, distinct=(k,) * 10
+    )
+    allowed = band.allowances()
+    assert allowed[0] == pytest.approx(envelope.margin(k) * 1e-6 + FLOOR)  # its own width
+    assert allowed[5] == pytest.approx(envelope.margin(k) * 1e-3 + FLOOR)
+    assert band.margins() == [envelope.margin(k)] * 10
+
+
+def test_the_margin_takes_the_fewest_distinct_runs_in_the_window_and_skips_steps_of_none():
+    distinct = (3, 2, 2, 2, 2, 2, 1, 0, 2, 2, 2, 2, 2, 2)
+    band = Band(
+        tuple(range(14)), (1e-3,) * 14, (1e-3,) * 14, "float32", 2.0, runs=3, distinct=distinct
+    )
+    margins = band.margins()
+    reach = range(6 - envelope.SMOOTH, 6 + envelope.SMOOTH + 1)  # windows holding step 6
+    for step, found in enumerate(margins):
+        if step == 0:  # the first step: its own count
+            assert found == envelope.MARGINS[2]
+        elif step in reach:
+            assert found == envelope.MARGINS[0]
+        else:
+            assert found == envelope.MARGINS[1]
+
+
+def test_a_file_without_the_counts_keeps_the_margin_of_many_runs():
+    band = Band(tuple(range(10)), (0.0,) * 10, (1e-3,) * 10, "float32", 2.0)
+    assert band.margins() == [envelope.MARGIN] * 10
+
+
+def test_a_small_samples_margin_stops_where_the_widest_band_a_file_may_hold_would():
+    widths = (0.5,) * 10
+    band = Band(tuple(range(10)), (0.0,) * 10, widths, "float32", 2.0, runs=1, distinct=(1,) * 10)
+    # 76.9 x 0.5 capped at MARGIN x the widest band allowed (1 x the magnitude, 2.0)
+    assert band.allowances()[5] == pytest.approx(envelope.MARGIN * 2.0 + FLOOR)
+
+
+def test_the_distinct_count_is_of_values_other_than_the_golden():
+    a = run([0.0] * 6 + [1e-3] * 6)
+    same = run([0.0] * 6 + [1e-3] * 6)  # repeats a, as a bf16 run at other threads does
+    b = run([0.0] * 9 + [-2e-3] * 3)
+    found, _, _ = build([a, same, b])
+    assert found["loss"]["distinct"] == [0] * 6 + [1] * 3 + [2] * 3
+    assert found["loss"]["runs"] == 3
+
+
+@pytest.mark.parametrize(
+    ("distinct", "problem"),
+    [
+        ([1], "'distinct' must be a list as long as 'steps'"),
+        ("2", "'distinct' must be a list as long as 'steps'"),
+        ([1, -1], "at step 1: -1 distinct runs"),
+        ([1, 1.5], "at step 1: 1.5 distinct runs"),
+        ([1, True], "at step 1: True distinct runs"),
+        ([1, 4], "at step 1: 4 distinct runs of 3"),
+        ([0, 1], "at step 0: a band of width > 0 from 0 distinct runs"),
+    ],
+)
+def test_reading_refuses_distinct_counts_calibration_never_writes(distinct, problem):
+    content = document(distinct=distinct, runs=3)
+    with pytest.raises(GoldenFormatError, match=problem):
+        envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+
+
+# ------------------------------------------------------------------ trends on replay
+
+
+def trend_envelope(reached: float) -> envelope.Envelope:
+    content = document(trends={"growth": reached})
+    return envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+
+
+def test_a_trend_bound_the_runs_come_near_is_raised_to_the_margin_over_theirs():
+    bound = Bound(2.0, "default: flat")
+    raised = trend_envelope(1.8).trend_bound("loss", "growth", bound)
+    assert raised.value == pytest.approx(envelope.TREND_MARGIN * 1.8)
+    assert raised.source.startswith("default: flat; raised from 2 to 2.52 on replay: 1.4 x")
+    assert "(1.8, envelope (envelope.json))" in raised.source
+    assert trend_envelope(1.2).trend_bound("loss", "growth", bound) is bound  # 1.68 < 2
+    assert trend_envelope(1.8).trend_bound("kl", "growth", bound) is bound  # no band
+    off = Bound(math.inf, "off")
+    assert trend_envelope(9.0).trend_bound("loss", "growth", off) is off
+
+
+@pytest.mark.parametrize(("growth", "verdict"), [(2.4, "PASS"), (2.6, "FAIL")])
+def test_a_replayed_trend_is_held_to_the_raised_bound(growth, verdict):
+    from pytest_rollout_golden._internal.golden.checks import trend_comparison
+    from pytest_rollout_golden._internal.tolerance import trends
+
+    values = [1.0] * 5 + [growth] * 5 + [growth] * 2
+    run_numbers = {str(s): {"loss": (v, "float32")} for s, v in enumerate(values)}
+    bounds = trends.TrendBounds().above({"growth": {"loss": Bound(2.0, "--golden-trend")}})
+    (check,) = [c for c in trends.evaluate(run_numbers, bounds) if c.statistic == "growth"]
+    assert check.verdict == "fail"  # beyond the bound as declared
+    found = trend_comparison(check, trend_envelope(1.8))
+    assert found.verdict.name == verdict and found.bound == pytest.approx(2.52)
+    assert "raised from 2 to 2.52 on replay" in found.tolerance_source
+
+
+def test_the_bias_bound_of_few_distinct_runs_takes_their_margin():
+    steps = {s: 1.0 for s in range(12)}
+    golden = numbers(GOLDEN)
+    one = run([0.01] * 12)  # mean deviation +0.01 of the band
+    many = [run([0.01 * (-1) ** i * (1 + i / 10)] * 12) for i in range(8)]
+    alone = envelope.bias_bound("loss", golden, [run([0.02] * 12)], steps)
+    assert alone["bound"] is None and "x 76.9 (for 1 distinct runs)" in alone["why"]
+    assert envelope.bias_bound("loss", golden, [one], steps)["bound"] == 0.77  # 0.769 up
+    found = envelope.bias_bound("loss", golden, [one, one, run([-0.005] * 12)], steps)
+    assert found["bound"] == pytest.approx(envelope.MARGINS[1] * 0.01, rel=1e-2)  # 2 distinct
+    largest = max(abs(0.01 * (1 + i / 10)) for i in range(8))
+    found = envelope.bias_bound("loss", golden, many, steps)
+    assert found["bound"] == pytest.approx(envelope.BIAS_MARGIN * largest, rel=1e-2)
+
+
+def test_a_value_the_golden_leaves_at_zero_that_variants_move_is_drifting():
+    # a fraction of tokens correct code leaves at 0 and a variant moves to 1 in 77
+    zeros = numbers([0.0] * 12, "outside")
+    moved = numbers([0.0] * 10 + [1 / 77, 0.0], "outside")
+    found, refused, drifting = envelope.bands(
+        zeros, [(moved, ())], base=lambda name, dtype: DEFAULT, magnitude=lambda name: 0.0
+    )
+    assert found == {} and "outside" in refused
+    unit = envelope.DTYPE_FLOOR * 2**-23
+    assert drifting["outside"]["widest"] == pytest.approx((1 / 77) / unit, rel=1e-2)
+    content = {**document(), envelope.DRIFTING: drifting}
+    mags = {"loss": 1.0, "outside": 0.0}
+    read = envelope.read(content, Path("e"), magnitude=mags.get, layout_variant=True)
+    assert read is None  # no across-variants lane, but the file is valid
+    both = {**content, "layout_metrics": {}}
+    theirs = envelope.read(both, Path("e"), magnitude=mags.get, layout_variant=True)
+    assert theirs.drifting_layer().match("outside").ignore

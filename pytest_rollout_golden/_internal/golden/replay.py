@@ -788,8 +788,8 @@ class Golden:
                 allowed = c.tolerance.allowance(float(c.expected), c.scale)
                 held.setdefault(c.name, {})[c.step] = allowed
         source = (
-            f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest, at "
-            f"least {BIAS_FLOOR:g}"
+            f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest (the "
+            f"band's margin for fewer than 8 distinct runs), at least {BIAS_FLOOR:g}"
         )
         for bias in biases(self._envelope, recorded, run, held):
             found.append(checks.bias_comparison(bias, sorted(held[bias.name]), source))

@@ -443,9 +443,8 @@ def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
     distance at each step drawn."""
     from matplotlib.colors import to_rgb
 
-    from ..tolerance.envelope import MARGIN
-
     allowances = band.allowances()
+    margins = band.margins()[1:] or band.margins()
     rows = [
         (s, a[s], below, above, allowances[s])
         for s, below, above in zip(band.steps, band.below, band.above, strict=True)
@@ -458,7 +457,7 @@ def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
     high = [c + w for c, w in zip(centre, allowed, strict=True)]
     ax.fill_between(steps, low, high, facecolor=(*to_rgb(_ALLOWED), 0.1),
                     edgecolor=_ALLOWED, linestyle="--", lw=0.8, zorder=0,
-                    label=f"band x{MARGIN:g}")  # fmt: skip
+                    label=f"band x{max(margins):g}")  # fmt: skip
     ax.fill_between(steps, [c - w for c, w in zip(centre, below, strict=True)],
                     [c + w for c, w in zip(centre, above, strict=True)], facecolor=_RUNS,
                     alpha=0.6, lw=0, zorder=1,

@@ -11,23 +11,26 @@ that record the golden, and across variants. On replay the band is that step's `
 the metric's uncalibrated tolerance (:meth:`Envelope.stack_at`), so it never holds a metric
 tighter than the defaults::
 
-    allowed at step s = MARGIN x H(s) + DTYPE_FLOOR x eps(dtype) x the metric's magnitude
+    allowed at step s = M(s) x H(s) + DTYPE_FLOOR x eps(dtype) x the metric's magnitude
                         + the uncalibrated rtol x max(|golden(s)|, scale)
     H(s) = the largest half-width max(below, above) at steps s - SMOOTH .. s + SMOOTH
-    H(first step) = its own half-width
+    M(s) = margin(k), k the fewest distinct values the runs had at those steps
+    H, M at the first step = its own half-width, margin(its own k)
 
 The band is stored relative to the golden, so ``--update-golden`` keeps it around the new
 values (it describes the setup's noise, not the values). ``H`` takes the widest of the
-neighbouring steps because the widths of a few runs at one step are a small sample. The
-first step a test records is the exception: every run starts there from the same weights,
-so the runs differ by reduction order alone, and its later neighbours' widths would hide a
-small constant defect there (the loss x 1.001 of docs/guide/long-runs.md).
+neighbouring steps because the widths of a few runs at one step are a small sample, and the
+margin grows as the sample shrinks (:func:`margin`): in bf16 a variant's runs at other
+thread counts repeat it bit for bit, so a band may rest on one or two distinct trajectories.
+The first step a test records is the exception: every run starts there from the same
+weights, so the runs differ by reduction order alone, and its later neighbours' widths
+would hide a small constant defect there (the loss x 1.001 of docs/guide/long-runs.md).
 
 Each band also holds a bias bound (:func:`bias_bound`: a replay's mean deviation over the
 steps, in units of each step's allowance, against what the calibration runs had) and the
-largest trend statistics its runs reached (a trend bound they exceed is not compared on
-replay). Across variants, a value the calibrated variants stray from by more than
-:data:`MAX_WIDTH` x its size (the train–inference gap of a bf16 variant drifting from the
+largest trend statistics its runs reached (on replay, a trend bound they come near is raised
+to :data:`TREND_MARGIN` x theirs, :meth:`Envelope.trend_bound`). Across variants, a value
+the calibrated variants stray from by more than :data:`MAX_WIDTH` x its size (the train–inference gap of a bf16 variant drifting from the
 recorded rollouts) has no band: it is listed as not comparable across variants
 (:data:`DRIFTING`).
 
@@ -47,14 +50,25 @@ from typing import Any
 
 from ...errors import GoldenFormatError
 from ...store.location import ENVELOPE
+from .mismatch_bounds import Bound
 from .spec import IGNORE, Layer, Tolerance
 from .stack import Stack
 
 FORMAT = "pytest-rollout-golden-envelope"
 # A run shorter than this has no trend to follow: its calibrated tolerances.json suffices.
 MIN_STEPS = 10
-# The band of N runs underestimates where the next run lands.
+# The band of N runs underestimates where the next run lands: MARGIN for 8 distinct runs or
+# more (the float32 calibration of 3 variants x 3 thread counts), MARGINS[k - 1] for k < 8.
 MARGIN = 2.0
+# margin(k): the factor at which the next of k + 1 exchangeable normal deviations exceeds
+# the largest |deviation| of the other k with the probability MARGIN gives k = 8,
+#   P(|Z| > m max(|Z_1|, ..., |Z_k|)) = E[erf(|Z| / (m sqrt 2))^k] = 8.28e-3 per step;
+# recomputed by tests/unit/test_envelope.py. One run says little of the next (76.9).
+MARGINS = (76.9, 8.72, 4.47, 3.24, 2.68, 2.36, 2.15)
+# A trend bound the calibration runs reach within this factor is raised to it on replay: a
+# same-math run's growth strays beyond the largest of a few runs' (measured, bf16 Qwen2:
+# a calibrated variant left out of calibration reached 1.3x the others', 1 of 20 seeds).
+TREND_MARGIN = 1.4
 # Steps on each side whose widths a step's allowance takes: on the bf16 Qwen2 long-run
 # harness a calibrated variant strayed up to 1.9x its band's half-width with 1 (MARGIN 2
 # barely holds), 1.5x with 3 (docs/guide/long-runs.md).
@@ -67,7 +81,8 @@ EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-5
 # reaches 2x the golden's by step 39), and a band that wide would gate nothing.
 MAX_WIDTH = 1.0
 # The bias gate: a run's mean deviation over the steps, in units of each step's allowance,
-# may not exceed BIAS_MARGIN x the largest the calibration runs had, nor less than BIAS_FLOOR;
+# may not exceed BIAS_MARGIN (or margin(k) of k distinct runs, if larger) x the largest the
+# calibration runs had, nor less than BIAS_FLOOR;
 # a bound beyond BIAS_CAP could never fire before the band itself does, and is not written.
 BIAS_MARGIN = 3.0
 BIAS_FLOOR = 0.05
@@ -105,19 +120,45 @@ class Band:
     bias_bound: float | None = None  # the largest mean deviation allowed (None: no bias gate)
     trends: Mapping[str, float] = dataclasses.field(default_factory=dict)  # runs' largest
     runs: int = 0  # how many calibration runs spanned it
+    distinct: tuple[int, ...] = ()  # per step, the runs' distinct values but the golden's
 
     def half_widths(self) -> list[float]:
         """Per step, the widest half-width of it and its :data:`SMOOTH` neighbours; the first
         step, its own."""
         widths = [max(b, a) for b, a in zip(self.below, self.above, strict=True)]
-        n = len(widths)
-        smoothed = [max(widths[max(0, i - SMOOTH) : min(n, i + SMOOTH + 1)]) for i in range(n)]
-        return widths[:1] + smoothed[1:]
+        return widths[:1] + [max(widths[w.start : w.stop]) for w in _windows(len(widths))[1:]]
+
+    def margins(self) -> list[float]:
+        """Per step, the factor on its half-width: :func:`margin` of the fewest distinct
+        values the runs had over its window, the first step of its own (:data:`MARGIN` where
+        the file predates the count)."""
+        if len(self.distinct) != len(self.steps):
+            return [MARGIN] * len(self.steps)
+        counts = [
+            [c for c in self.distinct[w.start : w.stop] if c] for w in _windows(len(self.steps))
+        ]
+        counts[0] = [self.distinct[0]]  # the first step: its own
+        return [margin(min(c, default=0)) for c in counts]
 
     def allowances(self) -> dict[int, float]:
-        """Per step, the distance from the golden this band allows."""
+        """Per step, the distance from the golden this band allows: a small sample's margin
+        stops where :data:`MARGIN` over the widest band a file may hold would (twice the
+        metric's largest recorded magnitude)."""
         floor = DTYPE_FLOOR * EPS.get(self.dtype, EPS["float64"]) * self.magnitude
-        return {s: MARGIN * h + floor for s, h in zip(self.steps, self.half_widths(), strict=True)}
+        cap = MARGIN * MAX_WIDTH * self.magnitude + floor
+        found = zip(self.steps, self.margins(), self.half_widths(), strict=True)
+        return {s: min(m * h + floor, cap) for s, m, h in found}
+
+
+def margin(distinct: int) -> float:
+    """The factor on a band's half-width when ``distinct`` runs spanned it (:data:`MARGINS`;
+    :data:`MARGIN` from 8 runs on, and where no run differed from the golden)."""
+    return MARGINS[distinct - 1] if 0 < distinct <= len(MARGINS) else MARGIN
+
+
+def _windows(n: int) -> list[range]:
+    """Per step of ``n``, the steps of its window, :data:`SMOOTH` on each side."""
+    return [range(max(0, i - SMOOTH), min(n, i + SMOOTH + 1)) for i in range(n)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +188,21 @@ class Envelope:
         band = self.bands.get(metric)
         found = band.trends if band is not None else self.drifting.get(metric, {}).get("trends")
         return None if not found else found.get(statistic)
+
+    def trend_bound(self, metric: str, statistic: str, bound: Bound) -> Bound:
+        """``bound`` on replay: raised to :data:`TREND_MARGIN` x the largest ``statistic``
+        the calibration runs of correct code reached for ``metric`` where that is above it
+        (a same-math run strays beyond the largest of a few runs), the source saying so."""
+        reached = self.reached(metric, statistic)
+        if bound.off or reached is None or not TREND_MARGIN * reached > bound.value:
+            return bound
+        raised = _round_up(TREND_MARGIN * reached)
+        why = (
+            f"{bound.source}; raised from {bound.value:g} to {raised:g} on replay: "
+            f"{TREND_MARGIN:g} x the {statistic} correct code's calibration runs reach "
+            f"against the recorded rollouts ({reached:.3g}, {self.source})"
+        )
+        return Bound(raised, why)
 
     def drifting_layer(self) -> Layer | None:
         """Across variants, the values the calibrated variants drift away from the recorded
@@ -203,11 +259,12 @@ def bias_bound(
     found = [deviation(name, golden, run, allowances) for run in runs]
     means = [_round_up(abs(d[0])) * (1 if d[0] >= 0 else -1) for d in found if d]
     largest = max((abs(m) for m in means), default=0.0)
-    bound = max(BIAS_MARGIN * largest, BIAS_FLOOR)
+    factor = max(BIAS_MARGIN, margin(len({m for m in means if m})))
+    bound = max(factor * largest, BIAS_FLOOR)
     if bound > BIAS_CAP:
         why = (
-            f"the runs' own mean deviation, {largest:.3g} of the band, leaves no room for a "
-            "bias gate"
+            f"the runs' own mean deviation, {largest:.3g} of the band, x {factor:g} (for "
+            f"{len({m for m in means if m})} distinct runs) leaves no room for a bias gate"
         )
         return {"runs": means, "bound": None, "why": why}
     return {"runs": means, "bound": _round_up(bound)}
@@ -259,7 +316,7 @@ def _round_up(x: float) -> float:
 def band_of(name: str, golden: Numbers, runs: Sequence[Numbers]) -> dict[str, Any] | None:
     """Metric ``name``'s band over ``runs`` around the ``golden`` values (``None`` where no
     step has a finite golden value and a finite run)."""
-    steps, below, above, dtype = [], [], [], "float64"
+    steps, below, above, distinct, dtype = [], [], [], [], "float64"
     for key in sorted(golden, key=int):
         if name not in golden[key]:
             continue
@@ -271,9 +328,10 @@ def band_of(name: str, golden: Numbers, runs: Sequence[Numbers]) -> dict[str, An
         steps.append(int(key))
         below.append(_round_up(max(0.0, float(value) - min(values))))
         above.append(_round_up(max(0.0, max(values) - float(value))))
+        distinct.append(len(set(values) - {float(value)}))
     if not steps:
         return None
-    return {"steps": steps, "below": below, "above": above, "dtype": dtype}
+    return {"steps": steps, "below": below, "above": above, "distinct": distinct, "dtype": dtype}
 
 
 def bands(
@@ -303,10 +361,10 @@ def bands(
         why = problem(band, name, magnitude(name))
         if why:
             refused[name] = why
-            widest = max(band["below"] + band["above"])
-            if magnitude(name) and widest > MAX_WIDTH * magnitude(name):
+            widest, unit = max(band["below"] + band["above"]), _unit(band, magnitude(name))
+            if unit and widest > MAX_WIDTH * (magnitude(name) or 0.0):
                 drifting[name] = {
-                    "widest": _round_up(widest / magnitude(name)),
+                    "widest": _round_up(widest / unit),
                     "trends": run_trends(name, kept),
                 }
             continue
@@ -315,6 +373,16 @@ def bands(
         trends = run_trends(name, kept)
         out[name] = {**band, "runs": len(kept), "bias": bias, "trends": trends}
     return out, refused, drifting
+
+
+def _unit(band: Mapping[str, Any], magnitude: float | None) -> float | None:
+    """What a drifting value's straying is measured in: the metric's largest recorded
+    magnitude, or, where the golden is 0 at every step (a fraction of tokens that correct
+    code leaves at 0 and a variant moves to 1 in 128), :data:`DTYPE_FLOOR` units in the
+    last place of its dtype."""
+    if magnitude is None:
+        return None
+    return magnitude or DTYPE_FLOOR * EPS.get(band["dtype"], EPS["float64"])
 
 
 def held(band: Band, below: Tolerance, golden: Numbers, name: str) -> dict[int, float]:
@@ -357,6 +425,7 @@ def _band(entry: Mapping[str, Any], magnitude: float) -> Band:
         None if bias.get("bound") is None else float(bias["bound"]),
         {k: float(v) for k, v in (entry.get("trends") or {}).items()},
         runs if isinstance(runs := entry.get("runs"), int) and runs > 0 else 0,
+        tuple(entry.get("distinct") or ()),
     )
 
 
@@ -366,6 +435,7 @@ LANES = {"same layout": "metrics", "across variants": "layout_metrics"}  # lane 
 def document(lanes: Mapping[str, Mapping[str, Any]], how: Mapping[str, Any]) -> dict[str, Any]:
     """The content of ``envelope.json``: per lane measured (:data:`LANES`), its bands."""
     out = {"format": FORMAT, "version": 1, "how": {"margin": MARGIN, "smooth": SMOOTH, **how}}
+    out["how"]["margins"] = list(MARGINS)
     out.update({LANES[lane]: dict(found) for lane, found in lanes.items()})
     return out
 
@@ -402,6 +472,25 @@ def problem(entry: Any, name: str, magnitude: float | None) -> str:
                     f"{ENVELOPE} may hold ({cap:g}: {MAX_WIDTH:g} x the largest recorded "
                     f"|{name}|, {magnitude:g})"
                 )
+    return _distinct_problem(entry, name)
+
+
+def _distinct_problem(entry: Mapping[str, Any], name: str) -> str:
+    """Why a band's per-step ``distinct`` counts may not stand, or ``""``: each a whole
+    number of the runs the band names, and 0 only where the band is 0 wide."""
+    distinct = entry.get("distinct")
+    if distinct is None:
+        return ""
+    runs = entry.get("runs")
+    if not isinstance(distinct, list) or len(distinct) != len(entry["steps"]):
+        return f"metric {name!r}: 'distinct' must be a list as long as 'steps'"
+    rows = zip(entry["steps"], distinct, entry["below"], entry["above"], strict=True)
+    for step, count, below, above in rows:
+        whole = isinstance(count, int) and not isinstance(count, bool)
+        if not whole or count < 0 or (isinstance(runs, int) and count > runs):
+            return f"metric {name!r} at step {step}: {count!r} distinct runs of {runs!r}"
+        if count == 0 and (below or above):
+            return f"metric {name!r} at step {step}: a band of width > 0 from 0 distinct runs"
     return ""
 
 
