@@ -13,7 +13,9 @@ Families:
 
 * ``policy``: the project's reference policy (:mod:`pytest_rollout_golden.parallel.policy`,
   one process, its forward and head), batches from its ``make_rollout`` (4 prompts x 4
-  responses), params and compute in the setting's dtype, plain SGD.
+  responses), params and compute in the setting's dtype, plain SGD; ``autocast``: float32
+  params and SGD, the forward under bf16 autocast (matmuls in bf16, as the frameworks
+  train with float32 master weights).
 * ``qwen2``: a tiny ``Qwen2ForCausalLM`` from a config, random init from the seed, 4 prompts
   x 4 responses of 4 + 8 tokens, AdamW on float32 weights; ``bfloat16`` is autocast of the
   forward, log-softmax of the logits in float32.
@@ -85,7 +87,13 @@ from pytest_rollout_golden.parallel.policy import (
 from pytest_rollout_golden.reference.advantages import grpo_advantages
 from pytest_rollout_golden.reference.losses import aggregate_loss, kl_penalty, ppo_clip_token_losses
 
-SETTINGS = ("policy-float32", "policy-bfloat16", "qwen2-float32", "qwen2-bfloat16")
+SETTINGS = (
+    "policy-float32",
+    "policy-bfloat16",
+    "policy-autocast",
+    "qwen2-float32",
+    "qwen2-bfloat16",
+)
 ENGINE_SD = 0.011 / math.sqrt(2 / math.pi)  # E|N(0, sd)| = 0.011
 KL_COEF = 0.05
 CLIP = (0.2, 0.28)
@@ -182,13 +190,15 @@ class Family:
 
 
 class PolicyFamily(Family):
-    """The project's reference policy, one process, SGD in the setting's dtype."""
+    """The project's reference policy, one process, SGD in the setting's dtype; ``autocast``:
+    float32 weights and SGD, the forward under bf16 autocast (as the frameworks train)."""
 
     name = "policy"
 
     def __init__(self, dtype: str, seed: int, steps: int) -> None:
         super().__init__(dtype, seed, steps)
-        self.cfg = PolicyConfig(dtype=dtype, seed=seed, lr=LR["policy"], kl_coef=KL_COEF)
+        weights = "float32" if dtype == "autocast" else dtype
+        self.cfg = PolicyConfig(dtype=weights, seed=seed, lr=LR["policy"], kl_coef=KL_COEF)
         self.groups = make_groups(Layout(), 0)
         self.initial = full_weights(self.cfg)
 
@@ -202,9 +212,10 @@ class PolicyFamily(Family):
         mb = make_micro_batch(batch, rows, self.cfg, packed=False, leak=False)
         w = {**model, "head": head(model["head"])}
         stats = RouterStats(0, self.cfg.top_k)
-        h = stage_forward(mb.input_ids, w, self.cfg, mb, self.groups, stats)
-        log_probs, entropy, _ = head_log_probs(h, w, mb, self.groups)
-        return log_probs, entropy
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.dtype == "autocast"):
+            h = stage_forward(mb.input_ids, w, self.cfg, mb, self.groups, stats)
+            log_probs, entropy, _ = head_log_probs(h, w, mb, self.groups)
+        return log_probs.float(), entropy.float()
 
     def parameters(self, model):
         return list(model.values())

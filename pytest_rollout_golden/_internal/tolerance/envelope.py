@@ -30,8 +30,9 @@ Each band also holds a bias bound (:func:`bias_bound`: a replay's mean deviation
 steps, in units of each step's allowance, against what the calibration runs had) and the
 largest trend statistics its runs reached (on replay, a trend bound they come near is raised
 to :data:`TREND_MARGIN` x theirs, :meth:`Envelope.trend_bound`). Across variants, a value
-the calibrated variants stray from by more than :data:`MAX_WIDTH` x its size (the train–inference gap of a bf16 variant drifting from the
-recorded rollouts) has no band: it is listed as not comparable across variants
+the calibrated variants stray from by more than :data:`MAX_WIDTH` x its size (the
+train–inference gap of a bf16 variant drifting from the recorded rollouts), or move while the
+golden holds it at 0, has no band: it is listed as not comparable across variants
 (:data:`DRIFTING`).
 
 Whoever wrote the file, a band wider than :data:`MAX_WIDTH` x the metric's largest recorded
