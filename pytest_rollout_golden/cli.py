@@ -223,9 +223,15 @@ def _envelope_summary(content: Any) -> dict[str, Any] | None:
 
 
 def _band_summary(band: Mapping[str, Any]) -> dict[str, Any]:
-    """One metric's entry of :func:`_envelope_summary`."""
+    """One metric's entry of :func:`_envelope_summary`: with the fewest distinct runs at a
+    step, the largest margin the band applies (``None`` in a file that predates the count)."""
+    from ._internal.tolerance.envelope import margin
+
     steps = band["steps"]
+    counts = [c for c in band.get("distinct") or () if c]
     return {
+        "distinct": min(counts, default=None),
+        "margin": margin(min(counts)) if counts else None,
         "steps": len(steps),
         "first": steps[0] if steps else None,
         "last": steps[-1] if steps else None,
@@ -241,15 +247,21 @@ def _envelope_lines(summary: Mapping[str, Any] | None) -> list[str]:
         return []
     lines = [
         f"per-step envelope ({ENVELOPE}): from {summary['runs']} runs, "
-        f"margin x{summary['margin']:g}, smooth {summary['smooth']} steps each side"
+        f"margin x{summary['margin']:g} (more from fewer than 8 distinct runs), "
+        f"smooth {summary['smooth']} steps each side"
     ]
     for lane, metrics in summary["lanes"].items():
         lines.append(f"  {lane}:")
         for name, m in metrics.items():
             bias = "none" if m["bias_bound"] is None else f"{m['bias_bound']:g}"
+            fewest = (
+                ""
+                if m["margin"] is None
+                else (f" ({m['distinct']} distinct at the fewest, margin x{m['margin']:g})")
+            )
             lines.append(
                 f"    {name}: {plural(m['steps'], 'step')} ({m['first']}-{m['last']}), "
-                f"{m['runs']} runs, half-width up to {m['widest']:g}, bias bound {bias}"
+                f"{m['runs']} runs{fewest}, half-width up to {m['widest']:g}, bias bound {bias}"
             )
     if summary["drifting"]:
         widest = ", ".join(f"{n} ({d['widest']:g}x)" for n, d in summary["drifting"].items())

@@ -83,8 +83,8 @@ def test_show_summarises_the_envelope(tmp_path, capsys):
     assert main(["show", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert (
-        "per-step envelope (envelope.json): from 3 runs, margin x2, smooth 3 steps each side\n"
-        in out
+        "per-step envelope (envelope.json): from 3 runs, margin x2 (more from fewer than 8 "
+        "distinct runs), smooth 3 steps each side\n" in out
     )
     assert "  same layout:\n    loss: 12 steps (0-11), 3 runs, half-width up to 0.001, " in out
     assert "bias bound none" in out
@@ -92,6 +92,7 @@ def test_show_summarises_the_envelope(tmp_path, capsys):
     assert main(["show", str(tmp_path / "a"), "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     loss = {"steps": 12, "first": 0, "last": 11, "runs": 3, "widest": 1e-3, "bias_bound": None}
+    loss.update(distinct=None, margin=None)  # a file without the per-step counts
     assert document["envelope"] == {
         "margin": 2.0,
         "smooth": 3,
@@ -107,6 +108,7 @@ def test_show_lists_both_lanes_and_the_values_not_comparable_across_variants(tmp
     record(tmp_path / "a")
     doc = envelope_document()
     variants = {**doc["metrics"]["loss"], "runs": 5, "above": [2e-3] * STEPS}
+    variants["distinct"] = [3] * 5 + [2] * (STEPS - 5)
     doc["layout_metrics"] = {"loss": {**variants, "bias": {"runs": [0.01, -0.02], "bound": 0.06}}}
     doc["layout_drifting"] = {"kl": {"widest": 3.5, "trends": {"growth": 1.2}}}
     write(tmp_path / "a", None, envelope=doc)  # the digest in the manifest matches it
@@ -116,7 +118,8 @@ def test_show_lists_both_lanes_and_the_values_not_comparable_across_variants(tmp
         "  same layout:\n"
         "    loss: 12 steps (0-11), 3 runs, half-width up to 0.001, bias bound none\n"
         "  across variants:\n"
-        "    loss: 12 steps (0-11), 5 runs, half-width up to 0.002, bias bound 0.06\n"
+        "    loss: 12 steps (0-11), 5 runs (2 distinct at the fewest, margin x8.72), "
+        "half-width up to 0.002, bias bound 0.06\n"
         "  not comparable across variants: kl (3.5x)\n"
     ) in out
     assert main(["show", str(tmp_path / "a"), "--json"]) == 0
