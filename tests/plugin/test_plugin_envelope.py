@@ -200,6 +200,8 @@ def test_the_band_across_variants_leaves_out_a_bug_among_them_and_gates_every_va
     result = project.run("--golden-calibrate", "3")
     out = result.stdout.str()
     assert "across variants: loss over 12 steps, from 12 runs" in out, out
+    # mb8 drifts not at all (the golden's own values), mb4, mb2 and mb1 each their own way
+    assert "from 12 runs (3 distinct at the fewest step: margin x4.47; more distinct" in out
     content = json.loads((project.golden_dir("test_x[mb8]") / "envelope.json").read_text())
     loss = content["layout_metrics"]["loss"]
     assert loss["runs"] == 12  # x1.001 left out

@@ -860,6 +860,19 @@ def loosened_where(noted: Mapping[str, Any]) -> str:
     return f"up to {noted['tolerance']} at {plural(len(steps), 'step')} ({step_ranges(steps)})"
 
 
+def _few_distinct(distinct: int | None) -> str:
+    """Where a lane's bands rest on fewer than 8 distinct runs at some step: how few, and
+    the margin that gives them (docs/guide/long-runs.md)."""
+    from ..tolerance.envelope import MARGIN, margin
+
+    if distinct is None or margin(distinct) == MARGIN:
+        return ""
+    return (
+        f" ({distinct} distinct at the fewest step: margin x{margin(distinct):g}; more "
+        "distinct runs, more variants or perturbations, make it tighter)"
+    )
+
+
 def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]:
     """``--golden-calibrate``: what the golden's envelope.json holds now, lane by lane, and
     the bands refused."""
@@ -872,7 +885,7 @@ def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]
         kept = " (kept: not measured now)" if lane in found["kept"] else ""
         lines.append(
             f"        {lane}: {', '.join(what['metrics'])} over {plural(what['steps'], 'step')}"
-            f", from {plural(what['runs'], 'run')}{kept}"
+            f", from {plural(what['runs'], 'run')}{kept}{_few_distinct(what.get('distinct'))}"
         )
     if found.get("drifting"):
         lines.append(

@@ -1067,18 +1067,20 @@ def _write_calibrated(
 
 
 def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str]) -> dict:
-    """What the summary says of a written envelope: per lane its metrics, steps and runs;
-    the bands refused."""
+    """What the summary says of a written envelope: per lane its metrics, steps, runs and the
+    fewest distinct runs at a step; the bands refused."""
     from .envelope import DRIFTING, LANES
 
     lanes = {}
     for lane, section in LANES.items():
         metrics = (bands or {}).get(section) or {}
         if metrics:
+            counts = [c for m in metrics.values() for c in m.get("distinct") or () if c]
             lanes[lane] = {
                 "metrics": sorted(metrics),
                 "steps": max(len(m["steps"]) for m in metrics.values()),
                 "runs": max(m["runs"] for m in metrics.values()),
+                "distinct": min(counts, default=None),
             }
     kept = (bands or {}).get("how", {}).get("kept", [])
     drifting = sorted((bands or {}).get(DRIFTING, {}))
