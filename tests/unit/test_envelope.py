@@ -308,15 +308,10 @@ def trend_envelope(reached: float) -> envelope.Envelope:
 
 
 def test_a_trend_bound_the_runs_come_near_is_raised_to_the_margin_over_theirs():
-    bound = Bound(2.0, "default: flat")
-    raised = trend_envelope(1.8).trend_bound("loss", "growth", bound)
-    assert raised.value == pytest.approx(envelope.TREND_MARGIN * 1.8)
-    assert raised.source.startswith("default: flat; raised from 2 to 2.52 on replay: 1.4 x")
-    assert "(1.8, envelope (envelope.json))" in raised.source
-    assert trend_envelope(1.2).trend_bound("loss", "growth", bound) is bound  # 1.68 < 2
-    assert trend_envelope(1.8).trend_bound("kl", "growth", bound) is bound  # no band
-    off = Bound(math.inf, "off")
-    assert trend_envelope(9.0).trend_bound("loss", "growth", off) is off
+    assert trend_envelope(1.8).raised_trend_bound("loss", "growth", 2.0) == 2.52
+    assert trend_envelope(1.2).raised_trend_bound("loss", "growth", 2.0) is None  # 1.68 < 2
+    assert trend_envelope(1.8).raised_trend_bound("kl", "growth", 2.0) is None  # no band
+    assert trend_envelope(9.0).raised_trend_bound("loss", "growth", math.inf) is None  # off
 
 
 @pytest.mark.parametrize(("growth", "verdict"), [(2.4, "PASS"), (2.6, "FAIL")])
@@ -331,7 +326,10 @@ def test_a_replayed_trend_is_held_to_the_raised_bound(growth, verdict):
     assert check.verdict == "fail"  # beyond the bound as declared
     found = trend_comparison(check, trend_envelope(1.8))
     assert found.verdict.name == verdict and found.bound == pytest.approx(2.52)
-    assert "raised from 2 to 2.52 on replay" in found.tolerance_source
+    assert found.tolerance_source.startswith(
+        "--golden-trend; raised from 2 to 2.52 on replay: 1.4 x the growth correct code's "
+        "calibration runs reach against the recorded rollouts (1.8, envelope (envelope.json))"
+    )
 
 
 def test_the_bias_bound_of_few_distinct_runs_takes_their_margin():

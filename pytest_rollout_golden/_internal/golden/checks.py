@@ -8,6 +8,7 @@ what is staged) and acts on what these return.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +27,8 @@ from ..report.presentation import (
     typo_hint,
 )
 from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
-from ..tolerance.envelope import Bias, Envelope
+from ..tolerance.envelope import TREND_MARGIN, Bias, Envelope
+from ..tolerance.mismatch_bounds import Bound
 from ..tolerance.spec import Tolerance
 from ..tolerance.stack import Resolver, ToleranceUsage
 from ..tolerance.trends import TrendCheck
@@ -381,7 +383,7 @@ def trend_comparison(check: TrendCheck, envelope: Envelope | None = None) -> Com
     """The verdict on one bound over a metric's series (:mod:`.trends`), at its last step:
     passed or failed, or not compared where the bound is off or the statistic undefined.
     Replaying against an ``envelope``, a bound the calibration runs of correct code come near
-    is raised to a margin over theirs (:meth:`.Envelope.trend_bound`; they drift from the
+    is raised to a margin over theirs (:meth:`.Envelope.raised_trend_bound`; they drift from the
     recorded rollouts as a defect would), the source saying so."""
     name, bound = f"{check.metric} {check.statistic}", check.bound
     step = check.steps[-1] if check.steps else 0
@@ -394,7 +396,7 @@ def trend_comparison(check: TrendCheck, envelope: Envelope | None = None) -> Com
     if trend.value is None:
         return Comparison(name, step, Verdict.IGNORED, kind=TREND_KIND, tolerance_source=trend.why)
     if envelope is not None:
-        bound = envelope.trend_bound(check.metric, check.statistic, bound)
+        bound = _raised(check, envelope)
     passed = bound.holds(trend.value)
     text = trend_beyond(check.metric, trend, bound.value, bound.source, recorded)
     return Comparison(
@@ -409,6 +411,22 @@ def trend_comparison(check: TrendCheck, envelope: Envelope | None = None) -> Com
         excess=_excess(trend.value, bound.value),
         bound=bound.value,
     )
+
+
+def _raised(check: TrendCheck, envelope: Envelope) -> Bound:
+    """``check``'s bound as replay against ``envelope`` holds it: raised over what the
+    calibration runs reached where they come near it, the source saying so."""
+    bound = check.bound
+    raised = envelope.raised_trend_bound(check.metric, check.statistic, bound.value)
+    if raised is None:
+        return bound
+    reached = envelope.reached(check.metric, check.statistic)
+    why = (
+        f"{bound.source}; raised from {bound.value:g} to {raised:g} on replay: "
+        f"{TREND_MARGIN:g} x the {check.statistic} correct code's calibration runs reach "
+        f"against the recorded rollouts ({reached:.3g}, {envelope.source})"
+    )
+    return dataclasses.replace(bound, value=raised, source=why)
 
 
 def bias_comparison(bias: Bias, steps: Sequence[int], source: str) -> Comparison:

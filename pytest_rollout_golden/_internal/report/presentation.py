@@ -860,15 +860,13 @@ def loosened_where(noted: Mapping[str, Any]) -> str:
     return f"up to {noted['tolerance']} at {plural(len(steps), 'step')} ({step_ranges(steps)})"
 
 
-def _few_distinct(distinct: int | None) -> str:
-    """Where a lane's bands rest on fewer than 8 distinct runs at some step: how few, and
-    the margin that gives them (docs/guide/long-runs.md)."""
-    from ..tolerance.envelope import MARGIN, margin
-
-    if distinct is None or margin(distinct) == MARGIN:
+def _few_distinct(what: Mapping[str, Any]) -> str:
+    """Where a lane's bands rest on so few distinct runs at some step that its margin grows
+    (``what["margin"]``, docs/guide/long-runs.md): how few, and that margin."""
+    if what.get("margin") is None:
         return ""
     return (
-        f" ({distinct} distinct at the fewest step: margin x{margin(distinct):g}; more "
+        f" ({what['distinct']} distinct at the fewest step: margin x{what['margin']:g}; more "
         "distinct runs, more variants or perturbations, make it tighter)"
     )
 
@@ -885,7 +883,7 @@ def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]
         kept = " (kept: not measured now)" if lane in found["kept"] else ""
         lines.append(
             f"        {lane}: {', '.join(what['metrics'])} over {plural(what['steps'], 'step')}"
-            f", from {plural(what['runs'], 'run')}{kept}{_few_distinct(what.get('distinct'))}"
+            f", from {plural(what['runs'], 'run')}{kept}{_few_distinct(what)}"
         )
     if found.get("drifting"):
         lines.append(

@@ -1069,7 +1069,7 @@ def _write_calibrated(
 def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str]) -> dict:
     """What the summary says of a written envelope: per lane its metrics, steps, runs and the
     fewest distinct runs at a step; the bands refused."""
-    from .envelope import DRIFTING, LANES
+    from .envelope import DRIFTING, LANES, MARGIN, margin
 
     lanes = {}
     for lane, section in LANES.items():
@@ -1082,6 +1082,8 @@ def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str
                 "runs": max(m["runs"] for m in metrics.values()),
                 "distinct": min(counts, default=None),
             }
+            grown = margin(min(counts, default=0))
+            lanes[lane]["margin"] = grown if grown != MARGIN else None
     kept = (bands or {}).get("how", {}).get("kept", [])
     drifting = sorted((bands or {}).get(DRIFTING, {}))
     return {"lanes": lanes, "kept": kept, "refused": dict(refused), "drifting": drifting}

@@ -29,7 +29,7 @@ would hide a small constant defect there (the loss x 1.001 of docs/guide/long-ru
 Each band also holds a bias bound (:func:`bias_bound`: a replay's mean deviation over the
 steps, in units of each step's allowance, against what the calibration runs had) and the
 largest trend statistics its runs reached (on replay, a trend bound they come near is raised
-to :data:`TREND_MARGIN` x theirs, :meth:`Envelope.trend_bound`). Across variants, a value
+to :data:`TREND_MARGIN` x theirs, :meth:`Envelope.raised_trend_bound`). Across variants, a value
 the calibrated variants stray from by more than :data:`MAX_WIDTH` x its size (the
 train–inference gap of a bf16 variant drifting from the recorded rollouts), or move while the
 golden holds it at 0, has no band: it is listed as not comparable across variants
@@ -51,7 +51,6 @@ from typing import Any
 
 from ...errors import GoldenFormatError
 from ...store.location import ENVELOPE
-from .mismatch_bounds import Bound
 from .spec import IGNORE, Layer, Tolerance
 from .stack import Stack
 
@@ -190,20 +189,15 @@ class Envelope:
         found = band.trends if band is not None else self.drifting.get(metric, {}).get("trends")
         return None if not found else found.get(statistic)
 
-    def trend_bound(self, metric: str, statistic: str, bound: Bound) -> Bound:
-        """``bound`` on replay: raised to :data:`TREND_MARGIN` x the largest ``statistic``
-        the calibration runs of correct code reached for ``metric`` where that is above it
-        (a same-math run strays beyond the largest of a few runs), the source saying so."""
+    def raised_trend_bound(self, metric: str, statistic: str, bound: float) -> float | None:
+        """The value a trend ``bound`` on ``metric``'s ``statistic`` is raised to on replay:
+        :data:`TREND_MARGIN` x the largest the calibration runs of correct code reached, where
+        that is above it (a same-math run strays beyond the largest of a few runs'); ``None``
+        where the bound stands."""
         reached = self.reached(metric, statistic)
-        if bound.off or reached is None or not TREND_MARGIN * reached > bound.value:
-            return bound
-        raised = _round_up(TREND_MARGIN * reached)
-        why = (
-            f"{bound.source}; raised from {bound.value:g} to {raised:g} on replay: "
-            f"{TREND_MARGIN:g} x the {statistic} correct code's calibration runs reach "
-            f"against the recorded rollouts ({reached:.3g}, {self.source})"
-        )
-        return Bound(raised, why)
+        if math.isinf(bound) or reached is None or not TREND_MARGIN * reached > bound:
+            return None
+        return _round_up(TREND_MARGIN * reached)
 
     def drifting_layer(self) -> Layer | None:
         """Across variants, the values the calibrated variants drift away from the recorded
