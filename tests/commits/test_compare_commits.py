@@ -68,13 +68,24 @@ def test_a_bad_ref_or_golden_source_is_an_error_naming_it(history, monkeypatch, 
     assert "is outside the git checkout" in capsys.readouterr().err
 
 
+def _as_a_terminal() -> None:
+    """In the child: Ctrl-C and SIGTERM as a shell's foreground job gets them (default
+    handling, not blocked), whatever this suite's worker inherited or left behind (an
+    ignored SIGINT is inherited across exec, and Python then raises no KeyboardInterrupt)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _start(history, tmp_path, jobs: int = 1) -> tuple[subprocess.Popen, object]:
     """A compare whose test sleeps, started in a subprocess; returns it once its pytest runs,
     with the file that records that pytest (named by its pid) in the run folder."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "TINY_SLEEP": "60"}
     command = [sys.executable, "-m", "pytest_rollout_golden", "compare", "HEAD~1", "HEAD"]
     command += ["--jobs", str(jobs)]
-    compare = subprocess.Popen(command, cwd=history.path, env=env, stderr=subprocess.PIPE)
+    compare = subprocess.Popen(
+        command, cwd=history.path, env=env, stderr=subprocess.PIPE, preexec_fn=_as_a_terminal
+    )
     root = tmp_path / f"rollout-golden-commits-{os.getuid()}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
