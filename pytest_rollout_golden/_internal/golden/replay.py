@@ -53,7 +53,7 @@ from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack, ToleranceUsage
-from ..tolerance.trends import TrendBounds, call_trends, evaluate
+from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
 from . import checks, keyed, metric_codec
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
@@ -676,6 +676,16 @@ class Golden:
                 if c.tolerance.atol >= noted.get("atol", 0.0):
                     noted.update(tolerance=c.tolerance.describe(), atol=c.tolerance.atol)
 
+    def _note_raised(self, trends: list[TrendCheck], found: list[Comparison]) -> None:
+        """Note each trend bound the envelope raised on replay (passed or failed)."""
+        for check, c in zip(trends, found, strict=True):
+            if c.bound is not None and c.bound != check.bound.value:
+                self._outcome.loosened[c.name] = {
+                    "tolerance": f"<= {c.bound:g}",
+                    "without": f"<= {check.bound.value:g}",
+                    "file": ENVELOPE,
+                }
+
     def _without_files(self, name: str, dtype: str) -> Tolerance:
         """Value ``name``'s tolerance without the files calibration wrote into the golden
         (the same at every step: the bands and the calibrated layers all go; cached)."""
@@ -779,6 +789,7 @@ class Golden:
         if recorded is None or self._envelope is None:
             return [checks.trend_comparison(c) for c in trends]
         found = [checks.trend_comparison(c, self._envelope) for c in trends]
+        self._note_raised(trends, found)
         from ..tolerance.envelope import band_source, biases
 
         held: dict[str, dict[int, float]] = {}  # per metric, step -> what its band allowed
