@@ -2,6 +2,7 @@
 and same-math variants, detections of seeded defects, per setting and gate.
 
     python benchmarks/longrun/gates.py TRACES [--extra MORE] [--settings A,B] [--per-metric]
+        [--calibrate-also mb8]
 
 Each seed of each setting is one golden test: its golden run is the recording, its
 calibration runs (the reference and two same-math variants under three thread counts, what
@@ -294,6 +295,26 @@ def evaluate(setting: Mapping[str, Any]) -> dict:
     return {"seeds": len(seeds), "flagged": flagged, "by_metric": by_metric}
 
 
+def calibrate_also(traces: Mapping[str, Any], labels: Sequence[str]) -> None:
+    """Move the held-out runs ``labels`` of every seed into its calibration, each as a variant
+    of its own run at the default thread count (a calibration over one more variant)."""
+    for setting in traces["settings"].values():
+        for seed in setting["seeds"].values():
+            moved = [e for e in seed["held_out"] if e["label"] in labels]
+            if len(moved) != len(labels):
+                raise SystemExit(f"--calibrate-also: no held-out run {sorted(labels)} to move")
+            seed["held_out"] = [e for e in seed["held_out"] if e["label"] not in labels]
+            for e in moved:
+                seed["calibration"].append(
+                    {
+                        "label": e["label"],
+                        "variant": e["label"],
+                        "threads": DEFAULT_THREADS,
+                        "metrics": e["metrics"],
+                    }
+                )
+
+
 COLUMNS = (
     "per-step",
     "envelope",
@@ -333,6 +354,11 @@ def main() -> int:
         "--extra", type=Path, action="append", default=[], help="traces of more sections"
     )
     parser.add_argument("--settings", help="comma-separated settings to evaluate (default all)")
+    parser.add_argument(
+        "--calibrate-also",
+        default="",
+        help="comma-separated held-out runs (e.g. mb8) to calibrate as one more variant",
+    )
     args = parser.parse_args()
     traces = json.loads(args.traces.read_text())
     if args.settings:
@@ -344,6 +370,8 @@ def main() -> int:
                 mine = traces["settings"].get(name, {}).get("seeds", {}).get(seed)
                 if mine is not None and mine["golden"] == runs["golden"]:
                     mine.update({k: v for k, v in runs.items() if k != "golden"})
+    if args.calibrate_also:
+        calibrate_also(traces, args.calibrate_also.split(","))
     print(report(traces, args.per_metric))
     return 0
 
