@@ -42,7 +42,11 @@ from ..report.presentation import (
     missing_recording,
     never_recorded_metric,
     never_recorded_tensors,
+    not_same_math,
     nothing_selected,
+    oracle_missing,
+    oracle_on_other_inputs,
+    oracle_without_inputs,
     recorded_lines,
     regenerate_in_lane,
     stand_in_note,
@@ -54,7 +58,7 @@ from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bou
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack, ToleranceUsage
 from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
-from . import checks, keyed, metric_codec
+from . import checks, keyed, metric_codec, precision as precision_names
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .lanes import LaneSetting
@@ -124,6 +128,8 @@ class Golden:
         trends: Mapping[str, str | Sequence[str]] | TrendBounds | None = None,
         session: SessionLinks | None = None,
         lane: LaneSetting | None = None,
+        precision: str = "float32",
+        certify: bool = False,
     ):
         """``tolerances``: per-metric tolerances (name or glob -> :class:`Tolerance` or
         dict) above the built-in defaults. ``test_id``: the name recorded in the manifest.
@@ -138,7 +144,11 @@ class Golden:
         over the defaults (:mod:`.trends`). ``session``: how
         the pytest plugin ties this golden into its session; scripts leave it out.
         ``lane``: the lane whose values this run compares and records (:mod:`.lanes`;
-        default: lanes off, the values beside the inputs)."""
+        default: lanes off, the values beside the inputs). ``precision``: the precision
+        the test trains in (``float32``, ``bf16``), which :attr:`precision`, :attr:`dtype`
+        and :meth:`autocast` pass on to it. ``certify``: run as the float64 oracle
+        (:mod:`.precision`): the values are the golden's lane ``float64-oracle``, compared
+        at the float64 bound; ``lane`` and ``precision`` are then ignored."""
         links = session or SessionLinks()
         usage, registry, replay_only = links.usage, links.registry, links.replay_only
         missing_step_source = links.missing_step_source
@@ -155,7 +165,14 @@ class Golden:
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
+        self._certify = certify
+        self._precision = (
+            precision_names.ORACLE if certify else precision_names.canonical(precision)
+        )
         self._stack = tolerances or Stack()
+        if certify:
+            self._stack = self._stack.replace(certify=True, exact=False)
+            lane = LaneSetting(precision_names.ORACLE_LANE, "--golden-certify")
         self._resolver = self._stack.resolver()  # rebuilt only where the stack changes
         self._usage = usage or ToleranceUsage()
         self._registry = registry
@@ -188,6 +205,37 @@ class Golden:
         """The mode this golden runs in, as :attr:`policy` decided it once opened."""
         return self.policy.mode
 
+    # ------------------------------------------------------------------ precision
+
+    @property
+    def precision(self) -> str:
+        """The precision this run trains in: ``float64`` while certifying (the oracle),
+        else the declared one (ini ``golden_precision``, marker ``precision=``; default
+        ``float32``)."""
+        return self._precision
+
+    @property
+    def certifying(self) -> bool:
+        """Whether this run is the float64 oracle (``--golden-certify``)."""
+        return self._certify
+
+    @property
+    def dtype(self) -> Any:
+        """The torch dtype of the model's weights and floating inputs this run: float64
+        while certifying, else float32 (bf16 training computes under :meth:`autocast`)."""
+        return precision_names.weight_dtype(self._precision)
+
+    @property
+    def compute_dtype(self) -> Any:
+        """The torch dtype this run computes in: float64, float32 or bfloat16."""
+        return precision_names.compute_dtype(self._precision)
+
+    def autocast(self, device_type: str = "cpu") -> Any:
+        """A context for the training step: ``torch.autocast`` to bf16 when the declared
+        precision is ``bf16``, else autocast off (the oracle is never lowered by an outer
+        autocast)."""
+        return precision_names.autocast(self._precision, device_type)
+
     # ------------------------------------------------------------------ opening
 
     def _open(self) -> None:
@@ -202,15 +250,19 @@ class Golden:
             assert only is not None
             text = missing_recording(self.test_id, only.recorder, self.directory, only.remedy)
             raise GoldenMissingError(text)
+        if self._certify and not self._inputs.exists:
+            raise GoldenMissingError(oracle_without_inputs(self.test_id, self.directory))
         self._open_lane()
         updated = self._registry is not None and self._registry.contains(self._files.directory)
         self.policy = self.policy.opened(exists=self._files.exists, updated_this_session=updated)
         self._files.replaces_damaged = self.policy.replaces_damaged
 
         only = self._replay_only is not None
-        calibrated, lane = self._files.calibrated_layers(layout_variant=only)
-        stack = self._stack.replace(calibrated=calibrated, calibrated_layout=lane)
-        self._envelope = self._files.envelope(layout_variant=only)
+        stack = self._stack
+        if not self._certify:  # the oracle's bound replaces what calibration measured
+            calibrated, lane = self._files.calibrated_layers(layout_variant=only)
+            stack = stack.replace(calibrated=calibrated, calibrated_layout=lane)
+            self._envelope = self._files.envelope(layout_variant=only)
         if self._envelope is not None:
             stack = stack.replace(drifting=self._envelope.drifting_layer())
         recorder = self._files.recorded_by
@@ -259,6 +311,8 @@ class Golden:
             return
         values.close()
         recorded = [base, *lanes.other_lanes(self.directory)]
+        if self._certify:
+            raise GoldenMissingError(oracle_missing(self.test_id, self.directory, self._remedy))
         if lane.fallback is None or lane.fallback not in recorded:
             raise GoldenMissingError(lane_missing(self.directory, lane, recorded))
         self._files = self._inputs if lane.fallback == base else self._open_values(lane.fallback)
@@ -279,6 +333,8 @@ class Golden:
             return
         inputs = input_digests(self._inputs.recorded)
         stale = stale_inputs(self._files.manifest, inputs)  # type: ignore[arg-type]
+        if stale and self._certify:
+            raise GoldenFormatError(oracle_on_other_inputs(self._files.directory, stale))
         if stale:
             raise GoldenFormatError(lane_on_other_inputs(self._files.directory, self._lane, stale))
 
@@ -349,6 +405,8 @@ class Golden:
                 input_outside_base_lane(name, step, self.directory, self._lane.name)
             )
         self._note_derived(name, step, batch)
+        if self._certify:
+            batch = precision_names.as_float64(batch)
         return batch if device is None else checks.to_device(batch, device)
 
     @user_facing
@@ -856,14 +914,31 @@ class Golden:
             self._outcome.discarded = True
 
     def failure_message(self, failures: list[Comparison]) -> str:
-        """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`)."""
+        """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`); a
+        variant failing the float64 oracle is headed "not the same math" (see
+        :func:`.presentation.not_same_math`)."""
         only = self._replay_only
         notes = self._stand_in_notes(failures) + self._uncalibrated_notes()
+        if self._certify:
+            notes += self._lower_precision_notes()
         if only is None:
             return mismatch_message(self._outcome, failures, notes=notes)
-        return mismatch_message(
+        text = mismatch_message(
             self._outcome, failures, recorder=only.recorder, remedy=only.remedy, notes=notes
         )
+        return not_same_math(failures, text) if self._certify else text
+
+    def _lower_precision_notes(self) -> list[str]:
+        """While certifying: a note naming the values checked below float64."""
+        return precision_names.lower_precision_note(self.checked_dtypes())
+
+    def checked_dtypes(self) -> dict[str, str]:
+        """The dtype of each metric this run checked (its last step's)."""
+        return {
+            name: dtype
+            for values in self.checked_metrics().values()
+            for name, (_, dtype) in values.items()
+        }
 
     def _stand_in_notes(self, failures: list[Comparison]) -> list[str]:
         """A note per failed step whose recorded values were computed on a stand-in rollout."""

@@ -1,6 +1,11 @@
 """``--golden-calibrate N``: each golden test runs N times under perturbed reduction
 orders; the spread of its metrics becomes the tolerances written into its golden.
 
+Before its N runs, each golden test runs once as the float64 oracle (:mod:`..golden.precision`):
+the reference re-records its float64 values, each ``same_math()`` variant replays them, and
+what that run found (certified, not the same math, or not certifiable) decides which
+variants the variant lane trusts.
+
 Registered only when the flag is given; the core plugin keeps the golden of each run.
 """
 
@@ -12,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import markers
-from .golden_plugin import SETTINGS, GoldenPlugin, expected_to_fail
+from .golden_plugin import ORACLE_RUN, SETTINGS, GoldenPlugin, expected_to_fail
 
 if TYPE_CHECKING:
     from ..golden.replay import Golden
@@ -33,7 +38,7 @@ class CalibrationPlugin:
 
     @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """Collection: each golden test becomes its N runs."""
+        """Collection: each golden test becomes its float64 oracle run, then its N runs."""
         items[:] = [
             copy
             for item in items
@@ -43,6 +48,32 @@ class CalibrationPlugin:
                 else [item]
             )
         ]
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Iterator[pytest.TestReport]:
+        """Report: an oracle run whose code cannot run in float64 is skipped, saying why (its
+        variants are then judged by the outlier rule); a mismatch there fails."""
+        report = yield
+        excinfo = call.excinfo
+        if not item.stash.get(ORACLE_RUN, False) or not report.failed or excinfo is None:
+            return report
+        from ...errors import GoldenError, GoldenMismatch, GoldenMissingError
+        from ..tolerance.calibration import uncertified
+
+        if excinfo.errisinstance((GoldenError, GoldenMismatch)) and not excinfo.errisinstance(
+            GoldenMissingError
+        ):
+            return report  # a variant that is not the same math, a damaged golden: it fails
+        lines = str(excinfo.value).splitlines()
+        why = f"its float64 run could not run: {excinfo.typename}: {lines[0] if lines else ''}"
+        if markers.replays_reference(self.core.marker_options(item)):
+            self.core.state.certificates[item.nodeid] = uncertified(why)
+        path, line, _ = item.location
+        report.outcome = "skipped"
+        report.longrepr = (str(path), (line or 0) + 1, f"float64 oracle: {why}")
+        return report
 
     @pytest.hookimpl(wrapper=True)  # inside the core's setup, which opens the settings stack
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
@@ -61,6 +92,9 @@ class CalibrationPlugin:
         """A run's golden finished: keep its metrics and the values that failed against the
         golden, unless the test is expected to fail or raised itself; its outcome does not
         list the perturbations as environment changes."""
+        if item.stash.get(ORACLE_RUN, False):
+            self.certify(item, golden, error)
+            return
         if CALIBRATION_RUN not in item.stash:
             return
         from ..golden.results import Verdict
@@ -91,6 +125,19 @@ class CalibrationPlugin:
         )
         outcome.environment_changes = unperturbed(outcome.environment_changes)
 
+    def certify(self, item: pytest.Item, golden: Golden, error: bool) -> None:
+        """A float64 oracle run finished: a variant's certificate (the reference's run only
+        records the oracle)."""
+        from ..tolerance.calibration import certificate
+
+        if not markers.replays_reference(self.core.marker_options(item)):
+            return
+        failed = "the test raised in float64 (its error is above)" if error else ""
+        if error and expected_to_fail(item):
+            failed = "expected to fail (xfail)"
+        found = certificate(golden.outcome.comparisons, error=failed)
+        self.core.state.certificates[item.nodeid] = found
+
     # Before the core's session end, which reports what this wrote.
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:
@@ -112,6 +159,7 @@ class CalibrationPlugin:
             layouts=state.calibration_layouts,
             replaying=sorted(state.calibration_replaying),
             variant_resolver=tolerances.replace(variant=True).resolver(),
+            certificates=state.certificates,
         )
 
 
@@ -139,20 +187,26 @@ class CalibrationProgress:
 
 
 def calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
-    """``item`` and ``runs - 1`` copies of it (same node id, fresh fixtures), numbered."""
-    copies = [item]
-    if isinstance(item, pytest.Function):
-        for _ in range(runs - 1):
-            copies.append(
-                pytest.Function.from_parent(
-                    item.parent,
-                    name=item.name,
-                    callspec=getattr(item, "callspec", None),
-                    callobj=item.obj,
-                    fixtureinfo=item._fixtureinfo,
-                    originalname=item.originalname,
-                )
-            )
+    """``item``'s float64 oracle run, then ``item`` and ``runs - 1`` copies of it (same node
+    id, fresh fixtures), numbered; an item that is no function: itself."""
+    if not isinstance(item, pytest.Function):
+        item.stash[CALIBRATION_RUN] = 0
+        return [item]
+    oracle = _copy(item)
+    oracle.stash[ORACLE_RUN] = True
+    copies = [item, *(_copy(item) for _ in range(runs - 1))]
     for run, copy in enumerate(copies):
         copy.stash[CALIBRATION_RUN] = run
-    return copies
+    return [oracle, *copies]
+
+
+def _copy(item: pytest.Function) -> pytest.Function:
+    """A copy of ``item``: same node id, fresh fixtures."""
+    return pytest.Function.from_parent(
+        item.parent,
+        name=item.name,
+        callspec=getattr(item, "callspec", None),
+        callobj=item.obj,
+        fixtureinfo=item._fixtureinfo,
+        originalname=item.originalname,
+    )

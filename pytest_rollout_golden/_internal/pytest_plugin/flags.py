@@ -170,6 +170,13 @@ FLAGS = (
         metavar="N",
     ),
     Flag(
+        "--golden-certify",
+        "switch",
+        "run every golden test as the float64 oracle (golden.precision is float64): the "
+        "reference records its float64 values in the golden's lane float64-oracle, each "
+        "same_math() variant must match them at rtol 1e-6 (docs/guide/certify.md)",
+    ),
+    Flag(
         "--golden-calibrate-perturb",
         "repeat",
         "what --golden-calibrate varies between runs: threads (default), "

@@ -63,6 +63,9 @@ GOLDEN = pytest.StashKey["Golden"]()
 MARKER_LAYER = pytest.StashKey[Layer]()
 DETERMINISM = pytest.StashKey[contextlib.ExitStack]()
 SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calibration settings
+# A test run as the float64 oracle by --golden-calibrate (not by --golden-certify, which makes
+# every run one): the reference re-records the oracle, the variants replay it.
+ORACLE_RUN = pytest.StashKey[bool]()
 WORKER_OUTPUT = "rollout_golden"
 # How long an xdist worker's variant waits for its reference on another worker, at most: a
 # bound, should the reference be queued behind it on its own worker (an ordering plugin).
@@ -116,6 +119,12 @@ class GoldenPlugin:
             calibrate=opt.golden_calibrate,
             ci=truthy_env("CI"),
         )
+        if opt.golden_certify and opt.golden_calibrate:
+            raise pytest.UsageError(
+                "--golden-calibrate certifies the same_math() variants in float64 itself "
+                "(one more run per test); leave out --golden-certify"
+            )
+        self.certify: bool = opt.golden_certify
         self.rootdir = Path(config.rootpath)
         _check_space_form(config)
         self.root = golden_root(
@@ -199,12 +208,17 @@ class GoldenPlugin:
         with as_usage_error():
             marker = markers.marker_level(options)
         item.stash[MARKER_LAYER] = marker[1]
+        oracle = self.is_oracle(item)
         tolerances, replay_only = markers.tolerance_stack(
-            self.session_tolerances, marker, options, exact=self.config.option.golden_exact
+            self.session_tolerances,
+            marker,
+            options,
+            exact=self.config.option.golden_exact,
+            certify=oracle,
         )
         directory = self.directory_of(item)
         if replay_only is not None:
-            self._await_reference(item, directory)
+            self._await_reference(item, directory, oracle=oracle)
         self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
         link = link_out_of_root(self.root, directory)
         if link is not None:
@@ -218,9 +232,10 @@ class GoldenPlugin:
             replay_only=replay_only,
             missing_step_source=inputs.pop("missing_step_source"),
         )
+        rerecord = item.stash.get(ORACLE_RUN, False) and replay_only is None
         return Golden(
             directory,
-            mode=self.mode,
+            mode=Mode.UPDATE if rerecord else self.mode,
             tolerances=tolerances,
             test_id=item.nodeid,
             rebuild=options.get("rebuild"),
@@ -228,16 +243,33 @@ class GoldenPlugin:
             trends=self._trends(item, options),
             session=links,
             lane=self._lane(),
+            precision=self.precision_of(options),
+            certify=oracle,
             **inputs,
         )
 
-    def _await_reference(self, item: pytest.Item, directory: Path) -> None:
+    def is_oracle(self, item: pytest.Item) -> bool:
+        """Whether ``item`` runs as the float64 oracle (:mod:`..golden.precision`)."""
+        return self.certify or item.stash.get(ORACLE_RUN, False)
+
+    def precision_of(self, options: dict[str, Any]) -> str:
+        """The precision a test declares: the marker's ``precision=``, else ini
+        ``golden_precision`` (checked at start-up), else float32."""
+        declared = options.get("precision")
+        return str(declared if declared is not None else self.config.getini("golden_precision"))
+
+    def _await_reference(self, item: pytest.Item, directory: Path, *, oracle: bool) -> None:
         """Under xdist, a variant whose reference records or re-records in this run, on
-        another worker, waits until the reference has finished (passed or not)."""
+        another worker, waits until the reference has finished (passed or not); ``oracle``:
+        the variant's float64 run under ``--golden-calibrate``, whose reference re-records
+        the oracle first."""
         reference = self.reference_of.get(item.nodeid)
-        if reference is None or self.mode not in (Mode.AUTO, Mode.UPDATE):
+        if reference is None:
             return
-        if self.mode is Mode.AUTO and (directory / MANIFEST).exists():
+        calibrating_oracle = oracle and item.stash.get(ORACLE_RUN, False)
+        if not calibrating_oracle and self.mode not in (Mode.AUTO, Mode.UPDATE):
+            return
+        if self.mode is Mode.AUTO and (directory / MANIFEST).exists() and not oracle:
             return  # recorded before: the reference only replays it
         deadline = time.monotonic() + REFERENCE_WAIT_S
         while not self.finished.contains(reference) and time.monotonic() < deadline:
@@ -491,6 +523,10 @@ class GoldenPlugin:
 
             stack.enter_context(deterministic(seed))
             item.stash[DETERMINISM] = stack  # the deterministic fixture then has nothing to do
+        if mistake is None and self.is_oracle(item) and "golden" in item.fixturenames:
+            from ..golden.precision import ORACLE, default_dtype
+
+            stack.enter_context(default_dtype(ORACLE))  # a model the fixtures build: float64
         result = yield
         if mistake is not None:
             raise mistake

@@ -153,14 +153,21 @@ def reference_name(test_id: str, name: str, options: Mapping[str, Any]) -> str:
     return base + bracket + params.replace(variant, reference, 1)
 
 
-def reference_recipe(options: Mapping[str, Any]) -> ReplayOnly:
-    """How a layout variant's golden is recorded: by running its reference layout."""
+def reference_recipe(options: Mapping[str, Any], *, certify: bool = False) -> ReplayOnly:
+    """How a layout variant's golden is recorded: by running its reference layout
+    (``certify``: its float64 oracle, by the reference under ``--golden-certify``)."""
     reference = str(options["reference"])
     where = f"shared golden {options['shared']!r}" if options.get("shared") is not None else ""
     selection = f'-k "{reference}"'
+    command = (
+        f"`pytest --golden-certify {selection}` (without CI=true), then commit the golden/ "
+        "directory"
+        if certify
+        else update_command(selection)
+    )
     return ReplayOnly(
         recorder=f"the reference [{reference}]" + (f" ({where})" if where else ""),
-        remedy=f"record it by running the reference: {update_command(selection)}",
+        remedy=f"record it by running the reference: {command}",
     )
 
 
@@ -190,11 +197,16 @@ def marker_level(options: Mapping[str, Any]) -> tuple[Layer, Layer]:
 
 
 def tolerance_stack(
-    session: Stack, marker: tuple[Layer, Layer], options: Mapping[str, Any], *, exact: bool
+    session: Stack,
+    marker: tuple[Layer, Layer],
+    options: Mapping[str, Any],
+    *,
+    exact: bool,
+    certify: bool = False,
 ) -> tuple[Stack, ReplayOnly | None]:
     """A test's tolerance stack: ``session``'s (``--golden-tolerance``, ini) under the
     ``marker`` level; ``exact``: ``--golden-exact``. For a layout variant, also how its
-    golden is recorded."""
+    golden is recorded (``certify``: its float64 oracle)."""
     stack = session.replace(marker=marker, exact=bool(options.get("exact")) or exact)
     if options.get("precision") is not None:
         stack = with_precision(stack, str(options["precision"]), "marker precision")
@@ -207,4 +219,4 @@ def tolerance_stack(
         exact=bool(options.get("exact")),
         variant=True,
     )
-    return stack, reference_recipe(options)
+    return stack, reference_recipe(options, certify=certify)

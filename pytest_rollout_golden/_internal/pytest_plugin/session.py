@@ -87,6 +87,7 @@ class SessionState:
     calibration_skipped: dict[str, dict[str, str]] = field(default_factory=dict)
     calibration_layouts: dict[str, dict[str, str]] = field(default_factory=dict)  # variant ids
     calibration_replaying: set[str] = field(default_factory=set)  # variants of a reference
+    certificates: dict[str, dict[str, Any]] = field(default_factory=dict)  # test id -> oracle's
     calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
 
     def add_outcome(self, outcome: Outcome) -> None:
@@ -137,6 +138,7 @@ class SessionState:
                 "calibration_skipped": self.calibration_skipped,
                 "calibration_layouts": self.calibration_layouts,
                 "calibration_replaying": sorted(self.calibration_replaying),
+                "certificates": self.certificates,
             }
         )
 
@@ -163,6 +165,7 @@ class SessionState:
         for directory, tests in data.get("calibration_layouts", {}).items():
             self.calibration_layouts.setdefault(directory, {}).update(tests)
         self.calibration_replaying.update(data.get("calibration_replaying", ()))
+        self.certificates.update(data.get("certificates", {}))
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""

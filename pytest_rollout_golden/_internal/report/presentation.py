@@ -497,6 +497,61 @@ def missing_recording(test_id: str, recorder: str, directory: Path, remedy: str)
     )
 
 
+CERTIFY_COMMAND = "pytest --golden-certify"
+
+
+def not_same_math(failures: list[Comparison], message: str) -> str:
+    """A variant's mismatch against its reference's float64 oracle: ``message`` headed by
+    the first value that differs, its step and size ("not the same math: grad_norm differs
+    by 1.0e-03 in float64 at step 0")."""
+    drifted = [c for c in failures if c.verdict == Verdict.FAIL]
+    if not drifted:
+        return message
+    first = by_step(drifted)[0]
+    size = first.rel_diff if first.rel_diff is not None else first.abs_diff
+    by = "" if size is None else f" by {size:.1e}"
+    return (
+        f"not the same math: {first.name} differs{by} in float64 at step {first.step} "
+        f"({beyond(first)} the float64 bound, where reordering moves a value by ~1e-15); "
+        "this variant computes something else than its reference: fix it, or stop "
+        "declaring it same_math()\n" + message
+    )
+
+
+def oracle_without_inputs(test_id: str, directory: Path) -> str:
+    """``--golden-certify`` on a golden never recorded: the oracle replays recorded inputs."""
+    return (
+        f"{test_id}: {display(directory)} holds no recorded rollout for the float64 oracle to "
+        "replay; record the golden first (`pytest --update-golden`, without --golden-certify), "
+        f"then `{CERTIFY_COMMAND}`"
+    )
+
+
+def oracle_missing(test_id: str, directory: Path, remedy: str) -> str:
+    """A golden without its float64 oracle lane, where this run cannot record it."""
+    how = (
+        remedy
+        if remedy != REMEDY_UPDATE
+        else (
+            f"record it with `{CERTIFY_COMMAND}` (without CI=true or --golden-strict), then commit "
+            "the golden/ directory"
+        )
+    )
+    return (
+        f"{test_id}: golden {display(directory)} has no float64 oracle "
+        f"(@lanes/float64-oracle); {how}"
+    )
+
+
+def oracle_on_other_inputs(directory: Path, stale: Sequence[str]) -> str:
+    """A float64 oracle computed on inputs re-recorded since."""
+    return (
+        f"{display(directory)}: the float64 oracle was computed on other inputs than the golden "
+        f"holds ({', '.join(stale)} changed since); re-record it: "
+        f"`{CERTIFY_COMMAND} --update-golden`, then commit the golden/ directory."
+    )
+
+
 def derived_fields_note(name: str, fields: Sequence[str]) -> str:
     """A recorded rollout that holds fields the trainer computes (advantages, returns, kl)."""
     return (
@@ -900,7 +955,7 @@ def calibrated_variants(variants: Iterable[Mapping[str, Any]]) -> list[str]:
     (how far it moved, against what) or failed against the golden during calibration."""
     lines = []
     for v in variants:
-        parts = []
+        parts = certificate_parts(v.get("certificate"))
         excluded = sorted(v["excluded"].items(), key=lambda item: -item[1]["times"])
         if excluded:
             moved = "; ".join(
@@ -910,9 +965,10 @@ def calibrated_variants(variants: Iterable[Mapping[str, Any]]) -> list[str]:
             )
             parts.append(f"moved {moved}: excluded from the variant lane (not same math?)")
         failed = []
+        left_out = (v.get("certificate") or {}).get("verdict") == "not the same math"
         for name in v["failed"]:
             distance = v["distances"].get(name)
-            if name in v["excluded"] or distance is None:
+            if name in v["excluded"] or distance is None or left_out:
                 failed.append(name)
             else:
                 moved = _distance(distance["distance"], distance["measure"] == "absolute")
@@ -921,6 +977,30 @@ def calibrated_variants(variants: Iterable[Mapping[str, Any]]) -> list[str]:
             parts.append(f"failed against the golden during calibration on {', '.join(failed)}")
         lines.append(f"{v['test']}: {'; '.join(parts)}")
     return lines
+
+
+def certificate_parts(found: Mapping[str, Any] | None) -> list[str]:
+    """What the summary says of a variant's float64 certificate (none: nothing)."""
+    if not found:
+        return []
+    verdict = found.get("verdict")
+    if verdict == "certified":
+        largest = found["largest"]
+        within = "identical in float64" if not largest else f"within {largest:.2g} x the bound"
+        return [
+            f"certified same math in float64 ({within}): kept in the variant lane on every "
+            "value"
+        ]
+    if verdict == "not the same math":
+        size = found.get("differs_by")
+        by = "" if size is None else f" by {size:.1e}"
+        return [
+            f"not the same math: {found['value']} differs{by} in float64 at step "
+            f"{found['step']}: left out of the variant lane on every value"
+        ]
+    if found.get("why") and "no float64 certification ran" not in found["why"]:
+        return [f"not certified ({found['why']}): judged by the outlier rule"]
+    return []
 
 
 def _distance(value: float, absolute: bool) -> str:

@@ -134,6 +134,9 @@ MAX_ATOL = 1e-5
 # matrices: of 31 policy and 47 MoE layouts the farthest is 2.6x the others' median);
 # a bug of 1e-3 is >= 60x beyond float32 same-math noise (<= 1.6e-5, tolerance/families.py).
 OUTLIER = 10.0
+# What the float64 oracle (--golden-calibrate's certification run, golden/precision.py) said
+# of a variant: the verdict of its certificate in tolerances.json's "variants".
+CERTIFIED, NOT_SAME_MATH, UNCERTIFIED = "certified", "not the same math", "not certified"
 
 
 Magnitude = Callable[[str], float | None]  # a metric's largest recorded |value|, if any
@@ -704,6 +707,7 @@ def calibrate_goldens(
     layouts: Mapping[str, Mapping[str, str]] | None = None,
     replaying: Sequence[str] = (),
     variant_resolver: Resolver | None = None,
+    certificates: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Write ``tolerances.json`` for every golden with at least one test of 2+ usable runs.
 
@@ -711,7 +715,8 @@ def calibrate_goldens(
     (:meth:`.Golden.calibration_sample`); ``skipped``: golden
     directory -> test id -> why its runs do not count; ``layouts``: golden directory ->
     test id -> the variant id of a ``same_math()`` or ``parallel.variants()`` test;
-    ``replaying``: the test ids that replay another test's golden. ``resolver`` gives the
+    ``replaying``: the test ids that replay another test's golden; ``certificates``: test
+    id -> what the float64 oracle said of the variant (:func:`certificate`). ``resolver`` gives the
     tolerances below the calibrated layer, ``variant_resolver`` those of a variant (default
     ``resolver``); a value they do not compare, or a run did not (its marker's tolerances),
     gets no entry. Returns one summary entry per golden (what was written, or why nothing
@@ -728,7 +733,7 @@ def calibrate_goldens(
         of_layout = {t: lay for t, lay in (layouts or {}).get(directory, {}).items() if t in usable}
         ignored = {n for runs in usable.values() for run in runs for n in run.get("ignored", ())}
         across_base = functools.partial(_below, variant_resolver or resolver, ignored)
-        lane = variant_lane(usable, of_layout, replaying, across_base)
+        lane = variant_lane(usable, of_layout, replaying, across_base, certificates or {})
         own = {t: r for t, r in usable.items() if t not in replaying}  # the golden's own tests
         if not own and lane is None:
             out.append({"directory": directory, "skipped": VARIANT_ALONE, "rows": []})
@@ -786,7 +791,7 @@ def _envelope(
         sources[ACROSS] = own + [
             (run["metrics"], lane[1][t]["excluded"])
             for t, runs in sorted(usable.items())
-            if t in replaying
+            if t in replaying and lane[1][t]["certificate"]["verdict"] != NOT_SAME_MATH
             for run in runs
         ]
     lanes, refused, drifting = {}, {}, {}
@@ -850,20 +855,25 @@ def variant_lane(
     of_layout: Mapping[str, str],
     replaying: Collection[str],
     base: Callable[[str, str], Tolerance],
+    certificates: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Spread], dict[str, Any]] | None:
     """The spreads of the calibrated variant lane, and per variant test its record:
     ``None`` unless the tests are of two variants or more (``of_layout``: test id ->
     variant id; ``replaying``: the variants' test ids).
 
-    Each variant is measured on its own: per value, its distance to the reference's runs
-    (:func:`variant_distances`). A variant whose distance is an outlier (:func:`outliers`)
-    against the other variants and the same-layout spread (the reference's own, which no
-    variant can inflate; the median of the variants' own where the reference was not
-    selected) is left out of that value's lane, which pools the runs of the reference and
-    of the variants kept.
+    A variant the float64 oracle certified (``certificates``, :func:`certificate`) is kept
+    on every value: its distance is the noise of the precision, whatever its size. One
+    the oracle found not the same math is left out of every value. Any other variant (its
+    code could not run in float64, or no certification ran) is measured on its own: per
+    value, its distance to the reference's runs (:func:`variant_distances`); where it is an
+    outlier (:func:`outliers`) against the other variants and the same-layout spread (the
+    reference's own, which no variant can inflate; the median of the variants' own where
+    the reference was not selected) it is left out of that value's lane. The lane pools
+    the runs of the reference and of the variants kept.
     """
     if len(set(of_layout.values())) < 2:
         return None
+    verdicts = {t: (certificates or {}).get(t, {}).get("verdict") for t in of_layout}
     reference = [t for t in sorted(of_layout) if t not in replaying]
     variants = [t for t in sorted(of_layout) if t in replaying]
     if reference:
@@ -872,12 +882,46 @@ def variant_lane(
         center = _median_run([_mean_run([r["metrics"] for r in usable[t]]) for t in variants])
     distances = {t: variant_distances(center, usable[t]) for t in variants}
     own = _own_spreads({t: usable[t] for t in reference or variants}, replaying)
-    excluded = _judge(distances, list(own.values()), base)
+    trusted = [t for t in variants if verdicts[t] != NOT_SAME_MATH]
+    judged = _judge({t: distances[t] for t in trusted}, list(own.values()), base)
+    excluded = {t: why for t, why in judged.items() if verdicts[t] != CERTIFIED}
     records = {
-        t: _record(of_layout[t], distances[t], excluded.get(t, {}), usable[t], base)
+        t: {
+            **_record(of_layout[t], distances[t], excluded.get(t, {}), usable[t], base),
+            "certificate": dict((certificates or {}).get(t) or uncertified()),
+        }
         for t in variants
     }
-    return _pooled(usable, reference, variants, excluded), records
+    return _pooled(usable, reference, trusted, excluded), records
+
+
+def certificate(comparisons: Sequence[Any], *, error: str = "") -> dict[str, Any]:
+    """What the float64 oracle says of a variant from its float64 run's comparisons against
+    the reference's float64 values: ``certified`` (with the largest distance in units of
+    the float64 bound), ``not the same math`` (with the first value that differs, its step
+    and relative size), or ``not certified`` when the run could not compare (``error``)."""
+    if error:
+        return uncertified(f"its float64 run could not run: {error}")
+    drifted = [c for c in comparisons if str(c.verdict) == "fail"]
+    compared = [c for c in comparisons if c.excess is not None and str(c.verdict) == "pass"]
+    if not drifted and not compared:
+        return uncertified("its float64 run compared no value")
+    if not drifted:
+        return {"verdict": CERTIFIED, "largest": max(c.excess for c in compared)}
+    first = min(drifted, key=lambda c: (c.step, -(c.excess or math.inf)))
+    size = first.rel_diff if first.rel_diff is not None else first.abs_diff
+    return {
+        "verdict": NOT_SAME_MATH,
+        "value": first.name,
+        "step": first.step,
+        "differs_by": size,
+        "values": sorted({c.name for c in drifted}),
+    }
+
+
+def uncertified(why: str = "no float64 certification ran for it") -> dict[str, Any]:
+    """The certificate of a variant the oracle could not judge: the outlier rule applies."""
+    return {"verdict": UNCERTIFIED, "why": why}
 
 
 def variant_distances(
@@ -902,7 +946,7 @@ def outliers(
     the larger of the median distance of the other variants (when there are 2 or more)
     and ``noise``, the same-layout spread, and at least ``floor`` (distances within
     rounding are no outliers). With fewer than 2 other variants and no same-layout spread
-    there is nothing to compare against: no variant is one.
+    there is nothing to compare against but rounding: the baseline is ``floor``.
     """
     out = {}
     for test, distance in distances.items():
@@ -910,9 +954,7 @@ def outliers(
         candidates = [(noise, "the same-layout spread")] if noise > 0 else []
         if len(others) >= 2:
             candidates.append((statistics.median(others), "the other variants"))
-        if not candidates:
-            continue
-        baseline, against = max(candidates)
+        baseline, against = max(candidates, default=(floor, "rounding"))
         if baseline < floor:
             baseline, against = floor, "rounding"
         if distance > OUTLIER * baseline:
@@ -1115,10 +1157,11 @@ def _summary_rows(content: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _notable_variants(content: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The variants the summary names: those excluded from the lane for some value, and
-    those that failed against the golden during calibration, with their distances."""
+    """The variants the summary names: those excluded from the lane for some value, those
+    that failed against the golden during calibration, with their distances, and those the
+    float64 oracle judged (certified or not the same math) or could not."""
     return [
         {"test": test, **record}
         for test, record in sorted(content.get("variants", {}).items())
-        if record["excluded"] or record["failed"]
+        if record["excluded"] or record["failed"] or record.get("certificate") != uncertified()
     ]

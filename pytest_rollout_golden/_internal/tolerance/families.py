@@ -269,14 +269,29 @@ PRECISIONS: dict[str, dict[str, Tolerance]] = {
     "float32": {},
     "bf16": {"grad_norm": BF16_GRAD_NORM},
 }
-_PRECISION_ALIASES = {"bfloat16": "bf16", "fp32": "float32"}
+_PRECISION_ALIASES = {"bfloat16": "bf16", "fp32": "float32", "fp64": "float64", "double": "float64"}
+
+# The float64 oracle (--golden-certify): a same-math variant replays its reference's float64
+# values within this bound. Reordering a float64 sum of n terms moves it by at most
+# n x 1.1e-16 of the sum of magnitudes (n <= 1e6: 1e-10), and a cancelling mean relative to
+# the recorded magnitude stays far below 1e-9; 1e-6 also admits a float32 operation left in
+# the float64 run (6e-8 a rounding, a few compounded) while staying 1000x below a 1e-3 bug.
+# atol 1e-12 for values whose every step sits at 0 (a GRPO loss at ratio 1): float64 leaves
+# ~1e-17 there.
+CERTIFY = Tolerance(rtol=1e-6, atol=1e-12, scale=RECORDED)
+CERTIFY_SOURCE = "float64 oracle bound (--golden-certify)"
+
+
+def canonical_precision(value: str) -> str:
+    """A precision's canonical name (``bfloat16`` -> ``bf16``; empty -> ``float32``)."""
+    key = value.strip().lower() or "float32"
+    return _PRECISION_ALIASES.get(key, key)
 
 
 def precision_layer(value: str, source: str) -> Layer | None:
     """The layer of a declared training precision (``None`` for float32, the defaults'
     own); ValueError naming ``source`` and the known precisions for another value."""
-    key = value.strip().lower()
-    key = _PRECISION_ALIASES.get(key, key)
+    key = canonical_precision(value)
     if key not in PRECISIONS:
         raise ValueError(
             f"{source}: unknown precision {value!r}; use one of {', '.join(PRECISIONS)}"

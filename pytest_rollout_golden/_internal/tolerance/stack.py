@@ -44,6 +44,9 @@ How the fields of matching entries combine:
   match it means bit equality; below an entry that named some fields it only fills
   the others with 0.
 - The exact lane (``Stack.exact``) replaces every tolerance by bit equality.
+- Certification (``Stack.certify``, ``--golden-certify``) replaces every tolerance of a
+  floating value by the float64 oracle bound (:data:`.families.CERTIFY`); integers and
+  bools stay exact, exclusions still win.
 
 Resolving is pure; :class:`ToleranceUsage` notes which entries named a checked metric
 (the "unused tolerance" warnings).
@@ -76,6 +79,7 @@ class Stack:
     drifting: Layer | None = None  # across variants: values the variants drift away from
     variant: bool = False
     exact: bool = False
+    certify: bool = False
 
     def resolver(self) -> Resolver:
         """The resolver of these layers, in the order of the module docstring."""
@@ -94,7 +98,11 @@ class Stack:
             *self.profile,
             *builtin_layers(),
         ]
-        return Resolver([layer for layer in layers if layer is not None], exact=self.exact)
+        return Resolver(
+            [layer for layer in layers if layer is not None],
+            exact=self.exact,
+            certify=self.certify,
+        )
 
     def replace(self, **parts: Any) -> Stack:
         """A copy with some parts replaced (``calibrated=``, ``exact=``...)."""
@@ -122,17 +130,19 @@ class Resolver:
     :class:`ToleranceUsage` for noting which entries were used.
     """
 
-    def __init__(self, layers: Iterable[Layer], *, exact: bool = False):
+    def __init__(self, layers: Iterable[Layer], *, exact: bool = False, certify: bool = False):
         self.layers = [layer for layer in layers if layer.entries]
         self.exact = exact
+        self.certify = certify
 
     def above(self, layer: Layer) -> Resolver:
         """This resolver with ``layer`` over every other (one ``golden.check(tolerances=)``)."""
-        return Resolver([layer, *self.layers], exact=self.exact)
+        return Resolver([layer, *self.layers], exact=self.exact, certify=self.certify)
 
     def without(self, *layers: Layer | None) -> Resolver:
         """This resolver without ``layers`` (what applies where they are missing)."""
-        return Resolver([layer for layer in self.layers if layer not in layers], exact=self.exact)
+        kept = [layer for layer in self.layers if layer not in layers]
+        return Resolver(kept, exact=self.exact, certify=self.certify)
 
     def resolve(self, name: str, dtypes: Iterable[str] = ("float64",)) -> tuple[Tolerance, str]:
         """``(tolerance, where it came from)`` for metric ``name`` of the given dtypes.
@@ -158,6 +168,11 @@ class Resolver:
         found = [(tol, source) for tol, source in found if not tol.ignore]
         if self.exact:
             return EXACT, "exact lane"
+        if self.certify:
+            from .families import CERTIFY, CERTIFY_SOURCE
+
+            default, label = dtype_default(dtypes)
+            return (default, label) if default == EXACT_VALUES else (CERTIFY, CERTIFY_SOURCE)
         taken: dict[str, tuple[Any, str]] = {}
         for tol, source in found:
             if tol.exact and not taken:
