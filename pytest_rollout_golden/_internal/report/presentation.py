@@ -988,8 +988,7 @@ def certificate_parts(found: Mapping[str, Any] | None) -> list[str]:
         largest = found["largest"]
         within = "identical in float64" if not largest else f"within {largest:.2g} x the bound"
         return [
-            f"certified same math in float64 ({within}): kept in the variant lane on every "
-            "value"
+            f"certified same math in float64 ({within}): kept in the variant lane on every value"
         ]
     if verdict == "not the same math":
         size = found.get("differs_by")
