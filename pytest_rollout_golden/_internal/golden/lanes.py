@@ -42,6 +42,10 @@ _CAPABILITY_BY_NAME = (
 
 def lane_problem(name: str) -> str | None:
     """Why ``name`` cannot name a lane (``None``: it can)."""
+    from .precision import ORACLE_LANE
+
+    if name == ORACLE_LANE:
+        return f"{name!r} is the float64 oracle's lane: it is chosen by --golden-certify"
     if name == AUTO or _NAME.fullmatch(name):
         return None
     return (
