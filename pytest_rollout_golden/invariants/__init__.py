@@ -30,6 +30,7 @@ magnitude above the tolerance. In bf16 the tolerances are honest and therefore w
 sequence-level IS weight over 12 tokens is only known to a few percent).
 """
 
+from .accumulation import AccumulationSetting, accumulation_settings, check_accumulation_invariance
 from .advantages import check_advantages
 from .correction import check_is_weights, check_rs_mask
 from .critic import check_value_loss
@@ -53,6 +54,9 @@ from .rollouts import check_group_diversity, check_token_ids_kept
 __all__ = [
     "IS_METRICS",
     "PPO_METRICS",
+    "AccumulationSetting",
+    "accumulation_settings",
+    "check_accumulation_invariance",
     "check_advantages",
     "check_cispo",
     "check_gae",
