@@ -253,7 +253,8 @@ def _batch_rows(batch: Batch) -> int:
 
 def _run(step: AccumulationStep, batch: dict[str, Any], setting: AccumulationSetting) -> dict:
     """The step's results under ``setting``, as float64 tensors by name."""
-    output = step(dict(batch), setting)
+    # A fresh copy per call: a step that edits its batch in place changes no other run.
+    output = step({k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}, setting)
     if not isinstance(output, Mapping) or not output:
         fail(
             "accumulation_invariance.results",

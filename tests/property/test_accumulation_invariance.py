@@ -290,3 +290,16 @@ def test_results_that_change_names_or_shapes_with_the_setting_are_named():
         settings=[AccumulationSetting(2, 2, 2)],
     )
     assert "grad has shape (2,), the baseline's (4,)" in message
+
+
+def test_a_step_editing_its_batch_in_place_changes_neither_the_batch_nor_other_runs():
+    batch = distinct_batch(11)
+    before = {key: value.clone() for key, value in batch.items()}
+
+    def step(micro_batch, setting):
+        results = TokenMeanStep()(micro_batch, setting)
+        micro_batch["advantages"].mul_(2.0)
+        return results
+
+    check_accumulation_invariance(step, batch)
+    assert all(torch.equal(batch[key], before[key]) for key in batch)
