@@ -10,6 +10,10 @@ Batches are dicts with ``old_log_probs``, ``rollout_log_probs``, ``log_probs``,
 ``response_mask``, ``advantages`` (``[B, T]``) and ``uid`` (``[B]``). Padding positions may
 hold any finite garbage. Checkers never modify the batch they are given.
 
+:func:`check_accumulation_invariance` takes a whole training step instead:
+``step(batch, setting)`` with an :class:`AccumulationSetting` (micro-batch size, gradient
+accumulation steps, steps per generation, dtype), run over a sweep of settings in float64.
+
 Loss functions are called as ``loss_fn(batch, *, global_tokens, global_seqs)`` and return a
 scalar tensor (or a tuple whose first item is one), where ``global_tokens`` is the number of
 valid tokens and ``global_seqs`` the number of sequences with at least one valid token in the
@@ -30,6 +34,13 @@ magnitude above the tolerance. In bf16 the tolerances are honest and therefore w
 sequence-level IS weight over 12 tokens is only known to a few percent).
 """
 
+from .accumulation import (
+    AccumulationSetting,
+    AccumulationStep,
+    accumulation_grid,
+    accumulation_settings,
+    check_accumulation_invariance,
+)
 from .advantages import check_advantages
 from .correction import check_is_weights, check_rs_mask
 from .critic import check_value_loss
@@ -53,6 +64,11 @@ from .rollouts import check_group_diversity, check_token_ids_kept
 __all__ = [
     "IS_METRICS",
     "PPO_METRICS",
+    "AccumulationSetting",
+    "AccumulationStep",
+    "accumulation_grid",
+    "accumulation_settings",
+    "check_accumulation_invariance",
     "check_advantages",
     "check_cispo",
     "check_gae",
