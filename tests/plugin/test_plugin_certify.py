@@ -69,7 +69,8 @@ def loop(project, micro=(8, 4, 2), ini=BF16):
 
 def test_certify_records_the_oracle_lane_and_a_variant_that_is_not_the_same_math_fails(project):
     loop(project)
-    project.run("--update-golden").assert_outcomes(passed=2, failed=1)  # bf16 mb2 fails at the defaults
+    # bf16: mb2 fails at the defaults
+    project.run("--update-golden").assert_outcomes(passed=2, failed=1)
     result = project.run("--golden-certify")
     result.assert_outcomes(passed=3)
     assert "(lane float64-oracle):" in result.stdout.str()

@@ -609,6 +609,18 @@ class Golden:
         return self._check_tensor_file(name, tensors, masks, step=step, rank=rank, micro=micro)
 
     @user_facing
+    def check_accumulation(self, step: Callable[..., Any], batch: Any, **settings: Any) -> None:
+        """Require ``step`` to learn the same whatever its micro-batching and gradient
+        accumulation, in float64 on ``batch`` (a recorded rollout, rows = samples):
+        :func:`~pytest_rollout_golden.invariants.check_accumulation_invariance`, whose
+        keyword arguments ``settings`` are (``micro_batch_sizes``, ``accumulation_steps``,
+        ``settings``, ``data=st.data()`` to draw them with hypothesis, ``rtol``, ``atol``).
+        Raises AssertionError naming the setting pair and the value that differs."""
+        from ...invariants.accumulation import check_accumulation_invariance
+
+        check_accumulation_invariance(step, batch, **settings)
+
+    @user_facing
     def check_optimizer(
         self,
         optimizer: Any,
