@@ -1,10 +1,11 @@
 """``--golden-calibrate N``: each golden test runs N times under perturbed reduction
 orders; the spread of its metrics becomes the tolerances written into its golden.
 
-Before its N runs, each golden test runs once as the float64 oracle (:mod:`..golden.precision`):
-the reference re-records its float64 values, each ``same_math()`` variant replays them, and
-what that run found (certified, not the same math, or not certifiable) decides which
-variants the variant lane trusts.
+Before its N runs, each golden test with declared variants (``same_math()``,
+``parallel.variants()``) runs once as the float64 oracle (:mod:`..golden.precision`): the
+reference re-records its float64 values, each variant replays them, and what that run found
+(certified, not the same math, or not certifiable) decides which variants the variant lane
+trusts. A test without variants has nothing to certify and no oracle run.
 
 Registered only when the flag is given; the core plugin keeps the golden of each run.
 """
@@ -43,11 +44,19 @@ class CalibrationPlugin:
             copy
             for item in items
             for copy in (
-                calibration_copies(item, self.runs)
+                calibration_copies(item, self.runs, oracle=self._has_variants(item))
                 if "golden" in getattr(item, "fixturenames", ())
                 else [item]
             )
         ]
+
+    def _has_variants(self, item: pytest.Item) -> bool:
+        """Whether ``item`` is a declared variant or their reference (a marker mistake: no;
+        the test errors with it at setup)."""
+        try:
+            return self.core.marker_options(item).get("variant") is not None
+        except pytest.UsageError:
+            return False
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -186,18 +195,20 @@ class CalibrationProgress:
             self.session.testscollected = self.tests
 
 
-def calibration_copies(item: pytest.Item, runs: int) -> list[pytest.Item]:
-    """``item``'s float64 oracle run, then ``item`` and ``runs - 1`` copies of it (same node
-    id, fresh fixtures), numbered; an item that is no function: itself."""
+def calibration_copies(item: pytest.Item, runs: int, *, oracle: bool) -> list[pytest.Item]:
+    """``item`` and ``runs - 1`` copies of it (same node id, fresh fixtures), numbered; with
+    ``oracle``, its float64 oracle run first. An item that is no function: itself."""
     if not isinstance(item, pytest.Function):
         item.stash[CALIBRATION_RUN] = 0
         return [item]
-    oracle = _copy(item)
-    oracle.stash[ORACLE_RUN] = True
     copies = [item, *(_copy(item) for _ in range(runs - 1))]
     for run, copy in enumerate(copies):
         copy.stash[CALIBRATION_RUN] = run
-    return [oracle, *copies]
+    if not oracle:
+        return copies
+    first = _copy(item)
+    first.stash[ORACLE_RUN] = True
+    return [first, *copies]
 
 
 def _copy(item: pytest.Function) -> pytest.Function:
