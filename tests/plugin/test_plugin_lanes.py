@@ -148,3 +148,26 @@ def test_calibration_writes_into_the_runs_lane_only(project):
     assert (lane / "tolerances.json").is_file()
     assert not any(name.endswith("tolerances.json") for name in _base_files(project))
     project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)
+
+
+def test_a_fallback_lane_computed_on_other_inputs_is_refused(project, tmp_path):
+    """A fallback lane recorded on inputs since regenerated is refused as the run's own stale
+    lane is: a bug that lands on its stale values must not pass under --golden-strict."""
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    project.set_values(loss=0.51)
+    project.run("--golden-lane", "gpu").assert_outcomes(passed=1)
+    lanes = project.golden_dir("test_step") / "@lanes"
+    lanes.rename(tmp_path / "lanes")  # regenerating the inputs is refused while lanes exist
+    project.write(TRAIN.replace("torch.arange(4.0)", "torch.arange(1.0, 5.0)"))
+    project.run("--update-golden", "--golden-regenerate", "--golden-lane", "cpu")
+    (tmp_path / "lanes").rename(lanes)
+    project.pytester.makeini("[pytest]\ngolden_lane = cuda-sm90\ngolden_lane_fallback = gpu\n")
+    project.set_values(loss=0.51 * 6 / 10)  # a bug that lands on the stale lane's value
+    refused = project.run("--golden-strict")
+    refused.assert_outcomes(failed=1)
+    refused.stdout.fnmatch_lines(["*lane 'gpu' were computed on other inputs*--golden-lane gpu*"])
+    assert "compared against another lane" not in refused.stdout.str()
+    project.run("--update-golden", "--golden-lane", "gpu").assert_outcomes(passed=1)  # remedy
+    project.run("--golden-strict").assert_outcomes(passed=1)

@@ -524,12 +524,12 @@ def lane_missing(directory: Path, lane: Any, recorded: Sequence[str | None]) -> 
     return text + f"; the fallback lane {lane.fallback!r} (golden_lane_fallback) is not recorded."
 
 
-def lane_on_other_inputs(directory: Path, lane: Any, stale: Sequence[str]) -> str:
+def lane_on_other_inputs(directory: Path, lane: str, stale: Sequence[str]) -> str:
     """A lane whose values were computed on inputs that have since been re-recorded."""
     return (
-        f"{display(directory)}: the values of lane {lane.name!r} were computed on other "
+        f"{display(directory)}: the values of lane {lane!r} were computed on other "
         f"inputs than the golden holds ({', '.join(stale)} changed since); re-record this lane "
-        f"on its hardware: `pytest --update-golden --golden-lane {lane.name}`, then commit the "
+        f"on its hardware: `pytest --update-golden --golden-lane {lane}`, then commit the "
         "golden/ directory."
     )
 
