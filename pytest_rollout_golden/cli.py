@@ -713,7 +713,7 @@ def _run_spec(args: argparse.Namespace, *, goldens_at: str | None) -> Any:
     in each checkout) and their goldens: ``--goldens``, else the golden root as committed at
     ``goldens_at``, else as it is on disk."""
     from ._internal.commits.goldens import GoldenSource, source_of
-    from ._internal.commits.runs import RunSpec, locate
+    from ._internal.commits.runs import RunSpec, in_tree, locate
 
     repo, cwd_rel, golden_rel = locate(Path.cwd(), args.golden_root)
     if args.goldens is not None:
@@ -727,7 +727,7 @@ def _run_spec(args: argparse.Namespace, *, goldens_at: str | None) -> Any:
         cwd_rel,
         golden_rel,
         source,
-        pytest_args=tuple(args.pytest_args),
+        pytest_args=in_tree(repo, cwd_rel, tuple(args.pytest_args)),
         any_failure=getattr(args, "any_failure", False),
         timeout=args.timeout,
         pythonpath=tuple(args.pythonpath),

@@ -159,3 +159,21 @@ def test_the_cache_returns_a_stored_run_and_ignores_a_damaged_one(history, tmp_p
     wrong = {"format": cache.FORMAT, "key": key, "run": {**run.to_json(), "outcome": "maybe"}}
     store.path(key).write_text(json.dumps(wrong))
     assert store.get(key) is None and len(notes) == 2
+
+
+def test_paths_into_the_checkout_are_made_relative_and_others_refused(tmp_path):
+    from pytest_rollout_golden.errors import GoldenError
+
+    in_tree, repo = runs.in_tree, tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    given = (
+        f"{repo}/tests/test_x.py::test_a[x/y]", f"--golden-dir={repo}/golden", "--golden-dir",
+        f"{repo}/golden", "../golden", "-k", "not slow and x/y", "-q", "tests/test_y.py",
+    )  # fmt: skip
+    assert in_tree(repo, "tests", given) == (
+        "test_x.py::test_a[x/y]", "--golden-dir=../golden", "--golden-dir", "../golden",
+        "../golden", "-k", "not slow and x/y", "-q", "tests/test_y.py",
+    )  # fmt: skip
+    for outside in (f"--basetemp={tmp_path}/t", "../../elsewhere", "/etc/pytest.ini"):
+        with pytest.raises(GoldenError, match=r"outside the git checkout .*leave the argument out"):
+            in_tree(repo, "tests", (outside,))
