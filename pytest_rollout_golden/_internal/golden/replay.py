@@ -266,8 +266,9 @@ class Golden:
         self._outcome.lane["fallback"] = lane.fallback
 
     def _open_values(self, lane: str) -> GoldenFiles:
-        from .lanes import lane_dir
+        from .lanes import lane_dir, refuse_lane_link
 
+        refuse_lane_link(self.directory, lane)
         values = GoldenFiles(lane_dir(self.directory, lane), rebuild=self._rebuild)
         values.open(damaged_is_missing=self.policy.replaces_damaged)
         return values

@@ -534,6 +534,16 @@ def lane_on_other_inputs(directory: Path, lane: str, stale: Sequence[str]) -> st
     )
 
 
+def lane_linked(link: Path, lane: str) -> str:
+    """A lane's folder, or an entry of it, that is a symbolic link (never followed)."""
+    return (
+        f"{display(link)} is a symbolic link to {os.path.realpath(link)}; a lane's values are "
+        "read and written only in its own folder, never through a link. Remove the link "
+        f"(`rm {display(link)}`), then record the lane on its hardware: `pytest "
+        f"--update-golden --golden-lane {lane}`, and commit the golden/ directory."
+    )
+
+
 def regenerate_in_lane(
     directory: Path, lane: str | None, base: str | None, others: Sequence[str]
 ) -> str:
