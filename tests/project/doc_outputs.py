@@ -901,17 +901,24 @@ def bisected(work: Path) -> tuple[Path, str]:
     return Path(BISECTED["repo"]), BISECTED["first"]
 
 
+def bisect_env(repo: Path) -> dict[str, str]:
+    """The environment of every bisect of the history: one cache, and the same variables (the
+    cache key holds them)."""
+    env = environment()
+    env["XDG_CACHE_HOME"] = str(repo.parent / "cache")
+    env["PYTEST_ADDOPTS"] = "-p no:hypothesispytest"  # a faster replay, the same output
+    return env
+
+
 def bisect_shown(repo: Path, *args: str) -> str:
     """``$ rollout-golden ARGS`` in the history, stderr and stdout as a terminal interleaves
     them; durations, which vary from run to run, read ``…``."""
     import re
 
-    env = environment()
-    env["XDG_CACHE_HOME"] = str(repo.parent / "cache")
-    env["PYTEST_ADDOPTS"] = "-p no:hypothesispytest"  # a faster replay, the same output
     done = subprocess.run(
         [sys.executable, "-m", "pytest_rollout_golden", *args],
-        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=repo, env=bisect_env(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
     )  # fmt: skip
     lines = re.sub(r"\b\d+\.\d s\b", "… s", done.stdout).splitlines()
     header = next((i for i, line in enumerate(lines) if " seconds " in line), len(lines))
@@ -935,18 +942,19 @@ def bisect_cached(work: Path) -> str:
 
 @output("cli-bisect-json")
 def cli_bisect_json(work: Path) -> str:
-    """``--json`` of the same bisect (cached), long fields and all but one run elided."""
+    """``--json`` of the same bisect (cached), long fields, all but one run and what the cache
+    key holds of this machine elided."""
     repo, _ = bisected(work)
-    env = environment()
-    env["XDG_CACHE_HOME"] = str(repo.parent / "cache")
     args = (*BISECT, "--json", "--", "test_calc.py")
     done = subprocess.run(
         [sys.executable, "-m", "pytest_rollout_golden", *args],
-        cwd=repo, env=env, capture_output=True, text=True,
+        cwd=repo, env=bisect_env(repo), capture_output=True, text=True,
     )  # fmt: skip
     document = json.loads(done.stdout)
     document["seconds"] = "..."
     for run in (document["first_bad_run"], *document["tried"]):
         run.update(seconds="...", log_tail="...", failures=["..."] if run["failures"] else [])
     document["tried"] = [*document["tried"][:1], "..."]
+    for machine in ("python", "environment", "plugin", "packages"):  # this machine's
+        document["cache_key"][machine] = "..."
     return f"$ rollout-golden {' '.join(args)}\n" + laid_out(document, depth=2) + "\n"
