@@ -171,12 +171,16 @@ def test_paths_into_the_checkout_are_made_relative_and_others_refused(tmp_path):
     given = (
         f"{repo}/tests/test_x.py::test_a[x/y]", f"--golden-dir={repo}/golden", "--golden-dir",
         f"{repo}/golden", "../golden", "-k", "not slow and x/y", "-q", "tests/test_y.py",
+        "-o", f"golden_dir={repo}/golden", f"{repo}/tests/test_x.py::test_a[a=b]",
     )  # fmt: skip
     assert in_tree(repo, "tests", given) == (
         "test_x.py::test_a[x/y]", "--golden-dir=../golden", "--golden-dir", "../golden",
         "../golden", "-k", "not slow and x/y", "-q", "tests/test_y.py",
+        "-o", "golden_dir=../golden", "test_x.py::test_a[a=b]",
     )  # fmt: skip
-    for outside in (f"--basetemp={tmp_path}/t", "../../elsewhere", "/etc/pytest.ini"):
+    for outside in (
+        f"--basetemp={tmp_path}/t", "../../elsewhere", "/etc/pytest.ini", "golden_dir=/elsewhere"
+    ):  # fmt: skip
         with pytest.raises(GoldenError, match=r"outside the git checkout .*leave the argument out"):
             in_tree(repo, "tests", (outside,))
 

@@ -146,11 +146,18 @@ def in_tree(repo: Path, cwd_rel: str, pytest_args: tuple[str, ...]) -> tuple[str
 
 
 def _in_tree(repo: Path, cwd_rel: str, arg: str) -> str:
-    """One argument of :func:`in_tree`: itself, or the path of its value made relative."""
-    option, equals, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
-    path, colons, node = value.partition("::")
-    if not (os.path.isabs(path) or ".." in Path(path).parts):
-        return arg
+    """One argument of :func:`in_tree`: itself, or with its path made relative: the value of
+    ``--option=PATH`` or ``NAME=PATH`` (``-o golden_dir=PATH``), else the whole argument."""
+    for cut in dict.fromkeys((arg.rfind("=") + 1, 0)):
+        path, colons, node = arg[cut:].partition("::")
+        if os.path.isabs(path) or ".." in Path(path).parts:
+            return f"{arg[:cut]}{_relative(repo, cwd_rel, path, arg)}{colons}{node}"
+    return arg
+
+
+def _relative(repo: Path, cwd_rel: str, path: str, arg: str) -> str:
+    """``path`` (of pytest argument ``arg``) relative to the run's folder ``cwd_rel`` of
+    ``repo``; :class:`GoldenError` if it leaves the checkout."""
     cwd = repo / cwd_rel
     target = Path(os.path.normpath(cwd / path)).resolve()
     if not target.is_relative_to(repo):
@@ -159,7 +166,7 @@ def _in_tree(repo: Path, cwd_rel: str, arg: str) -> str:
             "each commit runs a copy of; give a path inside the checkout (relative to it), "
             "or leave the argument out"
         )
-    return f"{option}{equals}{os.path.relpath(target, cwd)}{colons}{node}"
+    return os.path.relpath(target, cwd)
 
 
 def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:
