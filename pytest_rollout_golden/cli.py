@@ -31,6 +31,7 @@ from ._internal.report.presentation import (
     diff_summary,
     golden_diff_lines,
     lane_inputs_changed,
+    lane_linked,
     location,
     manifestless,
     metric_cell,
@@ -72,7 +73,7 @@ def verify(paths: Sequence[Path]) -> int:
     interrupted past its commit point (a staged ``.NAME.new-PID`` with its manifest left
     beside it) is a problem, as is a lane computed on other inputs than its golden holds and
     an entry of ``@lanes/`` that is no lane (reported, never deleted); symlinked goldens are
-    followed, as replay does.
+    followed, as replay does, but a linked lane (or a link in one) is a problem.
     """
     missing = [p for p in paths if not p.exists()]
     for path in missing:
@@ -128,7 +129,7 @@ def _verify_lanes(directory: Path) -> list[tuple[str, str, Path, bool]]:
     """``verify``'s rows of the entries of a golden's ``@lanes/``: ``(status, message,
     path, whether it is a lane)``. Hidden entries (a lane's lock, its staged update) are the
     lane's, checked with it."""
-    from ._internal.golden.lanes import input_digests, stale_inputs
+    from ._internal.golden.lanes import input_digests, lane_link, stale_inputs
 
     folder = directory / LANES
     if not folder.is_dir():
@@ -139,6 +140,10 @@ def _verify_lanes(directory: Path) -> list[tuple[str, str, Path, bool]]:
         inputs = {}  # the golden's own row says why; each lane is still checked
     rows = []
     for entry in sorted(e for e in folder.iterdir() if not e.name.startswith(".")):
+        link = lane_link(directory, entry.name) if LANE_NAME.fullmatch(entry.name) else None
+        if link is not None:
+            rows.append(("FAIL", f": {lane_linked(link, entry.name)}", entry, False))
+            continue
         orphans = files_without_manifest(entry) if LANE_NAME.fullmatch(entry.name) else []
         if orphans:
             lane = f" (a lane: with `--golden-lane {entry.name}` on its hardware)"
@@ -713,7 +718,7 @@ def _run_spec(args: argparse.Namespace, *, goldens_at: str | None) -> Any:
     in each checkout) and their goldens: ``--goldens``, else the golden root as committed at
     ``goldens_at``, else as it is on disk."""
     from ._internal.commits.goldens import GoldenSource, source_of
-    from ._internal.commits.runs import RunSpec, locate
+    from ._internal.commits.runs import RunSpec, in_tree, locate
 
     repo, cwd_rel, golden_rel = locate(Path.cwd(), args.golden_root)
     if args.goldens is not None:
@@ -727,7 +732,7 @@ def _run_spec(args: argparse.Namespace, *, goldens_at: str | None) -> Any:
         cwd_rel,
         golden_rel,
         source,
-        pytest_args=tuple(args.pytest_args),
+        pytest_args=in_tree(repo, cwd_rel, tuple(args.pytest_args)),
         any_failure=getattr(args, "any_failure", False),
         timeout=args.timeout,
         pythonpath=tuple(args.pythonpath),

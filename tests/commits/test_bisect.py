@@ -131,3 +131,22 @@ def test_check_ends_stops_when_the_good_end_replays_bad(tmp_path, capsys) -> Non
     assert status == 2
     assert f"--good {history.shas[1][:10]} (Scale the loss after the first step) replays bad" in err
     assert "give --good a commit that replays good" in err
+
+
+def test_a_bisect_in_another_environment_reuses_no_verdict(bugged, capsys, monkeypatch) -> None:
+    """Verdicts cached without ``PYTEST_ADDOPTS`` are not reused under one that loosens the
+    gate (they named the first bad commit again); ``--json`` says what the cache key held."""
+    bugged, cache = bugged
+    if bugged.bug_at != SEEDED_K[0]:
+        pytest.skip("one history is enough")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    status, found = _bisect(bugged, cache, capsys=capsys)  # cached when the tests above ran
+    assert status == 0
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--golden-tolerance=pg_loss:rtol=0.01")
+    argv = ["bisect", "--good", bugged.good, "--bad", bugged.bad, "--cache-dir", str(cache)]
+    status, _, err = _main(bugged, [*argv, "--", *FAST], capsys)
+    assert status == 2, err
+    assert "replays good, not bad" in err  # every commit replayed: the loosened gate passes
+    key = found["cache_key"]
+    assert "PYTEST_ADDOPTS" not in key["environment"] and key["pytest_args"] == list(FAST)
+    assert key["plugin"]["version"] and key["packages"].endswith(" packages)")

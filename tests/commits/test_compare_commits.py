@@ -68,6 +68,51 @@ def test_a_bad_ref_or_golden_source_is_an_error_naming_it(history, monkeypatch, 
     assert "is outside the git checkout" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        (["compare", "HEAD~2", "HEAD"], ["{repo}/test_calc.py"]),  # an absolute test path
+        (["compare", "HEAD~2", "HEAD"], ["--golden-dir", "{repo}/golden"]),  # the user's goldens
+        (
+            ["bisect", "--good", "HEAD~2", "--bad", "HEAD"],
+            ["--golden-dir={repo}/../project/golden"],
+        ),
+        (["bisect", "--good", "HEAD~2", "--bad", "HEAD"], ["{repo}/test_calc.py::test_loss"]),
+    ],
+)
+def test_arguments_into_the_checkout_run_in_the_temporary_tree(
+    history, monkeypatch, capsys, tmp_path, command, args
+):
+    """Paths into the user's checkout are taken in each temporary tree: the user's goldens
+    are never re-recorded (they were, and the error came after the write)."""
+    monkeypatch.chdir(history.path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    before = tree_digest(history.path)
+    pytest_args = [arg.format(repo=history.path) for arg in args]
+    found = main([*command, "--", *pytest_args])
+    out = capsys.readouterr().out
+    if command[0] == "compare":
+        assert found == 1 and "test_calc/test_loss: DIFFERS" in out
+    else:
+        assert found == 0 and history.shas[3][:10] in out
+    assert tree_digest(history.path) == before
+
+
+@pytest.mark.parametrize("arg", ["{outside}/test_x.py", "--golden-dir={outside}", "../elsewhere"])
+def test_a_path_outside_the_checkout_is_refused_before_any_run(
+    history, monkeypatch, capsys, tmp_path, arg
+):
+    monkeypatch.chdir(history.path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    given = arg.format(outside=tmp_path / "outside")
+    assert main(["compare", "HEAD~2", "HEAD", "--", given]) == 2
+    err = capsys.readouterr().err
+    assert f"pytest argument {given!r}" in err and "outside the git checkout" in err
+    assert not (tmp_path / f"rollout-golden-commits-{os.getuid()}").exists() or not list(
+        (tmp_path / f"rollout-golden-commits-{os.getuid()}").iterdir()
+    )
+
+
 def _as_a_terminal() -> None:
     """In the child: Ctrl-C and SIGTERM as a shell's foreground job gets them (default
     handling, not blocked), whatever this suite's worker inherited or left behind (an

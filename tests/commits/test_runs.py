@@ -146,16 +146,68 @@ def test_the_cache_returns_a_stored_run_and_ignores_a_damaged_one(history, tmp_p
     store = cache.Cache(tmp_path / "cache", note=notes.append)
     spec = spec_of(history)
     commit = git.resolve(history.path, history.shas[2])
-    key = cache.key(spec, commit, goldens.digest(spec.goldens))
+    here = cache.context(spec)
+    key = cache.key(cache.key_parts(spec, goldens.digest(spec.goldens), here), commit)
     assert store.get(key) is None
     run = judge(commit, 1, report(comparison("fail", 0)), [])
     store.put(key, run)
     again = store.get(key)
     assert again.cached and again.outcome == BAD and again.first == run.first
-    assert cache.key(spec_of(history, pytest_args=("-k", "x")), commit, "d") != key
+    other = cache.key_parts(spec_of(history, pytest_args=("-k", "x")), "d", here)
+    assert cache.key(other, commit) != key
     store.path(key).write_text('{"format": "pytest-rollout-golden-commit-run", "key": "')
     assert store.get(key) is None
     assert notes and "ignored a damaged cache entry" in notes[0]
     wrong = {"format": cache.FORMAT, "key": key, "run": {**run.to_json(), "outcome": "maybe"}}
     store.path(key).write_text(json.dumps(wrong))
     assert store.get(key) is None and len(notes) == 2
+
+
+def test_paths_into_the_checkout_are_made_relative_and_others_refused(tmp_path):
+    from pytest_rollout_golden.errors import GoldenError
+
+    in_tree, repo = runs.in_tree, tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    given = (
+        f"{repo}/tests/test_x.py::test_a[x/y]", f"--golden-dir={repo}/golden", "--golden-dir",
+        f"{repo}/golden", "../golden", "-k", "not slow and x/y", "-q", "tests/test_y.py",
+        "-o", f"golden_dir={repo}/golden", f"{repo}/tests/test_x.py::test_a[a=b]",
+    )  # fmt: skip
+    assert in_tree(repo, "tests", given) == (
+        "test_x.py::test_a[x/y]", "--golden-dir=../golden", "--golden-dir", "../golden",
+        "../golden", "-k", "not slow and x/y", "-q", "tests/test_y.py",
+        "-o", "golden_dir=../golden", "test_x.py::test_a[a=b]",
+    )  # fmt: skip
+    for outside in (
+        f"--basetemp={tmp_path}/t", "../../elsewhere", "/etc/pytest.ini", "golden_dir=/elsewhere"
+    ):  # fmt: skip
+        with pytest.raises(GoldenError, match=r"outside the git checkout .*leave the argument out"):
+            in_tree(repo, "tests", (outside,))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("PYTEST_ADDOPTS", "--golden-tolerance=pg_loss:rtol=0.1"), ("ROLLOUT_GOLDEN_LANE", "gpu"),
+     ("CI", "true"), ("OMP_NUM_THREADS", "1")],
+)  # fmt: skip
+def test_the_cache_key_holds_the_environment_a_run_reads(history, monkeypatch, name, value):
+    """A verdict is reused only in the same environment: the variables a run reads, the
+    plugin's version and source, the installed packages."""
+    spec = spec_of(history)
+    commit = git.resolve(history.path, history.shas[2])
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    parts = cache.key_parts(spec, "d", cache.context(spec))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "whoever started the command")
+    assert cache.key(cache.key_parts(spec, "d", cache.context(spec)), commit) == cache.key(
+        parts, commit
+    )
+    monkeypatch.setenv(name, value)
+    changed = cache.key_parts(spec, "d", cache.context(spec))
+    assert changed["environment"][name] == value
+    assert cache.key(changed, commit) != cache.key(parts, commit)
+    assert parts["plugin"]["version"] and len(parts["plugin"]["source"]) == 64
+    assert parts["packages"].endswith(" packages)")
+    monkeypatch.setattr(cache, "_packages_digest", lambda python: "other (1 packages)")
+    other = cache.key_parts(spec, "d", cache.context(spec))
+    assert cache.key(other, commit) != cache.key(changed, commit)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 import pytest
 
@@ -147,4 +149,65 @@ def test_calibration_writes_into_the_runs_lane_only(project):
     assert manifest["lane"] == "gpu" and "tolerances.json" in manifest["files"]
     assert (lane / "tolerances.json").is_file()
     assert not any(name.endswith("tolerances.json") for name in _base_files(project))
+    project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)
+
+
+def test_a_fallback_lane_computed_on_other_inputs_is_refused(project, tmp_path):
+    """A fallback lane recorded on inputs since regenerated is refused as the run's own stale
+    lane is: a bug that lands on its stale values must not pass under --golden-strict."""
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    project.set_values(loss=0.51)
+    project.run("--golden-lane", "gpu").assert_outcomes(passed=1)
+    lanes = project.golden_dir("test_step") / "@lanes"
+    lanes.rename(tmp_path / "lanes")  # regenerating the inputs is refused while lanes exist
+    project.write(TRAIN.replace("torch.arange(4.0)", "torch.arange(1.0, 5.0)"))
+    project.run("--update-golden", "--golden-regenerate", "--golden-lane", "cpu")
+    (tmp_path / "lanes").rename(lanes)
+    project.pytester.makeini("[pytest]\ngolden_lane = cuda-sm90\ngolden_lane_fallback = gpu\n")
+    project.set_values(loss=0.51 * 6 / 10)  # a bug that lands on the stale lane's value
+    refused = project.run("--golden-strict")
+    refused.assert_outcomes(failed=1)
+    refused.stdout.fnmatch_lines(["*lane 'gpu' were computed on other inputs*--golden-lane gpu*"])
+    assert "compared against another lane" not in refused.stdout.str()
+    project.run("--update-golden", "--golden-lane", "gpu").assert_outcomes(passed=1)  # remedy
+    project.run("--golden-strict").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("linked", ["lane", "entry"])
+def test_a_linked_lane_or_entry_is_refused_in_record_update_replay_and_verify(
+    project, tmp_path, linked
+):
+    """``@lanes/gpu`` (or a file in it) linked out of the golden: never written through,
+    never replayed, and ``verify`` fails it, naming the link and the remedy."""
+    project.write(TRAIN)
+    project.set_values(loss=0.5)
+    project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
+    project.run("--golden-lane", "gpu").assert_outcomes(passed=1)
+    lane = project.golden_dir("test_step") / "@lanes" / "gpu"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(lane, elsewhere)
+    if linked == "lane":
+        shutil.rmtree(lane)
+        lane.symlink_to(elsewhere, target_is_directory=True)
+        link = lane
+    else:
+        link = lane / "metrics.json"
+        link.unlink()
+        link.symlink_to(elsewhere / "metrics.json")
+    outside = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+
+    project.set_values(loss=0.7)
+    for args in (["--update-golden"], ["--golden-strict"], []):
+        refused = project.run("--golden-lane", "gpu", *args)
+        refused.assert_outcomes(failed=1)
+        refused.stdout.fnmatch_lines([f"*{link.name} is a symbolic link to {elsewhere}*"])
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == outside, "never written"
+    verify = project.pytester.run(sys.executable, "-m", "pytest_rollout_golden", "verify", "golden")
+    assert verify.ret == 1
+    verify.stdout.fnmatch_lines([f"FAIL*{link.name} is a symbolic link*"])
+
+    link.unlink()  # the remedy the message gives
+    project.run("--update-golden", "--golden-lane", "gpu").assert_outcomes(passed=1)
     project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...errors import GoldenError
 from . import goldens
-from .cache import Cache, key
+from .cache import Cache, context, key, key_parts
 from .git import Commit, between, resolve
 from .runs import CommitRun, RunSpec, run_commit
 from .search import Search
@@ -41,6 +41,7 @@ class BisectResult:
     goldens: str
     jobs: int
     seconds: float
+    cache_key: dict[str, Any] | None = None  # what every cache key held besides the commit
 
     @property
     def replays(self) -> int:
@@ -70,6 +71,7 @@ class BisectResult:
             "goldens": self.goldens,
             "jobs": self.jobs,
             "seconds": round(self.seconds, 3),
+            "cache_key": self.cache_key,
         }
 
 
@@ -123,6 +125,7 @@ def bisect(spec: RunSpec, options: BisectOptions) -> BisectResult:
         goldens=spec.goldens.describe(),
         jobs=options.jobs,
         seconds=time.monotonic() - started,
+        cache_key=runner.key_parts,
     )
 
 
@@ -142,6 +145,9 @@ class _Runner:
     def __init__(self, spec: RunSpec, options: BisectOptions, trees: Trees) -> None:
         self._spec, self._options, self._trees = spec, options, trees
         self._digest = goldens.digest(spec.goldens)
+        self.key_parts = None  # what every cache key holds besides the commit; None: no cache
+        if options.cache is not None:
+            self.key_parts = key_parts(spec, self._digest, context(spec))
         self._pool = ThreadPoolExecutor(max_workers=options.jobs)
         self.runs: list[CommitRun] = []
 
@@ -167,7 +173,7 @@ class _Runner:
 
     def _one(self, commit: Commit) -> CommitRun:
         cache = self._options.cache
-        entry = key(self._spec, commit, self._digest)
+        entry = key(self.key_parts, commit) if self.key_parts is not None else ""
         cached = cache.get(entry) if cache is not None else None
         if cached is not None:
             return cached

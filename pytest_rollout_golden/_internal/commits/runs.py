@@ -137,6 +137,38 @@ def locate(cwd: Path, golden_root: Path) -> tuple[Path, str, str]:
     return repo, cwd.relative_to(repo).as_posix(), golden.relative_to(repo).as_posix()
 
 
+def in_tree(repo: Path, cwd_rel: str, pytest_args: tuple[str, ...]) -> tuple[str, ...]:
+    """``pytest_args`` as each temporary checkout takes them: a path into the user's checkout
+    (``/repo/tests/test_x.py``, ``--golden-dir=/repo/golden``, ``../golden``) made relative
+    to the run's folder, so that it names the checkout's copy; :class:`GoldenError`, before
+    any run, for one that leaves the checkout (a run writes what its arguments name)."""
+    return tuple(_in_tree(repo.resolve(), cwd_rel, arg) for arg in pytest_args)
+
+
+def _in_tree(repo: Path, cwd_rel: str, arg: str) -> str:
+    """One argument of :func:`in_tree`: itself, or with its path made relative: the value of
+    ``--option=PATH`` or ``NAME=PATH`` (``-o golden_dir=PATH``), else the whole argument."""
+    for cut in dict.fromkeys((arg.rfind("=") + 1, 0)):
+        path, colons, node = arg[cut:].partition("::")
+        if os.path.isabs(path) or ".." in Path(path).parts:
+            return f"{arg[:cut]}{_relative(repo, cwd_rel, path, arg)}{colons}{node}"
+    return arg
+
+
+def _relative(repo: Path, cwd_rel: str, path: str, arg: str) -> str:
+    """``path`` (of pytest argument ``arg``) relative to the run's folder ``cwd_rel`` of
+    ``repo``; :class:`GoldenError` if it leaves the checkout."""
+    cwd = repo / cwd_rel
+    target = Path(os.path.normpath(cwd / path)).resolve()
+    if not target.is_relative_to(repo):
+        raise GoldenError(
+            f"pytest argument {arg!r}: {target} is outside the git checkout {repo}, which "
+            "each commit runs a copy of; give a path inside the checkout (relative to it), "
+            "or leave the argument out"
+        )
+    return os.path.relpath(target, cwd)
+
+
 def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:
     """Run ``spec``'s tests in ``tree`` (a checkout of ``commit``) on a copy of its goldens."""
     started = time.monotonic()

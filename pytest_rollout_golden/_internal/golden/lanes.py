@@ -89,6 +89,29 @@ def lane_dir(directory: Path, lane: str) -> Path:
     return directory / LANES / lane
 
 
+def lane_link(directory: Path, lane: str) -> Path | None:
+    """The first symbolic link on the way to lane ``lane``'s values or among them (``@lanes``,
+    ``@lanes/<lane>``, an entry of that folder); ``None``: none. A lane is written and read
+    only in its own folder, as a golden only inside its golden root."""
+    folder = lane_dir(directory, lane)
+    for path in (folder.parent, folder):
+        if path.is_symlink():
+            return path
+    if not folder.is_dir():
+        return None
+    return next((entry for entry in sorted(folder.iterdir()) if entry.is_symlink()), None)
+
+
+def refuse_lane_link(directory: Path, lane: str) -> None:
+    """GoldenError naming the link if lane ``lane`` of ``directory`` is reached through one
+    or holds one (:func:`lane_link`)."""
+    from ..report.presentation import lane_linked
+
+    link = lane_link(directory, lane)
+    if link is not None:
+        raise GoldenError(lane_linked(link, lane))
+
+
 def other_lanes(directory: Path) -> list[str]:
     """The lanes recorded under ``@lanes/`` (each a directory with a manifest), sorted."""
     folder = directory / LANES

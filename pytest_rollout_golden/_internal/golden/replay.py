@@ -307,7 +307,7 @@ class Golden:
         values = self._open_values(lane.name)
         if values.exists or self.policy.records:
             self._files = values
-            self._refuse_stale_lane()
+            self._refuse_stale_lane(lane.name)
             return
         values.close()
         recorded = [base, *lanes.other_lanes(self.directory)]
@@ -316,17 +316,20 @@ class Golden:
         if lane.fallback is None or lane.fallback not in recorded:
             raise GoldenMissingError(lane_missing(self.directory, lane, recorded))
         self._files = self._inputs if lane.fallback == base else self._open_values(lane.fallback)
+        self._refuse_stale_lane(lane.fallback)
         self._outcome.lane["fallback"] = lane.fallback
 
     def _open_values(self, lane: str) -> GoldenFiles:
-        from .lanes import lane_dir
+        from .lanes import lane_dir, refuse_lane_link
 
+        refuse_lane_link(self.directory, lane)
         values = GoldenFiles(lane_dir(self.directory, lane), rebuild=self._rebuild)
         values.open(damaged_is_missing=self.policy.replaces_damaged)
         return values
 
-    def _refuse_stale_lane(self) -> None:
-        """GoldenFormatError if this lane's values were computed on other inputs."""
+    def _refuse_stale_lane(self, name: str) -> None:
+        """GoldenFormatError if the values of lane ``name`` (the run's lane or its fallback),
+        open as :attr:`_files`, were computed on other inputs."""
         from .lanes import input_digests, stale_inputs
 
         if not self._files.exists or self.policy.rerecords:
@@ -336,7 +339,7 @@ class Golden:
         if stale and self._certify:
             raise GoldenFormatError(oracle_on_other_inputs(self._files.directory, stale))
         if stale:
-            raise GoldenFormatError(lane_on_other_inputs(self._files.directory, self._lane, stale))
+            raise GoldenFormatError(lane_on_other_inputs(self._files.directory, name, stale))
 
     def _refuse_regenerating(self, base: str | None, *, in_base: bool) -> None:
         """GoldenError if ``--golden-regenerate`` would change the inputs of another lane:

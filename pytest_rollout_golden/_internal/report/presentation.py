@@ -579,13 +579,23 @@ def lane_missing(directory: Path, lane: Any, recorded: Sequence[str | None]) -> 
     return text + f"; the fallback lane {lane.fallback!r} (golden_lane_fallback) is not recorded."
 
 
-def lane_on_other_inputs(directory: Path, lane: Any, stale: Sequence[str]) -> str:
+def lane_on_other_inputs(directory: Path, lane: str, stale: Sequence[str]) -> str:
     """A lane whose values were computed on inputs that have since been re-recorded."""
     return (
-        f"{display(directory)}: the values of lane {lane.name!r} were computed on other "
+        f"{display(directory)}: the values of lane {lane!r} were computed on other "
         f"inputs than the golden holds ({', '.join(stale)} changed since); re-record this lane "
-        f"on its hardware: `pytest --update-golden --golden-lane {lane.name}`, then commit the "
+        f"on its hardware: `pytest --update-golden --golden-lane {lane}`, then commit the "
         "golden/ directory."
+    )
+
+
+def lane_linked(link: Path, lane: str) -> str:
+    """A lane's folder, or an entry of it, that is a symbolic link (never followed)."""
+    return (
+        f"{display(link)} is a symbolic link to {os.path.realpath(link)}; a lane's values are "
+        "read and written only in its own folder, never through a link. Remove the link "
+        f"(`rm {display(link)}`), then record the lane on its hardware: `pytest "
+        f"--update-golden --golden-lane {lane}`, and commit the golden/ directory."
     )
 
 
