@@ -28,7 +28,7 @@ from ...errors import (
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from ...store.location import ENVELOPE, TOLERANCES, tensors_filename
+from ...store.location import ENVELOPE, TOLERANCES, in_golden, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
     OPTIMIZER_ENTRY_ABSENT,
@@ -667,11 +667,13 @@ class Golden:
             if not checks.looser(c.tolerance, without):
                 continue
             file = ENVELOPE if ENVELOPE in c.tolerance_source else TOLERANCES
+            where = in_golden(self._files.directory, file)  # a lane's: its own file
             noted = self._outcome.loosened.setdefault(
-                c.name, {"tolerance": c.tolerance.describe(), "without": without.describe()}
+                c.name,
+                {"tolerance": c.tolerance.describe(), "without": without.describe(), "file": where},
             )
             if file == ENVELOPE:  # a band's width changes with the step: its widest, and where
-                noted["file"] = file
+                noted["file"] = where
                 noted["steps"] = [*noted.get("steps", []), c.step]
                 if c.tolerance.atol >= noted.get("atol", 0.0):
                     noted.update(tolerance=c.tolerance.describe(), atol=c.tolerance.atol)
@@ -683,7 +685,7 @@ class Golden:
                 self._outcome.loosened[c.name] = {
                     "tolerance": f"<= {c.bound:g}",
                     "without": f"<= {check.bound.value:g}",
-                    "file": ENVELOPE,
+                    "file": in_golden(self._files.directory, ENVELOPE),
                 }
 
     def _without_files(self, name: str, dtype: str) -> Tolerance:

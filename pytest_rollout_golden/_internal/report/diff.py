@@ -33,7 +33,7 @@ from typing import Any
 from ... import store
 from ...errors import GoldenError
 from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_goldens
-from ..golden.files import load_golden, read_envelope
+from ..golden.files import load_golden, read_calibrated, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
@@ -203,10 +203,9 @@ def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
     if document is None:
         return None
     from ..golden.checks import recorded_magnitude
-    from ..tolerance.calibration import calibrated_layer
 
     steps = metrics["steps"] if metrics else {}
-    return calibrated_layer(document, path, functools.partial(recorded_magnitude, steps))
+    return read_calibrated(document, path, functools.partial(recorded_magnitude, steps))[0]
 
 
 def _step_resolvers(
