@@ -186,13 +186,33 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
         _print_file(filename, entry)
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
-    if document.get("tolerances"):
-        print(f"calibrated tolerances ({TOLERANCES}):")
-        for name, tol in document["tolerances"].get("tolerances", {}).items():
-            print(f"  {name}: {tol}")
-    for line in _envelope_lines(document.get("envelope")):
+    for line in [
+        *_tolerance_lines(document.get("tolerances")),
+        *_envelope_lines(document.get("envelope")),
+    ]:
         print(line)
     return 0
+
+
+def _tolerance_lines(content: Mapping[str, Any] | None) -> list[str]:
+    """``show``'s lines of a golden's ``tolerances.json``: each lane's entries (``same
+    layout``: the runs of the tests that record the golden; ``across variants``: the variant
+    lane), a lane the file lacks left out, one that kept every default said so."""
+    from ._internal.tolerance.calibration import LANES
+    from ._internal.tolerance.spec import Tolerance
+
+    if not content:
+        return []
+    lines = [f"calibrated tolerances ({TOLERANCES}):"]
+    for lane, (section, *_) in LANES.items():
+        if section not in content:
+            continue
+        entries = content[section]
+        lines.append(f"  {lane}:" if entries else f"  {lane}: every value keeps its default")
+        lines += [
+            f"    {name}: {Tolerance.coerce(tol).describe()}" for name, tol in entries.items()
+        ]
+    return lines
 
 
 def _envelope_summary(content: Any) -> dict[str, Any] | None:
