@@ -643,11 +643,10 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
     if b is not None:
         result = diff_goldens(a, b, tolerances, label=a.name, values_only=sides.values_only)
         first = {n: s for n, s in result.first_divergence().items()}
-        allowed = {}
+        allowed: dict[str, dict[int, float]] = {}
         for row in result.rows:
-            if row.kind == "metric" and row.compared and row.allowed:
-                tol = tolerances.resolver().resolve(row.name)[0]
-                allowed[row.name] = (tol.rtol, tol.atol)
+            if row.kind == "metric" and row.compared and row.allowance is not None:
+                allowed.setdefault(row.name, {})[row.step] = row.allowance  # type: ignore[index]
             if row.kind == "metric" and not band_source(row.source):  # a tolerance above the band
                 bands.pop(row.name, None)
         ignored = {r.name for r in result.rows if r.kind == "metric" and not r.compared}

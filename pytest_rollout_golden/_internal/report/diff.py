@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
 from ..tolerance.envelope import Envelope
-from ..tolerance.spec import Layer
+from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack
 from .presentation import (
     ALLOW_NAN,
@@ -267,21 +268,21 @@ def _metric_rows(left: Any, right: Any, resolvers: Callable[[int], Resolver]) ->
             d, tol, source = compare_named(
                 name, ea, eb, resolver, check_dtype=False, magnitude=magnitude(name)
             )
-            rows.append(
-                _row(
-                    "metric",
-                    name,
-                    ea,
-                    eb,
-                    d,
-                    tol,
-                    source,
-                    step=int(step),
-                    expected=metric_codec.scalar(ma[name]),
-                    actual=metric_codec.scalar(mb[name]),
-                )
-            )
+            expected = metric_codec.scalar(ma[name])
+            row = _row("metric", name, ea, eb, d, tol, source, step=int(step), expected=expected,
+                       actual=metric_codec.scalar(mb[name]))  # fmt: skip
+            row.allowance = _allowance(tol, expected, magnitude(name))
+            rows.append(row)
     return rows
+
+
+def _allowance(tol: Tolerance, expected: Any, magnitude: float | None) -> float | None:
+    """The difference ``tol`` allows a scalar ``expected`` (``None``: exact, ignored, or not
+    one finite number)."""
+    if tol.exact or tol.ignore or not isinstance(expected, (int, float)):
+        return None
+    limit = tol.allowance(float(expected), magnitude)
+    return limit if math.isfinite(limit) else None
 
 
 def _tensor_rows(
