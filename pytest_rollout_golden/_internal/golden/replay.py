@@ -46,6 +46,7 @@ from ..report.presentation import (
     recorded_lines,
     regenerate_in_lane,
     stand_in_note,
+    uncalibrated_lane_note,
     uncalibrated_variant_note,
     unused_tolerance,
 )
@@ -861,6 +862,7 @@ class Golden:
         """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`)."""
         only = self._replay_only
         notes = self._stand_in_notes(failures) + self._uncalibrated_notes()
+        notes += self._uncalibrated_lane_notes()
         if only is None:
             return mismatch_message(self._outcome, failures, notes=notes)
         return mismatch_message(
@@ -880,6 +882,15 @@ class Golden:
             )
             for step in steps
         ]
+
+    def _uncalibrated_lane_notes(self) -> list[str]:
+        """This run's lane lacks the calibrated tolerances its base lane has: a note."""
+        lane = self._outcome.lane
+        if self._files is self._inputs or lane.get("fallback") or not lane.get("base"):
+            return []
+        if TOLERANCES in self._files.recorded or TOLERANCES not in self._inputs.recorded:
+            return []
+        return [uncalibrated_lane_note(lane["name"], lane["base"], self._outcome.test)]
 
     def _uncalibrated_notes(self) -> list[str]:
         """A variant that none of the calibrations across variants of this golden ran: a

@@ -726,6 +726,18 @@ def cancelled_notes(comparisons: Iterable[Comparison]) -> list[str]:
     ]
 
 
+def uncalibrated_lane_note(lane: str, base: str, test: str) -> str:
+    """Why a test may fail in a lane where it passes in the base lane: calibrated tolerances
+    are per lane, and only the base lane has them; the command that calibrates this one."""
+    name = test.rpartition("::")[2].partition("[")[0]
+    return (
+        f"lane {lane!r} has no calibrated tolerances ({TOLERANCES}) while the base lane "
+        f"{base!r} has: calibrate this lane on its hardware: `pytest --golden-calibrate N "
+        f'--golden-lane {lane} -k "{name}"` (calibrated tolerances are per lane; until then '
+        "this lane compares under the uncalibrated ones)"
+    )
+
+
 def uncalibrated_variant_note(test: str, filename: str, tests: Sequence[str]) -> str:
     """Why a variant's failure may be its own trajectory rather than a defect: no calibration
     ran it, so the lane across variants in ``filename`` was measured without it."""
