@@ -191,13 +191,33 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
         _print_file(filename, entry)
     if manifest is None and files[path.name].get("layout"):
         print("layout:", files[path.name]["layout"][:2000])
-    if document.get("tolerances"):
-        print(f"calibrated tolerances ({TOLERANCES}):")
-        for name, tol in document["tolerances"].get("tolerances", {}).items():
-            print(f"  {name}: {tol}")
-    for line in _envelope_lines(document.get("envelope")):
+    for line in [
+        *_tolerance_lines(document.get("tolerances")),
+        *_envelope_lines(document.get("envelope")),
+    ]:
         print(line)
     return 0
+
+
+def _tolerance_lines(content: Mapping[str, Any] | None) -> list[str]:
+    """``show``'s lines of a golden's ``tolerances.json``: each lane's entries (``same
+    layout``: the runs of the tests that record the golden; ``across variants``: the variant
+    lane), a lane the file lacks left out, one that kept every default said so."""
+    from ._internal.tolerance.calibration import LANES
+    from ._internal.tolerance.spec import Tolerance
+
+    if not content:
+        return []
+    lines = [f"calibrated tolerances ({TOLERANCES}):"]
+    for lane, (section, *_) in LANES.items():
+        if section not in content:
+            continue
+        entries = content[section]
+        lines.append(f"  {lane}:" if entries else f"  {lane}: every value keeps its default")
+        lines += [
+            f"    {name}: {Tolerance.coerce(tol).describe()}" for name, tol in entries.items()
+        ]
+    return lines
 
 
 def _envelope_summary(content: Any) -> dict[str, Any] | None:
@@ -628,11 +648,10 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
     if b is not None:
         result = diff_goldens(a, b, tolerances, label=a.name, values_only=sides.values_only)
         first = {n: s for n, s in result.first_divergence().items()}
-        allowed = {}
+        allowed: dict[str, dict[int, float]] = {}
         for row in result.rows:
-            if row.kind == "metric" and row.compared and row.allowed:
-                tol = tolerances.resolver().resolve(row.name)[0]
-                allowed[row.name] = (tol.rtol, tol.atol)
+            if row.kind == "metric" and row.compared and row.allowance is not None:
+                allowed.setdefault(row.name, {})[row.step] = row.allowance  # type: ignore[index]
             if row.kind == "metric" and not band_source(row.source):  # a tolerance above the band
                 bands.pop(row.name, None)
         ignored = {r.name for r in result.rows if r.kind == "metric" and not r.compared}

@@ -112,6 +112,14 @@ LANES = "@lanes"  # a golden's lanes other than its base lane (see _internal/gol
 LANE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
+def in_golden(directory: Path, filename: str) -> str:
+    """File ``filename`` of the values in ``directory`` as messages name it: relative to the
+    golden, so a lane's own file (``@lanes/<lane>/tolerances.json``) is told from the base
+    lane's (``tolerances.json``)."""
+    lanes = directory.parent.name == LANES
+    return f"{LANES}/{directory.name}/{filename}" if lanes else filename
+
+
 def shared_golden_dir(root: Path, name: str) -> Path:
     """The directory of the golden shared under ``name`` by tests of any file."""
     return root / SHARED / safe_name(name)

@@ -77,3 +77,22 @@ def test_show_lists_metrics_and_tensors(tmp_path, capsys):
     assert "pg_loss" in out and "0.25" in out and "tensors-forward-step000000-rank0" in out
     assert main(["show", str(tmp_path / "g" / "rollout-rollout-step000000.safetensors")]) == 0
     assert "  ids     int64[2, 3]   0    5" in capsys.readouterr().out
+
+
+def test_show_lists_the_calibrated_tolerances_of_both_lanes(tmp_path, capsys):
+    from pytest_rollout_golden._internal.tolerance.calibration import FORMAT, write
+
+    record(tmp_path / "g", pg_loss=0.25, log_probs=-torch.ones(2, 3))
+    # the reference's runs kept every default; only the variants' lane holds an entry
+    doc = {"format": FORMAT, "version": 1, "how": {}, "spreads": {}, "tolerances": {},
+           "layout_tolerances": {"pg_loss": {"rtol": 2e-3, "atol": 1e-8}}}  # fmt: skip
+    write(tmp_path / "g", doc)
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "g")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "calibrated tolerances (tolerances.json):\n"
+        "  same layout: every value keeps its default\n"
+        "  across variants:\n"
+        "    pg_loss: rtol=0.002, atol=1e-08\n"
+    ) in out

@@ -154,6 +154,17 @@ def texts(figure):
     return found
 
 
+def bars_and_line(strip):
+    """The difference strip's bars by step (height, colour) and the y of its dashed line."""
+    from matplotlib.colors import to_hex
+
+    bars = {round(p.get_x() + p.get_width() / 2): (p.get_height(), to_hex(p.get_facecolor()))
+            for p in strip.patches}  # fmt: skip
+    [line] = [line for line in strip.get_lines() if line.get_linestyle() == "--"]
+    [y] = set(line.get_ydata())
+    return bars, y
+
+
 def test_many_metrics_draw_a_bounded_number_of_panels_and_name_the_rest(tmp_path, drawn):
     from pytest_rollout_golden._internal.report.plot import MAX_PANELS, plot_metrics
 
@@ -194,7 +205,7 @@ def test_many_diverged_metrics_draw_the_farthest_and_keep_the_title_short(tmp_pa
     for name in diverged:
         b[name][1] += 1e-3 * (int(name[1:]) + 1)
     first = {n: 1 if n in diverged else None for n in names}
-    allowed = {n: (1e-5, 1e-8) for n in names}
+    allowed = {n: {s: 1e-8 + 1e-5 * (1.0 + s) for s in range(3)} for n in names}
     picture = plot_metrics(a, tmp_path / "x.png", b=b, first_divergence=first, allowed=allowed)
 
     assert list(picture.drawn) == diverged[:MAX_PANELS]
@@ -306,8 +317,8 @@ def test_plot_takes_golden_roots_as_diff_does_one_picture_per_pair(tmp_path, cap
     assert "is a golden directory but" in capsys.readouterr().err
 
 
-def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_so(tmp_path, drawn):
-    """rtol=0 (a fraction's atol-only tolerance) still draws what it allows, per step; a
+def test_an_atol_only_tolerance_gates_its_bars_and_ignored_metrics_say_so(tmp_path, drawn):
+    """rtol=0 (a fraction's atol-only tolerance): each bar is |B-A| / atol, the line at 1; a
     metric the tolerances exclude is labelled "not compared", its bars not left unexplained."""
     from pytest_rollout_golden._internal.report.plot import plot_outcome
 
@@ -331,14 +342,13 @@ def test_an_atol_only_tolerance_draws_its_allowed_line_and_ignored_metrics_say_s
     }
     plot_outcome(outcome, tmp_path / "t.png")
     [figure] = drawn
-    panels = {ax.get_title(loc="left").split()[0]: i for i, ax in enumerate(figure.axes)
-              if ax.get_title(loc="left")}  # fmt: skip
+    panels = panels_by_title(figure)
     strip = figure.axes[panels["pg_clipfrac"] + 1]
-    dashed = [line for line in strip.get_lines() if line.get_linestyle() == "--"]
-    assert len(dashed) == 1  # the allowed difference: atol / |A| at each step
-    assert list(dashed[0].get_xdata()) == [1, 2] or list(dashed[0].get_xdata()) == [0, 1, 2]
-    assert dashed[0].get_ydata()[-1] == pytest.approx(1e-7 / 0.1)
-    assert "atol 1e-07/|A|" in strip.get_ylabel()
+    bars, line = bars_and_line(strip)
+    assert line == 1.0 and set(bars) == {1, 2}  # step 0: identical
+    assert bars[1][0] == pytest.approx(5e-8 / 1e-7, rel=1e-6) and bars[1][0] < line
+    assert bars[2][0] == pytest.approx(1e-3 / 1e-7, rel=1e-6) and bars[2][0] > line
+    assert "|B-A| / allowed" in strip.get_ylabel()
 
     timing = figure.axes[panels["timing_s"]]
     assert "not compared" in timing.get_title(loc="left")
@@ -427,11 +437,13 @@ def test_plot_draws_the_envelope_of_golden_a_and_its_allowed_difference(tmp_path
     figure = drawn[-1]
     panels = check_band(figure, golden)
     strip = figure.axes[panels["loss"] + 1]
-    [dashed] = [line for line in strip.get_lines() if line.get_linestyle() == "--"]
-    assert list(dashed.get_xdata()) == list(range(LONG))
-    expected = [allowances()[s] / golden[s] for s in range(LONG)]
-    assert list(dashed.get_ydata()) == pytest.approx(expected)
-    assert "envelope" in strip.get_ylabel()
+    bars, line = bars_and_line(strip)
+    # each step against the band's allowance there plus the uncalibrated rtol x max(|A|, 1.11)
+    allowed = [allowances()[s] + 1e-4 * max(golden[s], 1.11) for s in range(LONG)]
+    assert line == 1.0
+    for step in range(LONG):
+        assert bars[step][0] == pytest.approx(8e-4 / allowed[step], rel=1e-3)
+    assert bars[0][0] > line > bars[LONG - 1][0]  # beyond the band at first, within it later
     # Beyond the band at step 0 (8e-4 > 2 x 2e-4 + 1e-4 x the magnitude), within it later.
     assert "diverges at step 0" in figure.axes[panels["loss"]].get_title(loc="left")
 
@@ -464,3 +476,48 @@ def test_a_failure_picture_draws_the_envelope_its_replay_used(tmp_path, drawn):
     # A tolerance that stood above the envelope (--golden-tolerance): no band to draw.
     plot_outcome(outcome("--golden-tolerance"), tmp_path / "u.png")
     assert not shaded(drawn[-1].axes[panels_by_title(drawn[-1])["loss"]])
+
+
+def test_the_strip_measures_differences_on_the_tolerances_scale(tmp_path, drawn):
+    """Against scale=recorded, a value far below its recorded magnitude passes with a
+    difference far beyond rtol x |A|: its bar stays below the line, as its verdict says; the
+    bar of the failed step is above it, and each bar is |B-A| / (atol + rtol x max(|A|, scale))."""
+    from pytest_rollout_golden._internal.report.plot import plot_outcome
+
+    tol = {"rtol": 1e-4, "atol": 1e-8, "exact": False, "ignore": False, "scale": "recorded"}
+    expected = [1.0, 0.1, 0.01, 0.001, 0.2]
+    moved = [5e-5, 5e-5, 5e-5, 5e-5, 3e-4]
+    allowed = [1e-8 + 1e-4 * max(abs(e), 1.0) for e in expected]
+    comparisons = [
+        {"kind": "metric", "metric": "pg_loss", "step": s, "expected": e, "actual": e + m,
+         "verdict": "pass" if m / a <= 1 else "fail", "excess": m / a, "tolerance": tol,
+         "scale": 1.0, "tolerance_source": "built-in default"}
+        for s, (e, m, a) in enumerate(zip(expected, moved, allowed, strict=True))
+    ]  # fmt: skip
+    outcome = {"test": "t.py::test_train", "directory": str(tmp_path), "comparisons": comparisons}
+    plot_outcome(outcome, tmp_path / "strip.png")
+    bars, line = bars_and_line(drawn[-1].axes[1])
+    assert line == 1.0
+    for step, (e, m, a) in enumerate(zip(expected, moved, allowed, strict=True)):
+        height, colour = bars[step]
+        assert height == pytest.approx(abs((e + m) - e) / a, rel=1e-6)
+        beyond = comparisons[step]["verdict"] == "fail"
+        assert (height > line) == beyond, (step, height)
+        assert colour == ("#d62728" if beyond else "#7f7f7f")
+    assert "allowed" in drawn[-1].axes[1].get_ylabel()
+
+
+def test_plot_of_two_goldens_draws_passing_steps_below_the_line(tmp_path, drawn):
+    """The same through `rollout-golden plot A B`: a metric decaying far below its recorded
+    magnitude, every step within tolerance (diff says so), every bar below the line."""
+    for name, shift in (("a", 0.0), ("b", 5e-5)):
+        with Golden(tmp_path / name, mode=Mode.AUTO) as golden:
+            for step in range(4):
+                golden.check({"pg_loss": 10.0**-step + shift}, step=step)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--no-config"]) == 0
+    out = tmp_path / "two.png"
+    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]) == 0
+    bars, line = bars_and_line(drawn[-1].axes[1])
+    assert sorted(bars) == [0, 1, 2, 3]
+    assert all(height < line for height, _ in bars.values()), bars
+    assert bars[3][0] == pytest.approx(5e-5 / (1e-8 + 1e-4 * 1.0), rel=1e-3)

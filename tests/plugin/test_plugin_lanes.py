@@ -211,3 +211,38 @@ def test_a_linked_lane_or_entry_is_refused_in_record_update_replay_and_verify(
     link.unlink()  # the remedy the message gives
     project.run("--update-golden", "--golden-lane", "gpu").assert_outcomes(passed=1)
     project.run("--golden-strict", "--golden-lane", "gpu").assert_outcomes(passed=1)
+
+
+NOISY = """
+import torch
+
+
+def test_step(golden, values):
+    batch = golden.rollout(lambda: {"x": torch.ones(4)})
+    # a reduction-order noise of 1e-3 per thread count: calibrated wider than the default
+    noise = 1e-3 * torch.get_num_threads() + values.get("off", 0.0)
+    golden.check({"pg_loss": float(batch["x"].mean()) + noise})
+"""
+
+
+def test_a_lanes_calibrated_tolerance_names_the_lanes_own_file(project):
+    project.write(NOISY)
+    project.run("--golden-lane", "machine-a").assert_outcomes(passed=1)
+    project.run("--golden-lane", "machine-b").assert_outcomes(passed=1)
+    project.run("--golden-calibrate", "3", "--golden-lane", "machine-b")
+    lane_file = "golden/test_it/test_step/@lanes/machine-b/tolerances.json"
+    assert (project.path / lane_file).is_file()
+    assert not (project.golden_dir("test_step") / "tolerances.json").exists()
+
+    passed = project.run("--golden-strict", "--golden-lane", "machine-b")
+    passed.assert_outcomes(passed=1)
+    passed.stdout.fnmatch_lines(
+        [
+            "tolerances looser than the defaults, from calibrated files:",
+            f"*test_step: pg_loss: rtol=*, scale=recorded from {lane_file} (without it: *",
+        ]
+    )
+    project.set_values(off=0.5)
+    failed = project.run("--golden-strict", "--golden-lane", "machine-b")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*pg_loss*(calibrated (@lanes/machine-b/tolerances.json))"])

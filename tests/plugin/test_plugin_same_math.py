@@ -147,3 +147,25 @@ def test_a_variant_left_out_of_calibration_fails_saying_it_was_not_calibrated(ga
     result.assert_outcomes(passed=2, failed=1)
     assert "was not among the tests calibrated" not in result.stdout.str()
     assert "test_actor[mb4]" in "".join(x for x in result.outlines if x.startswith("FAILED"))
+
+
+def test_a_lane_without_the_base_lanes_calibration_says_so_and_how_to_calibrate_it(project):
+    """Calibrated tolerances are per lane: a second lane's variant fails where the base lane's
+    passes, and its message names the lane, the calibration it lacks and the command."""
+    project.pytester.makeini(PROFILE)
+    project.write(GATE)
+    project.set_values(mb4=1e-4, mb2=-3e-4)  # same-math noise beyond the defaults
+    project.run("--golden-lane", "machine-a", "-k", "mb8").assert_outcomes(passed=1)
+    project.run("--golden-calibrate", "2", "--golden-lane", "machine-a")
+    project.run("--golden-strict", "--golden-lane", "machine-a").assert_outcomes(passed=3)
+
+    project.run("--golden-lane", "machine-b", "-k", "mb8").assert_outcomes(passed=1)
+    failed = project.run("--golden-strict", "--golden-lane", "machine-b")
+    failed.assert_outcomes(passed=1, failed=2)
+    failed.stdout.fnmatch_lines(
+        [
+            "note: lane 'machine-b' has no calibrated tolerances (tolerances.json) while the "
+            "base lane 'machine-a' has: calibrate this lane on its hardware: "
+            '`pytest --golden-calibrate N --golden-lane machine-b -k "test_actor"`*',
+        ]
+    )

@@ -110,12 +110,7 @@ def installed_from(env: dict[str, str], cwd: Path) -> str:
 def test_the_precision_gate_recipe_installs_from_a_pinned_git_url_and_replays(project):
     proj, env = project
     workflow = recipe("github-actions.yml")
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    # the recipe's other form, a requirement pinned to a commit, from a local repository (a
-    # host in the URL: pip 23's requirement parser refuses one without)
-    env["ROLLOUT_GOLDEN"] = f"pytest-rollout-golden[plot] @ git+file://localhost{ROOT}@{commit}"
+    env["ROLLOUT_GOLDEN"] = head_requirement()  # the recipe's other form, pinned to a commit
     steps = workflow["jobs"]["cpu"]["steps"]
     install = [s for s in steps if s.get("name") == "Install"]
     run_steps(install, proj, env)
@@ -130,6 +125,67 @@ def test_the_precision_gate_recipe_installs_from_a_pinned_git_url_and_replays(pr
     assert "golden: 1 replayed, 0 recorded, 0 updated, 0 failed" in log, log
     assert (proj / "golden-report.json").exists()
     assert "= rollout golden =" in Path(env["GITHUB_STEP_SUMMARY"]).read_text()
+
+
+TRAINER = """\
+def loss(xs):
+    return sum(xs) / len(xs)
+"""
+
+TEST_TRAINER = """\
+import torch
+
+from trainer import loss  # a module at the repository's root, not an installed package
+
+
+def test_gate(golden):
+    batch = golden.rollout(lambda: {"x": torch.arange(4.0)})
+    golden.check({"loss": loss(batch["x"].tolist())})
+"""
+
+
+def head_requirement() -> str:
+    """The recipe's pinned-requirement form for this repository's HEAD, from a local path as
+    the docs give it (``git+file://localhost/...``: pip 23, Python 3.11's, refuses
+    ``git+file:///...@sha``)."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return f"pytest-rollout-golden[plot] @ git+file://localhost{ROOT}@{commit}"
+
+
+def project_install(steps: list[dict]) -> str:
+    """The lines of a job's Install step that install the user's project."""
+    [script] = [s["run"] for s in steps if s.get("name") == "Install"]
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("if "))
+    return "\n".join(lines[start : lines.index("fi", start) + 1])
+
+
+def test_the_precision_gate_recipe_runs_in_a_repository_without_packaging(project):
+    """A trainer repository of scripts and tests: no pyproject.toml, no setup.py, a
+    requirements file and a module its tests import from the root."""
+    proj, env = project
+    (proj / "pyproject.toml").unlink()
+    (proj / "requirements.txt").write_text("numpy\n")  # satisfied by the borrowed packages
+    (proj / "trainer.py").write_text(TRAINER)
+    (proj / "tests" / "test_gate.py").write_text(TEST_TRAINER)
+    env["ROLLOUT_GOLDEN"] = head_requirement()
+    jobs = recipe("github-actions.yml")["jobs"]
+    steps = jobs["cpu"]["steps"]
+    run_steps([s for s in steps if s.get("name") == "Install"], proj, env)
+    cpu, gpu = (project_install(jobs[job]["steps"]) for job in ("cpu", "gpu"))
+    assert cpu == gpu and "pip install -r requirements.txt" in cpu  # the gpu job's, untried
+    assert str(proj.parent / "venv") in installed_from(env, proj)
+
+    record = subprocess.run(
+        ["python", "-m", "pytest", "-q"], cwd=proj, env=env, capture_output=True, text=True
+    )
+    assert "1 recorded" in record.stdout, record.stdout
+    gate = [s for s in steps if "run" in s and s.get("name") != "Install"]
+    run_steps(gate, proj, env | {"CI": "true"})
+    log = (proj / "pytest.log").read_text()
+    assert "golden: 1 replayed, 0 recorded, 0 updated, 0 failed" in log, log
 
 
 def test_the_verify_recipe_installs_the_submodule_as_copied_and_verifies(project):

@@ -168,6 +168,21 @@ def test_a_variant_uses_the_band_across_variants_and_the_reference_its_own():
     assert math.isclose(mine.layer(1).match("loss").atol, 2e-3 + 4 * 2**-23, rel_tol=1e-9)
 
 
+def test_a_lanes_envelope_names_its_own_file_and_is_still_known_for_a_band():
+    wide = {"steps": [0, 1], "below": [0.0, 0.1], "above": [0.1, 0.0], "dtype": "float32"}
+    both = {**document(), "layout_metrics": {"loss": wide}, "layout_drifting": {}}
+    path = Path("g/@lanes/machine-b/envelope.json")
+    own = envelope.read(both, path, magnitude=lambda n: 1.0)
+    across = envelope.read(both, path, magnitude=lambda n: 1.0, layout_variant=True)
+    assert own.source == "envelope (@lanes/machine-b/envelope.json)"
+    assert across.source == "envelope across variants (@lanes/machine-b/envelope.json)"
+    assert envelope.band_source(own.source) == envelope.SOURCE
+    assert envelope.band_source(f"rtol from x; atol from {across.source}") == (
+        envelope.VARIANT_SOURCE
+    )
+    assert envelope.band_source("calibrated (@lanes/machine-b/tolerances.json)") is None
+
+
 def test_a_bad_entry_in_either_lane_is_refused():
     bad = {"steps": [0], "below": [1.5], "above": [0.0]}
     with pytest.raises(GoldenFormatError, match=r"width 1\.5 is beyond"):

@@ -22,7 +22,14 @@ from typing import Any
 
 from ... import store
 from ...errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
-from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, files_without_manifest
+from ...store.location import (
+    ENVELOPE,
+    MANIFEST,
+    METRICS,
+    TOLERANCES,
+    files_without_manifest,
+    in_golden,
+)
 from ..report.presentation import manifestless
 from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer
@@ -168,10 +175,8 @@ class GoldenFiles:
             if filename == METRICS:
                 self._metrics = self._steps(out[filename])
         if TOLERANCES in out:  # decoded as replay decodes it, bounded by the recorded values
-            from ..tolerance.calibration import calibrated_layers
-
             path = self.directory / TOLERANCES
-            calibrated_layers(out[TOLERANCES], path, layout_variant=True, magnitude=self.magnitude)
+            read_calibrated(out[TOLERANCES], path, self.magnitude, layout_variant=True)
         if ENVELOPE in out:
             from ..tolerance import envelope
 
@@ -197,15 +202,11 @@ class GoldenFiles:
         """
         if TOLERANCES not in self.recorded:
             return None, None
-        from ..tolerance.calibration import calibrated_layers
-
         path = self.directory / TOLERANCES
 
         def read() -> tuple[Layer | None, Layer | None]:
             document = self.load(TOLERANCES)
-            return calibrated_layers(
-                document, path, layout_variant=layout_variant, magnitude=self.magnitude
-            )
+            return read_calibrated(document, path, self.magnitude, layout_variant=layout_variant)
 
         return self.unless_damaged(TOLERANCES, read, (None, None))
 
@@ -363,6 +364,24 @@ def merge_metrics(
             if replace or name not in target:
                 target[name] = node
     return steps
+
+
+def read_calibrated(
+    document: Any,
+    path: Path,
+    magnitude: Callable[[str], float | None],
+    *,
+    layout_variant: bool = False,
+) -> tuple[Layer, Layer | None]:
+    """The layers of the ``tolerances.json`` at ``path`` (:func:`.calibration.calibrated_layers`),
+    their sources naming the file read (a lane's: ``@lanes/<lane>/tolerances.json``)."""
+    from ..tolerance.calibration import calibrated_layers
+
+    same, across = calibrated_layers(
+        document, path, layout_variant=layout_variant, magnitude=magnitude
+    )
+    name = in_golden(path.parent, TOLERANCES)
+    return same.read_from(TOLERANCES, name), across and across.read_from(TOLERANCES, name)
 
 
 def read_envelope(directory: Path, *, layout_variant: bool = False) -> Envelope | None:

@@ -28,7 +28,7 @@ from ...errors import (
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from ...store.location import ENVELOPE, TOLERANCES, tensors_filename
+from ...store.location import ENVELOPE, TOLERANCES, in_golden, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
     OPTIMIZER_ENTRY_ABSENT,
@@ -50,6 +50,7 @@ from ..report.presentation import (
     recorded_lines,
     regenerate_in_lane,
     stand_in_note,
+    uncalibrated_lane_note,
     uncalibrated_variant_note,
     unused_tolerance,
 )
@@ -740,11 +741,13 @@ class Golden:
             if not checks.looser(c.tolerance, without):
                 continue
             file = ENVELOPE if ENVELOPE in c.tolerance_source else TOLERANCES
+            where = in_golden(self._files.directory, file)  # a lane's: its own file
             noted = self._outcome.loosened.setdefault(
-                c.name, {"tolerance": c.tolerance.describe(), "without": without.describe()}
+                c.name,
+                {"tolerance": c.tolerance.describe(), "without": without.describe(), "file": where},
             )
             if file == ENVELOPE:  # a band's width changes with the step: its widest, and where
-                noted["file"] = file
+                noted["file"] = where
                 noted["steps"] = [*noted.get("steps", []), c.step]
                 if c.tolerance.atol >= noted.get("atol", 0.0):
                     noted.update(tolerance=c.tolerance.describe(), atol=c.tolerance.atol)
@@ -756,7 +759,7 @@ class Golden:
                 self._outcome.loosened[c.name] = {
                     "tolerance": f"<= {c.bound:g}",
                     "without": f"<= {check.bound.value:g}",
-                    "file": ENVELOPE,
+                    "file": in_golden(self._files.directory, ENVELOPE),
                 }
 
     def _without_files(self, name: str, dtype: str) -> Tolerance:
@@ -936,6 +939,8 @@ class Golden:
         notes = self._stand_in_notes(failures) + self._uncalibrated_notes()
         if self._certify:
             notes += self._lower_precision_notes()
+        else:
+            notes += self._uncalibrated_lane_notes()
         if only is None:
             return mismatch_message(self._outcome, failures, notes=notes)
         text = mismatch_message(
@@ -968,6 +973,15 @@ class Golden:
             )
             for step in steps
         ]
+
+    def _uncalibrated_lane_notes(self) -> list[str]:
+        """This run's lane lacks the calibrated tolerances its base lane has: a note."""
+        lane = self._outcome.lane
+        if self._files is self._inputs or lane.get("fallback") or not lane.get("base"):
+            return []
+        if TOLERANCES in self._files.recorded or TOLERANCES not in self._inputs.recorded:
+            return []
+        return [uncalibrated_lane_note(lane["name"], lane["base"], self._outcome.test)]
 
     def _uncalibrated_notes(self) -> list[str]:
         """A variant that none of the calibrations across variants of this golden ran: a

@@ -211,12 +211,15 @@ class Row:
     source: str = ""
     detail: str = ""
     mask_selected: int | None = None  # positions the recording's mask selected (of numel)
+    allowance: float | None = None  # a scalar metric's: the difference allowed at its step
     note: str = ""  # what the numbers do not say (a mask diff does not apply)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         for key in ("expected", "actual", "abs_max", "abs_mean", "rel_max", "rel_mean"):
             out[key] = json_number(out[key])
+        if self.allowance is not None:
+            out["allowance"] = json_number(self.allowance)
         out["shape"], out["dtype"] = list(self.shape), list(self.dtype)
         return out
 

@@ -30,6 +30,7 @@ from ..report.presentation import (
     CI_UPDATE,
     close_match,
     display,
+    github_annotations,
     link_outside_root,
     rootdir_note,
     summary_lines,
@@ -181,12 +182,14 @@ class GoldenPlugin:
         self.unused: Unused | None = None  # judged at session end (by the prune plugin if on)
         self.report_error = ""
         self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
+        self.locations: dict[str, tuple[str, int]] = {}  # ... their file and 0-based line
 
     # ------------------------------------------------------------------ per test
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:  # subtests report their failures here while the test itself passes
             self.failed_ids.add(report.nodeid)
+            self.locations.setdefault(report.nodeid, report.location[:2])  # type: ignore[arg-type]
 
     def marker_options(self, item: pytest.Item) -> dict[str, Any]:
         found = ((m.args, m.kwargs) for m in item.iter_markers("golden"))
@@ -629,6 +632,11 @@ class GoldenPlugin:
         if lines:
             terminalreporter.write_sep("=", "rollout golden")
             for line in lines:
+                terminalreporter.write_line(line)
+        if os.environ.get("GITHUB_ACTIONS") == "true":  # read by the runner from the log
+            workspace = os.environ.get("GITHUB_WORKSPACE")
+            found = github_annotations(self.state.outcomes, self.locations, self.rootdir, workspace)
+            for line in found:
                 terminalreporter.write_line(line)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,12 @@ from typing import Any
 from ... import store
 from ...errors import GoldenError
 from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_goldens
-from ..golden.files import load_golden, read_envelope
+from ..golden.files import load_golden, read_calibrated, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
 from ..tolerance.compare import compare_named, dtype_name
 from ..tolerance.envelope import Envelope
-from ..tolerance.spec import Layer
+from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack
 from .presentation import (
     ALLOW_NAN,
@@ -203,10 +204,9 @@ def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
     if document is None:
         return None
     from ..golden.checks import recorded_magnitude
-    from ..tolerance.calibration import calibrated_layer
 
     steps = metrics["steps"] if metrics else {}
-    return calibrated_layer(document, path, functools.partial(recorded_magnitude, steps))
+    return read_calibrated(document, path, functools.partial(recorded_magnitude, steps))[0]
 
 
 def _step_resolvers(
@@ -268,21 +268,21 @@ def _metric_rows(left: Any, right: Any, resolvers: Callable[[int], Resolver]) ->
             d, tol, source = compare_named(
                 name, ea, eb, resolver, check_dtype=False, magnitude=magnitude(name)
             )
-            rows.append(
-                _row(
-                    "metric",
-                    name,
-                    ea,
-                    eb,
-                    d,
-                    tol,
-                    source,
-                    step=int(step),
-                    expected=metric_codec.scalar(ma[name]),
-                    actual=metric_codec.scalar(mb[name]),
-                )
-            )
+            expected = metric_codec.scalar(ma[name])
+            row = _row("metric", name, ea, eb, d, tol, source, step=int(step), expected=expected,
+                       actual=metric_codec.scalar(mb[name]))  # fmt: skip
+            row.allowance = _allowance(tol, expected, magnitude(name))
+            rows.append(row)
     return rows
+
+
+def _allowance(tol: Tolerance, expected: Any, magnitude: float | None) -> float | None:
+    """The difference ``tol`` allows a scalar ``expected`` (``None``: exact, ignored, or not
+    one finite number)."""
+    if tol.exact or tol.ignore or not isinstance(expected, (int, float)):
+        return None
+    limit = tol.allowance(float(expected), magnitude)
+    return limit if math.isfinite(limit) else None
 
 
 def _tensor_rows(

@@ -2,10 +2,11 @@
 
 One panel per scalar metric, at most :data:`MAX_PANELS` of them; the others are named in a
 note at the foot of the figure and in the returned :class:`Picture`. With two curves each
-panel has a strip below it with the relative difference per step against the allowed one,
-and the first step beyond tolerance is marked. A metric with a per-step envelope
-(``envelope.json``) shows the band its calibration runs spanned around curve A, shaded, and
-the region the envelope allows, outlined; its strip shows that allowance step by step.
+panel has a strip below it with the difference per step over the one its tolerance allows
+there (``atol + rtol * max(|A|, scale)``, an envelope's band included), so the tolerance is
+the dashed line at 1, and the first step beyond tolerance is marked. A metric with a per-step
+envelope (``envelope.json``) shows the band its calibration runs spanned around curve A,
+shaded, and the region the envelope allows, outlined.
 Infinite and NaN values are drawn on the edge of their panel (``inf`` at the top, ``-inf`` at
 the bottom, ``nan`` at the top with a cross) and labelled. Needs matplotlib
 (``pip install 'pytest-rollout-golden[plot]'``); nothing else in the package imports it.
@@ -36,6 +37,7 @@ _A_COLOR, _B_COLOR, _BAD = "#1f77b4", "#ff7f0e", "#d62728"
 _IGNORED = "#bbbbbb"  # the difference bars of a metric the tolerances exclude
 _RUNS, _ALLOWED = "#9ecae1", "#3182bd"  # an envelope: the runs' band, the allowed region
 NOT_COMPARED = "(not compared: ignored)"
+STRIP_LABEL = "|B-A| / allowed"  # the difference strip's measure where a tolerance gates
 
 MAX_PANELS = 12
 """The most metric panels one picture draws (4 rows of 3). Drawing time and memory grow with
@@ -111,21 +113,15 @@ def _short(name: str, chars: int = 56) -> str:
     return f"{name[:half]}…{name[-half:]}"
 
 
-def _excess(
-    a: Mapping[int, float],
-    b: Mapping[int, float],
-    allowed: tuple[float, float],
-    per_step: Mapping[int, float] | None = None,
-) -> float:
-    """The greatest difference over the allowed one (non-finite differences: infinite);
-    ``per_step``: the allowed distance at each step (an envelope's), instead of ``allowed``."""
-    rtol, atol = allowed
+def _excess(a: Mapping[int, float], b: Mapping[int, float], allowed: Mapping[int, float]) -> float:
+    """The greatest difference over the one ``allowed`` at its step (non-finite differences,
+    and any where nothing is allowed: infinite)."""
     worst = 0.0
     for step in set(a) & set(b):
         x, y = a[step], b[step]
         if x == y:
             continue
-        limit = per_step.get(step, 0.0) if per_step is not None else atol + rtol * abs(x)
+        limit = allowed.get(step, 0.0)
         diff = abs(y - x)
         ratio = diff / limit if limit > 0 and math.isfinite(diff) else math.inf
         worst = max(worst, ratio)
@@ -158,7 +154,7 @@ def plot_metrics(
     labels: tuple[str, str] = ("A", "B"),
     title: str = "",
     first_divergence: Mapping[str, int | None] | None = None,
-    allowed: Mapping[str, tuple[float, float]] | None = None,
+    allowed: Mapping[str, Mapping[int, float]] | None = None,
     excess: Mapping[str, float] | None = None,
     max_panels: int = MAX_PANELS,
     ignored: Collection[str] = (),
@@ -167,7 +163,8 @@ def plot_metrics(
     """Draw one panel per metric of ``a`` (and ``b``), at most ``max_panels``, into a PNG.
 
     ``first_divergence`` marks, per metric, the first step beyond tolerance;
-    ``allowed`` gives ``(rtol, atol)`` per metric for the difference strip; ``excess``
+    ``allowed`` gives per metric the difference its tolerance allows at each step
+    (:func:`allowance`), which the difference strip measures against; ``excess``
     (greatest difference over the allowed one, per metric; computed from ``allowed`` where
     not given) ranks the diverged metrics when not all fit; ``ignored`` names the metrics
     the tolerances exclude, whose panels say "not compared (ignored)"; ``bands``: per metric,
@@ -185,7 +182,7 @@ def plot_metrics(
     first_divergence = first_divergence or {}
     allowed = allowed or {}
     bands = bands or {}
-    excess = _excess_by_metric(a, b, allowed, excess or {}, bands)
+    excess = _excess_by_metric(a, b, allowed, excess or {})
     ordered = _order(names, first_divergence, excess)
     shown, hidden = ordered[: max(1, max_panels)], ordered[max(1, max_panels) :]
 
@@ -271,19 +268,15 @@ def _axes(fig: Any, cell: Any, strip: bool) -> tuple[Any, Any]:
 def _excess_by_metric(
     a: Series,
     b: Series | None,
-    allowed: Mapping[str, tuple[float, float]],
+    allowed: Mapping[str, Mapping[int, float]],
     excess: Mapping[str, float],
-    bands: Mapping[str, Band],
 ) -> dict[str, float]:
-    """``excess``, completed from ``allowed`` (or the metric's band) for the metrics both
-    curves have."""
+    """``excess``, completed from ``allowed`` for the metrics both curves have."""
     out = dict(excess)
     if b is not None:
-        for name in allowed.keys() | bands.keys():
+        for name in allowed:
             if name not in out and name in a and name in b:
-                band = bands.get(name)
-                per_step = None if band is None else band.allowances()
-                out[name] = _excess(a[name], b[name], allowed.get(name, (0.0, 0.0)), per_step)
+                out[name] = _excess(a[name], b[name], allowed[name])
     return out
 
 
@@ -409,7 +402,7 @@ def _panel(
     b: Mapping[int, float] | None,
     labels: tuple[str, str],
     first: int | None,
-    allowed: tuple[float, float] | None,
+    allowed: Mapping[int, float] | None,
     *,
     ignored: bool = False,
     band: Band | None = None,
@@ -418,15 +411,14 @@ def _panel(
     ``ax_diff``, the relative difference per step below them, and the first step beyond
     tolerance circled."""
     steps = _curves(ax, ax_diff, name, a, b, labels, first, ignored)
-    per_step = None
     if band is not None:
-        per_step = _draw_band(ax, a, band)
+        _draw_band(ax, a, band)
     if ax_diff is None or b is None:
         ax.set_xlabel("step")
         _integer_steps(ax, steps)
         return
     ax.tick_params(labelbottom=False)
-    _difference_strip(ax_diff, a, b, steps, first, allowed, ignored, per_step)
+    _difference_strip(ax_diff, a, b, steps, first, None if ignored else allowed, ignored)
     _integer_steps(ax, steps)
     if first is not None and first in b:
         if math.isfinite(b[first]):
@@ -437,10 +429,9 @@ def _panel(
                     transform=ax.get_xaxis_transform())  # fmt: skip
 
 
-def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
+def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> None:
     """Shade in ``ax`` the band the calibration runs spanned around curve ``a``, outline the
-    region the envelope allows, and add both to the panel's legend; return the allowed
-    distance at each step drawn."""
+    region the envelope allows, and add both to the panel's legend."""
     from matplotlib.colors import to_rgb
 
     allowances = band.allowances()
@@ -451,7 +442,7 @@ def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
         if s in a and math.isfinite(a[s])
     ]
     if not rows:
-        return {}
+        return
     steps, centre, below, above, allowed = (list(column) for column in zip(*rows, strict=True))
     low = [c - w for c, w in zip(centre, allowed, strict=True)]
     high = [c + w for c, w in zip(centre, allowed, strict=True)]
@@ -463,7 +454,6 @@ def _draw_band(ax: Any, a: Mapping[int, float], band: Band) -> dict[int, float]:
                     alpha=0.6, lw=0, zorder=1,
                     label=f"calibration runs ({band.runs})")  # fmt: skip
     ax.legend(fontsize=7, loc="best")
-    return dict(zip(steps, allowed, strict=True))
 
 
 def _curves(
@@ -509,26 +499,24 @@ def _difference_strip(
     b: Mapping[int, float],
     steps: list[int],
     first: int | None,
-    allowed: tuple[float, float] | None,
+    allowed: Mapping[int, float] | None,
     ignored: bool,
-    per_step: Mapping[int, float] | None = None,
 ) -> None:
-    """The strip below a panel: ``|B-A|/|A|`` per step on a log scale (bars, or stems past
-    :data:`_BARS` steps), non-finite differences marked, ``=`` on equal steps, the allowed
-    difference (``per_step``: an envelope's distance at each step) as a dashed line."""
+    """The strip below a panel, per step on a log scale (bars, or stems past :data:`_BARS`
+    steps): ``|B-A|`` over the difference ``allowed`` at that step, so that the tolerance is
+    the dashed line at 1 and a bar above it is beyond; where a step has no allowance (an
+    exact or ignored value), ``|B-A|/|A|`` and no line. Non-finite differences marked, ``=``
+    on equal steps."""
     shared = [s for s in steps if s in a and s in b]
-    same, rel, odd = _relative_differences(a, b, shared)
+    limits = allowed or {}
+    gated = bool(limits) and all(limits.get(s, 0.0) > 0 for s in shared)
+    same, rel, odd = _relative_differences(a, b, shared, limits if gated else None)
     nonzero = {s: r for s, r in rel.items() if r > 0}
-    rtol, atol = allowed or (0.0, 0.0)
-    if per_step:
-        rtol, atol = 0.0, 0.0
-        limits = {} if ignored else _envelope_relative(a, shared, per_step)
-    else:
-        limits = {} if ignored else _allowed_relative(a, shared, allowed)
-    if rtol > 0:  # atol adds little where the values are not ~0: one line at rtol
-        limits = dict.fromkeys(limits, rtol)
     if nonzero:
-        _difference_bars(ax_diff, nonzero, [*nonzero.values(), *limits.values()], first, ignored)
+        # on the tolerance's scale a bar says itself whether it is beyond; else from `first` on
+        late = {s for s in nonzero if first is not None and s >= first}
+        beyond = {s for s, r in nonzero.items() if r > 1.0} if gated else late
+        _difference_bars(ax_diff, nonzero, [*nonzero.values(), *([1.0] * gated)], beyond, ignored)
     else:
         ax_diff.set_yticks([])
         if not odd:
@@ -547,15 +535,10 @@ def _difference_strip(
             if s in same or rel.get(s) == 0:
                 ax_diff.text(s, 0.05, "=", transform=ax_diff.get_xaxis_transform(),
                              ha="center", fontsize=8, color="#2ca02c")  # fmt: skip
-    label = "|B-A|/|A|"
-    if limits and nonzero:
-        if rtol > 0:
-            ax_diff.axhline(rtol, color="black", lw=0.8, ls="--")
-            label += f"\n-- rtol {rtol:.0e}"
-        else:  # atol alone, or an envelope's: its share of each step's |A|
-            ax_diff.plot(list(limits), list(limits.values()), color="black", lw=0.8, ls="--",
-                         drawstyle="steps-mid")  # fmt: skip
-            label += "\n-- envelope/|A|" if per_step else f"\n-- atol {atol:.0e}/|A|"
+    label = STRIP_LABEL if gated else "|B-A|/|A|"
+    if gated and nonzero:
+        ax_diff.axhline(1.0, color="black", lw=0.8, ls="--")
+        label += "\n-- tolerance"
     if ignored and (nonzero or odd):
         ax_diff.text(0.5, 0.5, "not compared (ignored): differences not gated",
                      transform=ax_diff.transAxes, ha="center", va="center", fontsize=8,
@@ -569,10 +552,14 @@ def _difference_strip(
 
 
 def _relative_differences(
-    a: Mapping[int, float], b: Mapping[int, float], shared: list[int]
+    a: Mapping[int, float],
+    b: Mapping[int, float],
+    shared: list[int],
+    allowed: Mapping[int, float] | None = None,
 ) -> tuple[set[int], dict[int, float], dict[int, str]]:
-    """Of the ``shared`` steps: those where A and B are equal; ``|B-A|/|A|`` (``|B-A|`` where
-    A is 0) of the others; and ``"nan"`` or ``"inf"`` where that is not a finite number."""
+    """Of the ``shared`` steps: those where A and B are equal; ``|B-A|`` over the difference
+    ``allowed`` at the step, or without it over ``|A|`` (``|B-A|`` where A is 0), of the
+    others; and ``"nan"`` or ``"inf"`` where that is not a finite number."""
     same = {s for s in shared if a[s] == b[s]}  # equal infinities too; never NaN
     rel: dict[int, float] = {}
     odd: dict[int, str] = {}
@@ -584,18 +571,20 @@ def _relative_differences(
             odd[s] = "nan"
         elif not math.isfinite(diff):
             odd[s] = "inf"
+        elif allowed is not None:
+            rel[s] = diff / allowed[s]
         else:
             rel[s] = diff / abs(a[s]) if a[s] else diff
     return same, rel, odd
 
 
 def _difference_bars(
-    ax_diff: Any, nonzero: dict[int, float], values: list[float], first: int | None, ignored: bool
+    ax_diff: Any, nonzero: dict[int, float], values: list[float], beyond: set[int], ignored: bool
 ) -> None:
-    """The non-zero relative differences on a log scale spanning ``values`` (they and the
-    allowed ones); red from the first divergence on."""
+    """The non-zero differences on a log scale spanning ``values`` (they and the allowed
+    one); red at the steps ``beyond`` tolerance."""
     grey = _IGNORED if ignored else "#7f7f7f"
-    colors = [_BAD if first is not None and s >= first else grey for s in nonzero]
+    colors = [_BAD if s in beyond else grey for s in nonzero]
     ax_diff.set_yscale("log")
     if len(nonzero) <= _BARS:
         ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
@@ -609,36 +598,6 @@ def _difference_bars(
                     ys += [low, r, math.nan]
             ax_diff.plot(xs, ys, color=color, lw=1)
     ax_diff.set_ylim(min(values) / 10, max(values) * 10)
-
-
-def _allowed_relative(
-    a: Mapping[int, float], steps: Sequence[int], allowed: tuple[float, float] | None
-) -> dict[int, float]:
-    """Per step, the relative difference ``(rtol, atol)`` allows (as the strip measures it:
-    over ``|A|``, or absolute where A is 0); empty without a tolerance or where it allows 0."""
-    if allowed is None:
-        return {}
-    rtol, atol = allowed
-    out = {}
-    for s in steps:
-        x = abs(a[s])
-        if not math.isfinite(x):
-            continue
-        limit = (atol + rtol * x) / x if x else atol
-        if limit > 0:
-            out[s] = limit
-    return out
-
-
-def _envelope_relative(
-    a: Mapping[int, float], steps: Sequence[int], per_step: Mapping[int, float]
-) -> dict[int, float]:
-    """Per step with an allowed distance, that distance as the strip measures differences."""
-    out: dict[int, float] = {}
-    for s in steps:
-        if s in per_step:
-            out |= _allowed_relative(a, [s], (0.0, per_step[s]))
-    return out
 
 
 def _integer_steps(ax: Any, steps: list[int]) -> None:
@@ -709,12 +668,27 @@ def _number(value: Any) -> float | None:
     return None
 
 
+def allowance(comparison: Mapping[str, Any]) -> float | None:
+    """The difference a metric's comparison (as the report has it) allowed at its step:
+    ``atol + rtol * max(|expected|, scale)``; ``None`` where none is (exact, ignored, or no
+    finite expected value)."""
+    from ..tolerance.spec import Tolerance
+
+    tol = comparison.get("tolerance") or {}
+    expected = _number(comparison.get("expected"))
+    if tol.get("exact") or tol.get("ignore") or "rtol" not in tol or expected is None:
+        return None
+    found = Tolerance(rtol=tol["rtol"], atol=tol["atol"], scale=tol.get("scale"))
+    limit = found.allowance(expected, comparison.get("scale"))
+    return limit if math.isfinite(limit) else None
+
+
 def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
     """The picture of one golden test's comparisons: recorded (expected) against this run."""
     expected: dict[str, dict[int, float]] = {}
     actual: dict[str, dict[int, float]] = {}
     first: dict[str, int | None] = {}
-    allowed: dict[str, tuple[float, float]] = {}
+    allowed: dict[str, dict[int, float]] = {}
     excess: dict[str, float] = {}
     for c in outcome["comparisons"]:
         if c["kind"] != "metric":
@@ -731,9 +705,9 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
             if beyond is not None:
                 beyond = math.inf if math.isnan(beyond) else beyond
                 excess[name] = max(excess.get(name, 0.0), beyond)
-        tol = c.get("tolerance") or {}
-        if not tol.get("exact") and not tol.get("ignore") and "rtol" in tol:
-            allowed[name] = (tol["rtol"], tol["atol"])
+        limit = allowance(c)
+        if limit is not None:
+            allowed.setdefault(name, {})[step] = limit
     ignored = {
         c["metric"]
         for c in outcome["comparisons"]

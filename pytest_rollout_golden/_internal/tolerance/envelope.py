@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenFormatError
-from ...store.location import ENVELOPE
-from .spec import IGNORE, Layer, Tolerance
+from ...store.location import ENVELOPE, LANES as LANES_DIR, in_golden
+from .spec import IGNORE, Layer, Tolerance, named_file
 from .stack import Stack
 
 FORMAT = "pytest-rollout-golden-envelope"
@@ -101,9 +102,10 @@ Numbers = Mapping[str, Mapping[str, tuple[Any, str]]]  # {step: {name: (value, d
 def band_source(tolerance_source: str) -> str | None:
     """The envelope lane (:data:`SOURCE`, :data:`VARIANT_SOURCE`) whose band gave a
     comparison its ``atol``, from the comparison's tolerance source; ``None`` if none did."""
-    parts = tolerance_source.split("; ")
+    plain = re.sub(rf"\({LANES_DIR}/[^/]+/", "(", tolerance_source)  # a lane's file: its kind
+    parts = plain.split("; ")
     for lane in (SOURCE, VARIANT_SOURCE):
-        if tolerance_source == lane or f"atol from {lane}" in parts:
+        if plain == lane or f"atol from {lane}" in parts:
             return lane
     return None
 
@@ -169,6 +171,7 @@ class Envelope:
     variants: bool = False
     source: str = SOURCE
     drifting: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    file: str = ENVELOPE  # the file read, as messages name it (a lane's: @lanes/<lane>/...)
 
     def __post_init__(self) -> None:
         per_step: dict[int, dict[str, Tolerance]] = {}
@@ -206,7 +209,8 @@ class Envelope:
         above still applies)."""
         if not self.drifting:
             return None
-        return Layer(DRIFTING_SOURCE, dict.fromkeys(self.drifting, IGNORE), defaults=True)
+        source = named_file(DRIFTING_SOURCE, ENVELOPE, self.file)
+        return Layer(source, dict.fromkeys(self.drifting, IGNORE), defaults=True)
 
     def stack_at(self, stack: Stack, step: int) -> Stack:
         """``stack`` at ``step``: the bands over the calibrated files for the metrics they
@@ -562,9 +566,11 @@ def read(
     section = LANES["across variants" if layout_variant else "same layout"]
     if section not in content:
         return None
+    name = in_golden(path.parent, ENVELOPE)
     if not layout_variant:
-        return Envelope(lanes[section], False, SOURCE)
-    return Envelope(lanes[section], True, VARIANT_SOURCE, dict(drifting))
+        return Envelope(lanes[section], False, named_file(SOURCE, ENVELOPE, name), file=name)
+    source = named_file(VARIANT_SOURCE, ENVELOPE, name)
+    return Envelope(lanes[section], True, source, dict(drifting), file=name)
 
 
 def _drifting_problem(drifting: Any, magnitude: Callable[[str], float | None]) -> str:

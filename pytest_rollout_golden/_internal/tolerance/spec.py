@@ -201,6 +201,12 @@ def entry_key(
     return base if base != name and base in entries else None
 
 
+def named_file(source: str, filename: str, name: str) -> str:
+    """Tolerance ``source``, naming its file ``filename`` as ``name`` (``(tolerances.json)``
+    becomes ``(@lanes/<lane>/tolerances.json)``)."""
+    return source.replace(f"({filename}", f"({name}")
+
+
 class Layer:
     """One source of tolerances: a name (shown in messages) and its entries by metric name.
 
@@ -227,6 +233,13 @@ class Layer:
         """This layer, silent for the metrics ``names`` (another layer decides them)."""
         out = copy.copy(self)
         out._without = self._without | frozenset(names)
+        return out
+
+    def read_from(self, filename: str, name: str) -> Layer:
+        """This layer, its source naming the file it was read from as ``name`` (a lane's own
+        ``@lanes/<lane>/tolerances.json``) where it says ``filename``."""
+        out = copy.copy(self)
+        out.source = named_file(self.source, filename, name)
         return out
 
     def key(self, name: str) -> str | None:
