@@ -2,8 +2,8 @@
 variant that is not the same math (a bug among the selected variants) out of the variant lane on
 every value; where it cannot run, each variant is measured on its own against the reference's
 runs, and a variant whose distance is an outlier is left out of the variant lane it would
-widen, named in the summary with its distance. A metric at rounding level (a loss that cancels to 0) is calibrated on an absolute
-spread, capped."""
+widen, named in the summary with its distance. A metric at rounding level (a loss that cancels
+to 0) is calibrated on an absolute spread, capped."""
 
 from __future__ import annotations
 
