@@ -1,8 +1,9 @@
-"""--golden-calibrate across same-math variants: each variant is measured on its own against
-the reference's runs, and a variant whose distance is an outlier (a bug among the selected
-variants) is left out of the variant lane it would widen, named in the summary with its
-distance. A metric at rounding level (a loss that cancels to 0) is calibrated on an absolute
-spread, capped."""
+"""--golden-calibrate across same-math variants: the float64 oracle runs first and leaves a
+variant that is not the same math (a bug among the selected variants) out of the variant lane on
+every value; where it cannot run, each variant is measured on its own against the reference's
+runs, and a variant whose distance is an outlier is left out of the variant lane it would
+widen, named in the summary with its distance. A metric at rounding level (a loss that cancels
+to 0) is calibrated on an absolute spread, capped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pytest_rollout_golden._internal.tolerance.spec import RECORDED, Tolerance
 # A reference (mb8), three true same-math variants that move every value by 1e-6 to 3e-6
 # relative, and two bugs: a loss scaled by 1.001 (x1.001: every value 1e-3 off) and a dropped
 # accumulation scale (noscale: grad_norm x2). Every value also moves by 1e-8 relative per
-# thread, the same-layout noise.
+# thread, the same-layout noise. The noise is gone in float64 (golden.certifying), the bugs are
+# not; with "no_float64" the test has no float64 kernel and its oracle run raises.
 VARIANTS = """
 import json, pathlib
 import pytest
@@ -29,7 +31,11 @@ NOISE = {"mb8": 0.0, "mb4": 1e-6, "mb2": -2e-6, "mb1": 3e-6, "x1.001": 0.0, "nos
 
 @pytest.mark.parametrize("v", same_math(V["variants"]))
 def test_x(golden, v):
-    noise = 1 + NOISE[v] + 1e-8 * torch.get_num_threads()
+    if V.get("no_float64") and golden.certifying:
+        raise RuntimeError("no float64 kernel")
+    # reduction-order noise: gone in float64, as a real reordering's (~1e-15) would be; the
+    # bugs stay
+    noise = 1 + (NOISE[v] + 1e-8 * torch.get_num_threads()) * (not golden.certifying)
     bug = 1.001 if v == "x1.001" else 1.0
     for step in range(3):
         golden.check(
@@ -49,26 +55,93 @@ def lane(project) -> dict:
     return json.loads(path.read_text())
 
 
-def test_a_bug_among_the_variants_is_excluded_from_the_lane_and_still_fails(project):
+def calibrate_with_the_bugs(project, **values):
+    """Calibrate the true variants alone, then with the bugs; the first lane and the second
+    calibration's result."""
     project.write(VARIANTS)
-    project.set_values(variants=TRUE + BUGS)
+    project.set_values(variants=TRUE + BUGS, **values)
     project.run().assert_outcomes(passed=4, failed=2)  # mb8 records, the bugs fail
 
-    project.set_values(variants=TRUE)
-    project.run("--golden-calibrate", "3").assert_outcomes(passed=12)
+    project.set_values(variants=TRUE, **values)
+    result = project.run("--golden-calibrate", "3", "-rs")
     clean = lane(project)["layout_tolerances"]
     assert set(clean) == {"loss", "grad_norm"}
+    project.set_values(variants=TRUE + BUGS, **values)
+    return result, clean, project.run("--golden-calibrate", "3", "-rs")
 
-    project.set_values(variants=TRUE + BUGS)
-    result = project.run("--golden-calibrate", "3")
-    result.assert_outcomes(passed=12, failed=6)  # the bugs fail against the golden meanwhile
+
+def assert_the_lane_is_the_clean_one(project, clean):
     written = lane(project)
     for name, tol in clean.items():  # the lane is the one written without the bugs
         got = written["layout_tolerances"][name]
         assert tol["rtol"] / 2 <= got["rtol"] <= 2 * tol["rtol"], (name, got, tol)
         assert got["rtol"] < 1e-4  # tighter than the default, far below the bug's 1e-3
-    judged = written["variants"]
+    return written["variants"]
+
+
+def assert_the_bugs_still_fail(project):
+    result = project.run("--golden-strict")
+    result.assert_outcomes(passed=4, failed=2)
+    failed = sorted(x.split("::")[1].split(" ")[0] for x in result.outlines if "FAILED" in x)
+    assert failed == ["test_x[noscale]", "test_x[x1.001]"]
+
+
+def test_a_bug_among_the_variants_is_not_the_same_math_left_out_of_the_lane_and_still_fails(
+    project,
+):
+    """The float64 oracle runs first: the true variants are certified same math (their noise
+    is gone in float64), the bugs differ there and are left out of the lane on every value."""
+    first, clean, result = calibrate_with_the_bugs(project)
+    first.assert_outcomes(passed=16)  # 4 oracle runs + 4 x 3
+    # 6 oracle runs + 6 x 3: the bugs fail their float64 run and against the golden meanwhile
+    result.assert_outcomes(passed=16, failed=8)
+    judged = assert_the_lane_is_the_clean_one(project, clean)
     bug, noscale = judged["test_it.py::test_x[x1.001]"], judged["test_it.py::test_x[noscale]"]
+    assert bug["certificate"]["verdict"] == calibrate.NOT_SAME_MATH
+    assert (bug["certificate"]["value"], bug["certificate"]["step"]) == ("loss", 0)
+    assert bug["certificate"]["differs_by"] == pytest.approx(1e-3, rel=1e-3)
+    assert bug["certificate"]["values"] == ["grad_norm", "loss"]
+    assert noscale["certificate"]["verdict"] == calibrate.NOT_SAME_MATH
+    assert noscale["certificate"]["values"] == ["grad_norm"]  # its loss is the reference's
+    assert noscale["certificate"]["differs_by"] == pytest.approx(1.0, rel=1e-3)
+    # still measured: how far each moved in the calibration runs
+    assert bug["distances"]["loss"]["distance"] == pytest.approx(1e-3, rel=1e-3)
+    assert noscale["distances"]["grad_norm"]["distance"] == pytest.approx(1.0, rel=1e-3)
+    assert sorted(bug["failed"]) == ["grad_norm", "loss"]
+    for variant in ("mb4", "mb2", "mb1"):
+        record = judged[f"test_it.py::test_x[{variant}]"]
+        assert record["certificate"]["verdict"] == calibrate.CERTIFIED
+        assert not record["excluded"]
+    out = result.stdout.str()
+    assert (
+        "test_it.py::test_x[x1.001]: not the same math: loss differs by 1.0e-03 in float64 at "
+        "step 0: left out of the variant lane on every value; failed against the golden during "
+        "calibration on grad_norm, loss"
+    ) in out
+    assert (
+        "test_it.py::test_x[noscale]: not the same math: grad_norm differs by 1.0e+00 in float64 "
+        "at step 0: left out of the variant lane on every value"
+    ) in out
+    assert out.count("certified same math in float64") == 3
+    assert "excluded from the variant lane (not same math?)" not in out  # no outlier rule
+    assert_the_bugs_still_fail(project)
+
+
+def test_where_the_oracle_cannot_run_the_outlier_rule_excludes_a_bug_that_still_fails(project):
+    """The test has no float64 kernel: its oracle runs are skipped, saying why, and the
+    outlier rule judges each variant against the others and the same-layout spread."""
+    first, clean, result = calibrate_with_the_bugs(project, no_float64=True)
+    first.assert_outcomes(passed=12, skipped=4)  # 4 oracle runs skipped + 4 x 3
+    result.assert_outcomes(passed=12, failed=6, skipped=6)  # the bugs fail against the golden
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]6[]] test_it.py:*: float64 oracle: its float64 run could not run: "
+         "RuntimeError: no float64 kernel"]
+    )  # fmt: skip
+    judged = assert_the_lane_is_the_clean_one(project, clean)
+    bug, noscale = judged["test_it.py::test_x[x1.001]"], judged["test_it.py::test_x[noscale]"]
+    for record in judged.values():
+        assert record["certificate"]["verdict"] == calibrate.UNCERTIFIED
     assert set(bug["excluded"]) == {"loss", "grad_norm"}
     assert bug["distances"]["loss"]["distance"] == pytest.approx(1e-3, rel=1e-3)
     assert set(noscale["excluded"]) == {"grad_norm"}  # its loss is the reference's: kept
@@ -76,16 +149,16 @@ def test_a_bug_among_the_variants_is_excluded_from_the_lane_and_still_fails(proj
     assert sorted(bug["failed"]) == ["grad_norm", "loss"]
     for variant in ("mb4", "mb2", "mb1"):
         assert not judged.get(f"test_it.py::test_x[{variant}]", {}).get("excluded")
-    out = result.stdout.str()
-    assert "test_it.py::test_x[x1.001]: moved loss by 1.0e-03, 667x the other variants" in out
-    assert "test_it.py::test_x[noscale]: moved grad_norm by 1.0e+00, " in out
+    assert (
+        "test_it.py::test_x[x1.001]: not certified (its float64 run could not run: RuntimeError: "
+        "no float64 kernel): judged by the outlier rule; moved loss by 1.0e-03, 667x the other "
+        "variants"
+    ) in out
+    assert "test_it.py::test_x[noscale]: not certified (" in out
+    assert "judged by the outlier rule; moved grad_norm by 1.0e+00, " in out
     assert out.count("excluded from the variant lane (not same math?)") == 2
     assert "failed against the golden during calibration" in out
-
-    result = project.run("--golden-strict")
-    result.assert_outcomes(passed=4, failed=2)
-    failed = sorted(x.split("::")[1].split(" ")[0] for x in result.outlines if "FAILED" in x)
-    assert failed == ["test_x[noscale]", "test_x[x1.001]"]
+    assert_the_bugs_still_fail(project)
 
 
 def test_without_the_reference_selected_the_variants_median_stands_in_for_it(project):
@@ -93,7 +166,12 @@ def test_without_the_reference_selected_the_variants_median_stands_in_for_it(pro
     project.set_values(variants=TRUE + BUGS)
     project.run().assert_outcomes(passed=4, failed=2)
     result = project.run("--golden-calibrate", "2", "-k", "not mb8")
-    result.assert_outcomes(passed=6, failed=4, deselected=1)
+    # 5 x 2 runs; the 5 oracle runs are skipped: without the reference no float64 oracle was
+    # recorded for them to replay, so the outlier rule judges every variant
+    result.assert_outcomes(passed=6, failed=4, skipped=5, deselected=1)
+    out = result.stdout.str()
+    assert out.count("has no float64 oracle (@lanes/float64-oracle)") == 5
+    assert out.count("): judged by the outlier rule") == 5
     written = lane(project)
     assert written["how"]["tests"] == sorted(
         f"test_it.py::test_x[{v}]" for v in ["mb4", "mb2", "mb1", *BUGS]
@@ -127,8 +205,9 @@ def test_a_metric_at_rounding_level_gets_an_absolute_capped_tolerance(project):
     project.set_values()
     project.run().assert_outcomes(passed=1)
     outcomes = project.run("--golden-calibrate", "3").parseoutcomes()
-    # the runs whose loss moved fail against the golden: its default is relative to ~1e-8
-    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 3
+    # the runs whose loss moved fail against the golden: its default is relative to ~1e-8;
+    # 1 oracle run (the reference re-records its float64 lane) + 3 runs
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 4
     doc = json.loads((project.golden_dir("test_rloo") / "tolerances.json").read_text())
     entry, spread = doc["tolerances"]["loss"], doc["spreads"]["loss"]
     assert 5e-8 <= spread["abs_spread"] <= 1e-7
@@ -183,8 +262,13 @@ def test_near_zero_atol_is_bounded_by_the_metric_magnitude():
         # one variant only: against the same-layout spread
         ({"bug": 1e-3}, 1e-6, {"bug"}),
         ({"v": 5e-6}, 1e-6, set()),
-        # nothing to compare against: one other variant, no same-layout spread
-        ({"a": 1e-6, "bug": 1e-3}, 0.0, set()),
+        # fewer than 2 other variants and no same-layout spread: nothing to compare against
+        # but rounding, so each variant is judged against the floor: both are out (the
+        # oracle, not this rule, keeps a true variant: it is certified), a few ulps is not
+        pytest.param(
+            {"a": 1e-6, "bug": 1e-3}, 0.0, {"a", "bug"}, id="one-other-no-spread-vs-rounding"
+        ),
+        pytest.param({"v": 1e-15}, 0.0, set(), id="alone-no-spread-within-rounding"),
         # the other variants agree bit for bit: a few ulps is no outlier, 1e-3 is
         ({"a": 0.0, "b": 0.0, "c": 1e-15}, 0.0, set()),
         ({"a": 0.0, "b": 0.0, "bug": 1e-3}, 0.0, {"bug"}),
@@ -222,14 +306,28 @@ def test_the_summary_says_why_a_value_keeps_its_default_and_names_the_variants()
                 "excluded": {"loss": {"distance": 2e-6, "times": 20.0, "absolute": True,
                                       "against": "the same-layout spread", "baseline": 1e-7}},
                 "failed": ["loss"],
+                "certificate": calibrate.uncertified(),  # no float64 certification ran
             },
             "t[mb4]": {
                 "variant": "mb4",
                 "distances": {"loss": {"distance": 3e-5, "measure": "relative"}},
                 "excluded": {},
                 "failed": ["loss"],
+                "certificate": calibrate.uncertified(),
             },
-            "t[mb2]": {"variant": "mb2", "distances": {}, "excluded": {}, "failed": []},
+            "t[mb2]": {"variant": "mb2", "distances": {}, "excluded": {}, "failed": [],
+                       "certificate": calibrate.uncertified()},
+            # what the float64 oracle said: named whatever the outlier rule would say
+            "t[mb1]": {"variant": "mb1", "distances": {}, "excluded": {}, "failed": [],
+                       "certificate": {"verdict": calibrate.CERTIFIED, "largest": 0.0}},
+            "t[x1.001]": {
+                "variant": "x1.001",
+                "distances": {"loss": {"distance": 1e-3, "measure": "relative"}},
+                "excluded": {},
+                "failed": ["loss"],
+                "certificate": {"verdict": calibrate.NOT_SAME_MATH, "value": "loss", "step": 0,
+                                "differs_by": 1e-3, "values": ["loss"]},
+            },
         },
     )  # fmt: skip
     entry = {
@@ -249,8 +347,13 @@ def test_the_summary_says_why_a_value_keeps_its_default_and_names_the_variants()
         "runs differ by more than the order of their sums",
         "    t[bug]: moved loss by 2.0e-06 (absolute), 20x the same-layout spread: excluded from "
         "the variant lane (not same math?); failed against the golden during calibration on loss",
+        "    t[mb1]: certified same math in float64 (identical in float64): kept in the variant "
+        "lane on every value",
         "    t[mb4]: failed against the golden during calibration on loss (moved by 3.0e-05: kept "
         "in the variant lane)",
+        "    t[x1.001]: not the same math: loss differs by 1.0e-03 in float64 at step 0: left out "
+        "of the variant lane on every value; failed against the golden during calibration on "
+        "loss",
     ]
 
 
@@ -269,7 +372,8 @@ V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
 def test_x(golden, v):
     threads = torch.get_num_threads()
     jitter = V.get("jitter", 0.0) * threads if v == "mb4" else 0.0
-    golden.check({"loss": 0.5 * (1 + 1e-7 * threads + jitter + V.get(v, 0.0))}, step=0)
+    noise = (1e-7 * threads + jitter) * (not golden.certifying)  # gone in float64
+    golden.check({"loss": 0.5 * (1 + noise + V.get(v, 0.0))}, step=0)
 """
 
 
@@ -294,7 +398,7 @@ def test_calibrating_one_lane_keeps_the_other(project):
     project.write(JITTERY)
     project.set_values()
     project.run().assert_outcomes(passed=2)
-    project.run("--golden-calibrate", "3").assert_outcomes(passed=6)
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=8)  # 2 oracle runs + 2 x 3
     path = project.golden_dir("test_x[mb8]") / "tolerances.json"
     lane = json.loads(path.read_text())["layout_tolerances"]
     assert "loss" in lane

@@ -172,7 +172,8 @@ def test_a_tolerance_given_in_the_marker_overrides_the_band(calibrated):
 
 
 # Same-math variants of a 12-step run: each drifts from the reference by its own noise that
-# grows with the step; "x1.001" is a bug among them (every value 1e-3 off).
+# grows with the step; "x1.001" is a bug among them (every value 1e-3 off). The noise is gone in
+# float64 (golden.certifying), the bug is not.
 VARIANTS = """
 import json, math, pathlib
 import pytest
@@ -184,21 +185,36 @@ DRIFT = {"mb8": 0.0, "mb4": 1.0, "mb2": -1.5, "mb1": 0.7, "mb16": -7.0, "x1.001"
 
 @pytest.mark.parametrize("v", same_math(V["variants"]))
 def test_x(golden, v):
+    if V.get("no_float64") and golden.certifying:
+        raise RuntimeError("no float64 kernel")
     bug = 1.001 if v == "x1.001" else V.get("scale", 1.0)
     for step in range(12):
-        noise = 1 + 5e-6 * step * DRIFT[v] * math.cos(step)
+        noise = 1 + 5e-6 * step * DRIFT[v] * math.cos(step) * (not golden.certifying)
         golden.check({"loss": (2.0 + 0.1 * step) * noise * bug}, step=step)
 """
 
 
+@pytest.mark.parametrize("oracle", [True, False], ids=["float64-oracle", "no-float64-kernel"])
 def test_the_band_across_variants_leaves_out_a_bug_among_them_and_gates_every_variant(
-    project,
+    project, oracle
 ):
+    """The bug is left out of the band: by the float64 oracle (not the same math), or where
+    the test cannot run in float64, by the outlier rule."""
     project.write(VARIANTS)
-    project.set_values(variants=["mb8", "mb4", "mb2", "mb1", "x1.001"])
+    project.set_values(variants=["mb8", "mb4", "mb2", "mb1", "x1.001"], no_float64=not oracle)
     project.run().assert_outcomes(passed=4, failed=1)  # mb8 records; the bug fails
     result = project.run("--golden-calibrate", "3")
     out = result.stdout.str()
+    if oracle:  # 5 oracle runs + 5 x 3; the bug fails in float64 and against the golden
+        result.assert_outcomes(passed=16, failed=4)
+        assert (
+            "test_it.py::test_x[x1.001]: not the same math: loss differs by 1.0e-03 in float64 "
+            "at step 0: left out of the variant lane on every value"
+        ) in out
+    else:  # the 5 oracle runs are skipped, saying why
+        result.assert_outcomes(passed=12, failed=3, skipped=5)
+        assert "test_it.py::test_x[x1.001]: not certified (its float64 run could not run: " in out
+        assert "excluded from the variant lane (not same math?)" in out
     assert "across variants: loss over 12 steps, from 12 runs" in out, out
     # mb8 drifts not at all (the golden's own values), mb4, mb2 and mb1 each their own way
     assert "from 12 runs (3 distinct at the fewest step: margin x4.47; more distinct" in out
@@ -212,7 +228,7 @@ def test_the_band_across_variants_leaves_out_a_bug_among_them_and_gates_every_va
     row = project.mismatch_row(result, "loss")
     assert "envelope across variants (envelope.json)" in row["allowed"], row
     # a variant that moves by a bias inside the widest step but outside the early ones fails
-    project.set_values(variants=["mb8", "mb4"], scale=1.0002)
+    project.set_values(variants=["mb8", "mb4"], scale=1.0002, no_float64=not oracle)
     result = project.run()
     result.assert_outcomes(failed=2)
     assert "first divergence at step 0: loss" in result.stdout.str()
@@ -224,7 +240,7 @@ def test_a_variant_added_after_calibration_fails_with_a_note_naming_the_calibrat
     project.write(VARIANTS)
     project.set_values(variants=["mb8", "mb4", "mb2", "mb1"])
     project.run().assert_outcomes(passed=4)
-    project.run("--golden-calibrate", "3").assert_outcomes(passed=12)
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=16)  # 4 oracle runs + 4 x 3
     project.set_values(variants=["mb8", "mb4", "mb2", "mb1", "mb16"])  # mb16 drifts its own way
     result = project.run()
     result.assert_outcomes(passed=4, failed=1)
@@ -255,7 +271,8 @@ def test_a_band_only_the_reference_made_does_not_gate_variants(project):
 
 
 # Variants of a long run whose train-inference gap drifts away from the recorded rollouts
-# (to 2.5x the recorded gap by the last step): no band can hold it.
+# (to 2.5x the recorded gap by the last step): no band can hold it. In float64 no variant drifts
+# (golden.certifying): each computes the reference's gap.
 DRIFTING = """
 import json, pathlib
 import pytest
@@ -268,7 +285,8 @@ DRIFT = {"mb8": 0.0, "mb4": 1.0, "mb2": 1.5}
 @pytest.mark.parametrize("v", same_math(V["variants"]))
 def test_x(golden, v):
     for step in range(12):
-        gap = 0.011 * (1 + DRIFT[v] * step / 11) * V.get("gap_scale", 1.0)
+        drift = 0.0 if golden.certifying else DRIFT[v]
+        gap = 0.011 * (1 + drift * step / 11) * V.get("gap_scale", 1.0)
         golden.check({"loss": 2.0 + 0.1 * step, "mismatch/abs_logprob_diff_mean": gap}, step=step)
 """
 
@@ -292,21 +310,24 @@ def test_a_value_the_variants_drift_away_from_is_not_comparable_across_variants(
 
 
 # A gap every variant grows by its own drift (as a bf16 variant's train-inference gap grows
-# against the golden's rollouts), under a declared trend bound of 1.2.
+# against the golden's rollouts), under a declared trend bound of 1.2; in float64 the drift is
+# gone (golden.certifying): each grows as the reference, mb1. "bug" grows further, in float64 too.
 TRENDING = """
 import json, pathlib
 import pytest
 from pytest_rollout_golden import same_math
 
 V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
-GROWTH = {"mb1": 1.0, "mb2": 1.5, "mb4": 1.6, "mb8": 2.1, "bug": 2.5}
+GROWTH = {"mb1": 1.0, "mb2": 1.5, "mb4": 1.6, "mb8": 2.1}
+BUG = {"bug": 2.5}
 
 
 @pytest.mark.golden(trends={"gap": "growth<=1.2"})
 @pytest.mark.parametrize("v", same_math(V["variants"]))
 def test_x(golden, v):
+    growth = BUG.get(v) or (GROWTH["mb1"] if golden.certifying else GROWTH[v])
     for step in range(20):
-        golden.check({"gap": 0.01 * (1 + (GROWTH[v] - 1) * step / 19)}, step=step)
+        golden.check({"gap": 0.01 * (1 + (growth - 1) * step / 19)}, step=step)
 """
 
 

@@ -142,8 +142,10 @@ def test_calibration_writes_into_the_runs_lane_only(project):
     project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
     project.run("--golden-lane", "gpu").assert_outcomes(passed=1)
     base = _base_files(project)
-    project.run("--golden-calibrate", "3", "--golden-lane", "gpu").assert_outcomes(passed=3)
+    # 1 oracle run + 3 runs
+    project.run("--golden-calibrate", "3", "--golden-lane", "gpu").assert_outcomes(passed=4)
     assert _base_files(project) == base, "calibrating one lane never touches another"
+    assert _lanes(project) == ["float64-oracle", "gpu"]  # the oracle run re-records its own
     lane = project.golden_dir("test_step") / "@lanes" / "gpu"
     manifest = json.loads((lane / "manifest.json").read_text())
     assert manifest["lane"] == "gpu" and "tolerances.json" in manifest["files"]

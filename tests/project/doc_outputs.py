@@ -230,9 +230,11 @@ import math, pathlib
 def test_long(golden):
     counter = pathlib.Path(__file__).with_name("runs.txt")
     run = int(counter.read_text()) if counter.exists() else 0
-    counter.write_text(str(run + 1))  # 0: the recording; then each calibration run
+    if not golden.certifying:  # the float64 oracle run of calibration drifts not: no count
+        counter.write_text(str(run + 1))  # 0: the recording; then each calibration run
     for step in range(12):
-        drift = 1e-4 * step * math.sin(1.7 * run + step) if run else 0.0  # grows with the step
+        drifts = run and not golden.certifying
+        drift = 1e-4 * step * math.sin(1.7 * run + step) if drifts else 0.0  # grows with the step
         golden.check({"loss": 2.0 * math.exp(-step / 8) + 0.5 + drift, "lr": 1e-6}, step=step)
 """
 
