@@ -1163,5 +1163,7 @@ def _notable_variants(content: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
         {"test": test, **record}
         for test, record in sorted(content.get("variants", {}).items())
-        if record["excluded"] or record["failed"] or record.get("certificate") != uncertified()
+        if record["excluded"]
+        or record["failed"]
+        or record.get("certificate", uncertified()) != uncertified()
     ]
