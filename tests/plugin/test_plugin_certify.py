@@ -239,3 +239,21 @@ def test_code_that_cannot_run_in_float64_is_not_certified_and_says_so(project):
         "test_it.py::test_train[mb4]: not certified (its float64 run could not run: "
         "RuntimeError: no float64 kernel for this op): judged by the outlier rule"
     ) in out
+
+
+def test_regenerating_the_inputs_leaves_the_oracle_stale_and_says_how_to_recertify(project):
+    loop(project, ini="[pytest]\n")
+    project.run("--update-golden").assert_outcomes(passed=3)
+    project.run("--golden-certify").assert_outcomes(passed=3)
+    source = (project.path / "test_it.py").read_text()
+    project.write(source.replace("manual_seed(step)", "manual_seed(step + 100)"))  # new rollouts
+    project.run("--update-golden", "--golden-regenerate", "-k", "mb8").assert_outcomes(
+        passed=1, deselected=2
+    )
+    result = project.run("--golden-certify", "-k", "mb8")
+    result.assert_outcomes(failed=1, deselected=2)
+    out = result.stdout.str()
+    assert "the float64 oracle was computed on other inputs than the golden holds" in out
+    assert "`pytest --golden-certify --update-golden`" in out
+    project.run("--golden-certify", "--update-golden").assert_outcomes(passed=3)
+    project.run("--golden-certify").assert_outcomes(passed=3)
