@@ -211,3 +211,50 @@ def test_the_cache_key_holds_the_environment_a_run_reads(history, monkeypatch, n
     monkeypatch.setattr(cache, "_packages_digest", lambda python: "other (1 packages)")
     other = cache.key_parts(spec, "d", cache.context(spec))
     assert cache.key(other, commit) != cache.key(changed, commit)
+
+
+STOPS_AT_STEP_1 = """
+def loss(step):
+    value = (0.5 + 0.125 * step) * (1.001 if step >= 1 else 1.0)
+    if step >= 1:
+        raise FloatingPointError(f"loss {value} at step {step}")
+    return value
+"""
+
+
+def test_a_run_that_stops_early_is_skipped_not_good(tmp_path):
+    """The commit moves the loss from step 1 and raises at step 1: step 0 passed, steps 1 and
+    2 were never reached, so the run says nothing about them (skip; bad with any_failure)."""
+    repo = TinyRepo(tmp_path / "project")
+    repo.record()
+    repo.commit("moves the loss from step 1 and raises there", {"calc.py": STOPS_AT_STEP_1})
+    commit = git.resolve(repo.path, repo.shas[-1])
+    verdicts = {}
+    with trees.Trees(repo.path, base=tmp_path) as run:
+        for any_failure in (False, True):
+            spec = spec_of(repo, any_failure=any_failure)
+            verdicts[any_failure] = runs.run_commit(spec, commit, run.add(commit))
+    stopped = verdicts[False]
+    assert stopped.outcome == SKIP, (stopped.reason, stopped.log_tail)
+    assert stopped.reason == (
+        "test_calc.py::test_loss stopped before comparing 2 recorded value(s) of golden "
+        "golden/test_calc/test_loss (pg_loss at step 1, pg_loss at step 2): "
+        "FloatingPointError: loss 0.6256249999999999 at step 1"
+    )
+    assert verdicts[True].outcome == BAD, verdicts[True].reason
+    assert verdicts[True].reason.startswith("a test failed: FloatingPointError")
+
+
+def test_a_golden_whose_test_raised_after_every_recorded_value_still_counts():
+    finished = report(comparison("pass", 0), status=None)
+    log = ["E   AssertionError: after the loop"]
+    assert judge(C, 1, finished, log).outcome == GOOD
+    stopped = report(comparison("pass", 0), status=None)
+    stopped["tests"][0]["unreached"] = [{"metric": "pg_loss", "step": 1}]
+    run = judge(C, 1, stopped, log)
+    assert (run.outcome, run.reason) == (
+        SKIP,
+        "t.py::t stopped before comparing 1 recorded value(s) of golden /g (pg_loss at step 1): "
+        "AssertionError: after the loop",
+    )
+    assert judge(C, 1, stopped, log, any_failure=True).outcome == BAD

@@ -13,14 +13,13 @@ import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
 from . import goldens
 from .cache import Cache, context, key, key_parts
 from .git import Commit, between, resolve
-from .runs import CommitRun, RunSpec, run_commit
+from .runs import CommitRun, RunSpec, in_checkout, run_commit
 from .search import Search
 from .trees import Trees
 
@@ -182,12 +181,9 @@ class _Runner:
             run = run_commit(self._spec, commit, tree)
         finally:
             self._trees.remove(tree)
-        first = run.first
-        root = tree.path.resolve()
-        if first is not None and Path(first.golden).is_relative_to(root):  # the tree is gone
-            run.first = dataclasses.replace(
-                first, golden=Path(first.golden).relative_to(root).as_posix()
-            )
+        if run.first is not None:  # the tree is gone
+            golden = in_checkout(run.first.golden, tree.path.resolve())
+            run.first = dataclasses.replace(run.first, golden=golden)
         if cache is not None:
             cache.put(entry, run)
         return run

@@ -5,8 +5,10 @@ pytest's exit status and the ``--golden-report`` it wrote:
 
 - a failed comparison (``fail`` or ``missing``, outside expected failures): bad;
 - exit 0 with a comparison or recording: good;
-- exit 1 without a failed comparison: good if a comparison ran; bad with ``any_failure``
-  (every failure counts); skip when nothing was compared (a crash before any comparison);
+- exit 1 without a failed comparison: bad with ``any_failure`` (every failure counts);
+  skip when a test stopped early (it raised before comparing every value its golden holds:
+  the steps it never reached are no evidence) or nothing was compared (a crash before any
+  comparison); good otherwise (a comparison ran, and the failure is another one);
 - exit 2 to 5 (collection error, interrupted, internal or usage error, no tests), a
   timeout, no readable report: skip, with the reason.
 """
@@ -191,7 +193,9 @@ def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:
         reason = f"timed out after {spec.timeout:g} s"
         return CommitRun(commit, SKIP, exit_code, seconds, reason, log_tail=tail, timed_out=True)
     document = _report(report)
-    run = judge(commit, exit_code, document, lines, any_failure=spec.any_failure)
+    run = judge(
+        commit, exit_code, document, lines, any_failure=spec.any_failure, root=tree.path.resolve()
+    )
     run.seconds, run.log_tail, run.report = seconds, tail, document
     return run
 
@@ -249,8 +253,10 @@ def judge(
     log: list[str],
     *,
     any_failure: bool = False,
+    root: Path | None = None,
 ) -> CommitRun:
-    """The verdict on a finished run (the rules are in the module's docstring)."""
+    """The verdict on a finished run (the rules are in the module's docstring); a golden's
+    folder inside ``root`` (the checkout, which is removed) is said relative to it."""
     if exit_code in _EXIT or report is None:
         what = _EXIT.get(exit_code or 0, f"exit {exit_code}, no golden report written")
         return CommitRun(commit, SKIP, exit_code, 0.0, f"{what}: {_first_error(log)}")
@@ -268,6 +274,9 @@ def judge(
         return CommitRun(commit, SKIP, exit_code, 0.0, "the tests passed but compared nothing")
     if any_failure:
         return CommitRun(commit, BAD, exit_code, 0.0, f"a test failed: {_first_error(log)}")
+    stopped = _stopped(report, root)
+    if stopped:
+        return CommitRun(commit, SKIP, exit_code, 0.0, f"{stopped}: {_first_error(log)}")
     if compared:
         reason = f"goldens pass; another failure does not count: {_first_error(log)}"
         return CommitRun(commit, GOOD, exit_code, 0.0, reason)
@@ -287,6 +296,26 @@ def _failures(report: dict[str, Any]) -> list[dict[str, Any]]:
         for c in report.get("comparisons", [])
         if c.get("verdict") in _FAILED and (c.get("test"), c.get("golden")) in failed
     ]
+
+
+def _stopped(report: dict[str, Any], root: Path | None) -> str:
+    """The first golden whose test raised before comparing every value it holds, said with
+    the values it never reached (``""``: none): its passing steps are no evidence for those."""
+    for test in report.get("tests", []):
+        unreached = test.get("unreached") or []
+        if test.get("status") is None and unreached:
+            values = ", ".join(f"{u.get('metric')} at step {u.get('step')}" for u in unreached)
+            return (
+                f"{test.get('test')} stopped before comparing {len(unreached)} recorded "
+                f"value(s) of golden {in_checkout(str(test.get('directory')), root)} ({values})"
+            )
+    return ""
+
+
+def in_checkout(folder: str, root: Path | None) -> str:
+    """``folder`` relative to the checkout ``root`` where it lies inside it, else as is."""
+    path = Path(folder)
+    return path.relative_to(root).as_posix() if root and path.is_relative_to(root) else folder
 
 
 def _first_error(log: list[str]) -> str:

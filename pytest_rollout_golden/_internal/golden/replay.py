@@ -827,6 +827,8 @@ class Golden:
                 return self._outcome
             self._outcome.rollouts[:0] = self._rollouts.kept_notes()
             if error:
+                if self._replaying:
+                    self._outcome.unreached = self._unreached()
                 self._discard()
                 return self._outcome
             if self._replaying:
@@ -889,6 +891,16 @@ class Golden:
         metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
         tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
         return metrics + tensors
+
+    def _unreached(self) -> list[dict[str, Any]]:
+        """The recorded values a test that raised never checked, ``{"metric", "step"}`` each,
+        in step order: what its run says nothing about; none where the golden's values cannot
+        be read (the test's own error says why)."""
+        try:
+            missing = sorted(self._unchecked(), key=lambda c: (c.step, c.name))
+        except GoldenError:
+            return []
+        return [{"metric": c.name, "step": c.step} for c in missing]
 
     def _commit(self) -> None:
         fresh = self.policy.fresh(self._files.exists)

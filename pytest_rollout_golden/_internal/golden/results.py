@@ -140,6 +140,8 @@ class Outcome:
     # the lane this run used (lanes.py): name, source, the golden's base lane, and the
     # fallback lane compared against where this one was never recorded; {} with lanes off
     lane: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # replaying, the recorded values a test that raised never reached: {"metric", "step"}
+    unreached: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def fail(self) -> None:
         """The golden failed: a mismatch, or it was missing or unreadable."""
@@ -163,6 +165,7 @@ class Outcome:
             "loosened": self.loosened,
             **({"recorded_by": self.recorded_by} if self.recorded_by else {}),
             **({"lane": self.lane} if self.lane else {}),
+            **({"unreached": self.unreached} if self.unreached else {}),
         }
 
     @classmethod
@@ -180,6 +183,7 @@ class Outcome:
             loosened=dict(data.get("loosened", {})),
             recorded_by=str(data.get("recorded_by", "")),
             lane=dict(data.get("lane", {})),
+            unreached=list(data.get("unreached", [])),
         )
 
 
