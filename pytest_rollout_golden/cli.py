@@ -42,7 +42,6 @@ from ._internal.report.presentation import (
     verify_row,
     verify_totals,
 )
-from ._internal.tolerance.spec import Layer, ignore_and_tolerance_layers
 from ._internal.tolerance.stack import Stack
 from .errors import GoldenError
 from .store.location import (
@@ -777,37 +776,52 @@ def _import_epilog() -> str:
     return "\n".join(lines)
 
 
-def _tolerances(args: argparse.Namespace, paths: Sequence[Path]) -> tuple[Stack, str]:
-    """The plugin's layers: --tolerance/--ignore, then the ini of the project holding
-    ``paths`` (or ``--config``), then built-ins."""
-    from ._internal.pytest_plugin.options import with_profile
-    from ._internal.pytest_plugin.projectini import find_config, linelist
+_FLAGS = ("--tolerance", "--ignore")
 
-    ini: tuple[Layer, ...] = ()
-    config, profile = "", ""
-    if not args.no_config:
-        path, options = find_config([args.config] if args.config else [p for p in paths if p])
-        if args.config and path is None:
-            raise GoldenError(f"{args.config}: not a pytest configuration file")
-        if path is not None:
-            config = str(path)
-            try:
-                ini = ignore_and_tolerance_layers(
-                    "ini golden_tolerances",
-                    linelist(options.get("golden_tolerances")),
-                    "ini golden_ignore",
-                    linelist(options.get("golden_ignore")),
-                )
-            except ValueError as exc:
-                raise GoldenError(f"{path}: {exc}") from None
-            profile = str(options.get("golden_metric_profile") or "")
-    # ValueError: usage
-    cli = ignore_and_tolerance_layers("--tolerance", args.tolerance, "--ignore", args.ignore)
+
+def _tolerances(args: argparse.Namespace, paths: Sequence[Path]) -> tuple[Stack, str]:
+    """The stack pytest resolves (``session_tolerances``, one builder for both), with
+    --tolerance/--ignore in place of pytest's flags, over the ini values of the project
+    holding ``paths`` (or ``--config``): ``golden_tolerances``, ``golden_ignore``,
+    ``golden_precision``, ``golden_metric_profile``; and that file (``""``: none).
+    ValueError for a bad --tolerance/--ignore (usage), GoldenError naming the file for a bad
+    ini value."""
+    from ._internal.pytest_plugin.options import session_tolerances
+
+    config, options = _project_ini(args, paths)
+    ini = (
+        _ini_value(options, "golden_tolerances", linelist=True),
+        _ini_value(options, "golden_ignore", linelist=True),
+        _ini_value(options, "golden_metric_profile"),
+        _ini_value(options, "golden_precision"),
+    )
+    session_tolerances(args.tolerance, args.ignore, [], [], flags=_FLAGS)  # ValueError: usage
     try:
-        stack = with_profile(Stack(cli=cli, ini=ini, exact=args.exact), profile)
-    except ValueError as exc:
+        stack = session_tolerances(args.tolerance, args.ignore, *ini, flags=_FLAGS)
+    except ValueError as exc:  # the command line's own layers are valid: the ini's mistake
         raise GoldenError(f"{config}: {exc}") from None
-    return stack, config
+    return stack.replace(exact=args.exact), config
+
+
+def _project_ini(args: argparse.Namespace, paths: Sequence[Path]) -> tuple[str, Mapping[str, Any]]:
+    """``(the pytest configuration file, its options)`` of the project holding ``paths``, or
+    ``--config``; ``("", {})`` with ``--no-config`` or none found."""
+    if args.no_config:
+        return "", {}
+    from ._internal.pytest_plugin.projectini import find_config
+
+    path, options = find_config([args.config] if args.config else [p for p in paths if p])
+    if args.config and path is None:
+        raise GoldenError(f"{args.config}: not a pytest configuration file")
+    return ("", {}) if path is None else (str(path), options)
+
+
+def _ini_value(options: Mapping[str, Any], name: str, *, linelist: bool = False) -> Any:
+    """Ini option ``name`` as pytest's ``config.getini`` gives it: a list of lines
+    (``linelist``), else a string (``""`` when absent)."""
+    from ._internal.pytest_plugin.projectini import linelist as lines
+
+    return lines(options.get(name)) if linelist else str(options.get(name) or "")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -877,10 +891,13 @@ def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact", action="store_true", help="demand bit equality")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
-        "--config", type=Path, help="pytest configuration file to read golden_tolerances from"
+        "--config",
+        type=Path,
+        help="pytest configuration file to read golden_tolerances, golden_ignore, "
+        "golden_precision and golden_metric_profile from",
     )
     parser.add_argument(
-        "--no-config", action="store_true", help="ignore the project's golden_tolerances"
+        "--no-config", action="store_true", help="ignore the project's pytest configuration"
     )
 
 

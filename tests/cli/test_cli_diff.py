@@ -408,3 +408,27 @@ def test_a_tensordict_with_and_without_a_device_is_no_structure_difference(tmp_p
             golden.rollout(lambda batch=batch: batch, step=0)
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert "structure differ" not in capsys.readouterr().out
+
+
+def test_diff_resolves_the_ini_tolerances_pytest_resolves(tmp_path, capsys):
+    """ini ``golden_precision = bf16`` loosens grad_norm to rtol 2e-3 in pytest: a drift of
+    1e-3 relative passes there, so ``diff`` passes it too, naming the same source."""
+    from pytest_rollout_golden._internal.pytest_plugin.options import session_tolerances
+
+    for name, norm in (("a", 1.0), ("b", 1.001)):
+        with Golden(tmp_path / "golden" / name, mode=Mode.AUTO) as golden:
+            golden.check({"grad_norm": norm, "pg_loss": 0.5}, step=0)
+    a, b = str(tmp_path / "golden" / "a"), str(tmp_path / "golden" / "b")
+    assert main(["diff", a, b]) == 1  # float32: grad_norm's built-in rtol is tighter
+    capsys.readouterr()
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngolden_precision = bf16\n")
+    code, doc = run_json(capsys, a, b)
+    grad_norm = next(m for m in doc["goldens"][0]["metrics"] if m["name"] == "grad_norm")
+    _, pytest_source = (
+        session_tolerances([], [], [], [], "", "bf16").resolver().resolve("grad_norm")
+    )
+    assert grad_norm["source"] == pytest_source == "ini golden_precision = bf16"
+    assert (code, grad_norm["ok"]) == (0, True)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngolden_precision = bf17\n")
+    assert main(["diff", a, b]) == 2
+    assert "pytest.ini: ini golden_precision: unknown precision 'bf17'" in capsys.readouterr().err

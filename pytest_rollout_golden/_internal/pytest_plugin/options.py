@@ -56,6 +56,9 @@ def session_mode(*, update: bool, strict: bool, calibrate: int | None, ci: bool)
     return Mode.AUTO
 
 
+PYTEST_FLAGS = ("--golden-tolerance", "--golden-ignore")
+
+
 def session_tolerances(
     flag_tolerances: Any,
     flag_ignore: Any,
@@ -63,13 +66,16 @@ def session_tolerances(
     ini_ignore: Any,
     profile: str = "",
     precision: str = "",
+    *,
+    flags: tuple[str, str] = PYTEST_FLAGS,
 ) -> Stack:
-    """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` over
-    ini ``golden_tolerances``/``golden_ignore`` over ``golden_precision`` over the
-    ``golden_metric_profile`` (ValueError naming the source on a bad entry or an unknown
-    profile or precision)."""
+    """The session's tolerance layers: ``--golden-tolerance``/``--golden-ignore`` (named
+    ``flags``: ``rollout-golden diff`` has its own) over ini ``golden_tolerances``/
+    ``golden_ignore`` over ``golden_precision`` over the ``golden_metric_profile``
+    (ValueError naming the source on a bad entry or an unknown profile or precision).
+    pytest and ``rollout-golden diff`` both build their stack here."""
     stack = Stack(
-        cli=layers("--golden-tolerance", flag_tolerances, "--golden-ignore", flag_ignore),
+        cli=layers(flags[0], flag_tolerances, flags[1], flag_ignore),
         ini=layers("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
     )
     return with_precision(with_profile(stack, profile), precision, "ini golden_precision")
