@@ -189,7 +189,8 @@ def build_tokenizer():
 
 
 def build_model_dir(path: str | os.PathLike, seed: int = 0) -> Path:
-    """Save the tokenizer and a seeded tiny Qwen2 (float32) to ``path`` (idempotent)."""
+    """Save the tokenizer and a seeded tiny Qwen2 (float32) to ``path`` (idempotent); the
+    same weights whatever torch's default dtype (the float64 oracle sets it to float64)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
@@ -210,9 +211,14 @@ def build_model_dir(path: str | os.PathLike, seed: int = 0) -> Path:
         bos_token_id=tokenizer.eos_token_id,
         dtype="float32",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+    default = torch.get_default_dtype()  # float64 under --golden-certify: init in float32
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = Qwen2ForCausalLM(config).to(torch.float32)
+    finally:
+        torch.set_default_dtype(default)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     path.mkdir(parents=True, exist_ok=True)
