@@ -101,6 +101,7 @@ def _row_beyond(text: str, test: str, metric: str, step: int, bound: str = "") -
 
 
 def _outcomes(text: str) -> dict[str, str]:
+    """Variant id -> PASSED/FAILED/... of a ``-v`` run (its last line per test)."""
     found = re.finditer(r"test_lane\.py::test_bf16\[(\S+)\] (PASSED|FAILED|ERROR|SKIPPED)", text)
     return {m.group(1): m.group(2) for m in found}
 
@@ -126,7 +127,6 @@ def _seed(tmp: Path, lane, seed: int) -> dict:
         "recorded": recorded,
         "certificates": certificates,
         "lane": content.get("layout_tolerances", {}),
-        "spreads": content.get("layout_spreads", {}),
         "strict": _outcomes(strict),
         "oracle_first": oracle.groups() if oracle else None,
         "oracle_loss_beyond": _row_beyond(calibrate, "x1.001", "loss", 0, "float64 oracle bound"),
@@ -168,6 +168,7 @@ def _cost(path: Path, rounds: int) -> dict[str, list[float]]:
 
 
 def _verdict(certificate: dict) -> str:
+    """A variant's certificate in a table cell."""
     if certificate["verdict"] == "certified":
         return f"certified ({certificate['largest']:.2g}x the bound)"
     if certificate["verdict"] == "not the same math":
