@@ -8,6 +8,7 @@ variant never widens the lane (1, 2 or 3 variants; bf16 and float32) and fails a
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -208,11 +209,12 @@ def test_certified_bf16_variants_pass_after_calibration_without_a_written_tolera
     project.run("--update-golden").assert_outcomes(passed=2, failed=1)
     result = project.run("--golden-calibrate", "2")
     out = result.stdout.str()
-    for variant in ("mb4", "mb2"):
-        assert (
-            f"test_it.py::test_train[{variant}]: certified same math in float64 (identical in "
-            "float64): kept in the variant lane on every value"
-        ) in out
+    for variant in ("mb4", "mb2"):  # float64 reordering: ~1e-16, some 1e-10 x the bound
+        assert re.search(
+            rf"test_it\.py::test_train\[{variant}\]: certified same math in float64 \(within "
+            r"[\d.]+e-1\d x the bound\): kept in the variant lane on every value",
+            out,
+        ), out
     result = project.run("--golden-strict")
     result.assert_outcomes(passed=3)
     assert "tolerances looser than the defaults, from calibrated files:" in result.stdout.str()

@@ -79,3 +79,28 @@ def test_the_oracle_lane_is_not_a_lane_a_user_can_name():
 
     assert "--golden-certify" in lane_problem("float64-oracle")
     assert lane_problem("float64") is None
+
+
+def test_a_certificate_gives_a_certified_variants_distance_in_units_of_the_bound():
+    """A certified variant that is not bit-equal is "within x the bound", not "identical"
+    (a passing comparison's ``excess`` is 0 whatever its distance)."""
+    from pytest_rollout_golden._internal.golden.results import Comparison, Verdict
+    from pytest_rollout_golden._internal.tolerance.calibration import certificate
+
+    def compared(name, expected, actual):
+        diff = abs(actual - expected)
+        return Comparison(
+            name,
+            0,
+            Verdict.PASS,
+            expected=expected,
+            actual=actual,
+            abs_diff=diff,
+            tolerance=CERTIFY,
+            excess=0.0,
+            scale=abs(expected),
+        )
+
+    found = certificate([compared("loss", 2.0, 2.0), compared("grad_norm", 2.0, 2.0 + 4e-8)])
+    assert found == {"verdict": "certified", "largest": pytest.approx(4e-8 / (1e-12 + 2e-6))}
+    assert certificate([compared("loss", 2.0, 2.0)]) == {"verdict": "certified", "largest": 0.0}

@@ -907,7 +907,7 @@ def certificate(comparisons: Sequence[Any], *, error: str = "") -> dict[str, Any
     if not drifted and not compared:
         return uncertified("its float64 run compared no value")
     if not drifted:
-        return {"verdict": CERTIFIED, "largest": max(c.excess for c in compared)}
+        return {"verdict": CERTIFIED, "largest": max(_within(c) for c in compared)}
     first = min(drifted, key=lambda c: (c.step, -(c.excess or math.inf)))
     size = first.rel_diff if first.rel_diff is not None else first.abs_diff
     return {
@@ -917,6 +917,16 @@ def certificate(comparisons: Sequence[Any], *, error: str = "") -> dict[str, Any
         "differs_by": size,
         "values": sorted({c.name for c in drifted}),
     }
+
+
+def _within(c: Any) -> float:
+    """A passing comparison's difference over the difference allowed (0: equal values).
+    ``Comparison.excess`` cannot say: it is 0 for every value within its tolerance."""
+    if not c.abs_diff:
+        return 0.0
+    expected = c.expected if isinstance(c.expected, (int, float)) else 0.0
+    allowed = c.tolerance.atol + c.tolerance.rtol * (c.scale or abs(expected))
+    return c.abs_diff / allowed if allowed > 0 else math.inf
 
 
 def uncertified(why: str = "no float64 certification ran for it") -> dict[str, Any]:

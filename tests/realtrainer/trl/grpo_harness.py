@@ -51,6 +51,13 @@ Numerics worth knowing:
   autocast, and TRL's fused log-prob head (``trl/kernels/chunked_logprob.py``) then computes
   its logit tiles in bf16: gradients carry ~2e-3 relative error (even a float64 model) and
   same-math micro-batching moves grad_norm by up to ~1e-3 (``MEASURED.md``).
+* ``dtype="float64", bf16=False`` (what the golden's float64 oracle runs) keeps the weights,
+  gradients, advantages, loss and grad_norm in float64, but TRL's fused log-prob head still
+  computes in float32: its ``running_max``/``sum_exp``/``target_logit`` accumulators, the
+  ``tile.float()`` of the CPU path and the backward's ``grad_hidden``/``grad_weight`` are
+  float32 whatever the model's dtype, so per-token log-probs and entropies are float32 and
+  same-math micro-batching moves loss by ~3e-9 and grad_norm by ~2e-8 relative in the oracle
+  (not ~1e-15): 0.003-0.016x its 1e-6 bound (``MEASURED.md``).
 * Plain SGD (lr 0.2, clipped at max_grad_norm 1) by default; ``optim="adamw_torch"`` (lr
   1e-3) gives the same same-math agreement (loss <= 3e-7 relative, grad_norm bit-equal over
   3 steps with bf16 off).
@@ -189,7 +196,8 @@ def build_tokenizer():
 
 
 def build_model_dir(path: str | os.PathLike, seed: int = 0) -> Path:
-    """Save the tokenizer and a seeded tiny Qwen2 (float32) to ``path`` (idempotent)."""
+    """Save the tokenizer and a seeded tiny Qwen2 (float32) to ``path`` (idempotent); the
+    same weights whatever torch's default dtype (the float64 oracle sets it to float64)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
@@ -210,9 +218,14 @@ def build_model_dir(path: str | os.PathLike, seed: int = 0) -> Path:
         bos_token_id=tokenizer.eos_token_id,
         dtype="float32",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+    default = torch.get_default_dtype()  # float64 under --golden-certify: init in float32
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = Qwen2ForCausalLM(config).to(torch.float32)
+    finally:
+        torch.set_default_dtype(default)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     path.mkdir(parents=True, exist_ok=True)

@@ -10,12 +10,18 @@ are caught) and checks the logged training metrics per step with ``golden.check`
 with ``--update-golden``; then one replay run covers every variant: the same-math ones must
 pass, every seeded bug must fail naming the metric that shows it.
 
+A second project (``CERTIFY_INNER``) runs bf16 dapo as TRL defaults it, following the golden's
+precision (float64 under the oracle): ``--golden-calibrate`` with a x1.001 loss and a
+per-micro-batch token mean declared ``same_math()`` must certify only the same-math variants,
+keep the bugs out of the variant lane, and a strict replay must fail exactly the bugs.
+
 Needs trl and transformers: see ``tests/realtrainer/requirements-trl.txt``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -250,3 +256,109 @@ def test_trl_grpo_lane(pytester: pytest.Pytester):
         ):
             problems.append(f"{test_id}: failed without naming {metrics[0]}\n{sections[test_id]}")
     assert not problems, "\n\n".join(problems)
+
+
+# TRL's default bf16=True, declared with ini golden_precision = bf16. The knobs follow the
+# golden's precision: under the float64 oracle (--golden-certify, calibration's first run)
+# a float64 model with autocast off, else float32 master weights under bf16 autocast.
+CERTIFY_INNER = """
+import sys
+
+import pytest
+
+sys.path.insert(0, {harness!r})
+
+from grpo_harness import Knobs, make_trainer, quiet, training_metrics
+
+from pytest_rollout_golden import same_math
+
+VARIANTS = {{
+    "b8ga1": {{}},
+    "b4ga2": {{"batch": 4, "ga": 2}},
+    "b2ga4": {{"batch": 2, "ga": 4}},
+    "x1.001": {{"bug": "loss_x1.001"}},
+    "b4ga2-mbmean": {{"batch": 4, "ga": 2, "bug": "microbatch_token_mean"}},
+}}
+
+
+def knobs_for(golden, variant):
+    dtype = "float64" if golden.precision == "float64" else "float32"
+    return Knobs(loss_type="dapo", dtype=dtype, bf16=not golden.certifying, **variant)
+
+
+@pytest.mark.parametrize("variant", same_math(VARIANTS))
+def test_bf16(golden, variant, model_dir, tmp_path):
+    trainer = make_trainer(
+        knobs_for(golden, variant),
+        model_dir,
+        tmp_path,
+        rollout=lambda step, generate, name: golden.rollout(generate, step=step, name=name),
+        on_step=lambda step, logs: golden.check(training_metrics(logs), step=step),
+    )
+    with quiet():
+        trainer.train()
+"""
+CERTIFY_INI = (
+    "[pytest]\ngolden_dir = golden\ngolden_metric_profile = trl\n"
+    "golden_precision = bf16\nfilterwarnings = ignore::FutureWarning\n"
+)
+CERTIFIED = ("b4ga2", "b2ga4")
+NOT_SAME_MATH = ("x1.001", "b4ga2-mbmean")
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=600)
+
+
+def _outcomes(result: pytest.RunResult) -> dict[str, str]:
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(
+            r"test_lane\.py::(\S+) (PASSED|FAILED|ERROR|SKIPPED)", result.stdout.str()
+        )
+    }
+
+
+def _certified_distances(tolerances: dict) -> dict[str, float]:
+    """Per value, the largest distance of a certified variant to the reference (what the
+    certified variants alone spread the lane by)."""
+    found: dict[str, float] = {}
+    for record in tolerances["variants"].values():
+        if record["certificate"]["verdict"] != "certified":
+            continue
+        for name, measured in record["distances"].items():
+            found[name] = max(found.get(name, 0.0), measured["distance"])
+    return found
+
+
+def test_trl_bf16_calibration_trusts_only_certified_variants(pytester: pytest.Pytester):
+    """bf16 GRPO (dapo): record the reference, calibrate with a x1.001 loss and a
+    per-micro-batch token mean declared same_math(): the float64 oracle certifies b4ga2 and
+    b2ga4, finds the bugs not the same math and keeps them out of the lane; a strict replay
+    passes the certified variants with no written tolerance and fails each bug."""
+    pytester.makeini(CERTIFY_INI)
+    pytester.makeconftest(INNER_CONFTEST.format(harness=str(HERE)))
+    pytester.makepyfile(test_lane=CERTIFY_INNER.format(harness=str(HERE)))
+    record = _run(pytester, "--update-golden", "-k", "b8ga1")
+    assert record.ret == 0, record.stdout.str()[-5000:]
+
+    calibrate = _run(pytester, "--golden-calibrate", "2")
+    text = calibrate.stdout.str()
+    for variant in CERTIFIED:
+        assert f"test_lane.py::test_bf16[{variant}]: certified same math in float64" in text, text
+    for variant in NOT_SAME_MATH:
+        assert f"test_lane.py::test_bf16[{variant}]: not the same math: " in text, text
+    path = pytester.path / "golden" / "test_lane" / "test_bf16[b8ga1]" / "tolerances.json"
+    tolerances = json.loads(path.read_text())
+    # the lane pools the reference and the certified variants only: on CPU the runs of one
+    # test are bit-equal, so each compared spread is a certified variant's distance, no more
+    certified = _certified_distances(tolerances)
+    for name, spread in tolerances["layout_spreads"].items():
+        if spread.get("kept") == "not compared":  # kl, entropy, clip_ratio/* (trl profile)
+            continue
+        assert spread["rel_spread"] <= certified.get(name, 0.0), (name, spread, certified)
+
+    strict = _outcomes(_run(pytester, "--golden-strict"))
+    expected = {f"test_bf16[{v}]": "PASSED" for v in ("b8ga1", *CERTIFIED)}
+    expected.update({f"test_bf16[{v}]": "FAILED" for v in NOT_SAME_MATH})
+    assert strict == expected
