@@ -53,7 +53,7 @@ def calibrated(project):
     project.set_values()
     project.run().assert_outcomes(passed=1, xfailed=1)
     result = project.run("--golden-calibrate", "3")
-    result.assert_outcomes(passed=4, xfailed=4)  # per test: 1 float64 oracle run + 3 runs
+    result.assert_outcomes(passed=3, xfailed=3)  # no variants: no oracle run, 3 runs each
     return project, result
 
 
@@ -192,7 +192,8 @@ def test_calibrating_the_example_passes_it_and_still_fails_the_micro_batch_bug(p
     committed = EXAMPLES.parent / "golden" / "examples" / "test_tiny_rl_golden"
     shutil.copytree(committed, project.golden / module)
     result = project.run("--golden-calibrate", "3")
-    result.assert_outcomes(passed=16, xfailed=4)  # 4 oracle runs + 4 x 3; the xfail: 1 + 3
+    # the layouts' 3 oracle runs (they declare variants) + 4 x 3; the xfail: 1 + 3
+    result.assert_outcomes(passed=15, xfailed=4)
     for golden in ("test_grpo_training_matches_golden", "grpo_layouts"):
         directory = project.golden / module / golden
         if not (directory / "tolerances.json").exists():  # runs that agree bit for bit
@@ -248,7 +249,7 @@ def test_xdist_workers_send_their_runs_and_the_controller_writes(project):
     project.set_values()
     project.run().assert_outcomes(passed=1, xfailed=1)
     result = project.run_subprocess("-n", "2", "--golden-calibrate", "3")
-    result.assert_outcomes(passed=4, xfailed=4)  # per test: 1 float64 oracle run + 3 runs
+    result.assert_outcomes(passed=3, xfailed=3)  # no variants: no oracle run, 3 runs each
     assert "[100%]" in result.stdout.str()  # progress counts tests, not their runs
     doc = tolerances(project)
     # All three runs were merged, whichever worker ran them: the spread covers 3 thread counts.
@@ -321,12 +322,10 @@ def test_calibrating_a_selection_with_a_test_never_recorded_says_so_and_calibrat
     )
     project.run("-k", "test_one").assert_outcomes(passed=1, deselected=1)
     result = project.run("--golden-calibrate", "2", "-rs")
-    # test_one: its oracle run + 2 runs pass; test_two: its oracle run has no recorded rollout
-    # to replay (skipped, saying so), its 2 runs fail: no golden
-    result.assert_outcomes(passed=3, failed=2, skipped=1)
+    # no variants, no oracle runs: test_one's 2 runs pass, test_two's fail (no golden)
+    result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
     assert "Traceback" not in out and "INTERNALERROR" not in out
-    assert "float64 oracle: its float64 run could not run: GoldenMissingError" in out
     assert "not calibrated: golden/test_it/test_two (" in out
     assert "calibrated tolerances written to golden/test_it/test_one/tolerances.json" in out
     assert not (project.golden_dir("test_two") / "tolerances.json").exists()
@@ -359,12 +358,12 @@ def test_calibration_where_every_value_keeps_its_default_writes_nothing_and_remo
     project.set_values(noise=1e-7)
     project.run().assert_outcomes(passed=1)
     path = project.golden_dir("test_steady") / "tolerances.json"
-    project.run("--golden-calibrate", "3").assert_outcomes(passed=4)  # 1 oracle run + 3
+    project.run("--golden-calibrate", "3").assert_outcomes(passed=3)  # no variants: 3 runs
     assert "loss" in json.loads(path.read_text())["tolerances"]
 
     project.set_values(noise=0.0)  # the runs now agree bit for bit: every default stays
     result = project.run("--golden-calibrate", "3")
-    result.assert_outcomes(passed=4)  # 1 oracle run + 3
+    result.assert_outcomes(passed=3)  # no variants: no oracle run, 3 runs
     out = result.stdout.str()
     assert "[100%]" in out and "33%" not in out
     assert out.count("timing (steps 0-1;") == 1

@@ -142,10 +142,10 @@ def test_calibration_writes_into_the_runs_lane_only(project):
     project.run("--golden-lane", "cpu").assert_outcomes(passed=1)
     project.run("--golden-lane", "gpu").assert_outcomes(passed=1)
     base = _base_files(project)
-    # 1 oracle run + 3 runs
-    project.run("--golden-calibrate", "3", "--golden-lane", "gpu").assert_outcomes(passed=4)
+    # no variants: no oracle run, 3 runs
+    project.run("--golden-calibrate", "3", "--golden-lane", "gpu").assert_outcomes(passed=3)
     assert _base_files(project) == base, "calibrating one lane never touches another"
-    assert _lanes(project) == ["float64-oracle", "gpu"]  # the oracle run re-records its own
+    assert _lanes(project) == ["gpu"]  # nothing to certify: no oracle lane
     lane = project.golden_dir("test_step") / "@lanes" / "gpu"
     manifest = json.loads((lane / "manifest.json").read_text())
     assert manifest["lane"] == "gpu" and "tolerances.json" in manifest["files"]
