@@ -325,12 +325,22 @@ def _print_lanes(lanes: list[dict[str, Any]]) -> None:
 
 def _batch_file_document(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """What ``show`` says of one batch file: its JSON document, and its one file entry."""
+    from ._internal.golden import keyed
     from ._internal.report.stats import tensor_stats
+    from .store import codec
 
     arrays, metadata = store.read_safetensors(path)
-    document: dict[str, Any] = {"file": str(path), "tensors": tensor_stats(arrays)}
     layout = metadata.get("prg.layout")
-    values = _values(json.loads(layout)) if layout is not None else {}
+    values = {}
+    if layout is not None:
+        tree = json.loads(layout)
+        batch = codec.unflatten(arrays, tree, on_cpu=True)
+        shown = keyed.by_key(batch, completion=True)
+        if shown is not batch:  # keyed samples: by key
+            arrays, tree = codec.flatten(shown)
+            layout = json.dumps(tree)
+        values = _values(tree)
+    document: dict[str, Any] = {"file": str(path), "tensors": tensor_stats(arrays)}
     document["values"] = values
     entry = {"info": {}, "tensors": document["tensors"], "values": values, "layout": layout}
     return document, {path.name: entry}
@@ -342,7 +352,7 @@ def _golden_document(
     """What ``show`` says of a golden (of its lane ``lane``: that lane's values, the golden's
     inputs): its manifest, its metrics by step, its JSON document, and an entry per batch file
     (manifest info, tensor statistics, non-tensor values)."""
-    from ._internal.golden import metric_codec
+    from ._internal.golden import keyed, metric_codec
     from ._internal.golden.files import load_golden
     from ._internal.golden.lanes import golden_lanes
     from ._internal.report.stats import tensor_stats
@@ -360,7 +370,7 @@ def _golden_document(
     for filename, value in content.items():
         if filename.endswith(".json"):
             continue
-        arrays, layout = codec.flatten(value)
+        arrays, layout = codec.flatten(keyed.by_key(value, completion=True))
         files[filename] = {
             "info": info[filename],
             "tensors": tensor_stats(arrays),

@@ -183,6 +183,68 @@ def flatten(value: Any) -> tuple[dict[str, Any], Any]:
     return flattener.arrays, flattener.node(value, [])
 
 
+def value_differences(a: Any, b: Any) -> list[str]:
+    """Where layouts ``a`` and ``b`` differ other than in the arrays: the paths (spelled as
+    array keys are; ``value`` for the whole batch) of the non-tensor values, kinds of
+    container and entries that differ, each difference at its outermost path only. Arrays
+    (compared on their own) and devices are left out; ``1``, ``1.0`` and ``True`` differ."""
+    left, right = _by_path(a, ()), _by_path(b, ())
+    differing = {p for p in left.keys() | right.keys() if left.get(p) != right.get(p)}
+    outermost = [p for p in differing if not any(p[:n] in differing for n in range(len(p)))]
+    return sorted("/".join(p) or "value" for p in outermost)
+
+
+def _by_path(node: Any, path: tuple[str, ...]) -> dict[tuple[str, ...], list[Any]]:
+    """What :func:`value_differences` compares: per path, what the layout says there that is
+    not an array (a container's kind and its own fields, or a value)."""
+    out: dict[tuple[str, ...], list[Any]] = {}
+
+    def walk(n: Any, at: tuple[str, ...]) -> None:
+        tag = n.get("t") if isinstance(n, dict) else None
+        if tag in ("torch", "numpy"):
+            return
+        here = out.setdefault(at, [])
+        if isinstance(n, list):
+            here.append("list")
+            for i, x in enumerate(n):
+                walk(x, (*at, str(i)))
+        elif tag in ("dict", "tensordict"):
+            ints = sorted(str(k) for k, _ in n["items"] if isinstance(k, int))
+            here.append({**_fields(n, ("items", "device")), "int keys": ints})
+            for k, v in n["items"]:
+                walk(v, (*at, str(k)))
+        elif tag == "tuple":
+            here.append("tuple")
+            for i, x in enumerate(n["v"]):
+                walk(x, (*at, str(i)))
+        elif tag in ("dataproto", "batchproxy"):
+            parts = ("batch", "non_tensor_batch", "meta_info") if tag == "dataproto" else ("v",)
+            here.append(_fields(n, parts))
+            for part in parts:
+                walk(n[part], (*at, part) if tag == "dataproto" else at)
+        else:
+            here.append(_strip_arrays(n) if tag else (type(n).__name__, n))
+
+    walk(node, path)
+    return out
+
+
+def _fields(node: dict[str, Any], leave_out: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k not in leave_out}
+
+
+def _strip_arrays(layout: Any) -> Any:
+    """The layout without array descriptors and devices: what is left are the non-tensor
+    values and the structure."""
+    if isinstance(layout, list):
+        return [_strip_arrays(x) for x in layout]
+    if isinstance(layout, dict):
+        if layout.get("t") in ("torch", "numpy"):
+            return {"t": "array"}
+        return {k: _strip_arrays(v) for k, v in layout.items() if k != "device"}
+    return layout
+
+
 def _non_finite(v: float) -> dict[str, Any]:
     """The layout node of a non-finite float: its text, and its bits where the text loses
     them (:mod:`.floatbits`)."""

@@ -274,7 +274,9 @@ def test_changed_non_tensor_values_are_a_difference(tmp_path, capsys):
     a, b, c = (str(tmp_path / f"{n}.safetensors") for n in "abc")
     code, doc = run_json(capsys, a, b)
     assert code == 1
-    assert doc["goldens"][0]["problems"] == ["a.safetensors: non-tensor values or structure differ"]
+    assert doc["goldens"][0]["problems"] == [
+        "a.safetensors: non-tensor values or structure differ: meta/temperature"
+    ]
     assert run_json(capsys, a, c)[0] == 0
 
 

@@ -20,6 +20,9 @@ V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
 
 def sample(uid, index):
     ids = [uid * 10 + index, 7, 3 + index]
+    changed = [uid, index] == V.get("changed")  # one sample's token and log prob moved
+    if changed:
+        ids[1] += 1
     return {
         "uid": f"p{uid}", "index": index, "version": 3,
         "messages": [
@@ -31,7 +34,7 @@ def sample(uid, index):
         ],
         "token_ids": torch.tensor(ids),
         "turn_loss_mask": [[0, 1, 1], [0, 0, 1]],
-        "logprob": -0.1 * (uid + 1) - 0.01 * index,
+        "logprob": -0.1 * (uid + 1) - 0.01 * index - (0.5 if changed else 0.0),
     }
 
 
@@ -88,6 +91,34 @@ def test_order_recorded_gives_the_completion_order_of_the_recording(agent):
     agent.set_values(completion=OTHER, order="recorded")
     agent.run().assert_outcomes(passed=1)
     assert seen(agent) == [["p1", 0], ["p0", 1], ["p0", 0], ["p1", 1]]
+
+
+def regenerated(result) -> str:
+    """What ``--golden-regenerate`` said of the rollout."""
+    line = next(x for x in result.outlines if "rollout 'rollout' step 0: regenerated" in x)
+    return line.split("regenerated, ", 1)[1]
+
+
+def test_regenerated_in_another_completion_order_the_rollout_is_identical(agent):
+    agent.set_values(completion=FIRST)
+    agent.run().assert_outcomes(passed=1)
+    agent.set_values(completion=OTHER)
+    result = agent.run("--update-golden", "--golden-regenerate")
+    result.assert_outcomes(passed=1)
+    assert regenerated(result) == "identical to the recorded one"
+
+
+def test_a_regenerated_sample_that_changed_is_named_by_its_key(agent):
+    agent.set_values(completion=FIRST)
+    agent.run().assert_outcomes(passed=1)
+    agent.set_values(completion=OTHER + [[2, 0]], changed=[1, 0])
+    result = agent.run("--update-golden", "--golden-regenerate")
+    result.assert_outcomes(passed=1)
+    assert regenerated(result) == (
+        "keys added: samples/('p2', 0)/token_ids; "
+        "elements differ: samples/('p1', 0)/token_ids 1 of 3; "
+        "non-tensor values or structure changed: samples/('p1', 0)/logprob, samples/('p2', 0)"
+    )
 
 
 def test_two_samples_with_one_key_are_refused_naming_the_key(agent):

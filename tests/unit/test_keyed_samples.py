@@ -48,3 +48,16 @@ def test_a_stored_value_that_is_not_keyed_samples_is_refused_with_the_remedy(sto
 def test_an_unknown_order_is_refused():
     with pytest.raises(ValueError, match="order= is 'key' or 'recorded'"):
         keyed.check_order("completion")
+
+
+def test_by_key_names_each_sample_by_its_key_and_leaves_the_completion_order_out():
+    stored = keyed.collect([{"v": 1}, {"v": 0}], lambda s: ("u", s["v"]), "r")
+    again = keyed.collect([{"v": 0}, {"v": 1}], lambda s: ("u", s["v"]), "r")
+    assert stored != again  # recorded in another completion order
+    view = {"format": "keyed-samples", "samples": {"('u', 0)": {"v": 0}, "('u', 1)": {"v": 1}}}
+    assert keyed.by_key(stored) == keyed.by_key(again) == view
+    assert keyed.by_key(stored, completion=True)["completed"] == ["('u', 1)", "('u', 0)"]
+    not_keyed = {"format": "other", "samples": [1]}
+    assert keyed.by_key(not_keyed) is not_keyed
+    twice = {"format": "keyed-samples", "keys": [[1], (1,)], "samples": [0, 1], "completed": [0, 1]}
+    assert keyed.by_key(twice) is twice  # two keys, one label: left by position

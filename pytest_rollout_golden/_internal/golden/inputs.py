@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import GoldenFormatError
 from ...store.location import rollout_filename
-from ..report.presentation import kept_lines, step_ranges
+from ..report.presentation import kept_lines, listed, step_ranges
+from . import keyed
 from .modes import ERROR, GENERATE, KEEP, RECORD, REFUSE, REPEAT, REPLAY, ModePolicy
 
 if TYPE_CHECKING:
@@ -107,15 +108,15 @@ def generate_forked(generate: Callable[[], Any], *, name: str, step: int) -> Any
 
 
 def batch_changes(old: Path, new: Path) -> str:
-    """What differs between two rollout files: keys, shapes/dtypes, differing elements."""
-    from ...errors import GoldenFormatError
-    from ...store import read_safetensors
+    """What differs between two rollout files: keys, shapes/dtypes, differing elements,
+    non-tensor values; keyed samples by key (:func:`.keyed.by_key`)."""
+    from ...store import codec, load_batch
 
     try:
-        before, old_meta = read_safetensors(old, want="numpy")
+        before, old_layout = codec.flatten(keyed.by_key(load_batch(old, on_cpu=True)))
     except (GoldenFormatError, OSError) as exc:
         return f"the recorded file could not be read for a diff ({str(exc).splitlines()[0]})"
-    after, new_meta = read_safetensors(new, want="numpy")
+    after, new_layout = codec.flatten(keyed.by_key(load_batch(new, on_cpu=True)))
     parts = []
     added, removed = sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys())
     if added:
@@ -135,8 +136,9 @@ def batch_changes(old: Path, new: Path) -> str:
             differing.append(f"{key} {n} of {len(rows_a)}")
     if differing:
         parts.append("elements differ: " + ", ".join(differing))
-    if old_meta.get("prg.layout") != new_meta.get("prg.layout") and not (added or removed):
-        parts.append("non-tensor values or structure changed")
+    changed = codec.value_differences(old_layout, new_layout)
+    if changed:
+        parts.append(f"non-tensor values or structure changed: {listed(changed)}")
     return "; ".join(parts) if parts else "identical to the recorded one"
 
 

@@ -53,12 +53,12 @@ def collect(samples: Iterable[Any], key: Callable[[Any], Any], where: str) -> di
                 "version)"
             )
         order[sortable] = i
-    by_key = [order[s] for s in sorted(order)]
-    rank = {completed: position for position, completed in enumerate(by_key)}
+    in_key_order = [order[s] for s in sorted(order)]
+    rank = {completed: position for position, completed in enumerate(in_key_order)}
     return {
         "format": FORMAT,
-        "keys": [keys[i] for i in by_key],
-        "samples": [samples[i] for i in by_key],
+        "keys": [keys[i] for i in in_key_order],
+        "samples": [samples[i] for i in in_key_order],
         "completed": [rank[i] for i in range(len(samples))],
     }
 
@@ -75,6 +75,30 @@ def ordered(stored: Any, order: str, where: str, remedy: str) -> list[Any]:
     if order == "key":
         return list(samples)
     return [samples[i] for i in stored["completed"]]
+
+
+def by_key(value: Any, *, completion: bool = False) -> Any:
+    """``value`` as reports compare and show it: a stored keyed rollout becomes
+    ``{"format", "samples": {label: sample}}``, each sample under the :func:`label` of its key,
+    so a change names the key of its sample. The completion order is left out (two
+    recordings of the same samples that completed in another order are one rollout), or
+    with ``completion`` kept as ``"completed"``: the labels in the order the samples
+    completed. Any other value (and a keyed rollout whose keys do not label its samples one
+    each) as it is."""
+    if not _is_keyed(value):
+        return value
+    labels = [label(k) for k in value["keys"]]
+    if len(set(labels)) != len(labels):
+        return value
+    out = {"format": FORMAT, "samples": dict(zip(labels, value["samples"], strict=True))}
+    if completion:
+        out["completed"] = [labels[i] for i in value["completed"]]
+    return out
+
+
+def label(key: Any) -> str:
+    """How a report names the sample of ``key``: its repr (a list key as the tuple it spells)."""
+    return repr(tuple(key) if isinstance(key, list) else key)
 
 
 def _is_keyed(stored: Any) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 from ... import store
 from ...errors import GoldenError
 from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_goldens
+from ..golden import keyed
 from ..golden.files import load_golden, read_calibrated, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
@@ -47,6 +48,7 @@ from .presentation import (
     diff_mask_note,
     difference_detail,
     lane_inputs_changed,
+    listed,
 )
 
 
@@ -295,13 +297,14 @@ def _tensor_rows(
 ) -> list[Row]:
     from ...store import codec
 
-    arrays_a, layout_a = codec.flatten(left)  # loaded onto the CPU, whatever they were on
-    arrays_b, layout_b = codec.flatten(right)
+    # loaded onto the CPU, whatever they were on; keyed samples compared by key
+    arrays_a, layout_a = codec.flatten(keyed.by_key(left))
+    arrays_b, layout_b = codec.flatten(keyed.by_key(right))
     prefix = f"{info['name']}/" if info.get("name") else ""
     where = {"step": info.get("step"), "rank": info.get("rank"), "micro": info.get("micro")}
-    same_keys = arrays_a.keys() == arrays_b.keys()
-    if same_keys and _strip_arrays(layout_a) != _strip_arrays(layout_b):
-        problems.append(f"{filename}: non-tensor values or structure differ")
+    changed = codec.value_differences(layout_a, layout_b)
+    if changed:
+        problems.append(f"{filename}: non-tensor values or structure differ: {listed(changed)}")
     rows = []
     for key in sorted(arrays_a.keys() | arrays_b.keys()):
         label = prefix + key
@@ -385,18 +388,6 @@ def _nan_in_both(a: Any, b: Any) -> bool:
     if ta.shape != tb.shape or not (ta.is_floating_point() and tb.is_floating_point()):
         return False
     return bool((ta.isnan() & tb.isnan()).any())
-
-
-def _strip_arrays(layout: Any) -> Any:
-    """The layout without array descriptors and devices: what is left are the non-tensor
-    values and the structure."""
-    if isinstance(layout, list):
-        return [_strip_arrays(x) for x in layout]
-    if isinstance(layout, dict):
-        if layout.get("t") in ("torch", "numpy"):
-            return {"t": "array"}
-        return {k: _strip_arrays(v) for k, v in layout.items() if k != "device"}
-    return layout
 
 
 def summary(diffs: Iterable[GoldenDiff]) -> dict[str, int]:

@@ -82,6 +82,12 @@ def plural(count: int, word: str, words: str | None = None) -> str:
     return f"{count} {word if count == 1 else words or word + 's'}"
 
 
+def listed(items: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``items``, comma-separated, and how many more there are."""
+    more = len(items) - limit
+    return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
 def location(step: Any, rank: int | None = None, micro: int | None = None) -> str:
     """``"step 3, rank 0, micro 1"``: where a value was checked (rank and micro if given)."""
     parts = [f"step {step}"]
