@@ -111,7 +111,7 @@ def test_regenerated_in_another_completion_order_the_rollout_is_identical(agent)
 def test_a_regenerated_sample_that_changed_is_named_by_its_key(agent):
     agent.set_values(completion=FIRST)
     agent.run().assert_outcomes(passed=1)
-    agent.set_values(completion=OTHER + [[2, 0]], changed=[1, 0])
+    agent.set_values(completion=[*OTHER, [2, 0]], changed=[1, 0])
     result = agent.run("--update-golden", "--golden-regenerate")
     result.assert_outcomes(passed=1)
     assert regenerated(result) == (
