@@ -331,7 +331,7 @@ def _batch_file_document(path: Path) -> tuple[dict[str, Any], dict[str, dict[str
 
     arrays, metadata = store.read_safetensors(path)
     layout = metadata.get("prg.layout")
-    values = {}
+    values: dict[str, dict[str, str]] = {}
     if layout is not None:
         tree = json.loads(layout)
         batch = codec.unflatten(arrays, tree, on_cpu=True)
