@@ -577,6 +577,43 @@ def toy_long_run(work: Path) -> Path:
     return work
 
 
+BF16_VARIANT = """\
+import pytest
+from pytest_rollout_golden import same_math
+
+NOISE = 0.0
+
+
+@pytest.mark.parametrize("micro", same_math([8, 4], ids=lambda v: f"mb{v}"))
+def test_actor(golden, micro):
+    # bf16-sized rounding of the reordered sums of mb4, gone in float64 (the oracle's run)
+    noise = NOISE if micro == 4 and not golden.certifying else 0.0
+    for step in range(2):
+        golden.check({"loss": (0.5 - 0.1 * step) * (1 + noise)}, step=step)
+"""
+
+
+@output("calibrate-variant-rounds")
+def calibrate_variant_rounds(work: Path) -> str:
+    """A same-math variant 3e-4 off the reference (bf16-sized) calibrated over 3 runs: the
+    failure once, then the summary from its first line, and the exit status."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test = work / "test_actor.py"
+    test.write_text(BF16_VARIANT)
+    run_pytest(work)
+    test.write_text(BF16_VARIANT.replace("NOISE = 0.0", "NOISE = 3e-4"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--golden-calibrate", "3"],
+        cwd=work, env=environment(), capture_output=True, text=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "FAILURES" in line)
+    end = next(i for i, line in enumerate(lines) if "short test summary" in line)
+    counts = re.sub(r" in [\d.]+s.*$", " in … s", lines[-1])  # the time it took varies
+    shown = ["$ pytest -q --golden-calibrate 3", *lines[start:end], "...", counts]
+    return "\n".join([*shown, "$ echo $?", str(done.returncode)]) + "\n"
+
+
 @output("long-runs-calibrate")
 def long_runs_calibrate(work: Path) -> str:
     return summary(run_pytest(toy_long_run(work), "--golden-calibrate", "3")) + "\n"
