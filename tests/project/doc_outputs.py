@@ -337,6 +337,41 @@ def recording_mask(work: Path) -> str:
 # ---------------------------------------------------------------- docs/guide/tolerances.md
 
 
+@output("tolerances-order")
+def tolerances_order(work: Path) -> str:
+    """The resolution order, the layers as ``Stack.resolver`` stacks them (``stack.ORDER``),
+    under one call's tolerances and over the training-value default; then what replaces it."""
+    import textwrap
+
+    from pytest_rollout_golden._internal.tolerance import families
+    from pytest_rollout_golden._internal.tolerance.stack import ORDER
+
+    training = families.TRAINING
+    layers = [
+        "golden.check(..., tolerances={...}): that call's",
+        *(what.replace("`", "") for _, what in ORDER),
+        f"the training-value default for any other floating-point name: rtol {training.rtol:g} "
+        "of its recorded magnitude (torch.testing's default of a 16- or 8-bit float where "
+        "looser); integers and bools compare exactly",
+    ]
+    lines = []
+    for number, text in enumerate(layers, 1):
+        lines += textwrap.wrap(text, 92, initial_indent=f"{number:2}. ", subsequent_indent="    ")
+    certify = families.CERTIFY
+    lines += [
+        "",
+        *textwrap.wrap(
+            "Over every layer: an exclusion (ignore) wins from any layer (from one of defaults "
+            "only as the highest match); the exact lane (exact=True, --golden-exact) replaces "
+            "every tolerance by bit equality; "
+            f"--golden-certify by the float64 oracle bound (rtol {certify.rtol:g}, atol "
+            f"{certify.atol:g}, scale=recorded).",
+            96,
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 @output("tolerances-partial")
 def tolerances_partial(work: Path) -> str:
     test = work / "test_partial.py"
