@@ -158,6 +158,13 @@ class CalibrationPlugin:
         sample["failed"] = sorted(
             {c.name for c in outcome.comparisons if c.verdict == Verdict.FAIL}
         )
+        sample["unmeasured"] = sorted(  # failures no spread measures: missing, a mask, a bound
+            {
+                c.name
+                for c in outcome.comparisons
+                if c.failed and (c.verdict != Verdict.FAIL or c.kind not in ("metric", "tensor"))
+            }
+        )
         self.core.state.add_calibration_run(
             str(golden.values_directory),  # the run's lane keeps its own tolerances.json
             item.nodeid,

@@ -775,11 +775,14 @@ def measured_failures(
     the written lane applying to the test now holds (``content``'s calibrated tolerances,
     ``bands``' envelope): their failures are what was measured. A variant (``replaying``)
     qualifies only where the float64 oracle did not find it not the same math and it was left
-    out of none of those values; any other test is judged by the same-layout lane."""
+    out of none of those values; any other test is judged by the same-layout lane. A run
+    that failed otherwise (``unmeasured``: a value missing, a mask, a bound) rules it out."""
     from .envelope import LANES as BAND_SECTIONS
 
     out = []
     for test, runs in sorted(usable.items()):
+        if any(run.get("unmeasured") for run in runs):
+            continue
         failed = {name for run in runs for name in run.get("failed", ())}
         lane = ACROSS if test in replaying else SAME
         record = content.get("variants", {}).get(test, {}) if lane == ACROSS else {}
