@@ -95,6 +95,8 @@ def test_a_bug_among_the_variants_is_not_the_same_math_left_out_of_the_lane_and_
     first.assert_outcomes(passed=16)  # 4 oracle runs + 4 x 3
     # 6 oracle runs + 6 x 3: the bugs fail their float64 run and against the golden meanwhile
     result.assert_outcomes(passed=16, failed=8)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # not the same math: no measurement
+    assert "calibration exits 0" not in result.stdout.str()
     judged = assert_the_lane_is_the_clean_one(project, clean)
     bug, noscale = judged["test_it.py::test_x[x1.001]"], judged["test_it.py::test_x[noscale]"]
     assert bug["certificate"]["verdict"] == calibrate.NOT_SAME_MATH
@@ -133,6 +135,7 @@ def test_where_the_oracle_cannot_run_the_outlier_rule_excludes_a_bug_that_still_
     first, clean, result = calibrate_with_the_bugs(project, no_float64=True)
     first.assert_outcomes(passed=12, skipped=4)  # 4 oracle runs skipped + 4 x 3
     result.assert_outcomes(passed=12, failed=6, skipped=6)  # the bugs fail against the golden
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # outliers, left out of the lane: no pass
     out = result.stdout.str()
     result.stdout.fnmatch_lines(
         ["SKIPPED [[]6[]] test_it.py:*: float64 oracle: its float64 run could not run: "

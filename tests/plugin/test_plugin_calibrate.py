@@ -387,3 +387,80 @@ def test_calibration_where_every_value_keeps_its_default_writes_nothing_and_remo
         ["calibrated golden/test_it/test_steady: every value keeps its default; nothing written:"]
     )
     assert not path.exists()
+
+
+# A reference (mb8) and a same-math variant (mb4) that moves "loss" by V["mb4"] relative, as
+# bf16 rounding of a reordered sum would (gone in float64, golden.certifying); test_other is
+# unrelated to them and fails where V["other"] moves it.
+SAME_MATH_BF16 = """
+import json, pathlib
+import pytest
+import torch
+from pytest_rollout_golden import same_math
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+@pytest.mark.parametrize("v", same_math(["mb8", "mb4"]))
+def test_x(golden, v):
+    noise = 1 + (V.get(v, 0.0) + 1e-8 * torch.get_num_threads()) * (not golden.certifying)
+    for step in range(2):
+        golden.check({"loss": (0.5 - 0.1 * step) * noise}, step=step)
+
+
+def test_other(golden):
+    golden.check({"loss": 1.0 + V.get("other", 0.0)})
+"""
+TABLE_HEADER = "  metric  step  expected"
+
+
+def summary_top(result: pytest.RunResult, lines: int) -> list[str]:
+    """The first ``lines`` lines of the rollout golden section after its counts line."""
+    start = next(i for i, x in enumerate(result.outlines) if x.startswith("golden: "))
+    return result.outlines[start + 1 : start + 1 + lines]
+
+
+def test_a_calibration_whose_variant_failed_only_by_what_it_measured_exits_0(project):
+    """A same-math variant beyond the defaults (bf16-sized, 3e-4) fails against the golden in
+    every round; calibration measures it into the variant lane, says first what it wrote,
+    prints the failure's table once, and exits 0: the rounds' failures are its measurement."""
+    project.write(SAME_MATH_BF16)
+    project.set_values()
+    project.run().assert_outcomes(passed=3)
+    project.set_values(mb4=3e-4)
+    project.run().assert_outcomes(passed=2, failed=1)  # beyond the defaults, uncalibrated
+
+    result = project.run("--golden-calibrate", "3")
+    result.assert_outcomes(passed=8, failed=3)  # 2 oracle runs + 3 x 3; mb4 fails each round
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.str()
+    assert out.count(TABLE_HEADER) == 1  # the failure once, not once per round
+    assert out.count("(calibration run 2 of 3: its table is under this test's first failing") == 1
+    assert summary_top(result, 3) == [
+        "calibration wrote:",
+        "    golden/test_it/test_x[mb8]/tolerances.json",
+        "calibration exits 0: test_it.py::test_x[mb4] failed against the golden in 3 "
+        "calibration runs only on values the files written now calibrate (the failures above "
+        "are what was measured)",
+    ]
+    project.run("--golden-strict").assert_outcomes(passed=3)  # the written lane passes it
+
+
+def test_a_calibration_with_an_unrelated_failure_exits_1_saying_per_lane_what_it_wrote(project):
+    """Another test's failure is no measurement: exit status 1; the files written come first,
+    under their lane; that test's failure is printed once."""
+    project.write(SAME_MATH_BF16)
+    project.set_values()
+    project.run("--golden-lane", "machine-b").assert_outcomes(passed=3)
+    project.set_values(mb4=3e-4, other=0.5)
+
+    result = project.run("--golden-calibrate", "3", "--golden-lane", "machine-b")
+    result.assert_outcomes(passed=5, failed=6)  # 2 oracle runs, mb8 x 3; mb4 x 3, test_other x 3
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert out.count(TABLE_HEADER) == 2  # mb4's table once, test_other's once
+    assert "calibration exits 0" not in out
+    assert summary_top(result, 2) == [
+        "calibration wrote (lane machine-b):",
+        "    golden/test_it/test_x[mb8]/tolerances.json",
+    ]

@@ -337,6 +337,41 @@ def recording_mask(work: Path) -> str:
 # ---------------------------------------------------------------- docs/guide/tolerances.md
 
 
+@output("tolerances-order")
+def tolerances_order(work: Path) -> str:
+    """The resolution order, the layers as ``Stack.resolver`` stacks them (``stack.ORDER``),
+    under one call's tolerances and over the training-value default; then what replaces it."""
+    import textwrap
+
+    from pytest_rollout_golden._internal.tolerance import families
+    from pytest_rollout_golden._internal.tolerance.stack import ORDER
+
+    training = families.TRAINING
+    layers = [
+        "golden.check(..., tolerances={...}): that call's",
+        *(what.replace("`", "") for _, what in ORDER),
+        f"the training-value default for any other floating-point name: rtol {training.rtol:g} "
+        "of its recorded magnitude (torch.testing's default of a 16- or 8-bit float where "
+        "looser); integers and bools compare exactly",
+    ]
+    lines = []
+    for number, text in enumerate(layers, 1):
+        lines += textwrap.wrap(text, 92, initial_indent=f"{number:2}. ", subsequent_indent="    ")
+    certify = families.CERTIFY
+    lines += [
+        "",
+        *textwrap.wrap(
+            "Over every layer: an exclusion (ignore) wins from any layer (from one of defaults "
+            "only as the highest match); the exact lane (exact=True, --golden-exact) replaces "
+            "every tolerance by bit equality; "
+            f"--golden-certify by the float64 oracle bound (rtol {certify.rtol:g}, atol "
+            f"{certify.atol:g}, scale=recorded).",
+            96,
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 @output("tolerances-partial")
 def tolerances_partial(work: Path) -> str:
     test = work / "test_partial.py"
@@ -575,6 +610,43 @@ def toy_long_run(work: Path) -> Path:
     (work / "test_long.py").write_text(TOY_LONG_RUN)
     run_pytest(work)
     return work
+
+
+BF16_VARIANT = """\
+import pytest
+from pytest_rollout_golden import same_math
+
+NOISE = 0.0
+
+
+@pytest.mark.parametrize("micro", same_math([8, 4], ids=lambda v: f"mb{v}"))
+def test_actor(golden, micro):
+    # bf16-sized rounding of the reordered sums of mb4, gone in float64 (the oracle's run)
+    noise = NOISE if micro == 4 and not golden.certifying else 0.0
+    for step in range(2):
+        golden.check({"loss": (0.5 - 0.1 * step) * (1 + noise)}, step=step)
+"""
+
+
+@output("calibrate-variant-rounds")
+def calibrate_variant_rounds(work: Path) -> str:
+    """A same-math variant 3e-4 off the reference (bf16-sized) calibrated over 3 runs: the
+    failure once, then the summary from its first line, and the exit status."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test = work / "test_actor.py"
+    test.write_text(BF16_VARIANT)
+    run_pytest(work)
+    test.write_text(BF16_VARIANT.replace("NOISE = 0.0", "NOISE = 3e-4"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--golden-calibrate", "3"],
+        cwd=work, env=environment(), capture_output=True, text=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "FAILURES" in line)
+    end = next(i for i, line in enumerate(lines) if "short test summary" in line)
+    counts = re.sub(r" in [\d.]+s.*$", " in … s", lines[-1])  # the time it took varies
+    shown = ["$ pytest -q --golden-calibrate 3", *lines[start:end], "...", counts]
+    return "\n".join([*shown, "$ echo $?", str(done.returncode)]) + "\n"
 
 
 @output("long-runs-calibrate")

@@ -397,3 +397,31 @@ def test_a_rounded_output_is_compared_up_to_its_last_printed_digit(shown, printe
 
     assert same_output("cli-diff", shown, printed) is same
     assert same_output("cli-verify", shown, printed) is (shown == printed)  # exact outputs
+
+
+def test_the_defaults_table_is_what_the_code_resolves():
+    """Each row of the defaults table of docs/guide/tolerances.md: the names it lists resolve
+    to its rtol and atol (the trl profile's row under that profile, bf16's under
+    ``golden_precision = bf16``); a glob is tried on a name it matches."""
+    from pytest_rollout_golden._internal.tolerance import families
+    from pytest_rollout_golden._internal.tolerance.stack import Stack
+
+    page = (DOCS / "guide" / "tolerances.md").read_text()
+    table = page.split("## Built-in defaults", 1)[1].split("\n## ", 1)[0]
+    stacks = {
+        "trl": Stack(profile=families.profile_layers("trl")[0]),
+        "bf16": Stack(precision=families.precision_layer("bf16", "ini golden_precision")),
+    }
+    checked = set()
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        if len(cells) != 5 or not re.fullmatch(r"\d[\d.e-]*", cells[2]):
+            continue  # the header, the rule, the row of values never compared
+        family, names, rtol, atol = cells[:4]
+        stack = next((s for key, s in stacks.items() if key in family), Stack())
+        listed = re.findall(r"`([\w/*]+)`", re.sub(r"\([^)]*\)", "", names)) or ["some_value"]
+        for name in listed:
+            found, _ = stack.resolver().resolve(name.replace("*", "x"), ("float32",))
+            assert (found.rtol, found.atol) == (float(rtol), float(atol)), (family, name, found)
+        checked.add(family.split(" (")[0])
+    assert {"loss", "training", "centred loss", "bf16"} <= checked

@@ -3,6 +3,7 @@ partial entries and where each field comes from, the usage tracker, defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -19,6 +20,7 @@ from pytest_rollout_golden._internal.tolerance.spec import (
     parse_spec,
 )
 from pytest_rollout_golden._internal.tolerance.stack import (
+    ORDER,
     Resolver,
     Stack,
     ToleranceUsage,
@@ -500,3 +502,28 @@ def test_an_unknown_profile_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown profile 'veRL2'; use one of megatron, openrlhf"):
         session_tolerances((), (), (), (), "veRL2")
     assert session_tolerances((), (), (), (), " VERL ").profile
+
+
+def test_the_order_names_every_layer_of_a_stack_once():
+    """Stack.resolver stacks the layers ORDER names (the docs print it): a layer left out of
+    it would never be resolved."""
+    switches = {"variant", "exact", "certify"}
+    layers = {f.name for f in dataclasses.fields(Stack)} - switches
+    names = [name for name, _ in ORDER]
+    assert len(names) == len(set(names))
+    assert set(names) == layers | {"builtin"}
+
+
+def test_the_resolver_stacks_the_layers_in_the_order():
+    """One layer per role, each naming ``x``: the resolver answers with each in ORDER's turn."""
+    roles = [name for name, _ in ORDER if name != "builtin"]
+    sequences = {"marker", "cli", "ini", "profile"}
+    parts: dict[str, object] = {}
+    for i, name in enumerate(roles):
+        layer = Layer(name, {"x": Tolerance(rtol=0.01 * (i + 1), atol=0.0)})
+        parts[name] = (layer,) if name in sequences else layer
+    stack = Stack(variant=True, **parts)
+    for name in roles:
+        assert stack.resolver().resolve("x")[1] == name
+        stack = stack.replace(**{name: () if name in sequences else None})
+    assert stack.resolver().resolve("x")[1] == "built-in default for training values"

@@ -7,23 +7,33 @@ reference re-records its float64 values, each variant replays them, and what tha
 (certified, not the same math, or not certifiable) decides which variants the variant lane
 trusts. A test without variants has nothing to certify and no oracle run.
 
+A run that fails against the golden is shown in full once per test; its later runs' failures
+say so in a line. The session exits 0 where every failure was a run's mismatch on values the
+files calibration wrote now hold (:func:`..tolerance.calibration.measured_failures`): what it
+measured, not a defect; any other failure keeps exit status 1.
+
 Registered only when the flag is given; the core plugin keeps the golden of each run.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ...errors import GoldenMismatch
 from . import markers
-from .golden_plugin import ORACLE_RUN, SETTINGS, GoldenPlugin, expected_to_fail
+from .golden_plugin import ORACLE_RUN, SETTINGS, GoldenPlugin, expected_to_fail, headlined
 
 if TYPE_CHECKING:
     from ..golden.replay import Golden
 
 CALIBRATION_RUN = pytest.StashKey[int]()  # which of the N runs of its test an item is
+# The user property that marks a failed report as a calibration run's golden mismatch; a
+# property, as xdist carries it from the worker that ran the test to the controller.
+RUN_MISMATCH = "golden_calibration_mismatch"
 
 
 class CalibrationPlugin:
@@ -35,6 +45,9 @@ class CalibrationPlugin:
         self.runs: int = opt.golden_calibrate
         self.perturb = tuple(opt.golden_calibrate_perturb or ("threads",))
         self.progress = CalibrationProgress()
+        self.shown: set[str] = set()  # tests whose mismatch this process showed in full
+        self.mismatched: Counter[str] = Counter()  # test id -> runs failed by a mismatch
+        self.other_failures = 0  # failed reports of any other kind
         core.finishers.append(self.sample)
 
     @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
@@ -58,17 +71,37 @@ class CalibrationPlugin:
         except pytest.UsageError:
             return False
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True)  # outside the core's, which puts a mismatch's table
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Iterator[pytest.TestReport]:
-        """Report: an oracle run whose code cannot run in float64 is skipped, saying why (its
-        variants are then judged by the outlier rule); a mismatch there fails."""
+        """Report: an oracle run's failure (:meth:`_oracle_report`); a calibration run's
+        mismatch is marked as one, and shown in full at its test's first only."""
         report = yield
         excinfo = call.excinfo
-        if not item.stash.get(ORACLE_RUN, False) or not report.failed or excinfo is None:
+        if not report.failed or excinfo is None:
             return report
-        from ...errors import GoldenError, GoldenMismatch, GoldenMissingError
+        if item.stash.get(ORACLE_RUN, False):
+            return self._oracle_report(item, report, excinfo)
+        if CALIBRATION_RUN in item.stash and excinfo.errisinstance(GoldenMismatch):
+            report.user_properties.append((RUN_MISMATCH, True))
+            if item.nodeid in self.shown:
+                headline = str(excinfo.value).split("\n", 1)[0]
+                run = item.stash[CALIBRATION_RUN] + 1
+                report.longrepr = headlined(
+                    item,
+                    f"{headline} (calibration run {run} of {self.runs}: its table is under "
+                    "this test's first failing run)",
+                )
+            self.shown.add(item.nodeid)
+        return report
+
+    def _oracle_report(
+        self, item: pytest.Item, report: pytest.TestReport, excinfo: Any
+    ) -> pytest.TestReport:
+        """An oracle run whose code cannot run in float64 is skipped, saying why (its
+        variants are then judged by the outlier rule); a mismatch there fails."""
+        from ...errors import GoldenError, GoldenMissingError
         from ..tolerance.calibration import uncertified
 
         if excinfo.errisinstance((GoldenError, GoldenMismatch)) and not excinfo.errisinstance(
@@ -121,8 +154,16 @@ class CalibrationPlugin:
             )
         outcome = golden.outcome
         sample = golden.calibration_sample()
+        sample["lane"] = outcome.lane.get("name")
         sample["failed"] = sorted(
             {c.name for c in outcome.comparisons if c.verdict == Verdict.FAIL}
+        )
+        sample["unmeasured"] = sorted(  # failures no spread measures: missing, a mask, a bound
+            {
+                c.name
+                for c in outcome.comparisons
+                if c.failed and (c.verdict != Verdict.FAIL or c.kind not in ("metric", "tensor"))
+            }
         )
         self.core.state.add_calibration_run(
             str(golden.values_directory),  # the run's lane keeps its own tolerances.json
@@ -147,12 +188,40 @@ class CalibrationPlugin:
         found = certificate(golden.outcome.comparisons, error=failed)
         self.core.state.certificates[item.nodeid] = found
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Each failed report, as the session counts it: a calibration run's mismatch, or
+        any other failure."""
+        if not report.failed or hasattr(report, "wasxfail"):
+            return
+        if any(name == RUN_MISMATCH for name, _ in report.user_properties):
+            self.mismatched[report.nodeid] += 1
+        else:
+            self.other_failures += 1
+
     # Before the core's session end, which reports what this wrote.
     @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self) -> None:
-        """Session end (controller): write the calibrated tolerances."""
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Session end (controller): write the calibrated tolerances, then weigh the
+        failures against them."""
         if not self.core.is_worker:
             self.write()
+            self.exit_status(session)
+
+    def exit_status(self, session: pytest.Session) -> None:
+        """Exit status 0 where every failure was a calibration run's mismatch of a test whose
+        failed values the written files now hold (the summary names them); else unchanged."""
+        measured = {t for entry in self.core.state.calibrated for t in entry.get("measured", ())}
+        if (
+            session.exitstatus != pytest.ExitCode.TESTS_FAILED
+            or session.shouldstop
+            or session.shouldfail
+            or self.other_failures
+            or not self.mismatched
+            or not set(self.mismatched) <= measured
+        ):
+            return
+        self.core.state.calibration_passed = dict(sorted(self.mismatched.items()))
+        session.exitstatus = pytest.ExitCode.OK
 
     def write(self) -> None:
         """Derive and write ``tolerances.json`` for every golden calibrated this session."""
@@ -170,6 +239,9 @@ class CalibrationPlugin:
             variant_resolver=tolerances.replace(variant=True).resolver(),
             certificates=state.certificates,
         )
+        for entry in state.calibrated:  # the lane of the golden directory's runs, if named
+            runs = state.calibration.get(entry["directory"], {}).values()
+            entry["lane"] = next((r.get("lane") for test in runs for r in test), None)
 
 
 class CalibrationProgress:

@@ -89,6 +89,8 @@ class SessionState:
     calibration_replaying: set[str] = field(default_factory=set)  # variants of a reference
     certificates: dict[str, dict[str, Any]] = field(default_factory=dict)  # test id -> oracle's
     calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
+    # test id -> its calibration runs that failed, on values only what was written now holds
+    calibration_passed: dict[str, int] = field(default_factory=dict)
 
     def add_outcome(self, outcome: Outcome) -> None:
         if outcome.status is not None or outcome.comparisons:

@@ -31,6 +31,7 @@ class SessionView(Protocol):
     outcomes: list[Outcome]
     plots: list[str]
     calibrated: list[dict[str, Any]]
+    calibration_passed: dict[str, int]
 
     def counts(self) -> dict[str, int]: ...
 
@@ -935,6 +936,46 @@ def calibrated_table(entry: dict[str, Any], directory: str) -> list[str]:
     return lines
 
 
+def calibration_written(
+    entries: Iterable[Mapping[str, Any]], rel: Callable[[Any], str]
+) -> list[str]:
+    """``--golden-calibrate``: the files it wrote and removed, lane by lane (the summary's
+    first lines; ``rel``: a path as the summary shows it)."""
+    wrote: dict[str, list[str]] = {}
+    removed: dict[str, list[str]] = {}
+    for entry in entries:
+        lane = f" (lane {entry['lane']})" if entry.get("lane") else ""
+        directory = rel(entry["directory"])
+        if entry.get("written"):
+            wrote.setdefault(lane, []).append(f"{directory}/{TOLERANCES}")
+        elif entry.get("removed"):
+            removed.setdefault(lane, []).append(f"{directory}/{TOLERANCES}")
+        found = entry.get("envelope") or {}
+        if found.get("lanes") or found.get("drifting"):
+            wrote.setdefault(lane, []).append(f"{directory}/{ENVELOPE}")
+    lines = []
+    for lane, paths in sorted(wrote.items()):
+        lines += _section(f"calibration wrote{lane}:", paths)
+    for lane, paths in sorted(removed.items()):
+        lines += _section(f"calibration removed{lane} (every value keeps its default):", paths)
+    return lines
+
+
+def calibration_passed(passed: Mapping[str, int]) -> list[str]:
+    """``--golden-calibrate``: why the run exits 0 although tests failed (``passed``: test id
+    -> its calibration runs that failed, on values only what calibration wrote now holds)."""
+    if not passed:
+        return []
+    tests = ", ".join(
+        f"{test} failed against the golden in {plural(n, 'calibration run')}"
+        for test, n in passed.items()
+    )
+    return [
+        f"calibration exits 0: {tests} only on values the files written now calibrate (the "
+        "failures above are what was measured)"
+    ]
+
+
 def loosened_where(noted: Mapping[str, Any]) -> str:
     """A loosened tolerance: as it is, or an envelope's widest and at how many steps."""
     steps = noted.get("steps")
@@ -1080,6 +1121,8 @@ def summary_lines(
     if quiet and not unused and not pruned and not discarded and not plots_removed:
         return []
     lines = ["golden: " + ", ".join(f"{n} {status}" for status, n in counts.items())]
+    lines += calibration_written(state.calibrated, rel)
+    lines += calibration_passed(state.calibration_passed)
     for o in state.outcomes:
         if o.status is Status.UPDATED:
             moved = [

@@ -720,7 +720,8 @@ def calibrate_goldens(
     tolerances below the calibrated layer, ``variant_resolver`` those of a variant (default
     ``resolver``); a value they do not compare, or a run did not (its marker's tolerances),
     gets no entry. Returns one summary entry per golden (what was written, or why nothing
-    was; ``written`` False and ``removed`` when every value keeps its default).
+    was; ``written`` False and ``removed`` when every value keeps its default; ``measured``:
+    the tests whose failures during calibration it now holds, :func:`measured_failures`).
     """
     out = []
     for directory, tests in sorted(samples.items()):
@@ -759,7 +760,40 @@ def calibrate_goldens(
             _recorded_magnitudes(usable),
             {"runs": runs, "perturbations": list(perturbations)},
         )
-        out.append(_write_calibrated(directory, content, left_out, carry, found))
+        measured = measured_failures(content, usable, replaying, found[0])
+        out.append(_write_calibrated(directory, content, left_out, carry, found, measured))
+    return out
+
+
+def measured_failures(
+    content: Mapping[str, Any],
+    usable: Mapping[str, Sequence[Any]],
+    replaying: Collection[str],
+    bands: Mapping[str, Any] | None,
+) -> list[str]:
+    """The tests whose runs failed against the golden during calibration only on values that
+    the written lane applying to the test now holds (``content``'s calibrated tolerances,
+    ``bands``' envelope): their failures are what was measured. A variant (``replaying``)
+    qualifies only where the float64 oracle did not find it not the same math and it was left
+    out of none of those values; any other test is judged by the same-layout lane. A run
+    that failed otherwise (``unmeasured``: a value missing, a mask, a bound) rules it out."""
+    from .envelope import LANES as BAND_SECTIONS
+
+    out = []
+    for test, runs in sorted(usable.items()):
+        if any(run.get("unmeasured") for run in runs):
+            continue
+        failed = {name for run in runs for name in run.get("failed", ())}
+        lane = ACROSS if test in replaying else SAME
+        record = content.get("variants", {}).get(test, {}) if lane == ACROSS else {}
+        verdict = record.get("certificate", {}).get("verdict")
+        if not failed or (lane == ACROSS and (not record or verdict == NOT_SAME_MATH)):
+            continue
+        held = set(content.get(LANES[lane][0]) or {}) | set(
+            (bands or {}).get(BAND_SECTIONS[lane]) or {}
+        )
+        if failed <= held - set(record.get("excluded", {})):
+            out.append(test)
     return out
 
 
@@ -1093,11 +1127,12 @@ def _write_calibrated(
     left_out: Mapping[str, str],
     carry: Sequence[str],
     envelope: tuple[dict[str, Any] | None, dict[str, str]] = (None, {}),
+    measured: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Write ``content`` as ``directory``'s tolerances.json, keeping the lanes ``carry``
     names as the file holds them (or remove the file where nothing is left), and the
     ``envelope`` (its content, and the bands refused) as its envelope.json; the summary
-    entry of the golden."""
+    entry of the golden (``measured``: :func:`measured_failures`, once written)."""
     path = Path(directory) / TOLERANCES
     bands, refused = envelope
     try:
@@ -1115,6 +1150,7 @@ def _write_calibrated(
         "removed": nothing and changed and not path.exists(),
         "kept": _kept(path) if carry else [],
         "envelope": _envelope_summary(bands, refused),
+        "measured": list(measured),
     }
 
 

@@ -1,22 +1,9 @@
 """Per-metric tolerances: where they come from, and the one resolver that picks them.
 
 :class:`Stack` holds every source of tolerances of one test, and :meth:`Stack.resolver`
-is the one place that puts them in order (top wins)::
-
-    golden.check(tolerances=)                     Resolver.above (one call's)
-    @pytest.mark.golden(ignore=, tolerances=)     marker
-    --golden-ignore, --golden-tolerance           cli
-    ini golden_lane_fallback_tolerances           lane_fallback (compared against a
-                                                  fallback lane only, lanes.py)
-    envelope (envelope.json), at this step        envelope (a long run's per-step band)
-    calibrated variant lane (tolerances.json)     calibrated_layout   } variants
-    variant lane (same_math(), parallel.variants) layout              } only
-    calibrated (tolerances.json)                  calibrated
-    ini golden_ignore, golden_tolerances          ini
-    marker precision=, ini golden_precision       precision
-    ini golden_metric_profile                     profile
-    built-in RL defaults (families.py)            (always)
-    the training-value default                    (always)
+is the one place that puts them in order, :data:`ORDER` (top wins), under one
+``golden.check(tolerances=)`` (:meth:`Resolver.above`) and over the training-value default
+(:func:`fallback`). docs/guide/tolerances.md prints that order from :data:`ORDER`.
 
 Tolerances given explicitly (in the call, the marker, on the command line) come before
 those read from files, so a committed ``tolerances.json`` can be overridden for a run.
@@ -60,6 +47,51 @@ from typing import Any
 
 from .spec import EXACT, EXACT_VALUES, FIELDS, IGNORE, RECORDED, Layer, Tolerance, dtype_default
 
+# The layers of a Stack, top wins: (its field, or "builtin"; where its tolerances come from).
+# Stack.resolver stacks them in this order; the docs print it from here.
+ORDER: tuple[tuple[str, str], ...] = (
+    ("marker", "`@pytest.mark.golden(ignore=, tolerances=)`"),
+    (
+        "across_variants",
+        "a variant only (`same_math()`, `parallel.variants()`): the metrics its metric profile "
+        "averages per micro-batch, not comparable across variants",
+    ),
+    (
+        "drifting",
+        "a variant only: the values the calibrated variants drift away from by more than the "
+        "value itself (`envelope.json`), not comparable across variants",
+    ),
+    ("cli", "`--golden-ignore`, `--golden-tolerance NAME:rtol=...` (repeatable)"),
+    (
+        "lane_fallback",
+        "ini `golden_lane_fallback_tolerances`, where the run's lane was never recorded and "
+        "it compares against the `golden_lane_fallback` lane",
+    ),
+    (
+        "envelope",
+        "this step's band in the `envelope.json` of the lane compared against (a long run's)",
+    ),
+    (
+        "calibrated_layout",
+        "a variant only: the calibrated variant lane in the `tolerances.json` of that lane",
+    ),
+    (
+        "layout",
+        "a variant only: the variant lane it was declared with (`same_math(tolerances=)`, the "
+        "shipped layout lane of `parallel.variants()`)",
+    ),
+    (
+        "calibrated",
+        "the `tolerances.json` of the lane compared against (the base lane's beside the inputs, "
+        "another lane's in `@lanes/<lane>/`), written by `--golden-calibrate N`",
+    ),
+    ("ini", "ini `golden_ignore`, `golden_tolerances`"),
+    ("precision", "marker `precision=`, ini `golden_precision` (`bf16`)"),
+    ("profile", "ini `golden_metric_profile` (`verl`, `openrlhf`, `trl`, `slime`, `megatron`)"),
+    ("builtin", "the built-in RL defaults (families of known names; timing never compared)"),
+)
+VARIANT_ONLY = ("across_variants", "drifting")  # layers a test that is no variant leaves out
+
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
@@ -82,22 +114,13 @@ class Stack:
     certify: bool = False
 
     def resolver(self) -> Resolver:
-        """The resolver of these layers, in the order of the module docstring."""
-        layers = [
-            *self.marker,
-            self.across_variants if self.variant else None,
-            self.drifting if self.variant else None,
-            *self.cli,
-            self.lane_fallback,
-            self.envelope,
-            self.calibrated_layout,
-            self.layout,
-            self.calibrated,
-            *self.ini,
-            self.precision,
-            *self.profile,
-            *builtin_layers(),
-        ]
+        """The resolver of these layers, in :data:`ORDER`."""
+        layers: list[Layer | None] = []
+        for name, _ in ORDER:
+            if name in VARIANT_ONLY and not self.variant:
+                continue
+            part = builtin_layers() if name == "builtin" else getattr(self, name)
+            layers.extend(part if isinstance(part, (list, tuple)) else [part])
         return Resolver(
             [layer for layer in layers if layer is not None],
             exact=self.exact,
