@@ -278,6 +278,7 @@ VARIANTS = {{
     "b2ga4": {{"batch": 2, "ga": 4}},
     "x1.001": {{"bug": "loss_x1.001"}},
     "b4ga2-mbmean": {{"batch": 4, "ga": 2, "bug": "microbatch_token_mean"}},
+    "b4ga2-dropga": {{"batch": 4, "ga": 2, "bug": "drop_ga_scale"}},
 }}
 
 
@@ -303,7 +304,7 @@ CERTIFY_INI = (
     "golden_precision = bf16\nfilterwarnings = ignore::FutureWarning\n"
 )
 CERTIFIED = ("b4ga2", "b2ga4")
-NOT_SAME_MATH = ("x1.001", "b4ga2-mbmean")
+NOT_SAME_MATH = ("x1.001", "b4ga2-mbmean", "b4ga2-dropga")
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -332,10 +333,11 @@ def _certified_distances(tolerances: dict) -> dict[str, float]:
 
 
 def test_trl_bf16_calibration_trusts_only_certified_variants(pytester: pytest.Pytester):
-    """bf16 GRPO (dapo): record the reference, calibrate with a x1.001 loss and a
-    per-micro-batch token mean declared same_math(): the float64 oracle certifies b4ga2 and
-    b2ga4, finds the bugs not the same math and keeps them out of the lane; a strict replay
-    passes the certified variants with no written tolerance and fails each bug."""
+    """bf16 GRPO (dapo): record the reference, calibrate with a x1.001 loss, a per-micro-batch
+    token mean and a dropped accumulation scale declared same_math(): the float64 oracle
+    certifies b4ga2 and b2ga4, finds the bugs not the same math and keeps them out of the lane;
+    a strict replay passes the certified variants with no written tolerance and fails each
+    bug."""
     pytester.makeini(CERTIFY_INI)
     pytester.makeconftest(INNER_CONFTEST.format(harness=str(HERE)))
     pytester.makepyfile(test_lane=CERTIFY_INNER.format(harness=str(HERE)))

@@ -203,8 +203,8 @@ def make_batch(
 # ---------------------------------------------------------------------- the actor
 
 
-def tiny_qwen2(seed: int = 0) -> torch.nn.Module:
-    """A float32 Qwen2 with hidden 64 and 2 layers, built from a config (no download)."""
+def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A Qwen2 with hidden 64 and 2 layers in ``dtype``, built from a config (no download)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -219,7 +219,7 @@ def tiny_qwen2(seed: int = 0) -> torch.nn.Module:
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model = Qwen2ForCausalLM(config).to(dtype)
     return model
 
 
@@ -305,6 +305,7 @@ class ActorRun:
         update_entropy: bool = False,
         bug: str | None = None,
         seed: int = 0,
+        dtype: torch.dtype = torch.float32,
     ):
         install_cpu_shims()
         from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -336,7 +337,7 @@ class ActorRun:
             shuffle=False,
             fsdp_config=FSDPEngineConfig(dtype="float32"),
         )
-        self.model = tiny_qwen2(seed)
+        self.model = tiny_qwen2(seed, dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01
         )

@@ -57,8 +57,8 @@ _BUG_EDITS = {
 }
 
 
-def tiny_qwen2_critic(seed: int = 0) -> torch.nn.Module:
-    """A float32 ``Qwen2ForTokenClassification`` with one label, hidden 64, 2 layers."""
+def tiny_qwen2_critic(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A ``Qwen2ForTokenClassification`` in ``dtype`` with one label, hidden 64, 2 layers."""
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 
     config = Qwen2Config(
@@ -74,7 +74,7 @@ def tiny_qwen2_critic(seed: int = 0) -> torch.nn.Module:
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    return Qwen2ForTokenClassification(config).to(torch.float32)
+    return Qwen2ForTokenClassification(config).to(dtype)
 
 
 class CriticRun:
@@ -94,6 +94,7 @@ class CriticRun:
         lr: float = 1e-3,
         bug: str | None = None,
         seed: int = 0,
+        dtype: torch.dtype = torch.float32,
     ):
         install_cpu_shims()
         from verl.workers.config import FSDPEngineConfig
@@ -125,7 +126,7 @@ class CriticRun:
             model=model,
             model_config=object(),  # HFModelConfig would load `path`; the critic never reads it
         )
-        self.model = tiny_qwen2_critic(seed)
+        self.model = tiny_qwen2_critic(seed, dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01
         )

@@ -29,7 +29,7 @@ CASES = same_math(
 
 @pytest.mark.parametrize("case", CASES)
 def {test}(golden, case):
-    run = H.{run}(**case)
+    run = H.{run}(dtype=golden.dtype, **case)
     for step in range(H.STEPS):
         batch = golden.rollout(lambda: H.make_batch(step), step=step)
         out = run.step(batch)
@@ -44,8 +44,9 @@ def {test}(golden, case):
 class Lane:
     """One lane: the harness module and its run class, the inner test's name, the tensor it
     checks (``(name, key)``), the params that must pass and those that must fail (with the
-    metric each must fail on), the param and metric that must lead its headline, and a
-    variant whose per-micro-batch means must be listed as not comparable."""
+    metric each must fail on), the param and metric that must lead its headline, a
+    variant whose per-micro-batch means must be listed as not comparable, and whether the
+    lane also runs as the float64 oracle (``--golden-certify``: :func:`certify_problems`)."""
 
     harness: str
     run: str
@@ -55,6 +56,7 @@ class Lane:
     must_fail: dict[str, str]
     headline: tuple[str, str]
     not_comparable: str
+    certify: bool = False
 
 
 def run_lane(
@@ -97,6 +99,11 @@ def run_lane(
         problems.append(
             f"replay: {counts} passed/failed, want {len(lane.same_math), len(lane.must_fail)}"
         )
+    if lane.certify:
+        start = time.perf_counter()
+        certified = pytester.runpytest_subprocess(*common, "--golden-certify", timeout=600)
+        print(f"float64 oracle {time.perf_counter() - start:.1f}s")
+        problems += certify_problems(certified, lane)
     assert not problems, "\n".join(problems) + "\n\nreplay output:\n" + "\n".join(replay.outlines)
 
 
@@ -149,4 +156,17 @@ def verdict_problems(
         elif metric not in mismatched(report):
             shown = "\n    ".join(report[-25:])
             problems.append(f"[{param}] failed, but not on {metric}:\n    {shown}")
+    return problems
+
+
+def certify_problems(result: pytest.RunResult, lane: Lane) -> list[str]:
+    """What is wrong with the lane's ``--golden-certify`` run: every reference records its
+    float64 oracle and every same-math param replays it (certified); every param of
+    ``must_fail`` fails as "not the same math", with its metric in the mismatch table."""
+    problems = verdict_problems(result, lane.test, lane.same_math, lane.must_fail)
+    for param in lane.must_fail:
+        if not any("not the same math: " in x for x in section(result, lane.test, param)):
+            problems.append(f"[{param}] failed, but not as 'not the same math'")
+    if problems:
+        problems.append("--golden-certify output:\n" + "\n".join(result.outlines))
     return problems

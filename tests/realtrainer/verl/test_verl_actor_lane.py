@@ -68,5 +68,6 @@ def test_verl_actor_lane(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPa
         # the one metric that shows a dropped scale leads the headline (ranked by severity)
         headline=("bug_gradaccum", "actor/grad_norm"),
         not_comparable="mb4",  # per-micro-batch means: reported, not passed silently
+        certify=True,
     )  # fmt: skip
     run_lane(pytester, monkeypatch, lane, [VERL07, REPO])
