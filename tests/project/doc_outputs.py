@@ -481,6 +481,65 @@ def mismatch_trend(work: Path) -> str:
     return "\n".join([lines[0], "...", *lines[gap : gap + 2], "...", lines[-1]]) + "\n"
 
 
+BITWISE_TEST = """\
+import math
+
+import torch
+
+from pytest_rollout_golden import bitwise
+
+ENGINE = torch.tensor([[-0.5, -1.25, -2.0, -0.75], [-3.0, -0.125, -1.5, -4.0]])
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+
+
+def test_one_ulp(golden):
+    trainer = ENGINE.clone()
+    trainer[1, 2] = torch.nextafter(trainer[1, 2], torch.tensor(-math.inf))
+    golden.check_bitwise(trainer, ENGINE, MASK, control=ENGINE + 0.25)
+
+
+def test_neutered_control(golden):
+    golden.check_bitwise(ENGINE.clone(), ENGINE, MASK, control=ENGINE.clone())
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, bias):
+        super().__init__()
+        self.proj, self.head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+        with torch.no_grad():  # values whose sums and products are exact in float32
+            self.proj.weight.copy_(torch.tensor([[0.5, 0.25], [1.0, -0.5]]))
+            self.proj.bias.copy_(torch.tensor([0.0, bias]))
+            self.head.weight.copy_(torch.tensor([[1.0, 2.0], [-1.0, 0.5]]))
+            self.head.bias.zero_()
+
+    def forward(self, x):
+        return self.head(torch.relu(self.proj(x)))
+
+
+def test_located(golden):
+    trainer, engine = Tiny(0.5), Tiny(0.5 + 2**-20)
+    x = torch.tensor([[1.0, 2.0]])
+    with torch.no_grad():
+        golden.check_bitwise(
+            trainer(x), engine(x), step=0,
+            locate=lambda: bitwise.first_divergence(
+                trainer, lambda: trainer(x), lambda: engine(x), other=engine
+            ),
+        )
+"""
+
+
+@output("mismatch-bitwise")
+def mismatch_bitwise(work: Path) -> str:
+    """The bitwise lane on exactly representable values (the same bits on every CPU): a one-ULP
+    break, a neutered control, and a break located in the first module that differs."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    (work / "test_bitwise.py").write_text(BITWISE_TEST)
+    lines = run_pytest(work).splitlines()
+    starts = ("bitwise train-inference", "inconclusive", "    first module")
+    return "\n".join(line for line in lines if line.startswith(starts)) + "\n"
+
+
 # ---------------------------------------------------------------- docs/reference/configuration.md
 
 

@@ -569,6 +569,44 @@ class Golden:
         self._outcome.comparisons.extend(added)
         return results + added
 
+    @user_facing
+    def check_bitwise(
+        self,
+        log_probs: Any,
+        rollout_log_probs: Any,
+        response_mask: Any = None,
+        *,
+        step: int = 0,
+        control: Any = None,
+        locate: Callable[[], Any] | None = None,
+        name: str = "log_probs",
+    ) -> list[Comparison]:
+        """Require the trainer's ``log_probs`` to equal the engine's ``rollout_log_probs``
+        bit for bit where ``response_mask`` selects (``[B, T]`` sampled tokens, or ``[B, T,
+        K]`` top-k / full-vocabulary log probs under a ``[B, T]`` mask), recording or not.
+
+        ``control``: the must-fail control, the trainer's log probs computed with the
+        property off (batch invariance off, another batch size), or a callable returning
+        them; it must differ from the engine's somewhere, or the test fails as
+        inconclusive. Without one the pass is listed as uncontrolled. ``locate``: a
+        callable returning :func:`~pytest_rollout_golden.bitwise.first_divergence`'s
+        answer, called only when the lane fails. ``name`` tells several lanes of one step
+        apart (``bitwise/<name>``). See :mod:`.bitwise_lane` for the verdicts.
+        """
+        from . import bitwise_lane
+
+        checks.step_key(step)
+        self._open()
+        if self._certify:
+            found = [bitwise_lane.oracle_skipped(name, step)]
+        else:
+            found = bitwise_lane.comparisons(
+                name, log_probs, rollout_log_probs, response_mask, step=step,
+                control=control, locate=locate,
+            )  # fmt: skip
+        self._outcome.comparisons.extend(found)
+        return found
+
     @staticmethod
     def _beyond(name: str, value: float, bound: Bound, step: int, where: Any) -> Comparison:
         """The failure of mismatch metric ``name`` beyond ``bound`` (``where``: the worst
