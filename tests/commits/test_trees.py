@@ -51,7 +51,8 @@ def test_a_tree_holds_the_commit_and_the_checkout_is_never_written(repo, tmp_pat
         assert (tree.path / "notes" / "0.txt").read_text() == "0"
         assert not (tree.path / "notes" / "1.txt").exists()
         assert not (tree.path / "untracked.txt").exists()
-        assert json.loads((run.folder / "owner.json").read_text())["pid"] == os.getpid()
+        assert (run.folder / trees.MARKER).read_text() == trees.MARKER_TEXT
+        assert trees.reap(run.folder.parent) == []  # locked: live, to this process too
         folder = run.folder
         run.remove(tree)
         assert not tree.path.exists()
