@@ -40,10 +40,10 @@ MARKER = ".rollout-golden-run"
 MARKER_TEXT = "made by pytest-rollout-golden compare or bisect; live while it is locked\n"
 _RUN = re.compile(r"run-\d+-[0-9a-f]+")
 
-# The process each pytest run starts under (stdlib only, run with -I): it starts the command
-# given after the lifeline's descriptor in its own process group and passes on its exit status;
-# end of file on the lifeline kills the group, the guardian with it. A separate process, since
-# a hung test may hold the GIL that a watching thread of pytest would need.
+# The process each pytest run starts under (stdlib only, run with -I), the leader of a session
+# of its own: it starts the command given after the lifeline's descriptor in its process group
+# and passes on its exit status; end of file on the lifeline kills the group, itself included.
+# A separate process, since a hung test may hold the GIL that a watching thread would need.
 _GUARDIAN = """
 import os, signal, subprocess, sys, threading
 lifeline = int(sys.argv[1])
