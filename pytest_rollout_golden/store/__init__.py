@@ -6,6 +6,7 @@
 * :mod:`.batchfile`: batch files, standard safetensors files that verify themselves.
 * :mod:`.directory`: a golden directory as a whole: manifest, transaction, recovery, removal.
 * :mod:`.lock`: the inter-process lock of a golden directory.
+* :mod:`.owned`: temporary folders a live process owns (a marker it holds a lock on).
 * :mod:`.codec`: a batch as named arrays plus a JSON layout, and back, without pickle.
 * :mod:`.location`: the name of everything on disk.
 

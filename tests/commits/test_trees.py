@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from history import tree_digest
@@ -50,7 +51,8 @@ def test_a_tree_holds_the_commit_and_the_checkout_is_never_written(repo, tmp_pat
         assert (tree.path / "notes" / "0.txt").read_text() == "0"
         assert not (tree.path / "notes" / "1.txt").exists()
         assert not (tree.path / "untracked.txt").exists()
-        assert json.loads((run.folder / "owner.json").read_text())["pid"] == os.getpid()
+        assert (run.folder / trees.MARKER).read_text() == trees.MARKER_TEXT
+        assert trees.reap(run.folder.parent) == []  # locked: live, to this process too
         folder = run.folder
         run.remove(tree)
         assert not tree.path.exists()
@@ -72,7 +74,38 @@ def _dead_pid() -> int:
     return child.pid
 
 
-def _leftover(root, name, owner) -> object:
+# A run of another process: it enters a run folder, says where, and stays until its stdin ends.
+_OTHER_RUN = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from pytest_rollout_golden._internal.commits import trees
+with trees.Trees(Path(sys.argv[1]), base=Path(sys.argv[2])) as run:
+    print(run.folder, flush=True)
+    sys.stdin.read()
+"""
+
+
+def _other_run(repo, base) -> tuple[subprocess.Popen, Path]:
+    """A live run folder of another process, with that process."""
+    package = Path(trees.__file__).parents[3]
+    run = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_RUN, str(repo.path), str(base), str(package)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return run, Path(run.stdout.readline().strip())
+
+
+def _as_if_in_another_pid_namespace(folder: Path) -> None:
+    """What a run folder of a process in another PID namespace (a container sharing TMPDIR
+    and uid) looks like from here: every pid it names is dead, or another process."""
+    owner = {"pid": _dead_pid(), "start": "in another pid namespace"}
+    (folder / "owner.json").write_text(json.dumps(owner))
+
+
+def _leftover(root, name, owner) -> Path:
     folder = root / name
     (folder / "tree").mkdir(parents=True)
     (folder / "tree" / "file").write_text("x")
@@ -81,25 +114,30 @@ def _leftover(root, name, owner) -> object:
     return folder
 
 
-def test_reap_removes_only_run_folders_of_dead_owners(tmp_path):
+def test_reap_removes_only_unlocked_run_folders_whatever_pids_they_name(repo, tmp_path):
+    """Whether a run lives is the lock on its marker, which the kernel holds for the run's
+    process in any PID namespace and releases when it dies, never a name or a pid."""
     root = trees.root(tmp_path)
     assert oct(root.stat().st_mode & 0o777) == "0o700"
+    live, live_folder = _other_run(repo, tmp_path)
+    killed, stale = _other_run(repo, tmp_path)
+    killed.kill()
+    killed.wait()
+    for folder in (live_folder, stale):
+        _as_if_in_another_pid_namespace(folder)
     dead = {"pid": _dead_pid(), "start": "whenever"}
-    me = {"pid": os.getpid(), "start": trees.start_time(os.getpid())}
-    reused = {"pid": os.getpid(), "start": "another process, earlier"}
-    gone = _leftover(root, "run-1-aa", dead)
-    gone_reused = _leftover(root, "run-2-bb", reused)
-    live = _leftover(root, "run-3-cc", me)
-    ownerless = _leftover(root, "run-4-dd", None)
+    ownerless = _leftover(root, "run-1-aa", dead)  # named and owned as a run; no marker
     stranger = _leftover(root, "other-5-ee", dead)
     outside = _leftover(tmp_path, "run-6-ff", dead)
     (root / "run-7-aa").symlink_to(outside)
-    (gone / "link").symlink_to(outside)  # inside a folder to remove: removed, not followed
-
-    assert sorted(trees.reap(root)) == [gone, gone_reused]
-
-    assert not gone.exists() and not gone_reused.exists()
-    for kept in (live, ownerless, stranger, outside, root / "run-7-aa"):
+    (stale / "link").symlink_to(outside)  # inside a folder to remove: removed, not followed
+    try:
+        assert trees.reap(root) == [stale]
+        assert (live_folder / "clone" / ".git").is_dir()
+    finally:
+        live.communicate("")
+    assert not stale.exists() and not live_folder.exists()  # the live run removed its own
+    for kept in (ownerless, stranger, outside, root / "run-7-aa"):
         assert (kept / "tree" / "file").read_text() == "x"
 
 

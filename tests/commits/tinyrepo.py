@@ -3,7 +3,8 @@
 ``TinyRepo(path)`` makes the repository with ``calc.py`` (the code under test),
 ``test_calc.py`` (``pg_loss`` at 3 steps through ``golden.check``) and a ``pytest.ini``;
 ``record()`` runs pytest once to record ``golden/`` and commits it. ``commit()`` changes
-files and commits; ``bug()`` commits a relative error of 1e-3 in ``calc.py``.
+files and commits; ``bug()`` commits a relative error of 1e-3 in ``calc.py``. The loss sleeps
+``TINY_SLEEP`` seconds, and first leaves a file named by its pid in the folder ``TINY_PIDS``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ SCALE = {scale!r}
 
 
 def loss(step):
+    if os.environ.get("TINY_PIDS"):  # a folder: say which process computes, before sleeping
+        open(os.path.join(os.environ["TINY_PIDS"], str(os.getpid())), "w").close()
     time.sleep(float(os.environ.get("TINY_SLEEP", "0")))
     return (0.5 + 0.125 * step) * SCALE
 """

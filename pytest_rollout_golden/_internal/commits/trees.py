@@ -4,16 +4,20 @@ Each invocation owns one run folder, ``<tmp>/rollout-golden-commits-<uid>/run-<p
 a private ``git clone --shared --no-checkout`` of the user's repository, and one
 ``git worktree add --detach`` of that clone per commit. The user's ``.git`` and working
 tree are only read. The run folder is removed when the run ends (also on Ctrl-C and
-SIGTERM); a folder left by a killed run is removed by the next run's :func:`reap`, which
-recognises a dead owner by its pid and process start time (a reused pid is not taken for
-the owner).
+SIGTERM). Its marker file :data:`MARKER` is locked for the run's life (:mod:`...store.owned`):
+a folder left by a killed run is removed by the next run's :func:`reap` once the lock is
+free, never judged by its name or a pid (another PID namespace sharing the temporary
+directory has the same ids).
+
+Each pytest run starts under a guardian (:data:`_GUARDIAN`), in a session of its own: the
+guardian kills the session's process group when the run's lifeline pipe reaches end of file,
+which the kernel makes happen when this process ends, however it ends (SIGKILL included).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import secrets
@@ -28,11 +32,34 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
+from ...store import owned
 from .git import Commit, git
 
-OWNER = "owner.json"
-CHILDREN = "children"  # a file per running pytest: its pid as name, its start time inside
+MARKER = ".rollout-golden-run"
+"""The file in a run folder that says the plugin made it; the run holds a lock on it."""
+MARKER_TEXT = "made by pytest-rollout-golden compare or bisect; live while it is locked\n"
 _RUN = re.compile(r"run-\d+-[0-9a-f]+")
+
+# The process each pytest run starts under (stdlib only, run with -I), the leader of a session
+# of its own: it starts the command given after the lifeline's descriptor in its process group
+# and passes on its exit status; end of file on the lifeline kills the group, itself included.
+# A separate process, since a hung test may hold the GIL that a watching thread would need.
+_GUARDIAN = """
+import os, signal, subprocess, sys, threading
+lifeline = int(sys.argv[1])
+def watch():
+    try:
+        while os.read(lifeline, 1):
+            pass
+    finally:
+        os.killpg(0, signal.SIGKILL)
+threading.Thread(target=watch, daemon=True).start()
+status = subprocess.Popen(sys.argv[2:]).wait()
+if status < 0:
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+sys.exit(status)
+"""
 
 
 def root(base: Path | None = None) -> Path:
@@ -53,78 +80,17 @@ def root(base: Path | None = None) -> Path:
     return path
 
 
-def start_time(pid: int) -> str | None:
-    """What tells process ``pid`` apart from a later one with the same pid (boot and start
-    time); ``None`` when no process ``pid`` runs."""
-    proc = Path(f"/proc/{pid}/stat")
-    if proc.parent.parent.is_dir() and Path("/proc/self/stat").exists():
-        try:
-            fields = proc.read_text().rsplit(")", 1)[1].split()
-            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        except OSError:
-            return None
-        if fields[0] in ("Z", "X"):  # ended, not yet waited for
-            return None
-        return f"{boot}:{fields[19]}"  # field 22 of stat: start time in clock ticks
-    done = subprocess.run(
-        ["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() or None
-
-
 def reap(root_folder: Path) -> list[Path]:
-    """Remove the run folders under ``root_folder`` whose owner process is gone; returns them.
+    """Remove the run folders under ``root_folder`` whose run is gone; returns them.
 
-    Only folders directly under the root, named ``run-PID-HEX``, that are no link and hold a
-    readable ``owner.json`` naming a process that no longer runs; nothing else is touched.
+    Only folders directly under the root, named ``run-PID-HEX``, that are no link and hold
+    the plugin's :data:`MARKER`, unlocked; nothing else is touched.
     """
     removed = []
     for entry in sorted(root_folder.iterdir()):
-        try:
-            if not _RUN.fullmatch(entry.name) or not stat.S_ISDIR(entry.lstat().st_mode):
-                continue
-            owner = _owner(entry)
-            if owner is None or _alive(owner):
-                continue
-            _stop_orphans(entry)
-        except FileNotFoundError:  # another run reaped it meanwhile
-            continue
-        _remove(entry)
-        removed.append(entry)
+        if _RUN.fullmatch(entry.name) and owned.remove_if_abandoned(entry, MARKER, MARKER_TEXT):
+            removed.append(entry)
     return removed
-
-
-def _alive(owner: dict[str, Any]) -> bool:
-    """Whether the process that wrote ``owner`` still runs."""
-    now = start_time(owner["pid"])
-    return now is not None and owner["start"] in (None, now)
-
-
-def _stop_orphans(folder: Path) -> None:
-    """Kill the pytest runs a killed owner left running (recorded in ``children/``, each
-    with its start time, so that no later process with the same pid is hit)."""
-    children = folder / CHILDREN
-    if children.is_symlink() or not children.is_dir():
-        return
-    for entry in children.iterdir():
-        if entry.name.isdigit() and not entry.is_symlink():
-            pid = int(entry.name)
-            if start_time(pid) == entry.read_text():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
-
-
-def _owner(folder: Path) -> dict[str, Any] | None:
-    """The run folder's ``owner.json`` (``None``: missing, a link or unreadable)."""
-    path = folder / OWNER
-    try:
-        if not stat.S_ISREG(path.lstat().st_mode):
-            return None
-        owner = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(owner, dict) and isinstance(owner.get("pid"), int) and "start" in owner
-    return owner if ok else None
 
 
 def _remove(folder: Path) -> None:
@@ -144,8 +110,8 @@ class Tree:
 class Trees:
     """One run folder: a private clone of ``repo`` and a checkout per commit tried.
 
-    A context manager: entering reaps dead runs' folders and makes this one; leaving kills
-    the pytest runs still going in it and removes it, however the run ends.
+    A context manager: entering reaps dead runs' folders and makes this one, marked live;
+    leaving kills the pytest runs still going in it and removes it, however the run ends.
     """
 
     def __init__(self, repo: Path, *, base: Path | None = None):
@@ -156,6 +122,8 @@ class Trees:
         self._children: set[subprocess.Popen[bytes]] = set()
         self._sigterm: Any = None
         self._closed = False
+        self._marker: int | None = None
+        self._lifeline: tuple[int, int] | None = None  # (read, write); read is the children's
 
     def __enter__(self) -> Trees:
         top = root(self.base)
@@ -164,8 +132,8 @@ class Trees:
         self.folder.mkdir(mode=0o700)
         self._catch_sigterm()
         try:
-            owner = {"pid": os.getpid(), "start": start_time(os.getpid()), "repo": str(self.repo)}
-            (self.folder / OWNER).write_text(json.dumps(owner))
+            self._marker = owned.claim(self.folder, MARKER, MARKER_TEXT)
+            self._lifeline = os.pipe()  # neither end is inherited unless passed
             git(
                 self.folder,
                 "clone",
@@ -190,6 +158,10 @@ class Trees:
             for child in children:
                 stop(child)
             _remove(self.folder)
+            for fd in (self._marker, *(self._lifeline or ())):
+                if fd is not None:
+                    os.close(fd)
+            self._marker = self._lifeline = None
         finally:
             _unblock_signals(masked)
             if self._sigterm is not None:
@@ -219,23 +191,23 @@ class Trees:
             git(self.folder / "clone", "worktree", "prune")
 
     def popen(self, command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        """Start ``command`` in a process group of its own, known to the run: leaving the run
-        kills it."""
+        """Start ``command`` under its guardian, in a session of its own, known to the run:
+        leaving the run kills it (its process group), and so does this process's end."""
         with self._lock:  # once the run is left, nothing more starts in it
-            if self._closed:
+            if self._closed or self._lifeline is None:
                 raise GoldenError(f"{self.folder}: the run has ended; nothing more runs in it")
-            child = subprocess.Popen(command, start_new_session=True, **kwargs)
+            lifeline = self._lifeline[0]
+            guarded = [sys.executable, "-I", "-c", _GUARDIAN, str(lifeline), *command]
+            child = subprocess.Popen(
+                guarded, start_new_session=True, pass_fds=(lifeline,), **kwargs
+            )
             self._children.add(child)
-        record = self.folder / CHILDREN / str(child.pid)
-        record.parent.mkdir(exist_ok=True)
-        record.write_text(start_time(child.pid) or "")
         return child
 
     def forget(self, child: subprocess.Popen[bytes]) -> None:
         """``child`` has ended (or was stopped)."""
         with self._lock:
             self._children.discard(child)
-        (self.folder / CHILDREN / str(child.pid)).unlink(missing_ok=True)
 
     def _catch_sigterm(self) -> None:
         """SIGTERM unwinds like Ctrl-C (so the run folder is removed), where nobody else
