@@ -544,7 +544,7 @@ def _difference_strip(
                      transform=ax_diff.transAxes, ha="center", va="center", fontsize=8,
                      color="#555555",
                      bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
-    ax_diff.set_ylabel(label, fontsize=7)
+    ax_diff.set_ylabel(label, fontsize=8)
     ax_diff.set_xlabel("step")
     ax_diff.grid(alpha=0.3, axis="y")
     ax_diff.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
