@@ -99,7 +99,7 @@ def test_plot_draws_the_commits_tried(bugged, capsys, tmp_path) -> None:
 def test_plot_without_matplotlib_fails_before_any_replay(bugged, capsys, monkeypatch) -> None:
     import builtins
 
-    bugged, cache = bugged
+    bugged, _ = bugged
     real_import = builtins.__import__
 
     def no_matplotlib(name, *args, **kwargs):

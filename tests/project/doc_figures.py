@@ -8,8 +8,9 @@ is captured while a figure is made, and the digest of those arguments (the curve
 allowances, the bands, the titles; for a bisect, the commits by position, not by hash, which
 differs with the machine's torch) together with the source of the drawing modules is
 recorded in ``docs/figures/figures.json`` with the picture's size in pixels.
-``test_docs.py`` redraws every figure and compares both. Regenerate them all with
-``python tests/project/doc_figures.py``.
+``test_docs.py`` redraws every figure and compares both. Redraw them all with
+``python tests/project/doc_figures.py``, or some: ``python tests/project/doc_figures.py
+bisect.png``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -29,11 +31,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from doc_outputs import ROOT, environment, run_pytest
+from doc_outputs import BISECT, ROOT, bisect_env, bisected, run_pytest
 
 FIGURES = ROOT / "docs" / "figures"
 MANIFEST = FIGURES / "figures.json"
-DRAWING = ("pytest_rollout_golden/_internal/report/plot.py",)  # their source is in the digest
+DRAWING = {  # what draws each kind of call: its source is in the figure's digest
+    "metrics": ("pytest_rollout_golden/_internal/report/plot.py",),
+    "bisect": (
+        "pytest_rollout_golden/_internal/report/plot.py",
+        "pytest_rollout_golden/_internal/report/timeline.py",
+    ),
+}  # their source is in the digest
 MAX_BYTES = 150_000  # a figure stays small: the repository carries every version of it
 
 DRAWN: dict[str, Callable[[Path, Path], None]] = {}
@@ -165,6 +173,31 @@ def lanes(work: Path, out: Path) -> None:
     plot_cli(work, "plot", f"{golden}@cpu", f"{golden}@cuda-sm90", "-o", str(out))
 
 
+# ---------------------------------------------------------------- docs/guide/bisect.md
+
+
+@figure("bisect.png")
+def bisect_timeline(work: Path, out: Path) -> None:
+    """The bisect of the guide's session (doc_outputs.bisected: 31 commits, the bug at 11,
+    16 does not collect), again with ``--plot``: every commit it tries is in the cache."""
+    from pytest_rollout_golden.cli import main
+
+    repo, _ = bisected(work)
+    saved = dict(os.environ)
+    os.environ.update(bisect_env(repo))  # the cache's environment: the first bisect's
+    try:
+        quiet = io.StringIO()  # what it prints, the guide shows
+        with (
+            contextlib.redirect_stdout(quiet),
+            contextlib.redirect_stderr(quiet),
+            contextlib.chdir(repo),
+        ):
+            main([*BISECT, "--plot", str(out), "--", "test_calc.py"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 # ---------------------------------------------------------------- capture and manifest
 
 
@@ -184,23 +217,43 @@ def plain(value: Any) -> Any:
     return value
 
 
+def bisect_drawn(result: Any) -> dict[str, Any]:
+    """What a bisect's picture shows, its commits by place (1: the first after --good), not
+    by hash: a history's hashes change with the torch that recorded its goldens."""
+    place = {c.sha: n for n, c in enumerate(result.commits, start=1)}
+    place[result.good.sha] = 0
+    first = result.first_bad_run
+    return plain(
+        {
+            "commits": [c.subject for c in result.commits],
+            "tried": [(place[r.commit.sha], r.outcome, r.reason) for r in result.tried],
+            "candidates": [place[c.sha] for c in result.candidates],
+            "first": None if first is None or first.first is None else first.first,
+        }
+    )
+
+
 @contextlib.contextmanager
 def captured() -> Iterator[list[Any]]:
-    """The arguments of every call of ``plot_metrics`` while the block runs."""
-    from pytest_rollout_golden._internal.report import plot
+    """The arguments of every call of the drawing functions while the block runs."""
+    from pytest_rollout_golden._internal.report import plot, timeline
 
     calls: list[Any] = []
-    real = plot.plot_metrics
+    real_metrics, real_bisect = plot.plot_metrics, timeline.plot_bisect
 
-    def spy(a: Any, out: Path, **kwargs: Any) -> Any:
-        calls.append(plain({"a": a, "out": out, **kwargs}))
-        return real(a, out, **kwargs)
+    def metrics(a: Any, out: Path, **kwargs: Any) -> Any:
+        calls.append({"drawn by": "metrics", **plain({"a": a, "out": out, **kwargs})})
+        return real_metrics(a, out, **kwargs)
 
-    plot.plot_metrics = spy
+    def bisect(result: Any, out: Path) -> Any:
+        calls.append({"drawn by": "bisect", **bisect_drawn(result)})
+        return real_bisect(result, out)
+
+    plot.plot_metrics, timeline.plot_bisect = metrics, bisect
     try:
         yield calls
     finally:
-        plot.plot_metrics = real
+        plot.plot_metrics, timeline.plot_bisect = real_metrics, real_bisect
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -213,28 +266,31 @@ def png_size(path: Path) -> tuple[int, int]:
 def draw(name: str, out: Path) -> dict[str, Any]:
     """Draw figure ``name`` into ``out`` in a fresh folder; its manifest entry: the digest
     of what was drawn and of the drawing code, and the size in pixels."""
-    code = b"".join((ROOT / path).read_bytes() for path in DRAWING)
     with tempfile.TemporaryDirectory() as tmp, captured() as calls:
-        env = environment()
-        saved = {k: os.environ.get(k) for k in ("CI", "PYTHONPATH")}
-        os.environ.pop("CI", None)
-        os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+        saved = dict(os.environ)
+        os.environ.pop("CI", None)  # a developer's desk: the figures' goldens are recorded
         try:
             DRAWN[name](Path(tmp), out)
         finally:
-            for key, value in saved.items():
-                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+            os.environ.clear()
+            os.environ.update(saved)
     assert calls, f"{name}: nothing was drawn by the plugin's plotting"
     drawn = json.dumps(calls, sort_keys=True).encode()
+    paths = sorted({path for call in calls for path in DRAWING[call["drawn by"]]})
+    code = b"".join((ROOT / path).read_bytes() for path in paths)
     digest = hashlib.sha256(code + drawn).hexdigest()
     width, height = png_size(out)
     return {"inputs": digest, "width": width, "height": height}
 
 
-def main() -> None:
-    """Draw every figure into docs/figures/ and write its manifest."""
+def main(names: list[str]) -> None:
+    """Draw the figures ``names`` (none: every one) into docs/figures/, and their entries
+    of the manifest."""
     FIGURES.mkdir(exist_ok=True)
-    manifest = {name: draw(name, FIGURES / name) for name in DRAWN}
+    manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
+    for name in names or DRAWN:
+        manifest[name] = draw(name, FIGURES / name)
+    manifest = {name: manifest[name] for name in DRAWN if name in manifest}
     MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     for name, entry in manifest.items():
         size = (FIGURES / name).stat().st_size
@@ -242,4 +298,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

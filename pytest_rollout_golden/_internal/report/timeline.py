@@ -59,9 +59,12 @@ def plot_bisect(result: BisectResult, out: Path) -> Path:
 
 def _label(ax: Any, x: int, row: int, outcome: str, subject: str, reason: str, last: int) -> None:
     """``outcome: subject (reason)`` beside the marker, on the side with more room."""
-    text = f"{outcome}: {subject}" + (f" ({reason})" if outcome == "skip" and reason else "")
+    text = f"{outcome}: {_short(subject, _LABEL - 20)}"
+    if outcome == "skip" and reason:  # the reason's start says most: cut at its end
+        room = _LABEL - len(text) - 3
+        text += f" ({reason})" if len(reason) <= room else f" ({reason[: max(0, room - 1)]}…)"
     right = x <= last / 2
-    ax.annotate(_short(text, _LABEL), (x, row), xytext=(9 if right else -9, 0),
+    ax.annotate(text, (x, row), xytext=(9 if right else -9, 0),
                 textcoords="offset points", ha="left" if right else "right", va="center",
                 fontsize=8)  # fmt: skip
 
@@ -86,9 +89,8 @@ def _axes(a: Any, last: int, rows: int) -> None:
 def _title(result: BisectResult) -> str:
     """What was searched, the answer, and the first bad commit's first divergence."""
     last = len(result.commits)
-    replayed = sum(not run.cached for run in result.tried)
     lines = [
-        f"bisect: {len(result.tried)} of {last} commits tried ({replayed} replayed) after "
+        f"bisect: {len(result.tried)} of {last} commits tried after "
         f"--good {result.good.short} ({_short(result.good.subject, 40)})"
     ]
     if result.first_bad is not None:
@@ -100,7 +102,8 @@ def _title(result: BisectResult) -> str:
     if run is not None and run.first is not None:
         d = run.first
         lines.append(
-            f"{d.metric} at step {d.step}: {number(d.excess, 3)}x beyond {d.tolerance} "
+            f"first divergence: {d.metric} at step {d.step}: {number(d.excess, 3)}x beyond "
+            f"{d.tolerance} "
             f"({_short(d.test, 50)})"
         )
     return "\n".join(lines)
