@@ -708,9 +708,9 @@ def bisect_command(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise GoldenError(f"--jobs {args.jobs}: give at least 1")
     if args.plot is not None:
-        from ._internal.report.plot import _figure_classes
+        from ._internal.report.plot import figure_classes
 
-        _figure_classes()  # without matplotlib: say so before replaying any commit
+        figure_classes()  # without matplotlib: say so before replaying any commit
     spec = _run_spec(args, goldens_at=args.good)
 
     def progress(line: str) -> None:

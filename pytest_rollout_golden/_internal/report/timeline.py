@@ -8,21 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .plot import _BAD, _figure_classes, _short
+from .plot import BAD, figure_classes, shortened
 from .presentation import number
 
 if TYPE_CHECKING:
     from ..commits.bisect import BisectResult
 
 _GOOD, _SKIP, _OPEN = "#2ca02c", "#7f7f7f", "#e3e3e3"
-_STYLE = {"good": ("o", _GOOD), "bad": ("o", _BAD), "skip": ("X", _SKIP)}
+_STYLE = {"good": ("o", _GOOD), "bad": ("o", BAD), "skip": ("X", _SKIP)}
 _LABEL = 64  # characters of a row's label: "bad: subject (reason)"
 
 
 def plot_bisect(result: BisectResult, out: Path) -> Path:
     """Draw ``result`` into the PNG ``out``: x is a commit's place after ``--good`` (0) up to
     ``--bad`` (the last), y the order tried. Returns ``out``."""
-    Figure, FigureCanvasAgg = _figure_classes()
+    Figure, FigureCanvasAgg = figure_classes()
     place = {c.sha: n for n, c in enumerate(result.commits, start=1)}
     last = len(result.commits)
     rows = len(result.tried)
@@ -47,7 +47,7 @@ def plot_bisect(result: BisectResult, out: Path) -> Path:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker, color=color, ms=9, ls="none", label=outcome, zorder=3)
     for commit in result.candidates:
-        ax.axvline(place[commit.sha], color=_BAD, ls=":", lw=1.2, zorder=1)
+        ax.axvline(place[commit.sha], color=BAD, ls=":", lw=1.2, zorder=1)
     _axes(ax, last, rows)
     fig.suptitle(_title(result), y=1 - 0.1 / height, va="top", fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55 / (ax.get_position().height
@@ -59,7 +59,7 @@ def plot_bisect(result: BisectResult, out: Path) -> Path:
 
 def _label(ax: Any, x: int, row: int, outcome: str, subject: str, reason: str, last: int) -> None:
     """``outcome: subject (reason)`` beside the marker, on the side with more room."""
-    text = f"{outcome}: {_short(subject, _LABEL - 20)}"
+    text = f"{outcome}: {shortened(subject, _LABEL - 20)}"
     if outcome == "skip" and reason:  # the reason's start says most: cut at its end
         room = _LABEL - len(text) - 3
         text += f" ({reason})" if len(reason) <= room else f" ({reason[: max(0, room - 1)]}…)"
@@ -79,7 +79,7 @@ def _axes(a: Any, last: int, rows: int) -> None:
     a.set_ylabel("try")
     a.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(last + 1, 16)))
     a.set_xlabel(f"commit after --good, oldest first (0: --good, {last}: --bad)")
-    for x, name, color in ((0, "--good", _GOOD), (last, "--bad", _BAD)):
+    for x, name, color in ((0, "--good", _GOOD), (last, "--bad", BAD)):
         a.axvline(x, color=color, ls="--", lw=1, zorder=1)
         a.text(x, 1.01, name, transform=a.get_xaxis_transform(), ha="center", va="bottom",
                fontsize=8, color=color)  # fmt: skip
@@ -91,19 +91,19 @@ def _title(result: BisectResult) -> str:
     last = len(result.commits)
     lines = [
         f"bisect: {len(result.tried)} of {last} commits tried after "
-        f"--good {result.good.short} ({_short(result.good.subject, 40)})"
+        f"--good {result.good.short} ({shortened(result.good.subject, 40)})"
     ]
     if result.first_bad is not None:
         lines.append(f"first bad commit: {result.first_bad.short} {result.first_bad.subject}")
     else:
         named = ", ".join(f"{c.short} {c.subject}" for c in result.candidates)
-        lines.append(f"first bad commit: ambiguous, one of {_short(named, 100)}")
+        lines.append(f"first bad commit: ambiguous, one of {shortened(named, 100)}")
     run = result.first_bad_run
     if run is not None and run.first is not None:
         d = run.first
         lines.append(
             f"first divergence: {d.metric} at step {d.step}: {number(d.excess, 3)}x beyond "
             f"{d.tolerance} "
-            f"({_short(d.test, 50)})"
+            f"({shortened(d.test, 50)})"
         )
     return "\n".join(lines)
