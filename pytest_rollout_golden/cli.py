@@ -717,6 +717,10 @@ def bisect_command(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise GoldenError(f"--jobs {args.jobs}: give at least 1")
+    if args.plot is not None:
+        from ._internal.report.plot import figure_classes
+
+        figure_classes()  # without matplotlib: say so before replaying any commit
     spec = _run_spec(args, goldens_at=args.good)
 
     def progress(line: str) -> None:
@@ -738,6 +742,10 @@ def bisect_command(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print("\n".join(bisect_lines(result)))
+    if args.plot is not None:
+        from ._internal.report.timeline import plot_bisect
+
+        progress(f"bisect: wrote {plot_bisect(result, args.plot)}")
     return 0 if result.first_bad is not None else 1
 
 
@@ -1001,6 +1009,12 @@ def _bisect_parser(sub: Any) -> None:
     )
     _commit_run_arguments(p_bisect)
     p_bisect.add_argument("--json", action="store_true", help="machine-readable output")
+    p_bisect.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="also draw the commits tried, in order, at their place in the history",
+    )
     p_bisect.add_argument(
         "--no-cache", action="store_true", help="run every commit, store no result"
     )

@@ -84,6 +84,36 @@ def test_a_second_bisect_replays_nothing_and_prints_the_answer(bugged, capsys) -
     assert skipped.endswith("interrupted or a collection error: SyntaxError: invalid syntax")
 
 
+def test_plot_draws_the_commits_tried(bugged, capsys, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    bugged, cache = bugged
+    _bisect(bugged, cache, capsys=capsys)  # a no-op when the tests above ran
+    out = tmp_path / "bisect.png"
+    argv = ["bisect", "--good", "HEAD~31", "--bad", "HEAD", "--cache-dir", str(cache)]
+    status, printed, err = _main(bugged, [*argv, "--plot", str(out), "--", *FAST], capsys)
+    assert status == 0 and printed.startswith("first bad commit: ")
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert err.splitlines()[-1] == f"bisect: wrote {out}"
+
+
+def test_plot_without_matplotlib_fails_before_any_replay(bugged, capsys, monkeypatch) -> None:
+    import builtins
+
+    bugged, _ = bugged
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    argv = ["bisect", "--good", "HEAD~31", "--bad", "HEAD", "--no-cache", "--plot", "b.png"]
+    status, printed, err = _main(bugged, [*argv, "--", *FAST], capsys)
+    assert status == 2 and printed == ""
+    assert "pip install 'pytest-rollout-golden[plot]'" in err and "bisect: [1]" not in err
+
+
 def test_two_jobs_end_in_the_ambiguous_set_skipped_commits_leave(tmp_path, capsys) -> None:
     # the bug lands with the repair of the broken commit: 16 cannot be judged, 17 is bad
     history = build_history(tmp_path / "repo", bug_at=BROKEN + 1, broken_at=BROKEN)

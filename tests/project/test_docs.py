@@ -4,6 +4,7 @@ link resolving, and the quickstart's shown output what the quickstart really pri
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -310,6 +311,12 @@ def test_the_site_stylesheet_keeps_wide_output_readable():
     assert "white-space: nowrap" in rules[".md-typeset td code"]
     assert "overflow-x: auto" in rules[".md-typeset pre > code"]
     assert "overflow-x: auto" in rules[".md-typeset__scrollwrap"]
+    # the theme's 4 px pale scrollbar read as a block cut at its right edge: a visible bar,
+    # and an edge shadow while more lies beyond (layers that scroll with the text hide it)
+    code = rules[".md-typeset pre > code"]
+    assert "scrollbar-width: auto" in code and "scrollbar-color" in code
+    assert code.count("local") == 2 and code.count("radial-gradient") == 2
+    assert "height: 0.6rem" in rules[".md-typeset pre > code::-webkit-scrollbar"]
 
 
 def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -326,6 +333,19 @@ def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
 def test_the_strict_docs_build_passes_and_fails_on_a_broken_anchor(tmp_path: Path):
     built = mkdocs_build(ROOT, tmp_path / "site")
     assert built.returncode == 0, built.stderr[-3000:]
+    site = tmp_path / "site"
+    assert (site / "stylesheets" / "extra.css").read_text() == (
+        DOCS / "stylesheets" / "extra.css"
+    ).read_text()
+    for page in ("index.html", "guide/bisect/index.html", "reference/cli/index.html"):
+        assert re.search(r'<link[^>]+href="[./]*stylesheets/extra\.css"', (site / page).read_text())
+    bisect = (site / "guide" / "bisect" / "index.html").read_text()
+    assert re.search(
+        r'<img[^>]+class="figure"[^>]+src="\.\./\.\./figures/bisect\.png"', bisect
+    ) or (re.search(r'<img[^>]+src="\.\./\.\./figures/bisect\.png"[^>]+class="figure"', bisect)), (
+        "the figure is not an image of the built page"
+    )
+    assert (site / "figures" / "bisect.png").is_file()
 
     copy = tmp_path / "copy"
     shutil.copytree(DOCS, copy / "docs")
@@ -425,3 +445,42 @@ def test_the_defaults_table_is_what_the_code_resolves():
             assert (found.rtol, found.atol) == (float(rtol), float(atol)), (family, name, found)
         checked.add(family.split(" (")[0])
     assert {"loss", "training", "centred loss", "bf16"} <= checked
+
+
+# ---------------------------------------------------------------- figures (docs/figures/)
+
+FIGURE = re.compile(r"!\[[^\]]+\]\(([^)\s]+\.png)\)")
+
+
+def test_every_figure_is_small_shown_by_a_page_and_in_the_manifest():
+    from doc_figures import DRAWN, FIGURES, MANIFEST, MAX_BYTES, png_size
+
+    manifest = json.loads(MANIFEST.read_text())
+    assert sorted(p.name for p in FIGURES.glob("*.png")) == sorted(DRAWN) == sorted(manifest)
+    shown = {
+        (page.parent / target).resolve()
+        for page in DOCS.rglob("*.md")
+        for target in FIGURE.findall(FENCE.sub("", page.read_text()))
+    }
+    for name in DRAWN:
+        path = FIGURES / name
+        assert path.resolve() in shown, f"no page shows docs/figures/{name}"
+        assert path.stat().st_size < MAX_BYTES, f"{name}: {path.stat().st_size} bytes"
+        entry = manifest[name]
+        assert png_size(path) == (entry["width"], entry["height"]), name
+
+
+@pytest.mark.parametrize("name", ["drift.png", "envelope.png", "lanes.png", "bisect.png"])
+def test_a_figure_is_what_the_code_draws_now(name: str, tmp_path: Path):
+    """Redrawn, a figure draws the same data with the same drawing code into a picture of
+    the same size (pixels differ between matplotlib versions: not compared). When the code
+    changes what it draws, redraw them: ``python tests/project/doc_figures.py``."""
+    pytest.importorskip("matplotlib")
+    from doc_figures import DRAWN, MANIFEST, draw
+
+    assert name in DRAWN
+    recorded = json.loads(MANIFEST.read_text())[name]
+    assert draw(name, tmp_path / name) == recorded, (
+        f"docs/figures/{name} is not what the code draws now; "
+        "redraw: python tests/project/doc_figures.py"
+    )

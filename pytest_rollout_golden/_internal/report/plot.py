@@ -33,7 +33,8 @@ MISSING_MATPLOTLIB = (
     "plotting needs matplotlib, which is not installed; "
     "install it with: pip install 'pytest-rollout-golden[plot]'"
 )
-_A_COLOR, _B_COLOR, _BAD = "#1f77b4", "#ff7f0e", "#d62728"
+_A_COLOR, _B_COLOR = "#1f77b4", "#ff7f0e"
+BAD = "#d62728"  # beyond tolerance; a bad commit in a bisect's picture (timeline.py)
 _IGNORED = "#bbbbbb"  # the difference bars of a metric the tolerances exclude
 _RUNS, _ALLOWED = "#9ecae1", "#3182bd"  # an envelope: the runs' band, the allowed region
 NOT_COMPARED = "(not compared: ignored)"
@@ -85,7 +86,9 @@ def series(steps: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]
     return out
 
 
-def _figure_classes() -> tuple[Any, Any]:
+def figure_classes() -> tuple[Any, Any]:
+    """matplotlib's ``Figure`` and its Agg canvas; :class:`GoldenError` saying how to install
+    matplotlib when it is not."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -105,7 +108,7 @@ def _some(names: Sequence[str], limit: int = _NAMED, chars: int = 10**6) -> str:
     return ", ".join(shown) + (f" and {rest} more" if rest else "")
 
 
-def _short(name: str, chars: int = 56) -> str:
+def shortened(name: str, chars: int = 56) -> str:
     """``name``, its middle elided when longer than ``chars``."""
     if len(name) <= chars:
         return name
@@ -175,7 +178,7 @@ def plot_metrics(
     in the returned :class:`Picture`. The grid is fixed (no constrained layout), so the
     cost does not grow with the number of metrics.
     """
-    Figure, FigureCanvasAgg = _figure_classes()
+    Figure, FigureCanvasAgg = figure_classes()
     names = sorted(set(a) | set(b or {}))
     if not names:
         raise GoldenError(f"nothing to plot for {title or out}: no scalar metrics")
@@ -215,7 +218,7 @@ def plot_metrics(
         y=1 - 0.12 / height,
         va="top",
         fontsize=11,
-        color=_BAD if diverged else "black",
+        color=BAD if diverged else "black",
     )
     if note:
         fig.text(0.01, 0.12 / height, "\n".join(note), fontsize=8, va="bottom", ha="left",
@@ -387,7 +390,7 @@ def _mark_non_finite(ax: Any, points: Mapping[int, float], color: str, lane: int
 def _panel_title(name: str, first: int | None, ignored: bool = False) -> str:
     """The metric's name (middle elided when long) and where it diverges (or that it is not
     compared), in one or two lines."""
-    title = _short(name)
+    title = shortened(name)
     if first is None and not ignored:
         return title
     suffix = NOT_COMPARED if ignored else f"(diverges at step {first})"
@@ -422,10 +425,10 @@ def _panel(
     _integer_steps(ax, steps)
     if first is not None and first in b:
         if math.isfinite(b[first]):
-            ax.plot([first], [b[first]], "o", mfc="none", mec=_BAD, ms=12, mew=1.5)
+            ax.plot([first], [b[first]], "o", mfc="none", mec=BAD, ms=12, mew=1.5)
         else:
             y = _edge(b[first])[0]
-            ax.plot([first], [y], "o", mfc="none", mec=_BAD, ms=14, mew=1.5, clip_on=False,
+            ax.plot([first], [y], "o", mfc="none", mec=BAD, ms=14, mew=1.5, clip_on=False,
                     transform=ax.get_xaxis_transform())  # fmt: skip
 
 
@@ -482,8 +485,8 @@ def _curves(
     if first is not None:
         for axis in (ax, ax_diff):
             if axis is not None:
-                axis.axvline(first, color=_BAD, lw=1.2, ls=":")
-    color = _BAD if first is not None else "#7f7f7f" if ignored else "black"
+                axis.axvline(first, color=BAD, lw=1.2, ls=":")
+    color = BAD if first is not None else "#7f7f7f" if ignored else "black"
     ax.set_title(title, fontsize=10, color=color, loc="left")
     ax.grid(alpha=0.3)
     ax.ticklabel_format(axis="y", useOffset=False)
@@ -524,12 +527,12 @@ def _difference_strip(
                          ha="center", va="center", fontsize=8, color="#2ca02c")  # fmt: skip
     if odd:
         edge = ax_diff.get_xaxis_transform()
-        ax_diff.plot(list(odd), [0.85] * len(odd), "^", color=_BAD, ms=7, transform=edge,
+        ax_diff.plot(list(odd), [0.85] * len(odd), "^", color=BAD, ms=7, transform=edge,
                      zorder=5, ls="none")  # fmt: skip
         for s in sorted(odd)[:_MARKED]:
             ax_diff.annotate(odd[s], (s, 0.85), xycoords=edge, xytext=(6, -8),
                              textcoords="offset points", ha="left", va="center", fontsize=7,
-                             fontweight="bold", color=_BAD)  # fmt: skip
+                             fontweight="bold", color=BAD)  # fmt: skip
     if len(shared) <= _EQUALS and (nonzero or odd):
         for s in shared:
             if s in same or rel.get(s) == 0:
@@ -544,7 +547,7 @@ def _difference_strip(
                      transform=ax_diff.transAxes, ha="center", va="center", fontsize=8,
                      color="#555555",
                      bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
-    ax_diff.set_ylabel(label, fontsize=7)
+    ax_diff.set_ylabel(label, fontsize=8)
     ax_diff.set_xlabel("step")
     ax_diff.grid(alpha=0.3, axis="y")
     ax_diff.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
@@ -584,7 +587,7 @@ def _difference_bars(
     """The non-zero differences on a log scale spanning ``values`` (they and the allowed
     one); red at the steps ``beyond`` tolerance."""
     grey = _IGNORED if ignored else "#7f7f7f"
-    colors = [_BAD if s in beyond else grey for s in nonzero]
+    colors = [BAD if s in beyond else grey for s in nonzero]
     ax_diff.set_yscale("log")
     if len(nonzero) <= _BARS:
         ax_diff.bar(list(nonzero), list(nonzero.values()), color=colors, width=0.5)
