@@ -121,7 +121,20 @@ def _verify_one(directory: Path, what: str = "") -> tuple[str, str]:
         return "FAIL", f": {exc}"
     except Exception as exc:  # a file this version cannot read: say so, check the rest
         return "ERROR", f": could not be checked ({type(exc).__name__}: {exc})"
-    return "ok", f" ({what}{plural(len(files), 'file')})"
+    return "ok", f" ({what}{plural(len(files), 'file')}{_not_compared(files.get(ENVELOPE))})"
+
+
+def _not_compared(envelope: Any) -> str:
+    """What ``verify`` says of the metrics a checked ``envelope.json`` takes out of every
+    variant's comparison (``layout_drifting``): a gate calibration may open is named where
+    the golden is checked, never silently."""
+    from ._internal.tolerance.envelope import DRIFTING
+
+    drifting = envelope.get(DRIFTING) if isinstance(envelope, dict) else None
+    if not drifting:
+        return ""
+    names = ", ".join(f"{n} ({e['widest']:g}x)" for n, e in sorted(drifting.items()))
+    return f"; not comparable across variants ({ENVELOPE}): {names}"
 
 
 def _verify_lanes(directory: Path) -> list[tuple[str, str, Path, bool]]:

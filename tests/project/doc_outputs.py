@@ -7,7 +7,12 @@ page shows it: commands as ``$ ...`` lines, then what they printed, the working 
 spelled as the page spells it. Where a page shows part of an output, the function cuts it.
 
 Most outputs are the same to the byte on every machine: their numbers are exact (steps,
-counts, float64 values of exactly representable inputs). Those in :data:`ROUNDED` print
+counts, float64 values of exactly representable inputs), and an example whose numbers depend
+on the thread count runs at a fixed one (:func:`toy_env`). Those in :data:`HASHED` print the
+commit hashes of a project whose goldens this machine recorded: a golden's manifest holds the
+machine's fingerprint (torch version, device, thread count), so the hashes differ from machine
+to machine; the function checks that each printed hash is the commit it names, and
+:func:`same_output` compares them as any commit hash. Those in :data:`ROUNDED` print
 values that float32 or bfloat16 training computed on this CPU (the tiny GRPO example, its
 resume, the float32 reference policy against a committed golden): another CPU's vector width
 or thread count changes their last bits, so a printed last digit or a column's width may
@@ -28,6 +33,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = "golden/examples/test_tiny_rl_golden/test_grpo_training_matches_golden"
 
@@ -40,12 +47,18 @@ ROUNDED = frozenset(
      "parallel-mismatch"}
 )  # fmt: skip
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# Outputs of commit hashes that hold this machine's goldens: compared as any hash.
+HASHED = frozenset({"cli-compare"})
+COMMIT = re.compile(r"\b[0-9a-f]{10}\b")  # a commit as compare and bisect print it
 
 
 def same_output(name: str, shown: str, printed: str) -> bool:
     """Whether a page's block ``shown`` is what output ``name`` ``printed``: the same text,
     or, for an output of :data:`ROUNDED`, the same up to its float rounding (runs of spaces
-    as one, each number within :func:`last_digit` of the other)."""
+    as one, each number within :func:`last_digit` of the other), for one of :data:`HASHED`
+    the same but for which commit hashes it prints."""
+    if name in HASHED:
+        return COMMIT.sub("<commit>", shown) == COMMIT.sub("<commit>", printed)
     if shown == printed or name not in ROUNDED:
         return shown == printed
     a, b = (re.sub(r"[ \t]+", " ", text) for text in (shown, printed))
@@ -219,7 +232,11 @@ def cli_compare(work: Path) -> str:
     import re
 
     project = tiny_git_project(work)
+    from history import git  # tests/commits/, on the path now
+
     text = shown(project, "compare", "HEAD~2", "HEAD", "--jobs", "2", "--", "-q", status=True)
+    for side, rev in (("A", "HEAD~2"), ("B", "HEAD")):  # the hashes same_output leaves open
+        assert f"\n{side}: {git(project, 'rev-parse', rev)[:10]} " in text, text
     return re.sub(r"exit (\d+), [\d.]+ s\)", r"exit \1, … s)", in_example(text, project))
 
 
@@ -663,11 +680,19 @@ def test_long_run(golden):
 """
 
 
+def toy_env() -> dict[str, str]:
+    """This environment at 2 intra-op threads, as the page says the toy golden was recorded:
+    the toy's noise is a function of the thread count, and calibration's thread counts
+    start from the current one (1 and 4 after 2), so on every machine the runs are the same
+    float64 numbers."""
+    return {**environment(), "OMP_NUM_THREADS": "2"}
+
+
 def toy_long_run(work: Path) -> Path:
-    """The toy long run recorded and calibrated (3 runs) in ``work``."""
+    """The toy long run recorded in ``work``, at 2 threads (:func:`toy_env`)."""
     (work / "pytest.ini").write_text("[pytest]\n")
     (work / "test_long.py").write_text(TOY_LONG_RUN)
-    run_pytest(work)
+    run_pytest(work, env=toy_env())
     return work
 
 
@@ -710,15 +735,16 @@ def calibrate_variant_rounds(work: Path) -> str:
 
 @output("long-runs-calibrate")
 def long_runs_calibrate(work: Path) -> str:
-    return summary(run_pytest(toy_long_run(work), "--golden-calibrate", "3")) + "\n"
+    calibrated = run_pytest(toy_long_run(work), "--golden-calibrate", "3", env=toy_env())
+    return summary(calibrated) + "\n"
 
 
 @output("long-runs-failure")
 def long_runs_failure(work: Path) -> str:
-    run_pytest(toy_long_run(work), "--golden-calibrate", "3")
+    run_pytest(toy_long_run(work), "--golden-calibrate", "3", env=toy_env())
     test = work / "test_long.py"
     test.write_text(test.read_text().replace("SCALE = 1.0", "SCALE = 1.0008"))
-    return failure(run_pytest(work))
+    return failure(run_pytest(work, env=toy_env()))
 
 
 # ---------------------------------------------------------------- docs/reference/on-disk.md
@@ -968,6 +994,11 @@ def scores_batch_dependent(work: Path) -> str:
 @output("token-ids-kept")
 def token_ids_kept(work: Path) -> str:
     """An agent loop that re-tokenizes a turn the engine sampled letter by letter."""
+    pytest.importorskip(
+        "tokenizers",
+        reason="token-ids-kept trains a BPE tokenizer with the `tokenizers` package, which "
+        "`.[test]` does not install (tests/realtrainer/requirements-trl.txt does)",
+    )
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from pytest_rollout_golden.invariants import check_token_ids_kept

@@ -380,7 +380,8 @@ def test_every_output_function_is_shown_once():
 @pytest.mark.parametrize(("page", "name"), output_blocks(), ids=lambda v: getattr(v, "name", v))
 def test_output_shown_in_the_docs_is_what_the_code_prints(page: Path, name: str, tmp_path: Path):
     """Every marked block is what its function in doc_outputs.py prints now (up to another
-    CPU's rounding for the outputs of ``doc_outputs.ROUNDED``). When the code's output
+    CPU's rounding for the outputs of ``doc_outputs.ROUNDED``, and but for the commit hashes
+    of those of ``doc_outputs.HASHED``). When the code's output
     changes on purpose, rewrite the blocks:
     ``UPDATE_DOC_OUTPUTS=1 pytest tests/project/test_docs.py -k output -p no:xdist``."""
     from doc_outputs import OUTPUTS, same_output
@@ -484,3 +485,26 @@ def test_a_figure_is_what_the_code_draws_now(name: str, tmp_path: Path):
         f"docs/figures/{name} is not what the code draws now; "
         "redraw: python tests/project/doc_figures.py"
     )
+
+
+@pytest.mark.parametrize(
+    ("shown", "printed", "same"),
+    [
+        ("A: f513331981 record goldens (exit 0)", "A: 1f23ae120c record goldens (exit 0)", True),
+        ("A: f513331981 record goldens (exit 0)", "A: 1f23ae120c record goldens (exit 1)", False),
+        ("pg_loss  step 0  3/3  0.00075", "pg_loss  step 0  2/3  0.00075", False),
+        ("pg_loss  0.6256249999999999", "pg_loss  0.6256249999999998", False),  # exact
+    ],
+)
+def test_a_hashed_output_is_exact_but_for_its_commit_hashes(shown, printed, same):
+    from doc_outputs import same_output
+
+    assert same_output("cli-compare", shown, printed) is same
+
+
+def test_an_output_that_needs_tokenizers_is_skipped_without_it(monkeypatch, tmp_path):
+    from doc_outputs import OUTPUTS
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if not installed
+    with pytest.raises(pytest.skip.Exception, match="tokenizers"):
+        OUTPUTS["token-ids-kept"](tmp_path)

@@ -3,6 +3,7 @@ validator every reader applies."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -122,6 +123,11 @@ def test_the_layer_of_a_step_matches_whole_names_only():
     assert env.layer(1) is None
 
 
+def enough(name: str) -> int:
+    """Every metric recorded at as many steps as an envelope needs."""
+    return envelope.MIN_STEPS
+
+
 def document(**entry) -> dict:
     base = {"steps": [0, 1], "below": [0.0, 1e-3], "above": [1e-3, 0.0], "dtype": "float32"}
     return envelope.document({"same layout": {"loss": {**base, **entry}}}, {})
@@ -142,7 +148,12 @@ def document(**entry) -> dict:
 )
 def test_reading_refuses_what_calibration_never_writes(entry, problem):
     with pytest.raises(GoldenFormatError) as info:
-        envelope.read(document(**entry), Path("g/envelope.json"), magnitude=lambda n: 1.0)
+        envelope.read(
+            document(**entry),
+            Path("g/envelope.json"),
+            magnitude=lambda n: 1.0,
+            recorded_steps=enough,
+        )
     text = str(info.value)
     assert text.startswith("g/envelope.json: ") and problem in text
     assert "pytest --golden-calibrate N" in text and "--update-golden" in text
@@ -150,21 +161,30 @@ def test_reading_refuses_what_calibration_never_writes(entry, problem):
 
 def test_reading_refuses_another_format_and_an_unrecorded_metric():
     with pytest.raises(GoldenFormatError, match="not an envelope file"):
-        envelope.read({"format": "x"}, Path("e.json"), magnitude=lambda n: 1.0)
+        envelope.read(
+            {"format": "x"}, Path("e.json"), magnitude=lambda n: 1.0, recorded_steps=enough
+        )
     with pytest.raises(GoldenFormatError, match="'loss' was never recorded"):
-        envelope.read(document(), Path("e.json"), magnitude=lambda n: None)
+        envelope.read(document(), Path("e.json"), magnitude=lambda n: None, recorded_steps=enough)
 
 
 def test_a_variant_uses_the_band_across_variants_and_the_reference_its_own():
     own = document()
-    assert envelope.read(own, Path("e"), magnitude=lambda n: 1.0) is not None
-    assert envelope.read(own, Path("e"), magnitude=lambda n: 1.0, layout_variant=True) is None
+    assert envelope.read(own, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough) is not None
+    assert (
+        envelope.read(
+            own, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough, layout_variant=True
+        )
+        is None
+    )
     wide = {"steps": [0, 1], "below": [0.0, 0.1], "above": [0.1, 0.0], "dtype": "float32"}
     both = {**own, "layout_metrics": {"loss": wide}}
-    found = envelope.read(both, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
+    found = envelope.read(
+        both, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough, layout_variant=True
+    )
     assert found is not None and found.source == envelope.VARIANT_SOURCE
     assert math.isclose(found.layer(1).match("loss").atol, 0.2 + 4 * 2**-23, rel_tol=1e-9)
-    mine = envelope.read(both, Path("e"), magnitude=lambda n: 1.0)
+    mine = envelope.read(both, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough)
     assert math.isclose(mine.layer(1).match("loss").atol, 2e-3 + 4 * 2**-23, rel_tol=1e-9)
 
 
@@ -172,8 +192,10 @@ def test_a_lanes_envelope_names_its_own_file_and_is_still_known_for_a_band():
     wide = {"steps": [0, 1], "below": [0.0, 0.1], "above": [0.1, 0.0], "dtype": "float32"}
     both = {**document(), "layout_metrics": {"loss": wide}, "layout_drifting": {}}
     path = Path("g/@lanes/machine-b/envelope.json")
-    own = envelope.read(both, path, magnitude=lambda n: 1.0)
-    across = envelope.read(both, path, magnitude=lambda n: 1.0, layout_variant=True)
+    own = envelope.read(both, path, magnitude=lambda n: 1.0, recorded_steps=enough)
+    across = envelope.read(
+        both, path, magnitude=lambda n: 1.0, recorded_steps=enough, layout_variant=True
+    )
     assert own.source == "envelope (@lanes/machine-b/envelope.json)"
     assert across.source == "envelope across variants (@lanes/machine-b/envelope.json)"
     assert envelope.band_source(own.source) == envelope.SOURCE
@@ -187,16 +209,21 @@ def test_a_bad_entry_in_either_lane_is_refused():
     bad = {"steps": [0], "below": [1.5], "above": [0.0]}
     with pytest.raises(GoldenFormatError, match=r"width 1\.5 is beyond"):
         envelope.read(
-            {**document(), "layout_metrics": {"loss": bad}}, Path("e"), magnitude=lambda n: 1.0
+            {**document(), "layout_metrics": {"loss": bad}},
+            Path("e"),
+            magnitude=lambda n: 1.0,
+            recorded_steps=enough,
         )
 
 
 def test_values_variants_drift_away_from_are_not_comparable_across_variants_only():
     drifting = {"loss": {"widest": 2.3, "trends": {"growth": 3.1}}}
     content = {**document(), "layout_metrics": {}, envelope.DRIFTING: drifting}
-    mine = envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+    mine = envelope.read(content, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough)
     assert mine.drifting_layer() is None  # the reference's own lane compares it
-    theirs = envelope.read(content, Path("e"), magnitude=lambda n: 1.0, layout_variant=True)
+    theirs = envelope.read(
+        content, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough, layout_variant=True
+    )
     layer = theirs.drifting_layer()
     assert layer.match("loss").ignore and layer.source == envelope.DRIFTING_SOURCE
     assert theirs.reached("loss", "growth") == 3.1
@@ -211,9 +238,61 @@ def test_values_variants_drift_away_from_are_not_comparable_across_variants_only
     ],
 )
 def test_an_edited_not_comparable_entry_is_refused(entry, problem):
-    content = {**document(), envelope.DRIFTING: {"loss": entry}}
+    content = {**document(), "layout_metrics": {}, envelope.DRIFTING: {"loss": entry}}
     with pytest.raises(GoldenFormatError, match=problem):
-        envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+        envelope.read(content, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough)
+
+
+WIDE = {"steps": [0, 1], "below": [0.0, 0.1], "above": [0.1, 0.0], "dtype": "float32"}
+
+
+@pytest.mark.parametrize(
+    ("sections", "steps", "problem"),
+    [
+        (
+            {"layout_metrics": {}},
+            envelope.MIN_STEPS - 1,
+            "metric 'loss' not comparable across variants: recorded at 9 steps, and calibration "
+            "writes an envelope only for metrics of 10 steps or more",
+        ),
+        ({}, envelope.MIN_STEPS, "without the across-variants lane ('layout_metrics')"),
+        (
+            {"layout_metrics": {"loss": WIDE}},
+            envelope.MIN_STEPS,
+            "it also has a band across variants ('layout_metrics'), and calibration gives a "
+            "metric one or the other",
+        ),
+    ],
+    ids=["too-few-steps", "no-across-variants-lane", "also-a-band"],
+)
+def test_a_not_comparable_entry_calibration_could_not_have_measured_is_refused(
+    sections, steps, problem
+):
+    # calibration lists a metric there only from the across-variants lane it measured, in
+    # place of a band there, over MIN_STEPS recorded steps or more (bands(), _envelope())
+    content = {**document(), **sections, envelope.DRIFTING: {"loss": {"widest": 5.0}}}
+    with pytest.raises(GoldenFormatError) as info:
+        envelope.read(
+            content, Path("g/e.json"), magnitude=lambda n: 1.0, recorded_steps=lambda n: steps
+        )
+    text = str(info.value)
+    assert text.startswith("g/e.json: ") and problem in text, text
+    assert "so this file was edited; re-run `pytest --golden-calibrate N`" in text
+
+
+@pytest.mark.parametrize(("widest", "ok"), [(0.416, True), (0.0, False), (-1.0, False)])
+def test_a_value_the_golden_holds_at_zero_drifts_by_any_amount_above_zero(widest, ok):
+    # its widest is in units in the last place (envelope._unit), not of the value: a move
+    # of 1 in 77 in a bfloat16 fraction is 0.416 of them, and calibration lists it
+    content = {**document(), "layout_metrics": {}, envelope.DRIFTING: {"zero": {"widest": widest}}}
+    mags = {"loss": 1.0, "zero": 0.0}
+    read = functools.partial(envelope.read, content, Path("e"), magnitude=mags.get)
+    if ok:
+        found = read(recorded_steps=enough, layout_variant=True)
+        assert found.drifting_layer().match("zero").ignore
+    else:
+        with pytest.raises(GoldenFormatError, match=f"straying {widest!r} is not beyond 0:"):
+            read(recorded_steps=enough)
 
 
 # ----------------------------------------------------------- margins by distinct runs
@@ -311,7 +390,7 @@ def test_the_distinct_count_is_of_values_other_than_the_golden():
 def test_reading_refuses_distinct_counts_calibration_never_writes(distinct, problem):
     content = document(distinct=distinct, runs=3)
     with pytest.raises(GoldenFormatError, match=problem):
-        envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+        envelope.read(content, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough)
 
 
 # ------------------------------------------------------------------ trends on replay
@@ -319,7 +398,7 @@ def test_reading_refuses_distinct_counts_calibration_never_writes(distinct, prob
 
 def trend_envelope(reached: float) -> envelope.Envelope:
     content = document(trends={"growth": reached})
-    return envelope.read(content, Path("e"), magnitude=lambda n: 1.0)
+    return envelope.read(content, Path("e"), magnitude=lambda n: 1.0, recorded_steps=enough)
 
 
 def test_a_trend_bound_the_runs_come_near_is_raised_to_the_margin_over_theirs():
@@ -374,8 +453,8 @@ def test_a_value_the_golden_leaves_at_zero_that_variants_move_is_drifting():
     assert drifting["outside"]["widest"] == pytest.approx((1 / 77) / unit, rel=1e-2)
     content = {**document(), envelope.DRIFTING: drifting}
     mags = {"loss": 1.0, "outside": 0.0}
-    read = envelope.read(content, Path("e"), magnitude=mags.get, layout_variant=True)
-    assert read is None  # no across-variants lane, but the file is valid
-    both = {**content, "layout_metrics": {}}
-    theirs = envelope.read(both, Path("e"), magnitude=mags.get, layout_variant=True)
+    both = {**content, "layout_metrics": {}}  # calibration writes both lanes it measured
+    theirs = envelope.read(
+        both, Path("e"), magnitude=mags.get, recorded_steps=enough, layout_variant=True
+    )
     assert theirs.drifting_layer().match("outside").ignore

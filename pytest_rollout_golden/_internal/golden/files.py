@@ -16,6 +16,7 @@ Every error about a file names it and the remedy. What a damaged or missing file
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,12 @@ class GoldenFiles:
         if ENVELOPE in out:
             from ..tolerance import envelope
 
-            envelope.read(out[ENVELOPE], self.directory / ENVELOPE, magnitude=self.magnitude)
+            envelope.read(
+                out[ENVELOPE],
+                self.directory / ENVELOPE,
+                magnitude=self.magnitude,
+                recorded_steps=self.recorded_steps,
+            )
         return self.manifest, out
 
     def magnitude(self, name: str) -> float | None:
@@ -189,6 +195,12 @@ class GoldenFiles:
         from .checks import recorded_magnitude
 
         return recorded_magnitude(self.metrics(), name)
+
+    def recorded_steps(self, name: str) -> int:
+        """How many steps recorded metric ``name`` as a finite number: what calibration
+        measures a band over (:func:`.envelope.bands`)."""
+        found = metric_codec.numbers(self.metrics()).values()
+        return sum(name in names and math.isfinite(float(names[name][0])) for names in found)
 
     def calibrated_layers(
         self, *, layout_variant: bool = False
@@ -222,7 +234,11 @@ class GoldenFiles:
             content = self.load(ENVELOPE)
             path = self.directory / ENVELOPE
             return envelope.read(
-                content, path, magnitude=self.magnitude, layout_variant=layout_variant
+                content,
+                path,
+                magnitude=self.magnitude,
+                recorded_steps=self.recorded_steps,
+                layout_variant=layout_variant,
             )
 
         return self.unless_damaged(ENVELOPE, read, None)

@@ -38,7 +38,9 @@ golden holds it at 0, has no band: it is listed as not comparable across variant
 Whoever wrote the file, a band wider than :data:`MAX_WIDTH` x the metric's largest recorded
 magnitude, a negative, NaN or unsorted entry, a bias bound outside [:data:`BIAS_FLOOR`,
 :data:`BIAS_CAP`] or a metric never recorded is refused naming the file, the metric and the
-step (:func:`problem`): a band that cannot fail is a defect.
+step (:func:`problem`): a band that cannot fail is a defect. A value listed as not comparable
+across variants turns a gate off, so it must be one calibration could have measured
+(:func:`drifting_problem`).
 """
 
 from __future__ import annotations
@@ -532,13 +534,16 @@ def read(
     path: Path,
     *,
     magnitude: Callable[[str], float | None],
+    recorded_steps: Callable[[str], int],
     layout_variant: bool = False,
 ) -> Envelope | None:
     """The envelope of one lane of ``content`` (the file at ``path``): a variant's
     (``layout_variant``) the bands across variants, the golden's own tests' the bands of
     their own runs; ``None`` if the file holds no such lane. Both lanes are checked entry by
-    entry (:func:`problem`): a bad file raises :class:`~.errors.GoldenFormatError` naming it,
-    the metric and the step."""
+    entry (:func:`problem`), and the values not comparable across variants against what
+    calibration could have measured (:func:`drifting_problem`; ``recorded_steps``: how many
+    steps the golden holds a metric's finite value at): a bad file raises
+    :class:`~.errors.GoldenFormatError` naming it, the metric and the step or rule."""
     remedy = (
         "re-run `pytest --golden-calibrate N` for this test, or `pytest --update-golden` to drop it"
     )
@@ -558,7 +563,7 @@ def read(
                 )
         lanes[section] = {n: _band(e, magnitude(n) or 0.0) for n, e in sorted(metrics.items())}
     drifting = content.get(DRIFTING, {})
-    why = _drifting_problem(drifting, magnitude)
+    why = drifting_problem(content, magnitude, recorded_steps)
     if why:
         raise GoldenFormatError(
             f"{path}: {why}: calibration never writes that, so this file was edited; {remedy}"
@@ -573,22 +578,52 @@ def read(
     return Envelope(lanes[section], True, source, dict(drifting), file=name)
 
 
-def _drifting_problem(drifting: Any, magnitude: Callable[[str], float | None]) -> str:
-    """Why the values not comparable across variants may not stand, or ``""``: each a
-    recorded metric the variants strayed from by more than :data:`MAX_WIDTH` x its size."""
+def drifting_problem(
+    content: Mapping[str, Any],
+    magnitude: Callable[[str], float | None],
+    recorded_steps: Callable[[str], int],
+) -> str:
+    """Why the values ``content`` (an envelope file) lists as not comparable across variants
+    (:data:`DRIFTING`) may not stand, or ``""``. Each takes a metric out of every variant's
+    comparison, so each must be what calibration writes (:func:`bands`): a metric the golden
+    recorded at :data:`MIN_STEPS` steps or more, measured in the across-variants lane (which
+    the file then holds) and given no band there, whose variants strayed from the golden by
+    more than :data:`MAX_WIDTH` x its largest recorded magnitude (where that is 0, by more
+    than 0: :func:`_unit`)."""
+    drifting = content.get(DRIFTING, {})
     if not isinstance(drifting, dict):
         return f"{DRIFTING!r} must be an object"
+    across = content.get(LANES["across variants"])
     for name, entry in sorted(drifting.items()):
-        widest = entry.get("widest") if isinstance(entry, dict) else None
-        number = isinstance(widest, (int, float)) and not isinstance(widest, bool)
-        if not number or not widest > MAX_WIDTH or not math.isfinite(widest):
-            return (
-                f"metric {name!r} not comparable across variants: its variants' widest "
-                f"straying {widest!r} is not beyond {MAX_WIDTH:g}x the metric"
+        why = _drifting_rule(entry, magnitude(name), recorded_steps(name))
+        if not why and not isinstance(across, dict):
+            why = f"listed without the across-variants lane ({LANES['across variants']!r})"
+        elif not why and name in across:
+            why = (
+                f"it also has a band across variants ({LANES['across variants']!r}), and "
+                "calibration gives a metric one or the other"
             )
-        if magnitude(name) is None:
-            return f"metric {name!r} was never recorded in this golden"
+        if why:
+            return f"metric {name!r} not comparable across variants: {why}"
         why = _trends_problem(entry.get("trends"), name)
         if why:
             return why
+    return ""
+
+
+def _drifting_rule(entry: Any, magnitude: float | None, steps: int) -> str:
+    """The rule of :func:`drifting_problem` one entry breaks on its own, or ``""``."""
+    widest = entry.get("widest") if isinstance(entry, dict) else None
+    number = isinstance(widest, (int, float)) and not isinstance(widest, bool)
+    least = 0.0 if magnitude == 0 else MAX_WIDTH  # a golden of 0: in units in the last place
+    if not number or not widest > least or not math.isfinite(widest):
+        beyond = "0" if magnitude == 0 else f"{MAX_WIDTH:g}x the metric"
+        return f"its variants' widest straying {widest!r} is not beyond {beyond}"
+    if magnitude is None:
+        return "it was never recorded in this golden"
+    if steps < MIN_STEPS:
+        return (
+            f"recorded at {steps} step{'' if steps == 1 else 's'}, and calibration writes an "
+            f"envelope only for metrics of {MIN_STEPS} steps or more"
+        )
     return ""
