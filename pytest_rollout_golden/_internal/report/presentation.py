@@ -948,6 +948,16 @@ def _few_distinct(what: Mapping[str, Any]) -> str:
     )
 
 
+def _identical(what: Mapping[str, Any]) -> str:
+    """The metrics of a lane whose runs repeated the golden bit for bit: what their band is."""
+    if not what.get("identical"):
+        return ""
+    return (
+        f" ({', '.join(what['identical'])}: the runs repeated the golden bit for bit: a band "
+        "at the rounding level, with the bias gate)"
+    )
+
+
 def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]:
     """``--golden-calibrate``: what the golden's envelope.json holds now, lane by lane, and
     the bands refused."""
@@ -961,6 +971,7 @@ def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]
         lines.append(
             f"        {lane}: {', '.join(what['metrics'])} over {plural(what['steps'], 'step')}"
             f", from {plural(what['runs'], 'run')}{kept}{_few_distinct(what)}"
+            f"{_identical(what)}"
         )
     if found.get("drifting"):
         lines.append(
