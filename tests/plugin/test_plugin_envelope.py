@@ -385,3 +385,58 @@ def test_a_trend_bound_the_calibrated_variants_come_near_is_raised_on_replay(pro
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     assert f"raised from 1.2 to {raised} on replay: 1.4 x the growth correct code's" in out, out
+
+
+def gates_of(result) -> list[str]:
+    """The summary's lines of the gates that apply to each long-run test."""
+    lines = result.outlines
+    start = lines.index("gates of long runs (10 steps or more):")
+    found = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("    "):
+            break
+        found.append(line.strip())
+    return found
+
+
+def test_the_summary_says_which_gates_hold_each_long_run(project):
+    project.write(LONG)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    result = project.run()
+    assert gates_of(result) == [
+        "test_it.py::test_long (20 steps): no band: loss, lr (no envelope.json: "
+        "`pytest --golden-calibrate N` measures one); no bias gate; no trend bound; "
+        "float64 certificate: none (not a calibrated variant)"
+    ]
+    project.run("--golden-calibrate", "3")
+    result = project.run()
+    result.assert_outcomes(passed=1)
+    (line,) = gates_of(result)
+    assert line.startswith(
+        "test_it.py::test_long (20 steps): per-step band: loss, lr (envelope (envelope.json)); "
+        "bias gate: loss <= 0."
+    ), line
+    assert ", lr <= 0.05; no trend bound; float64 certificate: none" in line, line
+
+
+def test_the_gates_of_a_variant_name_its_lane_and_its_certificate(project):
+    project.write(VARIANTS)
+    project.set_values(variants=["mb8", "mb4", "mb2"])
+    project.run().assert_outcomes(passed=3)
+    project.run("--golden-calibrate", "3")
+    result = project.run()
+    result.assert_outcomes(passed=3)
+    found = {line.split(" ")[0]: line for line in gates_of(result)}
+    mb4 = found["test_it.py::test_x[mb4]"]
+    assert "per-step band: loss (envelope across variants (envelope.json))" in mb4, mb4
+    assert "float64 certificate: certified (same math in float64)" in mb4, mb4
+    own = found["test_it.py::test_x[mb8]"]
+    assert "per-step band: loss (envelope (envelope.json))" in own, own
+    assert "float64 certificate: none (not a calibrated variant)" in own, own
+    # a band given way by a tolerance above the envelope says so
+    marker = '@pytest.mark.golden(tolerances={"loss": {"rtol": 1e-2, "atol": 0}})\n'
+    source = VARIANTS.replace("@pytest.mark.parametrize", marker + "@pytest.mark.parametrize")
+    project.write(source)
+    (line, *_) = [x for x in gates_of(project.run()) if "test_x[mb8]" in x]
+    assert "no band: loss (a tolerance given above the envelope decides)" in line, line

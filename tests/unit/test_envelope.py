@@ -391,3 +391,9 @@ def test_a_value_the_golden_leaves_at_zero_that_variants_move_is_drifting():
     both = {**content, "layout_metrics": {}}
     theirs = envelope.read(both, Path("e"), magnitude=mags.get, layout_variant=True)
     assert theirs.drifting_layer().match("outside").ignore
+
+
+def test_the_summary_counts_long_runs_from_the_envelope_s_minimum():
+    from pytest_rollout_golden._internal.report import gates
+
+    assert gates.MIN_STEPS == envelope.MIN_STEPS

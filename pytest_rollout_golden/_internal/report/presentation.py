@@ -20,6 +20,7 @@ from ...errors import REMEDY_UPDATE
 from ...store import floatbits
 from ...store.location import ENVELOPE, MANIFEST, TOLERANCES
 from ..golden.results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
+from .gates import HEADING as GATES_HEADING, long_run_gates
 
 if TYPE_CHECKING:
     from ..tolerance.compare import Difference
@@ -1124,6 +1125,8 @@ def summary_lines(
         for name, t in o.loosened.items()
     ]
     lines += _section("tolerances looser than the defaults, from calibrated files:", loosened)
+    if not state.calibrated:  # calibration's runs replay the files it is replacing
+        lines += _section(GATES_HEADING, long_run_gates(state.outcomes))
     lines += _section(
         "unused golden directories (delete with --golden-prune on a full run):",
         [rel(p) for p in unused if p not in pruned],
