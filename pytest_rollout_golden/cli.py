@@ -296,9 +296,12 @@ def _envelope_lines(summary: Mapping[str, Any] | None) -> list[str]:
                 if m["margin"] is None
                 else (f" ({m['distinct']} distinct at the fewest, margin x{m['margin']:g})")
             )
+            width = f"half-width up to {m['widest']:g}"
+            if not m["widest"]:
+                width = "half-width 0 (the runs repeated the golden bit for bit: rounding level)"
             lines.append(
                 f"    {name}: {plural(m['steps'], 'step')} ({m['first']}-{m['last']}), "
-                f"{m['runs']} runs{fewest}, half-width up to {m['widest']:g}, bias bound {bias}"
+                f"{m['runs']} runs{fewest}, {width}, bias bound {bias}"
             )
     if summary["drifting"]:
         widest = ", ".join(f"{n} ({d['widest']:g}x)" for n, d in summary["drifting"].items())

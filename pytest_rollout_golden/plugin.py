@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ._internal.hypothesis_profiles import NAMES, register_profiles
-from ._internal.pytest_plugin import flags, markers
+from ._internal.pytest_plugin import accumulation_marker, flags, markers
 from ._internal.pytest_plugin.calibrate_plugin import CalibrationPlugin
 from ._internal.pytest_plugin.golden_plugin import (
     DETERMINISM,
@@ -40,6 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' own plugin loads a profile
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", markers.MARKER_DOC)
+    config.addinivalue_line("markers", accumulation_marker.MARKER_DOC)
     with as_usage_error():
         core = GoldenPlugin(config)
     config.stash[PLUGIN] = core

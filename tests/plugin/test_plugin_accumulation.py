@@ -41,3 +41,52 @@ def test_a_correct_step_passes_and_a_double_division_fails_naming_the_settings(p
     out = result.stdout.str()
     assert "[accumulation_invariance]" in out
     assert "0.5x the baseline's" in out
+
+
+MARKED = STEP.replace(
+    """def test_sweep(golden):
+    batch = golden.rollout(make_rollout)
+    golden.check_accumulation(step, batch, micro_batch_sizes=[1, 2, 8], accumulation_steps=[1, 2])
+""",
+    """import pytest
+
+@pytest.mark.golden_accumulation(step, make_rollout, micro_batch_sizes=[1, 2, 8],
+                                 accumulation_steps=[1, 2])
+def test_sweep(golden):
+    batch = golden.rollout(make_rollout)
+""",
+)
+
+
+def test_the_marker_sweeps_the_recorded_rollout_as_the_fixture_method_does(project):
+    assert "golden_accumulation" in MARKED
+    project.write(MARKED.replace("BUGGY", "False"))
+    project.run().assert_outcomes(passed=1)
+    project.run().assert_outcomes(passed=1)  # replayed: the recorded rollout is swept
+    project.write(MARKED.replace("BUGGY", "True"))
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "[accumulation_invariance]" in out and "0.5x the baseline's" in out, out
+    assert "vs micro-batch 2 × accumulation 2" in out, out  # the setting pair
+
+
+def test_the_marker_without_the_golden_fixture_sweeps_the_batch_it_is_given(project):
+    source = MARKED.replace(
+        "def test_sweep(golden):\n    batch = golden.rollout(make_rollout)\n",
+        "def test_sweep():\n    pass\n",
+    )
+    source = source.replace('    golden.check({"tokens": batch["response_mask"].sum()})\n', "")
+    project.write(source.replace("BUGGY", "True"))
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert "0.5x the baseline's" in result.stdout.str()
+
+
+def test_a_marker_without_a_step_fails_with_its_usage(project):
+    project.write(
+        "import pytest\n\n@pytest.mark.golden_accumulation(batch=[1])\ndef test_x():\n    pass\n"
+    )
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert "@pytest.mark.golden_accumulation(step, batch, **settings)" in result.stdout.str()

@@ -26,7 +26,7 @@ STEPS = V.get("steps", 20)
 def test_long(golden):
     threads = torch.get_num_threads()
     for step in range(STEPS):
-        noise = 1e-4 * step * math.sin(1.7 * threads + step)
+        noise = 1e-4 * step * math.sin(1.7 * threads + step) * V.get("noise", 1.0)
         loss = 1.0 + 0.01 * step + noise
         loss *= V.get("scale", 1.0)
         loss += V.get("shift_at", {}).get(str(step), 0.0)
@@ -55,7 +55,8 @@ def test_calibration_writes_the_band_of_each_step_into_the_manifest(calibrated):
     # step 0 has no noise (the runs agree), later steps do, and the widths grow
     assert loss["below"][0] == loss["above"][0] == 0.0
     assert max(loss["below"][15:] + loss["above"][15:]) > 5 * max(loss["above"][1:4])
-    assert "lr" not in content["metrics"]  # every run agreed: the default stays
+    lr = content["metrics"]["lr"]  # every run agreed: a band 0 wide, the rounding level
+    assert lr["below"] == lr["above"] == [0.0] * 20 and lr["bias"]["bound"] > 0
     manifest = json.loads((calibrated.golden_dir("test_long") / "manifest.json").read_text())
     assert manifest["files"]["envelope.json"]["kind"] == "envelope"
     assert content["how"]["runs"] == 3 and "layout_metrics" not in content
@@ -142,6 +143,31 @@ def test_a_band_of_a_metric_never_recorded_is_refused(calibrated):
     assert "metric 'entropy' was never recorded in this golden" in result.stdout.str()
 
 
+def test_bit_identical_calibration_runs_get_a_band_at_the_rounding_level_and_the_bias_gate(
+    project,
+):
+    """Runs that repeat the golden bit for bit still get a band (its rounding level, over the
+    defaults) and the bias gate: a constant bias half the default rtol passes every step's
+    tolerance, but its mean deviation over the steps is ~10x the bias bound."""
+    project.write(LONG)
+    project.set_values(noise=0.0)
+    project.run().assert_outcomes(passed=1)
+    result = project.run("--golden-calibrate", "3")
+    out = result.stdout.str()
+    assert (
+        "same layout: loss, lr over 20 steps, from 3 runs (loss, lr: the runs repeated the "
+        "golden bit for bit: a band at the rounding level, with the bias gate)"
+    ) in out, out
+    loss = band(project)["metrics"]["loss"]
+    assert loss["below"] == loss["above"] == [0.0] * 20 and loss["distinct"] == [0] * 20
+    assert loss["bias"]["bound"] == envelope.BIAS_FLOOR and loss["runs"] == 3
+    project.run().assert_outcomes(passed=1)  # unchanged code: deviation 0
+    project.set_values(noise=0.0, scale=1.00005)  # 5e-5: half the loss default rtol 1e-4
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert "bias beyond its bound: loss bias 0.4601 > 0.05" in result.stdout.str()
+
+
 def test_a_short_run_gets_no_envelope(project):
     project.write(LONG)
     project.set_values(steps=envelope.MIN_STEPS - 1)
@@ -221,7 +247,8 @@ def test_the_band_across_variants_leaves_out_a_bug_among_them_and_gates_every_va
     content = json.loads((project.golden_dir("test_x[mb8]") / "envelope.json").read_text())
     loss = content["layout_metrics"]["loss"]
     assert loss["runs"] == 12  # x1.001 left out
-    assert content["metrics"] == {}  # the reference's own runs agree: no band of its own
+    own = content["metrics"]["loss"]  # the reference's own runs agree: 0 wide, its rounding
+    assert own["below"] == own["above"] == [0.0] * 12 and own["bias"]["bound"] > 0
     assert max(loss["below"] + loss["above"]) < 1e-3  # the bug's 2e-3 did not widen it
     result = project.run()
     result.assert_outcomes(passed=4, failed=1)
@@ -264,9 +291,11 @@ def test_a_band_only_the_reference_made_does_not_gate_variants(project):
     project.write(VARIANTS)
     project.set_values(variants=["mb8", "mb4"])
     project.run().assert_outcomes(passed=2)
-    result = project.run("--golden-calibrate", "3", "-k", "mb8")
-    # the reference alone replays bit for bit under every thread count: no band, no file
-    assert not (project.golden_dir("test_x[mb8]") / "envelope.json").exists(), result.stdout.str()
+    project.run("--golden-calibrate", "3", "-k", "mb8")
+    # the reference alone replays bit for bit under every thread count: a band of its own at
+    # the rounding level, none across variants
+    content = json.loads((project.golden_dir("test_x[mb8]") / "envelope.json").read_text())
+    assert set(content["metrics"]) == {"loss"} and "layout_metrics" not in content
     project.run().assert_outcomes(passed=2)
 
 
@@ -356,3 +385,61 @@ def test_a_trend_bound_the_calibrated_variants_come_near_is_raised_on_replay(pro
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     assert f"raised from 1.2 to {raised} on replay: 1.4 x the growth correct code's" in out, out
+
+
+def gates_of(result) -> list[str]:
+    """The summary's lines of the gates that apply to each long-run test."""
+    lines = result.outlines
+    start = lines.index("gates of long runs (10 steps or more):")
+    found = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("    "):
+            break
+        found.append(line.strip())
+    return found
+
+
+def test_the_summary_says_which_gates_hold_each_long_run(project):
+    project.write(LONG)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    result = project.run()
+    assert gates_of(result) == [
+        "test_it.py::test_long (20 steps): no band: loss, lr (no envelope.json: "
+        "`pytest --golden-calibrate N` measures one); no bias gate; no trend bound; "
+        "float64 certificate: none (not a calibrated variant)"
+    ]
+    project.run("--golden-calibrate", "3")
+    result = project.run()
+    result.assert_outcomes(passed=1)
+    (line,) = gates_of(result)
+    assert line.startswith(
+        "test_it.py::test_long (20 steps): per-step band: loss, lr (envelope (envelope.json)); "
+        "bias gate: loss <= 0."
+    ), line
+    assert ", lr <= 0.05; no trend bound; float64 certificate: none" in line, line
+
+
+def test_the_gates_of_a_variant_name_its_lane_and_its_certificate(project):
+    project.write(VARIANTS)
+    project.set_values(variants=["mb8", "mb4", "mb2"])
+    project.run().assert_outcomes(passed=3)
+    project.run("--golden-calibrate", "3")
+    result = project.run()
+    result.assert_outcomes(passed=3)
+    found = {line.split(" ")[0]: line for line in gates_of(result)}
+    mb4 = found["test_it.py::test_x[mb4]"]
+    assert "per-step band: loss (envelope across variants (envelope.json))" in mb4, mb4
+    assert (
+        "float64 certificate: certified (same math in float64; `pytest --golden-certify` in CI "
+        "gates it in float64)"
+    ) in mb4, mb4
+    own = found["test_it.py::test_x[mb8]"]
+    assert "per-step band: loss (envelope (envelope.json))" in own, own
+    assert "float64 certificate: none (not a calibrated variant)" in own, own
+    # a band given way by a tolerance above the envelope says so
+    marker = '@pytest.mark.golden(tolerances={"loss": {"rtol": 1e-2, "atol": 0}})\n'
+    source = VARIANTS.replace("@pytest.mark.parametrize", marker + "@pytest.mark.parametrize")
+    project.write(source)
+    (line, *_) = [x for x in gates_of(project.run()) if "test_x[mb8]" in x]
+    assert "no band: loss (a tolerance given above the envelope decides)" in line, line

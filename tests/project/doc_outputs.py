@@ -747,6 +747,14 @@ def long_runs_failure(work: Path) -> str:
     return failure(run_pytest(work, env=toy_env()))
 
 
+@output("long-runs-gates")
+def long_runs_gates(work: Path) -> str:
+    """The toy long run replayed after its calibration: the summary's gates of long runs."""
+    run_pytest(toy_long_run(work), "--golden-calibrate", "3")
+    text = summary(run_pytest(work))
+    return text[text.index("gates of long runs") :] + "\n"
+
+
 # ---------------------------------------------------------------- docs/reference/on-disk.md
 
 

@@ -56,8 +56,20 @@ def test_widths_are_rounded_up_to_three_digits_never_down():
     assert len(repr(width)) <= 10
 
 
-def test_no_band_where_every_run_agrees_or_the_run_is_short_or_not_compared():
-    assert build([run([0.0] * 12)])[0] == {}
+def test_runs_that_all_agree_get_a_band_0_wide_with_the_bias_gate():
+    """Bit-identical runs: each step allows the rounding level (over the defaults, as every
+    band), and a replay's mean deviation is held to the bias floor."""
+    found, refused, _ = build([run([0.0] * 12), run([0.0] * 12)])
+    loss = found["loss"]
+    assert refused == {} and loss["below"] == loss["above"] == [0.0] * 12
+    assert loss["distinct"] == [0] * 12 and loss["bias"]["bound"] == envelope.BIAS_FLOOR
+    assert envelope.problem(loss, "loss", 2.0) == ""
+    band = envelope._band(loss, 2.0)
+    floor = envelope.DTYPE_FLOOR * envelope.EPS[loss["dtype"]] * 2.0
+    assert list(band.allowances().values()) == pytest.approx([floor] * 12)
+
+
+def test_no_band_where_the_run_is_short_or_not_compared():
     short = envelope.bands(
         numbers(GOLDEN[: envelope.MIN_STEPS - 1]),
         [(numbers([g + 1e-3 for g in GOLDEN[: envelope.MIN_STEPS - 1]]), ())],
@@ -458,3 +470,9 @@ def test_a_value_the_golden_leaves_at_zero_that_variants_move_is_drifting():
         both, Path("e"), magnitude=mags.get, recorded_steps=enough, layout_variant=True
     )
     assert theirs.drifting_layer().match("outside").ignore
+
+
+def test_the_summary_counts_long_runs_from_the_envelope_s_minimum():
+    from pytest_rollout_golden._internal.report import gates
+
+    assert gates.MIN_STEPS == envelope.MIN_STEPS

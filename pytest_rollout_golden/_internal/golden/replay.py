@@ -872,6 +872,8 @@ class Golden:
             if self._replaying:
                 self._outcome.comparisons.extend(self._unchecked())
             self._outcome.comparisons.extend(self._series_checks())
+            if self._replaying and not self._certify:
+                self._outcome.long_run = self._long_run_facts()
             for layer in tolerance_layers:
                 self._warn_unused(layer, warn_at)
             failures = [c for c in self._outcome.comparisons if c.failed]
@@ -922,6 +924,47 @@ class Golden:
         for bias in biases(self._envelope, recorded, run, held):
             found.append(checks.bias_comparison(bias, sorted(held[bias.name]), source))
         return found
+
+    def _long_run_facts(self) -> dict[str, Any]:
+        """What decides this replay's long-run gates (:mod:`..report.gates`; ``{}`` where no
+        metric ran :data:`.envelope.MIN_STEPS` steps): per metric its steps and the envelope
+        lane its band came from; the lane's metrics, or why it has none; its float64
+        certificate from ``tolerances.json`` (``{}``: not a calibrated variant)."""
+        from ..tolerance.envelope import MIN_STEPS, band_source
+
+        steps: dict[str, set[int]] = {}
+        banded: dict[str, str] = {}  # metric -> the lane its band came from, as named
+        for c in self._outcome.comparisons:
+            if c.kind == "metric" and c.verdict in (Verdict.PASS, Verdict.FAIL):
+                steps.setdefault(c.name, set()).add(c.step)
+                if band_source(c.tolerance_source) is not None:
+                    parts = c.tolerance_source.split("; ")
+                    lane = [
+                        p.removeprefix("atol from ") for p in parts if p.startswith("atol from ")
+                    ]
+                    banded.setdefault(c.name, lane[0] if lane else c.tolerance_source)
+        long = {n: len(s) for n, s in sorted(steps.items()) if len(s) >= MIN_STEPS}
+        if not long:
+            return {}
+        found: dict[str, Any] = {"steps": long, "banded": banded, "certificate": {}}
+        if TOLERANCES in self._files.recorded:
+            try:
+                variants = self._files.load(TOLERANCES).get("variants") or {}
+                found["certificate"] = (variants.get(self.test_id) or {}).get("certificate") or {}
+            except GoldenError:  # damaged: replay has already said so
+                pass
+        if self._envelope is not None:
+            return {**found, "source": self._envelope.source, "bands": sorted(self._envelope.bands)}
+        if ENVELOPE not in self._files.recorded:
+            why = f"no {ENVELOPE}: `pytest --golden-calibrate N` measures one"
+        elif self._replay_only is not None:
+            why = (
+                f"{ENVELOPE} has no lane across variants: calibrate this variant with the "
+                "reference (`pytest --golden-calibrate N` over all of them)"
+            )
+        else:
+            why = f"{ENVELOPE} has no lane of this test's own runs"
+        return {**found, "none": why}
 
     def _unchecked(self) -> list[Comparison]:
         """A missing comparison per recorded value this run did not check."""

@@ -142,6 +142,9 @@ class Outcome:
     lane: dict[str, Any] = dataclasses.field(default_factory=dict)
     # replaying, the recorded values a test that raised never reached: {"metric", "step"}
     unreached: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # replaying, what decides a long run's gates (:mod:`..report.gates`): the envelope lane
+    # ("source", "bands") or why none ("none"), and this test's float64 "certificate"
+    long_run: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def fail(self) -> None:
         """The golden failed: a mismatch, or it was missing or unreadable."""
@@ -166,6 +169,7 @@ class Outcome:
             **({"recorded_by": self.recorded_by} if self.recorded_by else {}),
             **({"lane": self.lane} if self.lane else {}),
             **({"unreached": self.unreached} if self.unreached else {}),
+            **({"long_run": self.long_run} if self.long_run else {}),
         }
 
     @classmethod
@@ -184,6 +188,7 @@ class Outcome:
             recorded_by=str(data.get("recorded_by", "")),
             lane=dict(data.get("lane", {})),
             unreached=list(data.get("unreached", [])),
+            long_run=dict(data.get("long_run", {})),
         )
 
 

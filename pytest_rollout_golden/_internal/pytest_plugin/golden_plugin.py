@@ -38,6 +38,7 @@ from ..report.presentation import (
 from ..tolerance import mismatch_bounds, trends
 from ..tolerance.stack import Layer
 from . import markers
+from .accumulation_marker import sweep_marked
 from .options import (
     OptionError,
     golden_root,
@@ -537,9 +538,11 @@ class GoldenPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        """Call: finish the test's golden (commit, or raise the mismatch)."""
+        """Call: the marked accumulation sweep once the body passed; finish the test's
+        golden (commit, or raise the mismatch)."""
         try:
             result = yield
+            sweep_marked(item, item.stash.get(GOLDEN, None))
         except BaseException as exc:
             unusable = isinstance(
                 exc, (GoldenMissingError, GoldenFormatError, GoldenNotFetchedError)

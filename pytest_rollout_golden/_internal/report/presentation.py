@@ -20,6 +20,7 @@ from ...errors import REMEDY_UPDATE
 from ...store import floatbits
 from ...store.location import ENVELOPE, MANIFEST, TOLERANCES
 from ..golden.results import Comparison, GoldenDiff, Outcome, Row, Status, Verdict, json_number
+from .gates import HEADING as GATES_HEADING, long_run_gates
 
 if TYPE_CHECKING:
     from ..tolerance.compare import Difference
@@ -996,6 +997,16 @@ def _few_distinct(what: Mapping[str, Any]) -> str:
     )
 
 
+def _identical(what: Mapping[str, Any]) -> str:
+    """The metrics of a lane whose runs repeated the golden bit for bit: what their band is."""
+    if not what.get("identical"):
+        return ""
+    return (
+        f" ({', '.join(what['identical'])}: the runs repeated the golden bit for bit: a band "
+        "at the rounding level, with the bias gate)"
+    )
+
+
 def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]:
     """``--golden-calibrate``: what the golden's envelope.json holds now, lane by lane, and
     the bands refused."""
@@ -1009,6 +1020,7 @@ def envelope_lines(found: Mapping[str, Any] | None, directory: str) -> list[str]
         lines.append(
             f"        {lane}: {', '.join(what['metrics'])} over {plural(what['steps'], 'step')}"
             f", from {plural(what['runs'], 'run')}{kept}{_few_distinct(what)}"
+            f"{_identical(what)}"
         )
     if found.get("drifting"):
         lines.append(
@@ -1163,6 +1175,8 @@ def summary_lines(
         for name, t in o.loosened.items()
     ]
     lines += _section("tolerances looser than the defaults, from calibrated files:", loosened)
+    if not state.calibrated:  # calibration's runs replay the files it is replacing
+        lines += _section(GATES_HEADING, long_run_gates(state.outcomes))
     lines += _section(
         "unused golden directories (delete with --golden-prune on a full run):",
         [rel(p) for p in unused if p not in pruned],

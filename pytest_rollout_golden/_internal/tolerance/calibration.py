@@ -1155,8 +1155,9 @@ def _write_calibrated(
 
 
 def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str]) -> dict:
-    """What the summary says of a written envelope: per lane its metrics, steps, runs and the
-    fewest distinct runs at a step; the bands refused."""
+    """What the summary says of a written envelope: per lane its metrics, steps, runs, the
+    fewest distinct runs at a step and the metrics whose runs repeated the golden bit for
+    bit; the bands refused."""
     from .envelope import DRIFTING, LANES, MARGIN, margin
 
     lanes = {}
@@ -1169,6 +1170,9 @@ def _envelope_summary(bands: Mapping[str, Any] | None, refused: Mapping[str, str
                 "steps": max(len(m["steps"]) for m in metrics.values()),
                 "runs": max(m["runs"] for m in metrics.values()),
                 "distinct": min(counts, default=None),
+                "identical": sorted(
+                    n for n, m in metrics.items() if not any(m["below"] + m["above"])
+                ),
             }
             grown = margin(min(counts, default=0))
             lanes[lane]["margin"] = grown if grown != MARGIN else None

@@ -25,6 +25,9 @@ thread counts repeat it bit for bit, so a band may rest on one or two distinct t
 The first step a test records is the exception: every run starts there from the same
 weights, so the runs differ by reduction order alone, and its later neighbours' widths
 would hide a small constant defect there (the loss x 1.001 of docs/guide/long-runs.md).
+Runs that repeat the golden bit for bit at every step still get a band: 0 wide, so each step
+allows the rounding level over the defaults, and the bias gate at :data:`BIAS_FLOOR`, which
+catches a constant defect inside the defaults that no step's tolerance can.
 
 Each band also holds a bias bound (:func:`bias_bound`: a replay's mean deviation over the
 steps, in units of each step's allowance, against what the calibration runs had) and the
@@ -344,8 +347,9 @@ def bands(
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """``(bands, refused, drifting)``: per metric of ``golden`` its band over ``runs`` (each
     a run's numbers and the names it is left out for), for a metric of :data:`MIN_STEPS`
-    steps or more that its uncalibrated tolerance ``base(name, dtype)`` compares and whose
-    runs do not all agree with the golden; per metric the band refused, with why; and of
+    steps or more that its uncalibrated tolerance ``base(name, dtype)`` compares (where the
+    runs repeat the golden bit for bit, a band 0 wide: its rounding level,
+    :meth:`Band.allowances`, and the bias gate); per metric the band refused, with why; and of
     those, the metrics refused because the runs strayed wider than :data:`MAX_WIDTH` x the
     metric (how far, and the trends they reached): across variants, values that drift from
     the recorded golden rather than scatter around it (:func:`drifting_layer`)."""
@@ -357,7 +361,7 @@ def bands(
         if band is None or len(band["steps"]) < MIN_STEPS:
             continue
         below = base(name, band["dtype"])
-        if below.ignore or not (any(band["below"]) or any(band["above"])):
+        if below.ignore:
             continue
         why = problem(band, name, magnitude(name))
         if why:
