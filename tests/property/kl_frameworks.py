@@ -84,6 +84,19 @@ def nemo_rl(kl_type: str, input_clamp: float | None = 20.0, output_clamp: float 
     return fn
 
 
+def nemo_rl_default(kl_type: str):
+    """NeMo-RL's KL term with ``use_on_policy_kl_approximation=False`` (its default): the
+    weight ``exp(logp - logp.detach())`` (value 1), ``nan_to_num``'d, into ``calculate_kl``
+    with its default clamps (``nemo_rl/algorithms/loss/loss_functions.py``)."""
+
+    def fn(log_prob, ref_log_prob):
+        weights = torch.exp(log_prob - log_prob.detach())
+        weights = torch.nan_to_num(weights, nan=0.0, posinf=0.0, neginf=0.0)
+        return nemo_rl(kl_type)(log_prob, ref_log_prob, weights)
+
+    return fn
+
+
 def trl_inline(use_bias_correction_kl: bool = False):
     """TRL ``GRPOTrainer._compute_loss``'s KL lines, wrapped into a function: the exact k3
     ``exp(ref - logp) - (ref - logp) - 1``, times ``coef_1 = exp(logp - old)`` (with its
@@ -133,6 +146,15 @@ FAMILIES: dict[str, list[Config]] = {
     ],
     "NeMo-RL": [
         *(Config(f"NeMo-RL {e}", nemo_rl(e), e, _NEMO_CLAMPS) for e in K123),
+        *(
+            Config(
+                f"NeMo-RL {e} default",
+                nemo_rl_default(e),
+                e,
+                {**_NEMO_CLAMPS, "score_function": True},
+            )
+            for e in K123
+        ),
         Config(
             "NeMo-RL k3 without clamps", nemo_rl("k3", None, None), "k3", {"output_clamp": None}
         ),

@@ -320,6 +320,44 @@ def test_framework_kl_has_no_false_alarm(family, dtype, mask):
     run()
 
 
+# --------------------------------------------------------------------------- NeMo-RL's default
+
+
+@passes
+@given(kl_batches(dtype=DTYPES), st.sampled_from(["k1", "k2", "k3"]))
+def test_nemo_rl_default_kl_passes_with_score_function(batch, estimator):
+    check_kl_penalty(fw.nemo_rl_default(estimator), batch, estimator=estimator,
+                     input_clamp=20.0, output_clamp=10.0, score_function=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_nemo_rl_default_kl_checked_as_unweighted_names_score_function(estimator):
+    @hunt
+    @given(kl_batches())
+    def run(batch):
+        check_kl_penalty(fw.nemo_rl_default(estimator), batch, estimator=estimator,
+                         input_clamp=20.0, output_clamp=10.0)  # fmt: skip
+
+    with finds("kl.gradient") as caught:
+        run()
+    assert "pass score_function=True" in str(caught.value)
+
+
+def test_finds_the_score_function_term_dropped():
+    # exp(logp - logp).detach(): value 1, no gradient: the score-function term is lost.
+    def fn(log_prob, ref_log_prob):
+        return fw.nemo_rl("k3")(log_prob, ref_log_prob, torch.exp(log_prob - log_prob).detach())
+
+    with finds("kl.gradient"):
+        hunt_kl(fn, "k3", input_clamp=20.0, output_clamp=10.0, score_function=True)()
+
+
+def test_score_function_takes_no_weights():
+    with pytest.raises(ValueError, match="score_function=True"):
+        check_kl_penalty(fw.nemo_rl_default("k1"), spike_batch(-2.0, -1.0), estimator="k1",
+                         weights="is_weights", score_function=True)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- padding
 
 
