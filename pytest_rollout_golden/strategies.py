@@ -26,6 +26,7 @@ from .reference.masking import as_bool_mask
 
 __all__ = [
     "GRID",
+    "PAD_LOG_PROB_DEPTH",
     "critic_batches",
     "is_thresholds",
     "kl_batches",
@@ -41,9 +42,16 @@ __all__ = [
 GRID = 16
 """Log-probabilities, log ratios and drifts are multiples of ``1 / GRID`` nat."""
 
+PAD_LOG_PROB_DEPTH = 16
+"""Realistic padding of a log-prob field lies in ``[-PAD_LOG_PROB_DEPTH, 0]`` nats: what a
+model gives a pad token, so ``exp`` of the difference of two log-prob fields stays below
+``e^16 ≈ 8.9e6``, finite in float64, float32 and bfloat16 (not float16, whose ``exp``
+overflows above 11 nats)."""
+
 _EXTREME = 25 * GRID  # a 25-nat log ratio: beyond the ±20 safety clamp
 _GARBAGE_CYCLE = (1.0, -2.0, 3.0, 5.0, -1.5)
 _FIELDS = ("old_log_probs", "rollout_log_probs", "log_probs", "advantages")
+_LOG_PROB_FIELDS = _FIELDS[:3]
 
 
 def _one_of(value: Any, default: Sequence[Any]) -> st.SearchStrategy[Any]:
@@ -69,7 +77,7 @@ def rollout_batches(
     allow_empty_rows: bool = True,
     advantages: Literal["token", "sequence", "either"] = "either",
     max_groups: int = 3,
-    garbage: bool | Collection[str] = True,
+    garbage: bool | Literal["extreme"] | Collection[str] = True,
     device: str | torch.device = "cpu",
     group_size: int | None = None,
 ) -> st.SearchStrategy[dict[str, torch.Tensor]]:
@@ -84,13 +92,19 @@ def rollout_batches(
       ``extreme_ratios`` up to two tokens get a 25-nat log ratio (beyond the ±20 clamp).
       ``log_probs`` (the current policy) differs from ``old_log_probs`` by up to
       ``policy_drift`` nats, enough to hit the PPO clip and the dual clip (ratio > 3).
-    * Padding positions hold **garbage**: non-zero finite values of either sign, up to a few
-      thousand in magnitude (positive "log-probs" included), different in every tensor, as
-      real batches do. Only valid positions are meaningful (valid log-probs are ≤ 0; garbage
-      is not). ``garbage=False`` puts zeros there instead; a collection of field names puts
-      garbage in those fields only (``garbage={"advantages"}`` keeps the log-probs' padding at
-      zero, for code that exponentiates before masking). The checkers vary the garbage only
-      in fields that hold some.
+    * Padding positions hold what real code leaves there (``garbage=True``, the default):
+      ``advantages`` hold **garbage**, non-zero finite values of either sign up to a few
+      thousand in magnitude (an uninitialised buffer); each log-prob field holds, drawn per
+      field, zeros or the log-probs a model gives pad tokens: finite, ≤ 0, down to
+      :data:`PAD_LOG_PROB_DEPTH` nats, different in every tensor. Code that exponentiates a
+      log ratio at every position and masks afterwards is correct on such batches, and code
+      that lets padding into a sum or a mean is still caught. ``garbage="extreme"`` puts
+      garbage in every field, positive "log-probs" of thousands included, which no model
+      produces (only for code that must survive any padding, say a ``torch.empty`` buffer);
+      a collection of field names puts garbage in those fields only and zeros elsewhere
+      (``garbage={"advantages"}``); ``garbage=False`` puts zeros everywhere. The checkers
+      vary the padding only in fields whose padding is not all zeros, and keep realistic
+      padding realistic.
     * ``advantages`` are multiples of 1/4 in ``[-3, 3]``, per token or constant per sequence.
     * ``uid`` holds group ids in ``[0, max_groups)``; with ``group_size=n`` the groups are
       contiguous blocks of ``n`` rows instead (``uid = row // n``, the ``view(-1, n)`` layout
@@ -104,7 +118,7 @@ def rollout_batches(
     _check_rollout_options(min_batch, max_batch, min_len, max_len, padding, advantages)
     ratio_steps = round(off_policy * GRID)
     drift_steps = round(policy_drift * GRID)
-    dirty = _garbage_fields(garbage, _FIELDS)
+    dirty, realistic = _padding_kinds(garbage)
     sizes = _batch_sizes(min_batch, max_batch, group_size)
 
     @st.composite
@@ -120,8 +134,9 @@ def rollout_batches(
             draw, lengths, level, ratio_steps, drift_steps, extreme_ratios
         )
         scale = draw(st.integers(1, 1000)) / 4 if dirty else 0.0
+        depths = {key: _draw_pad_depth(draw) for key in sorted(realistic)}
         uid = _draw_uid(draw, frame.size, max_groups, group_size)
-        out = _padded_fields(frame, lengths, valid_values, dirty, scale, device)
+        out = _padded_fields(frame, lengths, valid_values, _Padding(dirty, scale, depths), device)
         out["uid"] = torch.tensor(uid, dtype=torch.int64, device=device)
         return out
 
@@ -247,24 +262,58 @@ def _padding_mask(lengths: list[int], width: int, side: str) -> torch.Tensor:
     return mask
 
 
+@dataclass(frozen=True)
+class _Padding:
+    """What the padding of each field of :func:`rollout_batches` holds: garbage of ``scale``
+    in the ``dirty`` fields, pad-token log-probs down to ``depths[key]`` nats in the log-prob
+    fields named there (zeros at depth 0), zeros elsewhere."""
+
+    dirty: frozenset[str]
+    scale: float
+    depths: dict[str, float]
+
+    def fill(self, key: str, field: int, size: int, width: int) -> torch.Tensor:
+        if key in self.dirty:
+            return _junk(size, width, self.scale, field)
+        return _pad_log_probs(size, width, self.depths.get(key, 0.0), field)
+
+
 def _padded_fields(
     frame: _Frame,
     lengths: list[int],
     valid_values: dict[str, list],
-    dirty: frozenset[str],
-    scale: float,
+    padding: _Padding,
     device: str | torch.device,
 ) -> dict[str, torch.Tensor]:
-    """The ``[B, T]`` token fields and mask: valid values in place, garbage (or zeros) around."""
+    """The ``[B, T]`` token fields and mask: valid values in place, ``padding`` around."""
     mask = _padding_mask(lengths, frame.width, frame.side)
     out: dict[str, torch.Tensor] = {}
     for field, key in enumerate(_FIELDS):
-        junk = _junk(frame.size, frame.width, scale, field)
-        values = junk.clone() if key in dirty else torch.zeros_like(junk)
+        values = padding.fill(key, field, frame.size, frame.width)
         values[mask] = torch.tensor(valid_values[key], dtype=torch.float64)
         out[key] = values.to(dtype=frame.float_dtype, device=device)
     out["response_mask"] = mask.to(dtype=frame.mask_type, device=device)
     return out
+
+
+def _draw_pad_depth(draw: st.DrawFn) -> float:
+    """How deep a log-prob field's padding goes: 0 (zeros, a quarter of the draws, and where
+    examples shrink to) or a multiple of ``1 / GRID`` up to :data:`PAD_LOG_PROB_DEPTH`."""
+    if draw(st.integers(0, 3)) == 0:
+        return 0.0
+    return draw(st.integers(1, PAD_LOG_PROB_DEPTH * GRID)) / GRID
+
+
+def _padding_kinds(
+    garbage: bool | Literal["extreme"] | Collection[str],
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The fields of :func:`rollout_batches` with garbage in their padding, and those with
+    realistic padding log-probs."""
+    if garbage is True:
+        return frozenset(_FIELDS) - frozenset(_LOG_PROB_FIELDS), frozenset(_LOG_PROB_FIELDS)
+    if garbage == "extreme":
+        return frozenset(_FIELDS), frozenset()
+    return _garbage_fields(garbage, _FIELDS), frozenset()
 
 
 def _garbage_fields(garbage: bool | Collection[str], fields: Sequence[str]) -> frozenset[str]:
@@ -356,12 +405,26 @@ def reward_batches(
     return build()
 
 
-def _junk(size: int, width: int, scale: float, field: int = 0) -> torch.Tensor:
-    """Float64 garbage ``[size, width]``: non-zero, either sign, up to ``5·scale·(1 + field)``."""
+def _cycle(size: int, width: int, field: int) -> torch.Tensor:
+    """Float64 ``[size, width]`` of :data:`_GARBAGE_CYCLE` values, a pattern per ``field``."""
     rows = torch.arange(size).unsqueeze(-1)
     cols = torch.arange(width).unsqueeze(0)
     cycle = torch.tensor(_GARBAGE_CYCLE, dtype=torch.float64)
-    return cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)] * scale * (1 + field)
+    return cycle[(7 * rows + 3 * cols + field) % len(_GARBAGE_CYCLE)]
+
+
+def _junk(size: int, width: int, scale: float, field: int = 0) -> torch.Tensor:
+    """Float64 garbage ``[size, width]``: non-zero, either sign, up to ``5·scale·(1 + field)``."""
+    return _cycle(size, width, field) * scale * (1 + field)
+
+
+def _pad_log_probs(size: int, width: int, depth: float, field: int) -> torch.Tensor:
+    """Float64 pad-token log-probs ``[size, width]``: in ``[-depth, -depth / 5]`` (zeros at
+    depth 0), a pattern per ``field``."""
+    cycle = _cycle(size, width, field).abs()
+    if depth == 0:
+        return torch.zeros_like(cycle)
+    return -depth * cycle / cycle.new_tensor(_GARBAGE_CYCLE).abs().max()
 
 
 def kl_batches(

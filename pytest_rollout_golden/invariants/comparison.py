@@ -192,17 +192,38 @@ def holds_garbage(values: Tensor, valid: Tensor) -> bool:
     return bool((values.detach()[~valid] != 0).any())
 
 
+def holds_log_probs(key: str, values: Tensor, valid: Tensor) -> bool:
+    """Whether ``values`` is a log-prob field whose padding holds log-probs (finite, ≤ 0): what
+    a model leaves there, which the checkers keep realistic when they vary it."""
+    return key.endswith("log_probs") and bool((values.detach()[~valid] <= 0).all())
+
+
 def refill_padding(batch: Batch) -> dict[str, Any]:
-    """The batch with different (still finite) garbage in the padding positions of every token
-    field that holds garbage there. A field whose padding is all zeros (a batch drawn with
-    ``garbage=False`` for that field) keeps its zeros: the batch promised none there."""
+    """The batch with different (still finite) padding in every token field that holds
+    something there. A log-prob field whose padding holds log-probs gets other log-probs,
+    ``1.5·x - 1`` (≤ 0, different from every ``x ≤ 0``, and changing the difference of two
+    such fields); any other field gets garbage, ``x + 37 + |x|``. A field whose padding is all
+    zeros (a batch drawn with ``garbage=False`` for that field) keeps its zeros: the batch
+    promised none there."""
     valid = valid_mask(batch)
     out = dict(batch)
     for key in TOKEN_FLOATS:
         if key in batch and holds_garbage(batch[key], valid):
             values = batch[key]
-            out[key] = torch.where(valid, values, values + 37.0 + values.abs())
+            if holds_log_probs(key, values, valid):
+                other = 1.5 * values - 1.0
+            else:
+                other = values + 37.0 + values.abs()
+            out[key] = torch.where(valid, values, other)
     return out
+
+
+def column_fill(key: str, values: Tensor, valid: Tensor) -> float:
+    """What the padding columns a checker adds to ``values`` hold: zeros where its padding is
+    all zeros, a log-prob (``-5.75``) where it holds log-probs, garbage (``57.5``) elsewhere."""
+    if not holds_garbage(values, valid):
+        return 0.0
+    return -5.75 if holds_log_probs(key, values, valid) else 57.5
 
 
 def garbage_padding(values: Tensor, valid: Tensor) -> Tensor:

@@ -66,6 +66,7 @@ class _Spec:
     weights: str | None
     weight_gradient: bool
     compute_dtype: torch.dtype | None
+    score_function: bool = False
 
     def weight(self, values: Tensor | None, leaf: Tensor) -> Tensor | None:
         """The weight ``fn`` (or the reference) receives: ``values``, with the gradient of a
@@ -92,6 +93,8 @@ class _Spec:
         text = " or ".join(reading.describe() for reading in self.readings)
         if self.weights is not None:
             text = f"times {self.weights!r}, " + text
+        if self.score_function:
+            text = "times exp(logp - sg(logp)), " + text
         return text
 
 
@@ -135,6 +138,8 @@ class _KLRun:
         if spec.weights is not None:
             dtypes.append(batch[spec.weights].dtype)
             self.w = f64(batch[spec.weights])
+        if spec.score_function:  # a weight of ones with the gradient of a ratio
+            self.w = torch.ones_like(f64(log_probs))
         self.eps = unit_roundoff(*dtypes)
         self.lp, self.rp = lp, rp = f64(log_probs), f64(ref_log_probs)
         # Before any output clamp: the weighted estimate, whose size bounds the score term.
@@ -229,7 +234,7 @@ class _KLRun:
 
     def inputs(self, b: int, t: int) -> str:
         text = f", log_prob={fmt(float(self.lp[b, t]))}, ref_log_prob={fmt(float(self.rp[b, t]))}"
-        if self.w is not None:
+        if self.spec.weights is not None and self.w is not None:
             text += f", {self.spec.weights}={fmt(float(self.w[b, t]))}"
         return text
 
@@ -257,6 +262,13 @@ def _gradient(run: _KLRun) -> None:
         what = "k2's gradient, logp - ref" if plus else "its own gradient"
         if run.spec.weight_gradient and run.spec.weights is not None:
             what += f", plus the estimate times the gradient of {run.spec.weights!r}"
+        if run.spec.score_function:
+            what += ", plus the estimate itself (the gradient of exp(logp - sg(logp)))"
+        elif run.spec.weights is None:
+            what += (
+                "; if fn multiplies the estimate by exp(logp - logp.detach()) (NeMo-RL's "
+                "default, use_on_policy_kl_approximation=False), pass score_function=True"
+            )
         summary = f"have a gradient unlike the {run.spec.estimator} reference ({what})"
         run.fail_tokens("kl.gradient", summary, off, run.grad, expected_grad, "gradient")
 
@@ -295,6 +307,7 @@ def _spec(
     weights: str | None,
     weight_gradient: bool,
     compute_dtype: torch.dtype | None,
+    score_function: bool = False,
 ) -> _Spec:
     """The checked convention from the arguments of :func:`check_kl_penalty`."""
     if _base(estimator) not in KL_ESTIMATORS:
@@ -313,7 +326,13 @@ def _spec(
         raise ValueError(
             f"compute_dtype must be a float torch dtype or None, got {compute_dtype!r}"
         )
-    return _Spec(estimator, readings, weights, weight_gradient, compute_dtype)
+    if score_function and (weights is not None or not weight_gradient):
+        raise ValueError(
+            "score_function=True is a weight of ones with the gradient of a ratio: it takes "
+            "neither weights= (a ratio from the batch, e.g. NeMo-RL's "
+            "use_on_policy_kl_approximation=True: pass weights= alone) nor weight_gradient=False"
+        )
+    return _Spec(estimator, readings, weights, weight_gradient, compute_dtype, score_function)
 
 
 def _require_fields(batch: Batch, weights: str | None) -> None:
@@ -344,6 +363,7 @@ def check_kl_penalty(
     weights: str | None = None,
     weight_gradient: bool = True,
     compute_dtype: torch.dtype | None = None,
+    score_function: bool = False,
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
@@ -373,6 +393,10 @@ def check_kl_penalty(
       ``use_bias_correction_kl``). With ``weight_gradient`` (default) ``w`` is a ratio
       ``π_θ / π_x`` that ``fn`` differentiates with ``log_prob``: it arrives with the
       gradient ``dw/d log_prob = w``; ``weight_gradient=False`` for a detached weight.
+    * ``score_function``: ``fn`` multiplies the estimate by ``exp(logp - logp.detach())``, a
+      weight of value 1 whose gradient adds the estimate itself (the score-function term):
+      NeMo-RL's default, ``use_on_policy_kl_approximation=False``, where its input clamp
+      detaches that weight as it does any other. ``fn`` takes two arguments.
 
     Only valid tokens are judged; padding may hold any finite value (a non-finite one is
     reported, since masking by multiplication turns it into nan).
@@ -391,7 +415,15 @@ def check_kl_penalty(
     for the gradient) and ``|w|``, plus ``8·eps`` relative and :data:`GUARD_RTOL`;
     ``rtol``/``atol`` replace either part.
     """
-    spec = _spec(estimator, output_clamp, input_clamp, weights, weight_gradient, compute_dtype)
+    spec = _spec(
+        estimator,
+        output_clamp,
+        input_clamp,
+        weights,
+        weight_gradient,
+        compute_dtype,
+        score_function,
+    )
     _require_fields(batch, weights)
     run = _KLRun(fn, batch, spec, rtol, atol)
     for invariant in _INVARIANTS:

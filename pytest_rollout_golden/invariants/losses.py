@@ -20,12 +20,12 @@ from .comparison import (
     accepts,
     accumulation_roundoff,
     batch_counts,
+    column_fill,
     digits_to_separate,
     f64,
     fail,
     fmt,
     garbage_padding,
-    holds_garbage,
     positions,
     refill_padding,
     replace_valid,
@@ -190,12 +190,12 @@ def check_padding_invariance(
         expected_name="original",
     )
     side = "left" if parallel.padding_side(batch["response_mask"]) == "left" else "right"
-    wider = parallel.pad_columns(batch, extra, side=side, fill=57.5)
-    for key in parallel.token_keys(batch):  # fields without garbage get zero columns
-        if key != "response_mask" and not holds_garbage(batch[key], valid):
+    wider = parallel.pad_columns(batch, extra, side=side)
+    for key in parallel.token_keys(batch):
+        if key != "response_mask":
             value = batch[key]
-            zeros = value.new_zeros((value.shape[0], extra))
-            wider[key] = torch.cat([zeros, value] if side == "left" else [value, zeros], dim=-1)
+            fill = value.new_full((value.shape[0], extra), column_fill(key, value, valid))
+            wider[key] = torch.cat([fill, value] if side == "left" else [value, fill], dim=-1)
     widened = Evaluation("padding_invariance", loss_fn, wider)
     keep = slice(extra, None) if side == "left" else slice(0, valid.shape[-1])
     extra_cols = slice(0, extra) if side == "left" else slice(valid.shape[-1], None)

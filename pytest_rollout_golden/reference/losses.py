@@ -122,7 +122,8 @@ def policy_log_ratio(
     if response_mask is None:
         raise ValueError("a sequence-level ratio needs the response mask")
     seq = sequence_log_ratio(log_prob.detach(), old_log_prob, response_mask)
-    return seq.unsqueeze(-1) + log_prob - log_prob.detach()
+    # logp - sg(logp) is exactly 0: added first, seq would be rounded at the scale of logp.
+    return (log_prob - log_prob.detach()) + seq.unsqueeze(-1)
 
 
 def ppo_clip_token_losses(

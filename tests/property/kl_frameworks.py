@@ -84,6 +84,19 @@ def nemo_rl(kl_type: str, input_clamp: float | None = 20.0, output_clamp: float 
     return fn
 
 
+def nemo_rl_default(kl_type: str):
+    """NeMo-RL's KL term with ``use_on_policy_kl_approximation=False`` (its default): the
+    weight ``exp(logp - logp.detach())`` (value 1), ``nan_to_num``'d, into ``calculate_kl``
+    with its default clamps (``nemo_rl/algorithms/loss/loss_functions.py``)."""
+
+    def fn(log_prob, ref_log_prob):
+        weights = torch.exp(log_prob - log_prob.detach())
+        weights = torch.nan_to_num(weights, nan=0.0, posinf=0.0, neginf=0.0)
+        return nemo_rl(kl_type)(log_prob, ref_log_prob, weights)
+
+    return fn
+
+
 def trl_inline(use_bias_correction_kl: bool = False):
     """TRL ``GRPOTrainer._compute_loss``'s KL lines, wrapped into a function: the exact k3
     ``exp(ref - logp) - (ref - logp) - 1``, times ``coef_1 = exp(logp - old)`` (with its
@@ -104,7 +117,7 @@ def trl_inline(use_bias_correction_kl: bool = False):
 @dataclass(frozen=True)
 class Config:
     """One framework setting: its function, what ``check_kl_penalty`` is told, and the
-    ``kl_batches`` options that fit it (code that exponentiates padding gets none there)."""
+    ``kl_batches`` options that fit it."""
 
     name: str
     fn: Callable[..., Any]
@@ -113,7 +126,6 @@ class Config:
     batches: dict[str, Any] = field(default_factory=dict)
 
 
-_CLEAN = {"garbage": {"advantages"}}
 _WEIGHTED = {"is_weights": True}
 _NEMO_CLAMPS = {"input_clamp": 20.0, "output_clamp": 10.0}
 
@@ -124,17 +136,28 @@ def _slime(estimator: str, weighted: bool) -> Config:
         # A float32 estimate times a float64 ratio: float64 out, float32 precision.
         check.update(weights="is_weights", compute_dtype=torch.float32)
     name = f"slime {estimator}" + (" use_unbiased_kl" if weighted else "")
-    batches = {**_CLEAN, **(_WEIGHTED if weighted else {})}
-    return Config(name, slime(estimator, weighted), estimator, check, batches)
+    return Config(name, slime(estimator, weighted), estimator, check, _WEIGHTED if weighted else {})
 
 
 FAMILIES: dict[str, list[Config]] = {
     "AReaL": [
         *(Config(f"AReaL {e} apply_clamp", areal(e), e, {"output_clamp": 10.0}) for e in K123),
-        *(Config(f"AReaL {e}", areal(e, False), e, {"output_clamp": None}, _CLEAN) for e in K123),
+        *(Config(f"AReaL {e}", areal(e, False), e, {"output_clamp": None}) for e in K123),
     ],
     "NeMo-RL": [
         *(Config(f"NeMo-RL {e}", nemo_rl(e), e, _NEMO_CLAMPS) for e in K123),
+        *(
+            Config(
+                f"NeMo-RL {e} default",
+                nemo_rl_default(e),
+                e,
+                {**_NEMO_CLAMPS, "score_function": True},
+            )
+            for e in K123
+        ),
+        Config(
+            "NeMo-RL k3 without clamps", nemo_rl("k3", None, None), "k3", {"output_clamp": None}
+        ),
         *(
             Config(
                 f"NeMo-RL {e} weighted",
@@ -148,14 +171,23 @@ FAMILIES: dict[str, list[Config]] = {
     ],
     "slime": [_slime(e, w) for e in ("k1", "k2", "k3", "low_var_kl") for w in (False, True)],
     "TRL": [
-        Config("TRL k3", trl_inline(), "k3", {"output_clamp": None}, _CLEAN),
+        Config("TRL k3", trl_inline(), "k3", {"output_clamp": None}),
         Config(
             "TRL k3 use_bias_correction_kl",
             trl_inline(True),
             "k3",
             {"output_clamp": None, "weights": "is_weights"},
-            {**_CLEAN, **_WEIGHTED},
+            _WEIGHTED,
         ),
     ],
 }
 """Every framework setting of the conformance test, by framework."""
+
+UNCLAMPED_K3 = [
+    config
+    for configs in FAMILIES.values()
+    for config in configs
+    if config.estimator == "k3" and config.check.get("output_clamp", "auto") is None
+]
+"""The settings that compute an unclamped k3 at every position and leave masking to the
+caller: ``exp`` of the padding's log ratio, finite on the padding real code leaves there."""

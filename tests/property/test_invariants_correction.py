@@ -203,12 +203,13 @@ def test_exact_weights_without_the_safety_clamp_pass():
 
 
 def test_finds_exp_of_unmasked_padding():
-    # Without the clamp, exponentiating garbage before masking overflows: inf · 0 is nan.
+    # Without the clamp, exponentiating garbage before masking overflows: inf · 0 is nan. Only
+    # on the opt-in garbage: padding log-probs of a model are ≤ 0, and their exp is finite.
     def fn(old, rollout, mask):
         return (old - rollout).exp() * mask
 
     @hunt
-    @given(rollout_batches())
+    @given(rollout_batches(garbage="extreme"))
     def run(batch):
         check_is_weights(fn, batch, level="token", threshold=None)
 

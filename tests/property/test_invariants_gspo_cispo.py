@@ -59,6 +59,17 @@ def test_reference_gspo_passes(batch, mode):
     check_split_invariance(loss(mode, **GSPO), batch)
 
 
+def test_sequence_log_ratio_is_not_rounded_at_the_scale_of_log_prob():
+    # In bf16, (-0.625 + -33.5) rounds to -34 (8 significant bits): adding the sequence log
+    # ratio to logp before subtracting sg(logp) gave -0.5 instead of -0.625 (a 13% gradient
+    # error in test_reference_gspo_passes); logp - sg(logp) is exactly 0, so add it last.
+    lp = torch.tensor([[0.0, -1.1875, -1.6875, -24.75, -33.5]], dtype=torch.bfloat16)
+    old = torch.tensor([[0.0, 0.0, 0.0, -25.0, -33.0]], dtype=torch.bfloat16)
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    log_ratio = ref.policy_log_ratio(lp, old, mask, ratio_level="sequence")
+    assert log_ratio.tolist() == [[-0.625] * 5]
+
+
 @passes
 @given(rollout_batches(dtype=DTYPES), MODES, st.sampled_from([(0.2, None), (0.5, 0.28)]))
 def test_reference_cispo_passes(batch, mode, clips):

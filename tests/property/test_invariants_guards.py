@@ -164,7 +164,7 @@ def test_hint_names_exp_of_unmasked_padding():
         return ((old - rollout).exp() * mask).clamp(max=2.0)  # inf · 0 on garbage padding
 
     @hunt
-    @given(rollout_batches(extreme_ratios=False))
+    @given(rollout_batches(extreme_ratios=False, garbage="extreme"))
     def run(batch):
         invariants.check_is_weights(fn, batch, level="token", threshold=2.0)
 

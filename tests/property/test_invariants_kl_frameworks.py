@@ -11,7 +11,7 @@ from hunting import finds, hunt, passes as passes_settings
 from hypothesis import given, strategies as st
 
 from pytest_rollout_golden import reference as ref
-from pytest_rollout_golden.invariants import check_kl_penalty
+from pytest_rollout_golden.invariants import check_kl_penalty, check_padding_invariance
 from pytest_rollout_golden.strategies import kl_batches, rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -102,9 +102,8 @@ def test_float32_kl_of_float64_inputs_is_judged_at_float32():
 
 
 @passes
-@given(kl_batches(dtype=DTYPES, garbage={"advantages"}), st.sampled_from(SLIME))
+@given(kl_batches(dtype=DTYPES), st.sampled_from(SLIME))
 def test_slime_passes(batch, estimator):
-    # slime computes on packed valid tokens; its unclamped k3 would overflow on garbage.
     check_kl_penalty(fw.slime(estimator), batch, estimator=estimator)
 
 
@@ -127,7 +126,7 @@ def test_nemo_rl_importance_weighted_kl_passes(batch, estimator):
 
 
 @passes
-@given(kl_batches(dtype=DTYPES, is_weights=True, garbage={"advantages"}), st.sampled_from(SLIME))
+@given(kl_batches(dtype=DTYPES, is_weights=True), st.sampled_from(SLIME))
 def test_slime_unbiased_kl_passes(batch, estimator):
     # float32 estimate times a float64 ratio: a float64 output of float32 precision.
     check_kl_penalty(fw.slime(estimator, weighted=True), batch, estimator=estimator,
@@ -148,14 +147,14 @@ def test_a_float32_computation_hidden_in_a_float64_output_is_reported_with_its_r
 
 
 @passes
-@given(kl_batches(dtype=DTYPES, is_weights=True, garbage={"advantages"}))
+@given(kl_batches(dtype=DTYPES, is_weights=True))
 def test_trl_inline_kl_with_bias_correction_passes(batch):
     check_kl_penalty(fw.trl_inline(use_bias_correction_kl=True), batch, estimator="k3",
                      output_clamp=None, weights="is_weights")  # fmt: skip
 
 
 @passes
-@given(kl_batches(dtype=DTYPES, garbage={"advantages"}))
+@given(kl_batches(dtype=DTYPES))
 def test_trl_inline_kl_passes(batch):
     check_kl_penalty(fw.trl_inline(), batch, estimator="k3", output_clamp=None)
 
@@ -210,8 +209,7 @@ def test_a_rollout_batch_is_refused_with_a_remedy():
 # --------------------------------------------------------------------------- broken variants
 
 
-CLEAN_WEIGHTED = {"is_weights": True, "garbage": {"advantages"}}
-"""Weighted batches without garbage in the log-probs, for code that exponentiates padding."""
+WEIGHTED = {"is_weights": True}
 
 
 def hunt_kl(fn, estimator, *, options=None, **check):
@@ -255,7 +253,7 @@ def test_finds_the_forgotten_importance_weight():
         return fw.slime("k3")(log_prob, ref_log_prob)
 
     with finds("kl.value"):
-        hunt_kl(fn, "k3", options=CLEAN_WEIGHTED, weights="is_weights")()
+        hunt_kl(fn, "k3", options=WEIGHTED, weights="is_weights")()
 
 
 def test_finds_a_weight_without_its_gradient():
@@ -264,7 +262,7 @@ def test_finds_a_weight_without_its_gradient():
         return fw.slime("k3", weighted=True)(log_prob, ref_log_prob, ratio.detach())
 
     with finds("kl.gradient"):
-        hunt_kl(fn, "k3", options=CLEAN_WEIGHTED, weights="is_weights")()
+        hunt_kl(fn, "k3", options=WEIGHTED, weights="is_weights")()
 
 
 def test_finds_the_weight_applied_twice():
@@ -320,3 +318,108 @@ def test_framework_kl_has_no_false_alarm(family, dtype, mask):
         check_kl_penalty(config.fn, batch, estimator=config.estimator, **config.check)
 
     run()
+
+
+# --------------------------------------------------------------------------- NeMo-RL's default
+
+
+@passes
+@given(kl_batches(dtype=DTYPES), st.sampled_from(["k1", "k2", "k3"]))
+def test_nemo_rl_default_kl_passes_with_score_function(batch, estimator):
+    check_kl_penalty(fw.nemo_rl_default(estimator), batch, estimator=estimator,
+                     input_clamp=20.0, output_clamp=10.0, score_function=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_nemo_rl_default_kl_checked_as_unweighted_names_score_function(estimator):
+    @hunt
+    @given(kl_batches())
+    def run(batch):
+        check_kl_penalty(fw.nemo_rl_default(estimator), batch, estimator=estimator,
+                         input_clamp=20.0, output_clamp=10.0)  # fmt: skip
+
+    with finds("kl.gradient") as caught:
+        run()
+    assert "pass score_function=True" in str(caught.value)
+
+
+def test_finds_the_score_function_term_dropped():
+    # exp(logp - logp).detach(): value 1, no gradient: the score-function term is lost.
+    def fn(log_prob, ref_log_prob):
+        return fw.nemo_rl("k3")(log_prob, ref_log_prob, torch.exp(log_prob - log_prob).detach())
+
+    with finds("kl.gradient"):
+        hunt_kl(fn, "k3", input_clamp=20.0, output_clamp=10.0, score_function=True)()
+
+
+def test_score_function_takes_no_weights():
+    with pytest.raises(ValueError, match="score_function=True"):
+        check_kl_penalty(fw.nemo_rl_default("k1"), spike_batch(-2.0, -1.0), estimator="k1",
+                         weights="is_weights", score_function=True)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- padding
+
+
+def with_batches(configs, **options):
+    """``(config, batch)``: one of ``configs`` and a ``kl_batches(**options)`` that fits it."""
+    return st.sampled_from(configs).flatmap(
+        lambda config: kl_batches(**options, **config.batches).map(lambda b: (config, b))
+    )
+
+
+@passes_settings(150)
+@given(with_batches(fw.UNCLAMPED_K3, dtype=DTYPES))
+def test_unclamped_k3_at_every_position_passes_on_the_padding_models_leave(drawn):
+    # slime, AReaL and NeMo-RL without clamps, TRL: exp of the log ratio at every position,
+    # masked afterwards. Padding log-probs are a model's (finite, ≤ 0): so is their exp.
+    config, batch = drawn
+    check_kl_penalty(config.fn, batch, estimator="k3", **config.check)
+
+
+def test_unclamped_k3_is_flagged_on_extreme_garbage():
+    # The opt-in garbage (positive "log-probs" of thousands) overflows exp before the mask.
+    @hunt
+    @given(with_batches(fw.UNCLAMPED_K3, garbage="extreme"))
+    def run(drawn):
+        config, batch = drawn
+        check_kl_penalty(config.fn, batch, estimator="k3", **config.check)
+
+    with finds("kl.finite") as caught:
+        run()
+    assert "exp of unmasked padding" in str(caught.value)
+
+
+def kl_loss(masked_sum):
+    """A KL term as TRL adds it to the loss: exact k3 at every position, then
+    ``masked_sum(kl, mask)`` over the batch, divided by the number of valid tokens."""
+
+    def loss_fn(batch, *, global_tokens, global_seqs):
+        kl = fw.trl_inline()(batch["log_probs"], batch["ref_log_probs"])
+        mask = batch["response_mask"].to(kl.dtype)
+        return masked_sum(kl, mask) / global_tokens
+
+    return loss_fn
+
+
+@passes
+@given(kl_batches(dtype=DTYPES))
+def test_kl_term_masked_after_exp_is_padding_invariant(batch):
+    check_padding_invariance(kl_loss(lambda kl, mask: (kl * mask).sum()), batch)
+
+
+@pytest.mark.parametrize(
+    "masked_sum",
+    [
+        pytest.param(lambda kl, mask: kl.sum(), id="padding-in-the-sum"),
+        pytest.param(lambda kl, mask: (kl * mask.roll(1, dims=-1)).sum(), id="mask-shifted"),
+    ],
+)
+def test_masking_bugs_are_caught_on_realistic_padding(masked_sum):
+    @hunt
+    @given(kl_batches())
+    def run(batch):
+        check_padding_invariance(kl_loss(masked_sum), batch)
+
+    with finds("padding_invariance"):
+        run()

@@ -106,9 +106,10 @@ def test_finds_k3_gradient_through_a_detached_exp():
         broken(fn, "k3")()
 
 
-def test_finds_k3_exponentiating_padding():
+def test_finds_k3_exponentiating_padding_on_extreme_garbage():
+    # Positive "log-probs" of thousands, which no model produces, overflow exp: opt-in only.
     with finds("kl.finite"):
-        broken(trl_k3, "k3")()
+        broken(trl_k3, "k3", garbage="extreme")()
 
 
 # --------------------------------------------------------------------------- GAE

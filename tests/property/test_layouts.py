@@ -35,9 +35,17 @@ def test_garbage_in_advantages_only_suits_code_that_exponentiates_before_masking
     assert not bool(batch["log_probs"][~ref.as_bool_mask(batch["response_mask"])].any())
 
 
-def test_garbage_everywhere_still_flags_it():
+@passes
+@given(rollout_batches(dtype=DTYPES, extreme_ratios=False))
+def test_default_padding_suits_code_that_exponentiates_before_masking(batch):
+    # Log-probs of a model (≤ 0, finite) in the log-probs' padding, garbage in the advantages'.
+    invariants.check_padding_invariance(exp_before_mask_loss, batch)
+    invariants.check_split_invariance(exp_before_mask_loss, batch)
+
+
+def test_extreme_garbage_everywhere_still_flags_it():
     @hunt
-    @given(rollout_batches(extreme_ratios=False))
+    @given(rollout_batches(extreme_ratios=False, garbage="extreme"))
     def run(batch):
         invariants.check_padding_invariance(exp_before_mask_loss, batch)
 

@@ -11,6 +11,7 @@ from pytest_rollout_golden import parallel
 from pytest_rollout_golden.reference.correction import parse_is_threshold, parse_rs_criteria
 from pytest_rollout_golden.strategies import (
     GRID,
+    PAD_LOG_PROB_DEPTH,
     is_thresholds,
     register_profiles,
     rollout_batches,
@@ -18,7 +19,8 @@ from pytest_rollout_golden.strategies import (
 )
 
 KEYS = {"old_log_probs", "rollout_log_probs", "log_probs", "response_mask", "advantages", "uid"}
-TOKEN_FLOATS = ("old_log_probs", "rollout_log_probs", "log_probs", "advantages")
+LOG_PROB_FIELDS = ("old_log_probs", "rollout_log_probs", "log_probs")
+TOKEN_FLOATS = (*LOG_PROB_FIELDS, "advantages")
 
 quick = passes(60)
 
@@ -44,10 +46,12 @@ def test_batch_contract(batch):
         assert values.dtype == batch["old_log_probs"].dtype
         assert bool(torch.isfinite(values).all())
         assert not values.requires_grad
-        # Padding holds garbage, not zeros.
-        assert bool((values[~valid] != 0).all())
-    for key in ("old_log_probs", "rollout_log_probs", "log_probs"):
+    # The advantages' padding holds garbage, not zeros; the log-probs' holds log-probs.
+    assert bool((batch["advantages"][~valid] != 0).all())
+    for key in LOG_PROB_FIELDS:
         assert bool((batch[key][valid] <= 0).all())
+        padding = batch[key][~valid]
+        assert bool(((padding <= 0) & (padding >= -PAD_LOG_PROB_DEPTH)).all())
     assert batch["uid"].dtype == torch.int64 and batch["uid"].shape == (size,)
     assert mask.dtype in (torch.bool, torch.int64, batch["old_log_probs"].dtype)
 
@@ -82,6 +86,33 @@ def test_batches_reach_far_off_policy_and_empty_rows():
         seen["seq_adv"] |= any(r.numel() > 1 and bool((r == r[0]).all()) for r in rows)
 
     run()
+    assert all(seen.values()), seen
+
+
+def test_log_prob_padding_is_zeros_or_pad_token_log_probs_and_extreme_is_opt_in():
+    seen = {"zeros": False, "log_probs": False, "fields_differ": False, "positive": False}
+
+    @quick
+    @given(rollout_batches(min_len=2))
+    def realistic(batch):
+        padding = ~(batch["response_mask"] != 0)
+        if not bool(padding.any()):
+            return
+        fills = [batch[key][padding] for key in LOG_PROB_FIELDS]
+        seen["zeros"] |= any(not bool(fill.any()) for fill in fills)
+        seen["log_probs"] |= any(bool((fill < 0).all()) for fill in fills)
+        seen["fields_differ"] |= not torch.equal(fills[0], fills[2])
+
+    @quick
+    @given(rollout_batches(garbage="extreme"))
+    def extreme(batch):
+        padding = ~(batch["response_mask"] != 0)
+        for key in TOKEN_FLOATS:
+            assert bool((batch[key][padding] != 0).all())
+        seen["positive"] |= bool((batch["log_probs"][padding] > 0).any())  # no model's
+
+    realistic()
+    extreme()
     assert all(seen.values()), seen
 
 
