@@ -70,6 +70,12 @@ def magnitudes(golden: Series) -> Callable[[str], float | None]:
     return found.get
 
 
+def recorded_steps(golden: Series) -> Callable[[str], int]:
+    """Per metric, how many steps the golden holds a finite value at (what replay counts)."""
+    found = {n: sum(1 for v in vs if math.isfinite(v)) for n, vs in golden.items()}
+    return lambda name: found.get(name, 0)
+
+
 def calibrated_stack(golden: Series, runs: Sequence[Series]) -> Stack:
     """The tolerance stack replay has after ``--golden-calibrate``: tolerances.json's entries
     (what calibration writes; refused entries keep the default) over the built-in
@@ -103,8 +109,9 @@ def bands(golden: Series, runs: Sequence[Series], variant: bool) -> envelope.Env
     if variant and drifting:
         content[envelope.DRIFTING] = drifting
     return envelope.read(
-        content, Path("envelope.json"), magnitude=magnitude, layout_variant=variant
-    )
+        content, Path("envelope.json"), magnitude=magnitude,
+        recorded_steps=recorded_steps(golden), layout_variant=variant,
+    )  # fmt: skip
 
 
 def step_failures(

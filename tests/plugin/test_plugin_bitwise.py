@@ -67,7 +67,8 @@ def test_lane(golden, case):
 
 
 @pytest.fixture
-def lane(pytester: pytest.Pytester) -> pytest.Pytester:
+def lane(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("CI", raising=False)  # the first run records the rollouts
     pytester.makepyfile(test_lane=SOURCE)
     return pytester
 
