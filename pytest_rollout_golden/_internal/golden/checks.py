@@ -65,7 +65,7 @@ def require_metrics(metrics: Any) -> None:
 
 
 def encode_metric(name: Any, value: Any, step: int, seen: Mapping[str, Any]) -> Any:
-    """The metric node of ``value`` (see :func:`.metrics.encode`); ``seen``: the names
+    """The metric node of ``value`` (see :func:`.metric_codec.encode`); ``seen``: the names
     this test already checked at ``step``, which may not be checked again."""
     where = f"metric {name!r} at step {step}"
     if not isinstance(name, str):

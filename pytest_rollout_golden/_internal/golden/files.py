@@ -206,7 +206,7 @@ class GoldenFiles:
         self, *, layout_variant: bool = False
     ) -> tuple[Layer | None, Layer | None]:
         """The tolerance layers ``--golden-calibrate`` wrote into this golden, if any
-        (:func:`.calibrate.calibrated_layers`).
+        (:func:`.calibration.calibrated_layers`).
 
         A replay-only golden (a ``layout_variant``) also takes the lane calibrated across
         layouts. A damaged file that is being re-recorded counts as absent, and is dropped

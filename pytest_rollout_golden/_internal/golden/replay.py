@@ -111,7 +111,7 @@ class Golden:
     """Record/replay/compare for one golden directory.
 
     What the mode allows is decided by :attr:`policy` (:mod:`.modes`); the files are read
-    and written through :class:`~.golden_files.GoldenFiles`; what each check adds (its
+    and written through :class:`~.files.GoldenFiles`; what each check adds (its
     comparison records, what it stages) is built by :mod:`.checks`.
     """
 
@@ -1114,7 +1114,7 @@ class Golden:
     def calibration_sample(self) -> dict[str, Any]:
         """What ``--golden-calibrate`` keeps of this run: its scalar metrics, the golden's
         (replaying; what an envelope is centred on), their largest recorded magnitudes, per
-        tensor its greatest distance to the golden (:func:`.calibrate.tensor_distances`),
+        tensor its greatest distance to the golden (:func:`.calibration.tensor_distances`),
         and the names its tolerances (the marker's
         included) do not compare."""
         from ..tolerance.calibration import tensor_distances
