@@ -1240,3 +1240,18 @@ def checkers_roll_unmasked_values(work: Path) -> str:
         "rewards, values = rewards * mask, values * mask",
         "rewards = rewards * mask",
     )
+
+
+@output("checkers-verl-population-std")
+def checkers_verl_population_std(work: Path) -> str:
+    line = "mean[label], std[label] = torch.stack(members).mean(), torch.stack(members).std()"
+    return planted("test_verl_grpo_advantages", line, line.replace(".std()", ".std(correction=0)"))
+
+
+@output("checkers-areal-reversed-ratio")
+def checkers_areal_reversed_ratio(work: Path) -> str:
+    return planted(
+        "test_areal_kl",
+        "log_ratio = ref_log_prob.float() - log_prob.float()",
+        "log_ratio = log_prob.float() - ref_log_prob.float()",
+    )
