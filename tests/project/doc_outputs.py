@@ -1130,3 +1130,128 @@ def cli_bisect_json(work: Path) -> str:
     for machine in ("python", "environment", "plugin", "packages"):  # this machine's
         document["cache_key"][machine] = "..."
     return f"$ rollout-golden {' '.join(args)}\n" + laid_out(document, depth=2) + "\n"
+
+
+# ---------------------------------------------------------------- docs/guide/checkers.md
+
+CHECKERS_GUIDE = ROOT / "docs" / "guide" / "checkers.md"
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_blocks(page: Path) -> list[tuple[int, str]]:
+    """``(line, source)`` of every ```python block of ``page``, ``line`` that of its fence."""
+    text = page.read_text()
+    return [
+        (text[: match.start()].count("\n") + 1, match.group(1))
+        for match in PYTHON_BLOCK.finditer(text)
+    ]
+
+
+def run_guide_program(line: int, source: str) -> list[str]:
+    """Run a program of the checkers guide as a user's test file would: the block, then every
+    test it defines on 10 derandomized examples (hypothesis' own output stays off the page's
+    outputs: no database, no deadline). Returns the tests' names; a failing test raises."""
+    from hypothesis import settings
+
+    namespace: dict[str, object] = {}
+    # Compiled at its own lines of the guide, so that inspect (which hypothesis uses to
+    # describe lambdas) reads the block's source, not whatever the guide has there.
+    exec(compile("\n" * line + source, str(CHECKERS_GUIDE), "exec"), namespace)
+    tests = [
+        name for name, test in namespace.items() if name.startswith("test_") and callable(test)
+    ]
+    for name in tests:
+        settings(max_examples=10, derandomize=True, database=None, deadline=None)(namespace[name])()
+    return tests
+
+
+def planted(test: str, old: str, new: str) -> str:
+    """The guide's program that defines ``test`` with ``old`` (once in it) replaced by ``new``:
+    the edit as ``-``/``+`` lines, and the first line of the checker's failure."""
+    line, source = next(
+        (line, source) for line, source in python_blocks(CHECKERS_GUIDE) if f"def {test}(" in source
+    )
+    assert source.count(old) == 1, f"{old!r} is not once in the program of {test}"
+    try:
+        run_guide_program(line, source.replace(old, new))
+    except AssertionError as caught:
+        message = str(caught).splitlines()[0]
+    else:
+        raise AssertionError(f"the bug planted in {test} was not caught: {old!r} -> {new!r}")
+    edit = [f"- {text.strip()}" for text in old.strip("\n").splitlines()]
+    edit += [f"+ {text.strip()}" for text in new.strip("\n").splitlines()]
+    return "\n".join([*edit, "", message]) + "\n"
+
+
+@output("checkers-garbage-exp-first")
+def checkers_garbage_exp_first(work: Path) -> str:
+    return planted(
+        "test_my_loss_survives_uninitialised_padding",
+        'log_ratio = torch.where(mask, batch["log_probs"] - batch["old_log_probs"], 0.0)',
+        'log_ratio = batch["log_probs"] - batch["old_log_probs"]',
+    )
+
+
+@output("checkers-trl-detached-weight")
+def checkers_trl_detached_weight(work: Path) -> str:
+    return planted(
+        "test_nemo_rl_and_trl_weighted_kl",
+        "return (torch.exp(log_ratio) - log_ratio - 1) * coef_1",
+        "return (torch.exp(log_ratio) - log_ratio - 1) * coef_1.detach()",
+    )
+
+
+@output("checkers-slime-compute-dtype")
+def checkers_slime_compute_dtype(work: Path) -> str:
+    return planted(
+        "test_slime_kl",
+        'weights="is_weights", compute_dtype=torch.float32,',
+        'weights="is_weights",',
+    )
+
+
+@output("checkers-nemo-rl-score-function")
+def checkers_nemo_rl_score_function(work: Path) -> str:
+    return planted("test_nemo_rl_default_kl", "\n        score_function=True,", "")
+
+
+@output("checkers-openrlhf-dual-clip")
+def checkers_openrlhf_dual_clip(work: Path) -> str:
+    return planted(
+        "test_openrlhf_policy_loss",
+        "    loss = torch.where(advantages < 0, torch.min(loss, -3.0 * advantages), loss)\n",
+        "",
+    )
+
+
+@output("checkers-trl-bnpo")
+def checkers_trl_bnpo(work: Path) -> str:
+    return planted(
+        "test_trl_dapo_loss",
+        "return (per_token_loss * mask).sum() / global_tokens",
+        "return (per_token_loss * mask).sum() / mask.sum().clamp(min=1)",
+    )
+
+
+@output("checkers-roll-unmasked-values")
+def checkers_roll_unmasked_values(work: Path) -> str:
+    return planted(
+        "test_roll_gae",
+        "rewards, values = rewards * mask, values * mask",
+        "rewards = rewards * mask",
+    )
+
+
+@output("checkers-verl-population-std")
+def checkers_verl_population_std(work: Path) -> str:
+    line = "mean[label], std[label] = torch.stack(members).mean(), torch.stack(members).std()"
+    return planted("test_verl_grpo_advantages", line, line.replace(".std()", ".std(correction=0)"))
+
+
+@output("checkers-areal-reversed-ratio")
+def checkers_areal_reversed_ratio(work: Path) -> str:
+    return planted(
+        "test_areal_kl",
+        "log_ratio = ref_log_prob.float() - log_prob.float()",
+        "log_ratio = log_prob.float() - ref_log_prob.float()",
+    )
