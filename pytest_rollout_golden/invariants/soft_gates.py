@@ -337,8 +337,8 @@ def _vespo_stop_gradient(run: _SoftRun) -> None:
     run.one_coefficient_per_row(
         "vespo.stop_gradient",
         "the gradient is not -A·φ(w) times one coefficient per row: φ is not detached, or "
-        "not computed from the row's summed log ratio (a per-token or mean ratio), or "
-        "(in rows with advantages of both signs) uses the other sign's (k, λ)",
+        "not computed from the row's log ratio (a per-token ratio), or (in rows with "
+        "advantages of both signs) uses the other sign's (k, λ)",
     )
 
 
@@ -378,10 +378,10 @@ def check_vespo(
     * ``vespo.gradient_sign``: every judged token with ``A != 0`` has a gradient of sign
       ``-A``;
     * ``vespo.stop_gradient``: ``gradient / (-A·φ)`` is one value per row (a weight that is
-      not detached adds ``-A·log π·∂φ``; a per-token or mean ratio changes ``φ``);
+      not detached adds ``-A·log π·∂φ``; a per-token ratio changes ``φ`` token by token);
     * ``vespo.reference_agreement`` (with ``agg_mode``; TRL: ``token-mean`` over the step's
-      tokens): value and gradient, which also catch ``(k, λ)`` swapped between the advantage
-      signs in rows of one sign.
+      tokens): value and gradient, which also catch a mean log ratio instead of the sum and
+      ``(k, λ)`` swapped between the advantage signs in rows of one sign.
 
     Not judged: tokens whose ``φ`` is near the dtype's underflow, or carries more than 10%
     rounding (a long row's summed log ratio far from 0 in bf16).

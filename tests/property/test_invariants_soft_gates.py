@@ -129,9 +129,9 @@ def hard_clip_gate(x):
 
 
 SAPO_BUGS = {
-    "temperatures swapped": (sapo_with(tau_pos=3.0, tau_neg=1.0), "sapo"),
-    "no 4/τ scale": (sapo_with(scale=False), "sapo.reference_agreement"),
-    "hard clip": (sapo_with(gate=hard_clip_gate), "sapo"),
+    "temperatures swapped": (sapo_with(tau_pos=3.0, tau_neg=1.0), "sapo.soft_gate"),
+    "no 4/τ scale": (sapo_with(scale=False), "sapo"),
+    "hard clip": (sapo_with(gate=hard_clip_gate), "sapo.gradient_sign"),
     "sign error": (lambda b: -sapo_with()(b), "sapo.gradient_sign"),
 }
 
@@ -204,8 +204,8 @@ def vespo_with(detach=True, per_token=False, mean=False, swap=False):
 
 VESPO_BUGS = {
     "weight not detached": (vespo_with(detach=False), "vespo"),
-    "per-token ratio": (vespo_with(per_token=True), "vespo"),
-    "mean log ratio": (vespo_with(mean=True), "vespo"),
+    "per-token ratio": (vespo_with(per_token=True), "vespo.stop_gradient"),
+    "mean log ratio": (vespo_with(mean=True), "vespo.reference_agreement"),
     "(k, λ) swapped": (vespo_with(swap=True), "vespo.reference_agreement"),
     "sign error": (lambda b: -vespo_with()(b), "vespo.gradient_sign"),
 }
@@ -231,6 +231,16 @@ def test_finds_vespo_without_stop_gradient_and_no_agg_mode():
         check_vespo(aggregated(vespo_with(detach=False), "seq-mean-token-mean"), batch)
 
     with pytest.raises(AssertionError, match=r"\[vespo\.(stop_gradient|gradient_sign)\]"):
+        run()
+
+
+def test_finds_vespo_wrong_reduction():
+    @hunt
+    @given(rollout_batches())
+    def run(batch):
+        check_vespo(soft_loss("seq-mean-token-mean", "vespo"), batch, agg_mode="token-mean")
+
+    with finds("vespo.reference_agreement"):
         run()
 
 
