@@ -60,6 +60,7 @@ from .losses import (
 from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
 from .mismatch import check_mismatch_metrics
 from .rollouts import check_group_diversity, check_token_ids_kept
+from .soft_gates import check_luspo, check_sapo, check_vespo
 
 __all__ = [
     "IS_METRICS",
@@ -76,6 +77,7 @@ __all__ = [
     "check_is_weights",
     "check_kl_penalty",
     "check_linear_in_advantages",
+    "check_luspo",
     "check_mismatch_metrics",
     "check_packing_invariance",
     "check_padding_invariance",
@@ -85,8 +87,10 @@ __all__ = [
     "check_ppo_reduces_to_reinforce",
     "check_rollout_corr_metrics",
     "check_rs_mask",
+    "check_sapo",
     "check_split_invariance",
     "check_token_ids_kept",
     "check_value_loss",
+    "check_vespo",
     "check_zero_advantage",
 ]

@@ -74,6 +74,13 @@ from .masking import (
     segment_sum,
     valid_rows,
 )
+from .soft_gates import (
+    SoftLossType,
+    sapo_token_losses,
+    soft_policy_loss,
+    vespo_token_losses,
+    vespo_weights,
+)
 
 __all__ = [
     "AGG_MODES",
@@ -93,6 +100,7 @@ __all__ = [
     "LossType",
     "RSCriterion",
     "RatioLevel",
+    "SoftLossType",
     "aggregate_loss",
     "apply_is_threshold",
     "as_bool_mask",
@@ -128,12 +136,16 @@ __all__ = [
     "rloo_advantages",
     "rollout_correction",
     "safe_log_ratio",
+    "sapo_token_losses",
     "segment_ids",
     "segment_sum",
     "sequence_log_ratio",
     "sequence_scores",
+    "soft_policy_loss",
     "token_divergence",
     "valid_rows",
     "value_loss",
     "value_token_losses",
+    "vespo_token_losses",
+    "vespo_weights",
 ]

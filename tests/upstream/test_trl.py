@@ -42,6 +42,14 @@ MODES = {
     "luspo": "seq-mean-token-sum",
 }
 EPS_LOW, EPS_HIGH = 0.2, 0.28
+# GRPOConfig's defaults for the sapo and vespo loss types.
+SAPO_TAUS = {"tau_pos": 1.0, "tau_neg": 1.05}
+VESPO_PARAMS = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+SOFT_GATE_ARGS = {
+    "sapo_temperature_pos": SAPO_TAUS["tau_pos"],
+    "sapo_temperature_neg": SAPO_TAUS["tau_neg"],
+    **{f"vespo_{name}": value for name, value in VESPO_PARAMS.items()},
+}
 
 
 class _Accelerator:
@@ -83,9 +91,13 @@ def trl_loss(trainer, loss_type, *, level="token", epsilon_high=EPS_HIGH):
             accelerator=accelerator,
             model=SimpleNamespace(training=True),
             args=SimpleNamespace(
-                delta=None, use_bias_correction_kl=False, steps_per_generation=n_micro_batches
+                delta=None,
+                use_bias_correction_kl=False,
+                steps_per_generation=n_micro_batches,
+                **SOFT_GATE_ARGS,
             ),
             _metrics=defaultdict(lambda: defaultdict(list)),
+            get_gamma_weights=trainer.get_gamma_weights,
             _get_per_token_logps_and_entropies=lambda *a, **k: (
                 log_probs,
                 torch.zeros_like(log_probs),
@@ -222,5 +234,44 @@ def test_grpo_counts_rows_without_valid_tokens(trl_grpo):
                 clip_ratio_c=None,
                 agg_mode="seq-mean-token-mean",
             )
+
+    run()
+
+
+@COMBOS
+def test_sapo_conforms(trl_grpo, dtype, mask):
+    # sapo aggregates as grpo does: a mean over every row, so no rows without valid tokens.
+    @conforms
+    @given(batches(dtype, mask, min_batch=2, allow_empty_rows=False))
+    def run(batch):
+        loss_fn = trl_loss(trl_grpo, "sapo")
+        invariants.check_sapo(loss_fn, batch, agg_mode="seq-mean-token-mean", **SAPO_TAUS)
+        invariants.check_permutation_invariance(loss_fn, batch)
+        invariants.check_zero_advantage(loss_fn, batch)
+
+    run()
+
+
+@COMBOS
+def test_vespo_conforms(trl_grpo, dtype, mask):
+    @conforms
+    @given(batches(dtype, mask, min_batch=2), st.integers(1, 3))
+    def run(batch, n_splits):
+        loss_fn = trl_loss(trl_grpo, "vespo")
+        invariants.check_vespo(loss_fn, batch, agg_mode="token-mean", **VESPO_PARAMS)
+        invariants.check_split_invariance(loss_fn, batch, n_splits=n_splits)
+
+    run()
+
+
+@COMBOS
+def test_luspo_conforms(trl_grpo, dtype, mask):
+    # LUSPO as documented: importance_sampling_level="sequence", one advantage per row; the
+    # mean runs over every row, so no rows without valid tokens.
+    @conforms
+    @given(batches(dtype, mask, min_batch=2, allow_empty_rows=False, advantages="sequence"))
+    def run(batch):
+        loss_fn = trl_loss(trl_grpo, "luspo", level="sequence")
+        invariants.check_luspo(loss_fn, batch, clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH)
 
     run()
