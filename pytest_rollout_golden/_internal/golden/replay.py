@@ -1111,6 +1111,27 @@ class Golden:
         """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
         return metric_codec.numbers(self._metrics)
 
+    def sensitivity(self) -> list[Any]:
+        """What each gate of this golden can detect (:mod:`..report.sensitivity`): its
+        metrics as recorded (this run's where it recorded them) under the tolerance replay
+        applied at each step (this run's comparisons', else the step's resolver), and its
+        trend bounds."""
+        from ..report.sensitivity import golden_gates
+        from .files import merge_metrics
+
+        steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
+        applied = {
+            (c.name, c.step): (c.tolerance, c.tolerance_source)
+            for c in self._outcome.comparisons
+            if c.kind == "metric" and c.tolerance is not None
+        }
+
+        def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
+            found = applied.get((name, step))
+            return found if found is not None else self._step_resolver(step).resolve(name, dtypes)
+
+        return golden_gates(steps, tolerance_at, trends=self._trends, envelope=self._envelope)
+
     def calibration_sample(self) -> dict[str, Any]:
         """What ``--golden-calibrate`` keeps of this run: its scalar metrics, the golden's
         (replaying; what an envelope is centred on), their largest recorded magnitudes, per
