@@ -97,8 +97,9 @@ def test_gates_of_a_golden_flag_what_cannot_fail():
     assert [p.step for p in gates["loss"].probes] == [0, 2]  # first and last recorded
     assert gates["kl"].status == NEVER and "not compared (test kl)" in gates["kl"].never
     assert gates["clip"].status == ZERO and "nothing allowed at 0" in gates["clip"].note
-    # rtol=1e-3 passes a change of exactly 1e-3 (allowed is <=): it detects 1e-3 and above
-    assert below_floor(gates.values(), 1.001e-3) == [gates["kl"]]
+    # rtol=1e-3 fails every change above 1e-3: it meets a floor of 1e-3, not one just below
+    assert below_floor(gates.values(), 1e-3) == [gates["kl"]]
+    assert below_floor(gates.values(), 0.999e-3) == [gates["kl"], gates["loss"]]
     assert below_floor(gates.values(), 1e-4) == [gates["kl"], gates["loss"]]
     assert Gate.from_json(gates["clip"].to_json()) == gates["clip"]
 

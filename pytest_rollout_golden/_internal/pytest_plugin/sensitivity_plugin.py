@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ..report.presentation import display
 from ..report.sensitivity import Gate, below_floor, floor_lines, gate_lines
 from .golden_plugin import GoldenPlugin, as_usage_error
 from .options import sensitivity_floor
@@ -43,7 +44,8 @@ class SensitivityPlugin:
             return
         gates = golden.sensitivity()
         if gates:
-            found = {"golden": str(golden.directory), "gates": [g.to_json() for g in gates]}
+            where = display(golden.directory, self.core.rootdir)
+            found = {"golden": where, "gates": [g.to_json() for g in gates]}
             self.core.state.sensitivity[item.nodeid] = found
 
     def below(self) -> list[tuple[str, Gate]]:

@@ -38,6 +38,9 @@ times the value, no regression is subtle."""
 HALVINGS = 30
 """Bisections of the log-space interval: ln(HIGH / LOW) / 2**30 < 3e-8, the relative precision
 of a reported effect (far below the two digits shown)."""
+PRECISION = 1e-7
+"""How far above a floor an effect may read and still meet it: the bisection's precision with
+room to spare (``rtol=1e-3`` on its own detects any change above 1e-3, so it meets 1e-3)."""
 
 DETECTS, NEVER, ZERO = "detects", "never fails", "zero"
 
@@ -271,9 +274,10 @@ def golden_gates(
 
 def below_floor(gates: Iterable[Gate], floor: float) -> list[Gate]:
     """The gates that cannot detect a relative change of ``floor``: those that never fail,
-    and those whose effect is larger. A value that is 0 at its probed steps is listed, not
-    judged (no relative change applies to it)."""
-    return [g for g in gates if g.never or (g.effect is not None and g.effect > floor)]
+    and those whose effect is larger (beyond :data:`PRECISION`). A value that is 0 at its
+    probed steps is listed, not judged (no relative change applies to it)."""
+    limit = floor * (1 + PRECISION)
+    return [g for g in gates if g.never or (g.effect is not None and g.effect > limit)]
 
 
 def effect_text(effect: float | None) -> str:

@@ -1,0 +1,148 @@
+"""``--golden-sensitivity``: record -> replay with the option -> each gated metric listed with
+its minimum detectable effect; a planted gate that cannot fail is flagged, and
+``--golden-sensitivity-require`` fails the session on it, then passes once it is fixed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+SOURCE = """
+import json
+import pathlib
+
+import pytest
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+@pytest.mark.golden(
+    tolerances={"pg_loss": {"rtol": 1e-3, "atol": 0.0}, "grad_norm": {"rtol": 1e-4, "atol": 1e-6}},
+    trends=V.get("trends"),
+)
+def test_train(golden):
+    for step in range(V.get("steps", 3)):
+        metrics = {"pg_loss": 0.5 + step, "grad_norm": 0.01 * (step + 1), "kl": 0.02 * (step + 1)}
+        golden.check(metrics, step=step, tolerances=V.get("call"))
+"""
+
+# The allowance over the value, (atol + rtol * max(|v|, scale)) / |v|, at the first and the
+# last step (0 and 2); the larger is the gate's effect.
+EXPECTED = {
+    "pg_loss": 1e-3,  # rtol alone: rtol
+    "grad_norm": max((1e-6 + 1e-4 * 0.01) / 0.01, (1e-6 + 1e-4 * 0.03) / 0.03),  # 2e-4, step 0
+    # kl's built-in family: rtol 1e-4 of its largest recorded magnitude (0.06), atol 5e-7
+    "kl": max((5e-7 + 1e-4 * 0.06) / 0.02, (5e-7 + 1e-4 * 0.06) / 0.06),
+}
+
+
+def effects(out: str) -> dict[str, float]:
+    """The effect each gate line of the summary prints (two digits)."""
+    found = re.findall(r"^  (\S+)\s+(\d\.\de-\d\d)  steps? ", out, re.MULTILINE)
+    return {name: float(effect) for name, effect in found}
+
+
+def recorded(project, **values):
+    project.write(SOURCE)
+    project.set_values(**values)
+    project.run().assert_outcomes(passed=1)
+    return project
+
+
+def test_every_gated_metric_is_listed_with_its_detectable_effect(project):
+    recorded(project)
+    result = project.run("--golden-sensitivity")
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "golden sensitivity" in out and "test_it.py::test_train (golden/" in out
+    found = effects(out)
+    assert found.keys() == EXPECTED.keys()
+    for name, effect in EXPECTED.items():  # printed to two digits
+        assert found[name] == pytest.approx(effect, rel=0.05), name
+    assert "NEVER FAILS" not in out
+
+
+def test_a_recording_run_probes_what_it_recorded(project):
+    project.write(SOURCE)
+    project.set_values()
+    result = project.run("--golden-sensitivity")
+    result.assert_outcomes(passed=1)
+    found = effects(result.stdout.str())
+    assert found["pg_loss"] == pytest.approx(1e-3, rel=0.05)
+
+
+def test_the_tolerance_of_the_call_is_the_one_probed(project):
+    """check(tolerances=) reaches only the comparison of that call: probed as replay applied it."""
+    recorded(project)
+    project.set_values(call={"pg_loss": {"rtol": 1e-2, "atol": 0.0}})
+    result = project.run("--golden-sensitivity")
+    assert effects(result.stdout.str())["pg_loss"] == pytest.approx(1e-2, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("--golden-ignore", "kl"), "  kl * NEVER FAILS: not compared (--golden-ignore)"),
+        (
+            ("--golden-tolerance", "kl:rtol=0,atol=100"),
+            "  kl * NEVER FAILS: no change up to 10x the value fails at step 0 "
+            "(rtol=0, atol=100, *",
+        ),
+    ],
+    ids=["ignored", "huge-atol"],
+)
+def test_a_planted_gate_that_cannot_fail_is_flagged_and_fails_the_floor(project, args, flag):
+    recorded(project)
+    result = project.run("--golden-sensitivity", *args)
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0  # listed, not judged, without a floor
+    result.stdout.fnmatch_lines([flag])
+    result = project.run("--golden-sensitivity-require", "1e-3", *args)
+    result.assert_outcomes(passed=1)  # the tests passed; the session fails
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED --golden-sensitivity-require 0.001: 1 gate(s) cannot detect a relative "
+            "change of 0.001",
+            "  test_it.py::test_train: kl never fails: *",
+        ]
+    )
+    fixed = project.run("--golden-sensitivity-require", "1e-3")  # the plant removed
+    assert fixed.ret == 0
+    fixed.stdout.fnmatch_lines(
+        ["every gate detects a relative change of 0.001 (--golden-sensitivity-require)"]
+    )
+
+
+def test_a_gate_too_loose_for_the_ini_floor_fails_naming_its_effect(project):
+    recorded(project)
+    project.pytester.makeini("[pytest]\ngolden_sensitivity_require = 1e-4\n")
+    result = project.run()
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "FAILED ini golden_sensitivity_require 0.0001: 3 gate(s)" in out
+    assert "  test_it.py::test_train: pg_loss detects 1.0e-03" in out
+
+
+def test_a_trend_bound_above_what_the_metric_reaches_is_flagged(project):
+    recorded(project, steps=12, trends={"kl": "growth<=1000"})
+    out = project.run("--golden-sensitivity").stdout.str()
+    assert "kl growth  NEVER FAILS: the bound <= 1000 is above what a change of up to 10x" in out
+    recorded(project, steps=12, trends={"kl": "growth<=8"})
+    out = project.run("--golden-sensitivity").stdout.str()
+    # growth 0.2 / 0.03 (means of the last and first 2 of 12 steps): the last window must
+    # grow by 8 / (0.23 / 0.03) - 1 before the bound fails
+    line = next(x for x in out.splitlines() if x.startswith("  kl growth"))
+    assert float(line.split()[2]) == pytest.approx(8 / (0.23 / 0.03) - 1, rel=0.05)
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "11", "nan"])
+def test_a_floor_that_is_no_relative_change_is_a_usage_error(project, value):
+    project.write(SOURCE)
+    result = project.run(f"--golden-sensitivity-require={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*--golden-sensitivity-require must be a relative change in (0, 10], *{value!r}*"]
+    )
