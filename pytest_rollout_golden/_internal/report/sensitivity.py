@@ -169,7 +169,7 @@ def metric_gate(
     probed at its first and last recorded step under ``tolerance_at``."""
     present = sorted(int(s) for s, names in steps.items() if name in names)
     magnitude = recorded_magnitude(steps, name)
-    probes, notes = [], []
+    probes, notes = [], {}
     for step in sorted({present[0], present[-1]}):
         expected = metric_codec.decode(steps[str(step)][name], where=f"metric {name!r}")
         dtype = dtype_name(expected)
@@ -180,8 +180,9 @@ def metric_gate(
         value = float(expected.double().abs().max()) if expected.numel() else 0.0
         probes.append(Probe(step, value, effect, tol.describe(), source))
         if effect is not None and effect != effect:
-            notes.append(_zero_note(step, value, tol, magnitude))
-    gate = Gate(name, probes=tuple(probes), note="; ".join(notes))
+            notes.setdefault(_zero_note(value, tol, magnitude), []).append(str(step))
+    note = "; ".join(f"{_steps(at)}: {text}" for text, at in notes.items())
+    gate = Gate(name, probes=tuple(probes), note=note)
     where = next((p for p in probes if p.effect is None), None)
     if where is not None:
         why = (
@@ -192,14 +193,18 @@ def metric_gate(
     return gate
 
 
-def _zero_note(step: int, value: float, tol: Tolerance, magnitude: float | None) -> str:
-    """What a probe of a value that is 0 (or not finite) at ``step`` can say."""
+def _steps(steps: Sequence[str]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(steps)}"
+
+
+def _zero_note(value: float, tol: Tolerance, magnitude: float | None) -> str:
+    """What a probe of a value that is 0 (or not finite) can say."""
     if value != value or math.isinf(value):
-        return f"step {step}: not finite, no relative change applies"
+        return "not finite, no relative change applies"
     allowed = tol.allowance(0.0, magnitude)
     if tol.exact or allowed == 0:
-        return f"step {step}: 0, any change fails (nothing allowed at 0)"
-    return f"step {step}: 0, no relative change moves it; a change above {allowed:.2g} fails"
+        return "0, any change fails (nothing allowed at 0)"
+    return f"0, no relative change moves it; a change above {allowed:.2g} fails"
 
 
 def trend_gates(
@@ -300,12 +305,14 @@ def gate_lines(gates: Sequence[Gate], *, indent: str = "  ") -> list[str]:
         if gate.effect is None:
             lines.append(f"{head}{'-':>8}  {gate.note}")
             continue
-        steps = ", ".join(str(p.step) for p in gate.probes)
+        measured = [p for p in gate.probes if p.effect == p.effect]
+        each = {effect_text(p.effect) for p in measured}
+        at = [f"{p.step}" if len(each) == 1 else f"{p.step} ({effect_text(p.effect)})"
+              for p in measured]  # fmt: skip
         tolerances = {(p.tolerance, p.source) for p in gate.probes}
         tol = "; ".join(f"{t} ({s})" for t, s in sorted(tolerances))
-        label = "step" if len(gate.probes) == 1 else "steps"
         note = f"; {gate.note}" if gate.note else ""
-        lines.append(f"{head}{effect_text(gate.effect):>8}  {label} {steps}: {tol}{note}")
+        lines.append(f"{head}{effect_text(gate.effect):>8}  {_steps(at)}: {tol}{note}")
     return lines
 
 
