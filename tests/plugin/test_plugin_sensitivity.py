@@ -146,3 +146,40 @@ def test_a_floor_that_is_no_relative_change_is_a_usage_error(project, value):
     result.stderr.fnmatch_lines(
         [f"*--golden-sensitivity-require must be a relative change in (0, 10], *{value!r}*"]
     )
+
+
+def test_xdist_workers_hand_their_gates_to_the_controller(project):
+    recorded(project)
+    result = project.run_subprocess(
+        "-n", "2", "--golden-sensitivity-require=1e-3", "--golden-ignore=kl"
+    )
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "  grad_norm *2.0e-04  steps 0 (2.0e-04), 2 (1.3e-04): *",
+            "  kl * NEVER FAILS: not compared (--golden-ignore)",
+            "  test_it.py::test_train: kl never fails: not compared (--golden-ignore)",
+        ]
+    )
+
+
+def test_show_prints_the_gates_under_the_project_ini(project):
+    """``rollout-golden show`` probes the golden with the project's ini layers: an ini
+    exclusion is flagged there too (the marker's tolerances are pytest's alone)."""
+    import subprocess
+    import sys
+
+    recorded(project)
+    project.pytester.makeini("[pytest]\ngolden_ignore =\n    kl\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_rollout_golden", "show", "golden/test_it/test_train"],
+        cwd=project.path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("sensitivity ("))
+    gates = lines[start + 1 :]
+    assert gates[1].split()[:2] == ["kl", "NEVER"]
+    assert gates[1].endswith("not compared (ini golden_ignore)")
+    # the built-in default, not the marker's rtol 1e-3: rtol 1e-4 of the largest recorded
+    # value (2.5) over the value at step 0 (0.5)
+    assert gates[2].split()[:2] == ["pg_loss", "5.0e-04"]

@@ -339,14 +339,14 @@ def directory_gates(
 
     from ...store.location import METRICS, TOLERANCES
     from ..golden.files import read_envelope
-    from .diff import _calibrated, _step_resolvers
+    from .diff import calibrated_layer, step_resolvers
 
     steps = (content.get(METRICS) or {}).get("steps", {})
-    calibrated = _calibrated(content.get(TOLERANCES), Path(directory) / TOLERANCES,
+    calibrated = calibrated_layer(content.get(TOLERANCES), Path(directory) / TOLERANCES,
                              content.get(METRICS))  # fmt: skip
     stack = stack.replace(calibrated=calibrated)
     envelope = read_envelope(Path(directory))
-    resolver_at = _step_resolvers(stack, envelope, stack.resolver())
+    resolver_at = step_resolvers(stack, envelope, stack.resolver())
 
     def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
         return resolver_at(step).resolve(name, dtypes)
