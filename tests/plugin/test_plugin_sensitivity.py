@@ -183,3 +183,49 @@ def test_show_prints_the_gates_under_the_project_ini(project):
     # the built-in default, not the marker's rtol 1e-3: rtol 1e-4 of the largest recorded
     # value (2.5) over the value at step 0 (0.5)
     assert gates[2].split()[:2] == ["pg_loss", "5.0e-04"]
+
+
+TENSORS = """
+import json
+import pathlib
+
+import torch
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+def test_forward(golden):
+    log_probs = torch.tensor([[-1.0, -2.0, -4.0], [-0.5, -8.0, -0.25]], dtype=torch.float64)
+    mask = torch.tensor(V.get("mask", [[1, 1, 0], [1, 0, 0]]))
+    for step in range(3):
+        golden.check_tensors("fwd", {"log_probs": log_probs * (step + 1)}, step=step, mask=mask)
+"""
+
+
+def test_tensors_are_probed_where_their_mask_selects(project):
+    """log_probs' built-in family: rtol 1e-4 of the largest compared magnitude, atol 1e-6.
+    The mask leaves -4.0 and -8.0 out, so the scale is 2 at step 0 (6 at step 2); scaled
+    together, the selected element whose allowance is the smallest share of it fails first,
+    -2.0 at step 0 (-6.0 at step 2)."""
+    project.write(TENSORS)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    out = project.run("--golden-sensitivity").stdout.str()
+    step0, step2 = (1e-6 + 1e-4 * 2.0) / 2.0, (1e-6 + 1e-4 * 6.0) / 6.0
+    assert effects(out)["fwd/log_probs"] == pytest.approx(max(step0, step2), rel=0.05)
+
+
+def test_a_mask_that_selects_nothing_is_flagged(project):
+    project.write(TENSORS)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    project.set_values(mask=[[0, 0, 0], [0, 0, 0]])
+    result = project.run("--golden-sensitivity-require=1e-3")
+    result.assert_outcomes(failed=1)  # nothing compared is no pass
+    result.stdout.fnmatch_lines(
+        [
+            "  fwd/log_probs  NEVER FAILS: its mask at step 0 selects none of its 6 positions: "
+            "no change of a value reaches the comparison *",
+            "FAILED --golden-sensitivity-require 0.001: 1 gate(s) *",
+        ]
+    )

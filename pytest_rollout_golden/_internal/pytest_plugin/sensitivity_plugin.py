@@ -36,6 +36,7 @@ class SensitivityPlugin:
                 config.getini("golden_sensitivity_require"),
             )
         core.finishers.append(self.sample)
+        core.keep_probes = True
 
     def sample(self, item: pytest.Item, golden: Any, error: bool) -> None:
         """Probe the gates of a golden whose test ran through (a test that raised checked

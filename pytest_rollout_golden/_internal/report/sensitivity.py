@@ -182,15 +182,7 @@ def metric_gate(
         if effect is not None and effect != effect:
             notes.setdefault(_zero_note(value, tol, magnitude), []).append(str(step))
     note = "; ".join(f"{_steps(at)}: {text}" for text, at in notes.items())
-    gate = Gate(name, probes=tuple(probes), note=note)
-    where = next((p for p in probes if p.effect is None), None)
-    if where is not None:
-        why = (
-            f"no change up to {HIGH:g}x the value fails at step {where.step} "
-            f"({where.tolerance}, {where.source})"
-        )
-        return dataclasses.replace(gate, never=why)
-    return gate
+    return _never_if_unbounded(Gate(name, probes=tuple(probes), note=note))
 
 
 def _steps(steps: Sequence[str]) -> str:
@@ -205,6 +197,54 @@ def _zero_note(value: float, tol: Tolerance, magnitude: float | None) -> str:
     if tol.exact or allowed == 0:
         return "0, any change fails (nothing allowed at 0)"
     return f"0, no relative change moves it; a change above {allowed:.2g} fails"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorProbe:
+    """What a tensor gate is probed on at one step: the recorded ``value``, the ``mask`` replay
+    compared it under (``None``: every position), the ``tolerance`` and its ``source``."""
+
+    value: Any
+    mask: Any
+    tolerance: Tolerance
+    source: str
+
+
+def tensor_gate(name: str, kept: Mapping[int, TensorProbe]) -> Gate:
+    """The gate of tensor ``name`` probed at the steps ``kept`` (its first and last): the whole
+    tensor scaled by ``1 + r`` where its mask selects; a mask that selects none of its
+    positions lets no change through (replay fails such a gate whatever the values)."""
+    import torch
+
+    probes, notes = [], {}
+    for step in sorted(kept):
+        probe = kept[step]
+        tol, value = probe.tolerance, torch.as_tensor(probe.value)
+        if tol.ignore:
+            return Gate(name, "tensor", never=f"not compared ({probe.source})")
+        if probe.mask is not None and value.numel() and not bool(probe.mask.any()):
+            why = f"its mask at step {step} selects none of its {value.numel()} positions"
+            never = f"{why}: no change of a value reaches the comparison (replay fails it as such)"
+            return Gate(name, "tensor", never=never)
+        effect = detectable_effect(value, tol, mask=probe.mask)
+        magnitude = float(value.double().abs().max()) if value.numel() else 0.0
+        probes.append(Probe(step, magnitude, effect, tol.describe(), probe.source))
+        if effect is not None and effect != effect:
+            notes.setdefault(_zero_note(magnitude, tol, None), []).append(str(step))
+    note = "; ".join(f"{_steps(at)}: {text}" for text, at in notes.items())
+    return _never_if_unbounded(Gate(name, "tensor", tuple(probes), note=note))
+
+
+def _never_if_unbounded(gate: Gate) -> Gate:
+    """``gate``, flagged as never failing where a probe found no change up to HIGH failing."""
+    where = next((p for p in gate.probes if p.effect is None), None)
+    if where is None:
+        return gate
+    why = (
+        f"no change up to {HIGH:g}x the value fails at step {where.step} "
+        f"({where.tolerance}, {where.source})"
+    )
+    return dataclasses.replace(gate, never=why)
 
 
 def trend_gates(
