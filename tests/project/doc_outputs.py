@@ -300,9 +300,12 @@ def ci_sensitivity(work: Path) -> str:
     lines = done.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "= golden sensitivity =" in line)
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("="))
-    return "\n".join(
-        [f"$ pytest {' '.join(args)}", *lines[start:end], "$ echo $?", str(done.returncode)]
-    ) + "\n"
+    return (
+        "\n".join(
+            [f"$ pytest {' '.join(args)}", *lines[start:end], "$ echo $?", str(done.returncode)]
+        )
+        + "\n"
+    )
 
 
 # ---------------------------------------------------------------- docs/guide/recording.md
