@@ -229,3 +229,23 @@ def test_a_mask_that_selects_nothing_is_flagged(project):
             "FAILED --golden-sensitivity-require 0.001: 1 gate(s) *",
         ]
     )
+
+
+def test_an_envelope_band_is_the_tolerance_probed_at_its_step(project):
+    """A long run calibrated with noise far above its value: at the last step the band replay
+    applies (envelope.json) lets the value move by more than itself, which the gate reports;
+    at step 0 the runs agreed and the band is at rounding level."""
+    from test_plugin_envelope import LONG
+
+    project.write(LONG)
+    project.set_values()
+    project.run().assert_outcomes(passed=1)
+    project.run("--golden-calibrate", "3")
+    result = project.run("--golden-sensitivity-require=1e-3")
+    out = result.stdout.str()
+    line = next(x for x in out.splitlines() if x.startswith("  loss "))
+    at = re.search(r"steps 0 \((\S+)\), 19 \((\S+)\): at 0 .*; at 19 (.*)", line)
+    assert at is not None, line
+    assert float(at[1]) < 1e-3 < float(at[2])  # the runs spread apart as the steps go on
+    assert "atol from envelope (envelope.json)" in at[3]
+    assert result.ret == 1 and "test_it.py::test_long: loss detects" in out, out

@@ -349,11 +349,17 @@ def gate_lines(gates: Sequence[Gate], *, indent: str = "  ") -> list[str]:
         each = {effect_text(p.effect) for p in measured}
         at = [f"{p.step}" if len(each) == 1 else f"{p.step} ({effect_text(p.effect)})"
               for p in measured]  # fmt: skip
-        tolerances = {(p.tolerance, p.source) for p in gate.probes}
-        tol = "; ".join(f"{t} ({s})" for t, s in sorted(tolerances))
+        tol = _tolerances_text(gate.probes)
         note = f"; {gate.note}" if gate.note else ""
         lines.append(f"{head}{effect_text(gate.effect):>8}  {_steps(at)}: {tol}{note}")
     return lines
+
+
+def _tolerances_text(probes: Sequence[Probe]) -> str:
+    """The tolerance of the probes and its source; each step's where they differ (a band)."""
+    if len({(p.tolerance, p.source) for p in probes}) == 1:
+        return f"{probes[0].tolerance} ({probes[0].source})"
+    return "; ".join(f"at {p.step} {p.tolerance} ({p.source})" for p in probes)
 
 
 def floor_lines(below: Sequence[tuple[str, Gate]], floor: float, source: str) -> list[str]:
