@@ -249,3 +249,42 @@ def test_an_envelope_band_is_the_tolerance_probed_at_its_step(project):
     assert float(at[1]) < 1e-3 < float(at[2])  # the runs spread apart as the steps go on
     assert "atol from envelope (envelope.json)" in at[3]
     assert result.ret == 1 and "test_it.py::test_long: loss detects" in out, out
+
+
+MISMATCH = """
+import json
+import pathlib
+
+import torch
+
+V = json.loads((pathlib.Path(__file__).parent / "values.json").read_text())
+
+
+def test_gap(golden):
+    train = torch.tensor([[-1.0, -0.5, -2.0, -0.1], [-0.3, -1.2, -0.8, -0.6]], dtype=torch.float64)
+    for step in range(2):
+        engine = train + 0.0005 * (step + 1)
+        golden.check_mismatch(train, engine, torch.ones_like(train), step=step, bounds=V["bounds"])
+"""
+
+
+def test_an_absolute_mismatch_bound_reports_the_growth_it_fails_on(project):
+    """abs_logprob_diff_mean is 5e-4 at step 0 and 1e-3 at step 1: under a bound of 2e-3 it
+    must double at step 0 to fail, grow by 100% at step 1; a bound of 1 is 1000x the gap."""
+    project.write(MISMATCH)
+    project.set_values(bounds={"abs_logprob_diff_mean": 2e-3})
+    project.run().assert_outcomes(passed=1)
+    out = project.run("--golden-sensitivity").stdout.str()
+    line = next(x for x in out.splitlines() if x.startswith("  mismatch/abs_logprob_diff_mean<="))
+    assert line.split()[1] == "3.0e+00"  # 2e-3 / 5e-4 - 1, at step 0 (1.0e+00 at step 1)
+    project.set_values(bounds={"abs_logprob_diff_mean": 1.0})
+    result = project.run("--golden-sensitivity-require=1e-3")
+    result.stdout.fnmatch_lines(
+        ["  mismatch/abs_logprob_diff_mean<=1 * NEVER FAILS: no change up to 10x the value *"]
+    )
+    # a ceiling for gross failures is listed, not held to the floor; the gate of a metric
+    # whose tolerance swamps its value is: gen_kl_error ~1e-7 under atol 2e-5
+    below = result.stdout.str().partition("FAILED --golden-sensitivity-require")[2]
+    assert "test_gap: mismatch/gen_kl_error never fails" in below
+    assert "<=" not in below
+    assert result.ret == 1

@@ -114,3 +114,4 @@ def test_a_trend_bound_above_what_the_series_reaches_never_fails():
     loose = golden_gates(steps, _tolerances(table), trends=call_trends({"gap": "growth<=100"}))
     growth = next(g for g in loose if g.name == "gap growth")
     assert growth.status == NEVER and "above what a change of up to 10x" in growth.never
+    assert below_floor(loose, 1e-3) == []  # a ceiling is flagged, not held to the floor

@@ -192,6 +192,7 @@ class Golden:
         self._uncalibrated: dict[tuple[str, str], Tolerance] = {}  # see _without_files
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
+        self._bounds_held: dict[str, Bound] = {}  # mismatch metric -> its bound, last in force
         # --golden-sensitivity: per tensor, its first and last step's value, mask and tolerance
         self._tensor_probes: dict[str, dict[int, Any]] | None = {} if links.keep_probes else None
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
@@ -542,6 +543,7 @@ class Golden:
         if bounds is not None and not isinstance(bounds, Mapping):
             raise TypeError(f"check_mismatch(bounds=) takes {{metric: bound}}, got {bounds!r}")
         in_force = resolve(layer(bounds, CALL_SOURCE), base=self._mismatch_bounds)
+        self._bounds_held.update({PREFIX + name: bound for name, bound in in_force.items()})
         values = mismatch.metrics(log_probs, rollout_log_probs, response_mask)
         if not bool(as_bool_mask(response_mask.detach()).any()):  # every metric reads 0
             self._open()
@@ -1151,7 +1153,7 @@ class Golden:
         metrics as recorded (this run's where it recorded them) under the tolerance replay
         applied at each step (this run's comparisons', else the step's resolver), and its
         trend bounds."""
-        from ..report.sensitivity import golden_gates, tensor_gate
+        from ..report.sensitivity import bound_gates, golden_gates, tensor_gate
         from .files import merge_metrics
 
         steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
@@ -1166,6 +1168,7 @@ class Golden:
             return found if found is not None else self._step_resolver(step).resolve(name, dtypes)
 
         gates = golden_gates(steps, tolerance_at, trends=self._trends, envelope=self._envelope)
+        gates += bound_gates(steps, self._bounds_held)
         kept = self._tensor_probes or {}
         return gates + [tensor_gate(name, kept[name]) for name in sorted(kept)]
 

@@ -29,6 +29,7 @@ from ..golden.checks import recorded_magnitude, trend_comparison
 from ..golden.results import Verdict
 from ..tolerance.compare import compare_values, dtype_name
 from ..tolerance.envelope import Envelope
+from ..tolerance.mismatch_bounds import Bound
 from ..tolerance.spec import Tolerance
 from ..tolerance.trends import TrendBounds, evaluate, window
 
@@ -43,6 +44,10 @@ PRECISION = 1e-7
 room to spare (``rtol=1e-3`` on its own detects any change above 1e-3, so it meets 1e-3)."""
 
 DETECTS, NEVER, ZERO = "detects", "never fails", "zero"
+JUDGED = ("metric", "tensor")
+"""The gates a floor judges: those comparing a value with its golden. Absolute mismatch bounds
+and trend bounds are ceilings for gross failures, far above a healthy run by design: they are
+listed and flagged, not held to a relative floor."""
 
 # (metric, step, dtypes) -> (tolerance, where it came from): what replay applies there
 ToleranceAt = Callable[[str, int, tuple[str, str]], tuple[Tolerance, str]]
@@ -301,6 +306,36 @@ def _trend_gate(
     return Gate(name, "trend", (probe,))
 
 
+def bound_gates(steps: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Bound]) -> list[Gate]:
+    """A gate per absolute mismatch bound (``golden.check_mismatch``: ``metric <= bound``) over
+    the recorded ``steps``, probed at the metric's first and last step with the bound's own
+    test (:meth:`.Bound.holds`); a bound switched off never fails."""
+    numbers = metric_codec.numbers(steps)
+    gates = []
+    for metric, bound in sorted(bounds.items()):
+        name = f"{metric}<={bound.value:g}"
+        if bound.off:
+            gates.append(Gate(name, "bound", never=f"switched off ({bound.source})"))
+            continue
+        present = sorted(int(s) for s, values in numbers.items() if metric in values)
+        probes, notes = [], []
+        for step in sorted({present[0], present[-1]}) if present else ():
+            value = float(numbers[str(step)][metric][0])
+            effect = _bound_effect(bound, value)
+            probes.append(Probe(step, abs(value), effect, f"<= {bound.value:g}", bound.source))
+            if value <= 0:
+                notes.append(f"step {step}: {value:g}, no relative change reaches the bound")
+        gates.append(_never_if_unbounded(Gate(name, "bound", tuple(probes), note="; ".join(notes))))
+    return gates
+
+
+def _bound_effect(bound: Bound, value: float) -> float | None:
+    """The smallest relative growth of ``value`` beyond ``bound`` (NaN: not above 0)."""
+    if not value > 0:
+        return math.nan
+    return smallest_failing(lambda r: not bound.holds(value * (1 + r)))
+
+
 def golden_gates(
     steps: Mapping[str, Mapping[str, Any]],
     tolerance_at: ToleranceAt,
@@ -318,11 +353,12 @@ def golden_gates(
 
 
 def below_floor(gates: Iterable[Gate], floor: float) -> list[Gate]:
-    """The gates that cannot detect a relative change of ``floor``: those that never fail,
-    and those whose effect is larger (beyond :data:`PRECISION`). A value that is 0 at its
-    probed steps is listed, not judged (no relative change applies to it)."""
+    """The gates of :data:`JUDGED` kinds that cannot detect a relative change of ``floor``:
+    those that never fail, and those whose effect is larger (beyond :data:`PRECISION`). A
+    value that is 0 at its probed steps is listed, not judged (no relative change applies)."""
     limit = floor * (1 + PRECISION)
-    return [g for g in gates if g.never or (g.effect is not None and g.effect > limit)]
+    compared = [g for g in gates if g.kind in JUDGED]
+    return [g for g in compared if g.never or (g.effect is not None and g.effect > limit)]
 
 
 def effect_text(effect: float | None) -> str:
