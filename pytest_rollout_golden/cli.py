@@ -208,7 +208,26 @@ def show(path: Path, *, as_json: bool = False, lane: str | None = None) -> int:
         *_envelope_lines(document.get("envelope")),
     ]:
         print(line)
+    if steps and lane is None:
+        for line in _sensitivity_lines(path):
+            print(line)
     return 0
+
+
+def _sensitivity_lines(path: Path) -> list[str]:
+    """``show``'s section of what each gate of the golden in ``path`` can detect
+    (:mod:`._internal.report.sensitivity`), under the tolerances and trend bounds of the
+    project's ini, as ``pytest --golden-sensitivity`` probes them."""
+    from ._internal.golden.files import load_golden
+    from ._internal.report.sensitivity import SHOW_HEADER, directory_gates, gate_lines
+    from ._internal.tolerance.trends import session_trends
+
+    found = argparse.Namespace(tolerance=[], ignore=[], config=None, no_config=False, exact=False)
+    stack, _ = _tolerances(found, [path])
+    _, options = _project_ini(found, [path])
+    trends = session_trends(None, [], _ini_value(options, "golden_trends", linelist=True))
+    gates = directory_gates(path, load_golden(path)[1], stack, trends)
+    return [SHOW_HEADER, *gate_lines(gates)]
 
 
 def _tolerance_lines(content: Mapping[str, Any] | None) -> list[str]:

@@ -26,6 +26,7 @@ from ._internal.pytest_plugin.golden_plugin import (
 )
 from ._internal.pytest_plugin.prune_plugin import PrunePlugin
 from ._internal.pytest_plugin.rank_plugin import RankSnapshotPlugin
+from ._internal.pytest_plugin.sensitivity_plugin import SensitivityPlugin
 from ._internal.pytest_plugin.xdist_plugin import XdistPlugin
 from .parallel.environment import torchrun_rank
 
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if calibration is not None:
         register(calibration, "rollout-golden-calibrate")
         register(calibration.progress, "rollout-golden-calibration-progress")
+    sensitivity = opt.golden_sensitivity or opt.golden_sensitivity_require
+    if sensitivity or config.getini("golden_sensitivity_require").strip():
+        register(SensitivityPlugin(core), "rollout-golden-sensitivity")
     if (opt.golden_prune or opt.golden_prune_tests) and not core.is_worker and not rank:
         register(PrunePlugin(core), "rollout-golden-prune")  # rank 0 prunes golden/
     if config.pluginmanager.hasplugin("xdist") and not core.is_worker:

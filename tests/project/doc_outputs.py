@@ -276,7 +276,36 @@ def cli_show_envelope(work: Path) -> str:
     project = long_run(work)
     text = shown(project, "show", "golden/test_long/test_long")
     command_line = text.splitlines()[0]
-    return f"{command_line}\n...\n" + text[text.index("calibrated tolerances") :]
+    shown_part = text[text.index("calibrated tolerances") : text.index("sensitivity (")]
+    return f"{command_line}\n...\n" + shown_part
+
+
+@output("cli-show-sensitivity")
+def cli_show_sensitivity(work: Path) -> str:
+    """``show`` of the example's golden: its last section, what each gate detects."""
+    text = shown(ROOT, "show", EXAMPLE)
+    return f"{text.splitlines()[0]}\n...\n" + text[text.index("sensitivity (") :]
+
+
+@output("ci-sensitivity")
+def ci_sensitivity(work: Path) -> str:
+    """The example's gates probed under a floor of 1e-3: the section, and the exit status.
+    The probed values are the committed golden's, so the numbers are the same everywhere."""
+    args = ("examples/test_tiny_rl_golden.py::test_grpo_training_matches_golden",
+            "--golden-sensitivity-require=1e-3")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT, env=environment(), capture_output=True, text=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "= golden sensitivity =" in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("="))
+    return (
+        "\n".join(
+            [f"$ pytest {' '.join(args)}", *lines[start:end], "$ echo $?", str(done.returncode)]
+        )
+        + "\n"
+    )
 
 
 # ---------------------------------------------------------------- docs/guide/recording.md

@@ -105,6 +105,7 @@ class SessionLinks:
     registry: UpdateRegistry | None = None
     replay_only: ReplayOnly | None = None
     missing_step_source: str = "missing_step="
+    keep_probes: bool = False  # keep each tensor's first and last step (--golden-sensitivity)
 
 
 class Golden:
@@ -191,6 +192,9 @@ class Golden:
         self._uncalibrated: dict[tuple[str, str], Tolerance] = {}  # see _without_files
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
+        self._bounds_held: dict[str, Bound] = {}  # mismatch metric -> its bound, last in force
+        # --golden-sensitivity: per tensor, its first and last step's value, mask and tolerance
+        self._tensor_probes: dict[str, dict[int, Any]] | None = {} if links.keep_probes else None
         self._mismatch_bounds = dict(DEFAULT_BOUNDS if mismatch_bounds is None else mismatch_bounds)
         self._trends = trends if isinstance(trends, TrendBounds) else call_trends(trends)
         self._rollouts = RolloutInputs(
@@ -539,6 +543,7 @@ class Golden:
         if bounds is not None and not isinstance(bounds, Mapping):
             raise TypeError(f"check_mismatch(bounds=) takes {{metric: bound}}, got {bounds!r}")
         in_force = resolve(layer(bounds, CALL_SOURCE), base=self._mismatch_bounds)
+        self._bounds_held.update({PREFIX + name: bound for name, bound in in_force.items()})
         values = mismatch.metrics(log_probs, rollout_log_probs, response_mask)
         if not bool(as_bool_mask(response_mask.detach()).any()):  # every metric reads 0
             self._open()
@@ -749,7 +754,39 @@ class Golden:
             self._files.stage_batch(filename, staged, kind="tensors", name=name, **masked, **where)
         self._note_loosened(results)
         self._outcome.comparisons.extend(results)
+        self._keep_probes(old, tensors, masks, results, where)
         return results
+
+    def _keep_probes(
+        self,
+        recorded: Mapping[str, Any],
+        tensors: Mapping[str, Any],
+        masks: Mapping[str, Any],
+        results: list[Comparison],
+        where: Mapping[str, Any],
+    ) -> None:
+        """Under ``--golden-sensitivity``: keep, per tensor, its recorded value (this run's
+        where it records), mask and tolerance at its first and last step so far."""
+        if self._tensor_probes is None:
+            return
+        from ..report.sensitivity import TensorProbe
+
+        rank, micro, step = where["rank"], where["micro"], where["step"]
+        suffix = "".join(
+            f" {k} {v}" for k, v in (("rank", rank), ("micro", micro)) if v is not None
+        )
+        for c in results:
+            tensor_name = c.name.partition("/")[2]
+            if c.kind != "tensor" or tensor_name not in tensors:
+                continue
+            value = recorded.get(tensor_name, tensors[tensor_name])
+            tol, source = c.tolerance, c.tolerance_source
+            if tol is None:  # new: the tolerance its replay will resolve
+                tol, source = self._resolver.resolve(c.name, (checks.dtype_name(value),) * 2)
+            kept = self._tensor_probes.setdefault(c.name + suffix, {})
+            kept[step] = TensorProbe(value, masks.get(tensor_name), tol, source)
+            for middle in sorted(kept)[1:-1]:
+                del kept[middle]
 
     def _note_derived(self, name: str, step: int, batch: Any) -> None:
         """Note, once per rollout name, a recorded batch holding fields the trainer derives."""
@@ -1110,6 +1147,30 @@ class Golden:
     def checked_metrics(self) -> dict[str, dict[str, tuple[Any, str]]]:
         """This run's scalar metrics: ``{step: {name: (value, dtype)}}`` (for calibration)."""
         return metric_codec.numbers(self._metrics)
+
+    def sensitivity(self) -> list[Any]:
+        """What each gate of this golden can detect (:mod:`..report.sensitivity`): its
+        metrics as recorded (this run's where it recorded them) under the tolerance replay
+        applied at each step (this run's comparisons', else the step's resolver), and its
+        trend bounds."""
+        from ..report.sensitivity import bound_gates, golden_gates, tensor_gate
+        from .files import merge_metrics
+
+        steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
+        applied = {
+            (c.name, c.step): (c.tolerance, c.tolerance_source)
+            for c in self._outcome.comparisons
+            if c.kind == "metric" and c.tolerance is not None
+        }
+
+        def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
+            found = applied.get((name, step))
+            return found if found is not None else self._step_resolver(step).resolve(name, dtypes)
+
+        gates = golden_gates(steps, tolerance_at, trends=self._trends, envelope=self._envelope)
+        gates += bound_gates(steps, self._bounds_held)
+        kept = self._tensor_probes or {}
+        return gates + [tensor_gate(name, kept[name]) for name in sorted(kept)]
 
     def calibration_sample(self) -> dict[str, Any]:
         """What ``--golden-calibrate`` keeps of this run: its scalar metrics, the golden's

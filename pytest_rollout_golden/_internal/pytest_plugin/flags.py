@@ -185,6 +185,20 @@ FLAGS = (
         choices=PERTURBATIONS,
     ),
     Flag(
+        "--golden-sensitivity",
+        "switch",
+        "report what each gate can detect: per metric and trend bound, the smallest relative "
+        "change of its recorded value (first and last step) that fails it, and every gate "
+        "that can never fail (docs/guide/ci.md)",
+    ),
+    Flag(
+        "--golden-sensitivity-require",
+        "value",
+        "with --golden-sensitivity (implied): fail the session when a gate cannot detect a "
+        "relative change of FLOOR, e.g. 1e-3 (ini golden_sensitivity_require)",
+        metavar="FLOOR",
+    ),
+    Flag(
         "--golden-prune",
         "switch",
         "delete goldens whose test file is gone (whole runs only; docs/guide/pruning.md)",
@@ -247,6 +261,12 @@ INI = (
         "tolerances of a comparison against the fallback lane, one METRIC:rtol=R,atol=A per line",
         (),
         "linelist",
+    ),
+    Ini(
+        "golden_sensitivity_require",
+        "the relative change every gate must detect, e.g. 1e-3: when set, every session "
+        "reports what each gate detects and fails below it (see --golden-sensitivity-require)",
+        "",
     ),
     Ini("golden_seed", "seed of the deterministic settings", "0"),
     Ini(

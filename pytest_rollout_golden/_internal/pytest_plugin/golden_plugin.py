@@ -180,6 +180,7 @@ class GoldenPlugin:
         self.plots_removed: list[Path] = []  # an earlier run's pictures, removed at the start
         # Called as (item, golden, error) once a golden finished, before its outcome is kept.
         self.finishers: list[Finisher] = []
+        self.keep_probes = False  # goldens keep what --golden-sensitivity probes of tensors
         self.unused: Unused | None = None  # judged at session end (by the prune plugin if on)
         self.report_error = ""
         self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
@@ -235,6 +236,7 @@ class GoldenPlugin:
             registry=self.registry,
             replay_only=replay_only,
             missing_step_source=inputs.pop("missing_step_source"),
+            keep_probes=self.keep_probes,
         )
         rerecord = item.stash.get(ORACLE_RUN, False) and replay_only is None
         return Golden(

@@ -8,6 +8,7 @@ pytest's usage error.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -221,3 +222,22 @@ def plot_dir(value: str | None) -> Path | None:
 
         raise OptionError(f"--golden-plot: {MISSING_MATPLOTLIB}")
     return Path(value)
+
+
+def sensitivity_floor(flag: str | None, ini: str) -> tuple[float | None, str]:
+    """``(floor, where it was set)`` of ``--golden-sensitivity-require``, else ini
+    ``golden_sensitivity_require`` (``None``: no floor); OptionError unless a number in
+    (0, 10], the widest relative change the sensitivity probes (:data:`.sensitivity.HIGH`)."""
+    value, source = (flag, "--golden-sensitivity-require") if flag else (ini.strip(), "")
+    if not value:
+        return None, ""
+    source = source or "ini golden_sensitivity_require"
+    try:
+        floor = float(value)
+    except ValueError:
+        floor = math.nan
+    if not 0 < floor <= 10:
+        raise OptionError(
+            f"{source} must be a relative change in (0, 10], e.g. 1e-3, got {value!r}"
+        )
+    return floor, source

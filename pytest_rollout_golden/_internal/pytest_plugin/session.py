@@ -91,6 +91,8 @@ class SessionState:
     calibrated: list[dict[str, Any]] = field(default_factory=list)  # what was written
     # test id -> its calibration runs that failed, on values only what was written now holds
     calibration_passed: dict[str, int] = field(default_factory=dict)
+    # --golden-sensitivity: test id -> {"golden": its directory, "gates": each gate's JSON}
+    sensitivity: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add_outcome(self, outcome: Outcome) -> None:
         if outcome.status is not None or outcome.comparisons:
@@ -141,6 +143,7 @@ class SessionState:
                 "calibration_layouts": self.calibration_layouts,
                 "calibration_replaying": sorted(self.calibration_replaying),
                 "certificates": self.certificates,
+                "sensitivity": self.sensitivity,
             }
         )
 
@@ -168,6 +171,7 @@ class SessionState:
             self.calibration_layouts.setdefault(directory, {}).update(tests)
         self.calibration_replaying.update(data.get("calibration_replaying", ()))
         self.certificates.update(data.get("certificates", {}))
+        self.sensitivity.update(data.get("sensitivity", {}))
 
     def counts(self) -> dict[str, int]:
         """Goldens by status; ``xfailed`` (failed inside an expected failure) only if any."""

@@ -178,7 +178,7 @@ def diff_goldens(
     and a lane's directory does not hold."""
     manifest_a, left = load_golden(a)
     manifest_b, right = load_golden(b)
-    calibrated = _calibrated(left.get(TOLERANCES), a / TOLERANCES, left.get(METRICS))
+    calibrated = calibrated_layer(left.get(TOLERANCES), a / TOLERANCES, left.get(METRICS))
     stack = tolerances.replace(calibrated=calibrated)
     resolver = stack.resolver()
     envelope = read_envelope(a)
@@ -191,7 +191,7 @@ def diff_goldens(
             result.problems.append(f"{filename} only in {'A' if filename in left else 'B'}")
             continue
         if filename == METRICS:
-            by_step = _step_resolvers(stack, envelope, resolver)
+            by_step = step_resolvers(stack, envelope, resolver)
             result.rows += _metric_rows(left[filename], right[filename], by_step)
             continue
         info = manifest_a["files"][filename]
@@ -201,7 +201,7 @@ def diff_goldens(
     return result
 
 
-def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
+def calibrated_layer(document: Any, path: Path, metrics: Any) -> Layer | None:
     """The layer of a golden's ``tolerances.json``, bounded by its recorded ``metrics``."""
     if document is None:
         return None
@@ -211,7 +211,7 @@ def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
     return read_calibrated(document, path, functools.partial(recorded_magnitude, steps))[0]
 
 
-def _step_resolvers(
+def step_resolvers(
     stack: Stack, envelope: Envelope | None, resolver: Resolver
 ) -> Callable[[int], Resolver]:
     """The resolver of each step: with the envelope's bands at that step where it has them,
