@@ -59,7 +59,9 @@ from .losses import (
 )
 from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
 from .mismatch import check_mismatch_metrics
+from .reinforce_losses import check_kimi15, check_topr
 from .rollouts import check_group_diversity, check_token_ids_kept
+from .sequence_masks import check_opsm_mask
 
 __all__ = [
     "IS_METRICS",
@@ -74,9 +76,11 @@ __all__ = [
     "check_gae",
     "check_group_diversity",
     "check_is_weights",
+    "check_kimi15",
     "check_kl_penalty",
     "check_linear_in_advantages",
     "check_mismatch_metrics",
+    "check_opsm_mask",
     "check_packing_invariance",
     "check_padding_invariance",
     "check_permutation_invariance",
@@ -87,6 +91,7 @@ __all__ = [
     "check_rs_mask",
     "check_split_invariance",
     "check_token_ids_kept",
+    "check_topr",
     "check_value_loss",
     "check_zero_advantage",
 ]

@@ -74,6 +74,8 @@ from .masking import (
     segment_sum,
     valid_rows,
 )
+from .reinforce_losses import kimi15_token_losses, topr_token_losses
+from .sequence_masks import opsm_keep_mask
 
 __all__ = [
     "AGG_MODES",
@@ -106,6 +108,7 @@ __all__ = [
     "grpo_advantages",
     "is_log_weights",
     "is_normalizer",
+    "kimi15_token_losses",
     "kl_estimate",
     "kl_penalty",
     "masked_count",
@@ -116,6 +119,7 @@ __all__ = [
     "masked_whiten",
     "normalize_is_weights",
     "offpolicy_metrics",
+    "opsm_keep_mask",
     "outcome_advantages",
     "parse_is_threshold",
     "parse_rs_criteria",
@@ -133,6 +137,7 @@ __all__ = [
     "sequence_log_ratio",
     "sequence_scores",
     "token_divergence",
+    "topr_token_losses",
     "valid_rows",
     "value_loss",
     "value_token_losses",
