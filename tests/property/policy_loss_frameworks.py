@@ -75,3 +75,24 @@ def trl_opsm(delta=1e-4):
         return ((advantages >= 0) | (avg_seq_kl <= delta)).to(dtype=mask.dtype)
 
     return fn
+
+
+def trl_grpo(epsilon_low=0.2, epsilon_high=0.2, *, rows="micro-batch"):
+    """TRL ``GRPOTrainer._compute_loss`` with ``loss_type="grpo"``, token-level ratio, no KL:
+    ``coef_1 = exp(logp - old)`` (no clamp), ``-min(coef_1·A, clamp(coef_1)·A)``, each row's
+    token mean (``mask.sum(-1).clamp(min=1)``), ``.mean()`` over the rows (empty rows add 0
+    and count), divided by the gradient accumulation steps. ``rows="global"`` divides the
+    sum of row means by ``global_rows`` instead: the same on one piece, split invariant."""
+
+    def loss_fn(batch, *, global_tokens, global_seqs, global_rows, n_micro_batches):
+        log_probs, advantages = batch["log_probs"], batch["advantages"]
+        coef_1 = torch.exp(log_probs - batch["old_log_probs"])
+        coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        mask = batch["response_mask"].to(log_probs.dtype)
+        row_means = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        if rows == "global":
+            return row_means.sum() / global_rows
+        return row_means.mean() / n_micro_batches
+
+    return loss_fn

@@ -10,7 +10,13 @@ from hunting import finds, hunt, passes as passes_settings
 from hypothesis import given, strategies as st
 
 from pytest_rollout_golden import reference as ref
-from pytest_rollout_golden.invariants import check_kimi15, check_opsm_mask, check_topr
+from pytest_rollout_golden.invariants import (
+    check_kimi15,
+    check_opsm_mask,
+    check_ppo_clip,
+    check_split_invariance,
+    check_topr,
+)
 from pytest_rollout_golden.strategies import rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -231,4 +237,63 @@ def test_finds_broken_opsm(name):
         check_opsm_mask(fn, batch, delta=1e-4)
 
     with finds(invariant):
+        run()
+
+
+# --------------------------------------------------------------------------- TRL's empty rows
+
+
+@passes
+@given(rollout_batches(dtype=DTYPES))
+def test_trl_grpo_passes_declared_as_dividing_by_rows(batch):
+    check_ppo_clip(fw.trl_grpo(), batch, clip_ratio_c=None, agg_mode="seq-mean-token-mean",
+                   seq_count="rows")  # fmt: skip
+
+
+def test_trl_grpo_checked_against_valid_sequences_names_seq_count():
+    @hunt
+    @given(rollout_batches())
+    def run(batch):
+        check_ppo_clip(fw.trl_grpo(), batch, clip_ratio_c=None, agg_mode="seq-mean-token-mean")
+
+    with finds("ppo_clip.reference_agreement") as caught:
+        run()
+    assert "declares seq_count='rows'" in str(caught.value)
+
+
+def test_finds_valid_sequences_where_rows_are_declared():
+    def loss_fn(batch, *, global_tokens, global_seqs):
+        return aggregated_ppo(batch, global_tokens, global_seqs)
+
+    @hunt
+    @given(rollout_batches())
+    def run(batch):
+        check_ppo_clip(loss_fn, batch, clip_ratio_c=None, agg_mode="seq-mean-token-mean",
+                       seq_count="rows")  # fmt: skip
+
+    with finds("ppo_clip.reference_agreement"):
+        run()
+
+
+def aggregated_ppo(batch, global_tokens, global_seqs):
+    inputs = (batch["log_probs"], batch["old_log_probs"], batch["advantages"])
+    return ref.policy_loss(*inputs, batch["response_mask"], agg_mode="seq-mean-token-mean",
+                           global_tokens=global_tokens, global_seqs=global_seqs,
+                           clip_ratio_c=None)[0]  # fmt: skip
+
+
+@passes
+@given(rollout_batches(dtype=DTYPES, min_batch=2))
+def test_trl_grpo_over_global_rows_is_split_invariant(batch):
+    check_split_invariance(fw.trl_grpo(rows="global"), batch, n_splits=2)
+
+
+def test_trl_grpo_per_micro_batch_rows_is_not_split_invariant():
+    # TRL's .mean() over each micro-batch's rows, / accumulation steps: unequal pieces differ.
+    @hunt
+    @given(rollout_batches(min_batch=2))
+    def run(batch):
+        check_split_invariance(fw.trl_grpo(), batch, n_splits=2)
+
+    with finds("split_invariance"):
         run()
