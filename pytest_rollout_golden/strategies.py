@@ -437,18 +437,56 @@ def kl_batches(
     With ``is_weights`` the batch also holds ``is_weights``, the importance weight of an
     importance-weighted KL: the ratio ``exp(log_probs - old_log_probs)`` on valid tokens
     (slime's ``importance_ratio``, TRL's ``coef_1``), computed in float64 and rounded to the
-    batch's dtype; padding holds positive garbage where ``log_probs`` holds garbage."""
-    return rollout_batches(**options).map(lambda batch: _with_kl_fields(batch, is_weights))
+    batch's dtype; padding holds positive garbage where ``log_probs`` holds garbage. Such a
+    batch also gets a spike where a clamp of the log ratio under a clamp of the weighted
+    estimate can be seen: one valid token whose reference lies ``m`` nats below the policy
+    (``m`` in ``[20.5, 24]``), and on every token with ``|log_probs - ref_log_probs| > 20``
+    a weight of ``e^-c`` (``c`` in ``[3.5, 6]``, the old log-prob raised above the current
+    one, both lowered together when needed to stay ≤ 0), so that ``w·k`` stays under an
+    output clamp of 10 for k1, k2 and k3 (``w·½·24² < 10`` needs ``w < 0.035``). Without
+    weights an output clamp of 10 hides a clamp of the log ratio at 20 entirely (k1, k2 and
+    k3 all exceed 10 there)."""
+    if not is_weights:
+        return rollout_batches(**options).map(_with_ref_log_probs)
+    steps = st.tuples(
+        st.integers(0, 2**16),
+        st.integers(round(20.5 * GRID), 24 * GRID),
+        st.integers(round(3.5 * GRID), 6 * GRID),
+    )
+    return st.tuples(rollout_batches(**options), steps).map(
+        lambda drawn: _with_weighted_spikes(_with_ref_log_probs(drawn[0]), *drawn[1])
+    )
 
 
-def _with_kl_fields(batch: dict[str, torch.Tensor], is_weights: bool) -> dict[str, torch.Tensor]:
-    out = {**batch, "ref_log_probs": batch["rollout_log_probs"].clone()}
-    if is_weights:
-        log_probs, old = batch["log_probs"], batch["old_log_probs"]
-        valid = as_bool_mask(batch["response_mask"])
-        log_ratio = log_probs.to(torch.float64) - old.to(torch.float64)
-        junk = torch.where(log_probs != 0, 1.0 + log_ratio.abs(), 0.0)
-        out["is_weights"] = torch.where(valid, log_ratio.exp(), junk).to(log_probs.dtype)
+def _with_ref_log_probs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {**batch, "ref_log_probs": batch["rollout_log_probs"].clone()}
+
+
+def _with_weighted_spikes(
+    batch: dict[str, torch.Tensor], pick: int, depth: int, drop: int
+) -> dict[str, torch.Tensor]:
+    """``batch`` with a spike of ``depth / GRID`` nats below the policy on its ``pick``-th
+    valid token (modulo their number), a weight ``e^(-drop / GRID)`` on every spike, and
+    ``is_weights = exp(log_probs - old_log_probs)`` (see :func:`kl_batches`)."""
+    valid = as_bool_mask(batch["response_mask"])
+    dtype = batch["log_probs"].dtype
+    lp, old, ref = (
+        batch[k].to(torch.float64) for k in ("log_probs", "old_log_probs", "ref_log_probs")
+    )
+    flat = valid.flatten().nonzero().flatten()
+    chosen = torch.zeros_like(valid).flatten()
+    chosen[flat[pick % flat.numel()]] = True
+    ref = torch.where(chosen.view_as(valid), lp - depth / GRID, ref)
+    spikes = valid & ((lp - ref).abs() > 20)
+    lower = (lp + drop / GRID).clamp(min=0)
+    lp = torch.where(spikes, lp - lower, lp)
+    ref = torch.where(spikes, ref - lower, ref)
+    old = torch.where(spikes, lp + drop / GRID, old)
+    log_ratio = lp - old
+    junk = torch.where(batch["log_probs"] != 0, 1.0 + log_ratio.abs(), 0.0)
+    fields = {"log_probs": lp, "old_log_probs": old, "ref_log_probs": ref}
+    out = {**batch, **{k: v.to(dtype) for k, v in fields.items()}}
+    out["is_weights"] = torch.where(valid, log_ratio.exp(), junk).to(dtype)
     return out
 
 

@@ -59,7 +59,9 @@ from .losses import (
 )
 from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
 from .mismatch import check_mismatch_metrics
+from .reinforce_losses import check_kimi15, check_topr
 from .rollouts import check_group_diversity, check_token_ids_kept
+from .sequence_masks import check_opsm_mask
 from .soft_gates import check_luspo, check_sapo, check_vespo
 
 __all__ = [
@@ -75,10 +77,12 @@ __all__ = [
     "check_gae",
     "check_group_diversity",
     "check_is_weights",
+    "check_kimi15",
     "check_kl_penalty",
     "check_linear_in_advantages",
     "check_luspo",
     "check_mismatch_metrics",
+    "check_opsm_mask",
     "check_packing_invariance",
     "check_padding_invariance",
     "check_permutation_invariance",
@@ -90,6 +94,7 @@ __all__ = [
     "check_sapo",
     "check_split_invariance",
     "check_token_ids_kept",
+    "check_topr",
     "check_value_loss",
     "check_vespo",
     "check_zero_advantage",

@@ -80,6 +80,7 @@ class Evaluation:
         **extra: Any,
     ):
         extra.setdefault("n_micro_batches", 1)  # the whole batch in one piece
+        extra.setdefault("global_rows", parallel.batch_size(batch))
         self.wrt = wrt
         global_tokens, global_seqs = batch_counts(batch)
         full, leaf = leaf_batch(batch, wrt)
@@ -246,6 +247,7 @@ class SplitRun:
                     self.global_seqs,
                     dp_size=self.dp_size,
                     n_micro_batches=len(pieces),
+                    global_rows=parallel.batch_size(self.batch),
                 )
                 piece = scalar_loss(
                     self.name, self.loss_fn(parallel.select_rows(work, rows), **kwargs)

@@ -60,6 +60,12 @@ __all__ = [
 ]
 
 
+SeqCount = Literal["valid", "rows"]
+"""What a sequence-level aggregation divides by: the sequences with at least one valid token
+(``"valid"``, verl's ``global_seqs``) or every row, empty ones included (``"rows"``: TRL's
+``loss_type="grpo"`` takes ``.mean()`` over the rows of each row's token mean)."""
+
+
 _SPLIT_INVARIANTS: tuple[Callable[[SplitRun], None], ...] = (split_invariance,)
 """The invariants of :func:`check_split_invariance` (its value and ``.gradient`` parts are
 judged together, scheme by scheme)."""
@@ -270,6 +276,7 @@ class _ClipSettings:
     loss_scale_factor: float | None
     rtol: float | None
     atol: float | None
+    seq_count: SeqCount = "valid"
 
 
 class _ClipRun:
@@ -336,6 +343,17 @@ class _ClipRun:
             "clip_ratio_high": settings.clip_ratio_high,
         }
         global_tokens, global_seqs = batch_counts(self.batch)
+        rows = parallel.batch_size(self.batch)
+        if settings.seq_count == "rows":
+            global_seqs = rows
+        elif settings.seq_count != "valid":
+            raise ValueError(f"seq_count must be 'valid' or 'rows', got {settings.seq_count!r}")
+        details = []
+        if settings.seq_count == "valid" and global_seqs < rows:
+            details.append(
+                f"{rows - global_seqs} of {rows} rows have no valid token: a loss dividing by "
+                "every row (TRL's loss_type='grpo') declares seq_count='rows'"
+            )
 
         def reference(b: Batch, **_: Any) -> Tensor:
             inputs = (b["log_probs"], b["old_log_probs"], b["advantages"], b["response_mask"])
@@ -354,6 +372,7 @@ class _ClipRun:
             expected,
             got_name="fn",
             expected_name="reference",
+            details=details,
             grad_mask=~self.near,
         )
 
@@ -484,6 +503,7 @@ def check_ppo_clip(
     agg_mode: AggMode | None = None,
     loss_scale_factor: float | None = None,
     ratio_level: RatioLevel = "token",
+    seq_count: SeqCount = "valid",
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
@@ -506,10 +526,11 @@ def check_ppo_clip(
     Tokens whose ratio is within rounding of a clip boundary are not judged, nor tokens whose
     log ratio is beyond ±20 (±10 for sequence ratios, where verl clamps). With ``agg_mode``
     the value and gradient must also match the reference (``ppo_clip.reference_agreement``),
-    using the batch's global counts.
+    using the batch's global counts; ``seq_count="rows"`` declares that the sequence-level
+    modes divide by every row, rows without a valid token included (TRL's ``grpo``).
     """
     settings = _ClipSettings(
-        clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol
+        clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol, seq_count
     )
     run = _PPOClipRun(loss_fn, batch, settings, clip_ratio_c=clip_ratio_c, ratio_level=ratio_level)
     for invariant in _PPO_CLIP_INVARIANTS:
@@ -762,6 +783,7 @@ def check_cispo(
     clip_ratio_high: float | None = None,
     agg_mode: AggMode | None = None,
     loss_scale_factor: float | None = None,
+    seq_count: SeqCount = "valid",
     rtol: float | None = None,
     atol: float | None = None,
 ) -> None:
@@ -781,9 +803,10 @@ def check_cispo(
     * ``cispo.reference_agreement`` (with ``agg_mode``): value and gradient.
 
     Tokens within rounding of a clip bound, or with a log ratio beyond ±20, are not judged.
+    ``seq_count`` as in :func:`check_ppo_clip`.
     """
     settings = _ClipSettings(
-        clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol
+        clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol, seq_count
     )
     run = _CISPORun(loss_fn, batch, settings)
     for invariant in _CISPO_INVARIANTS:

@@ -74,6 +74,8 @@ from .masking import (
     segment_sum,
     valid_rows,
 )
+from .reinforce_losses import kimi15_token_losses, topr_token_losses
+from .sequence_masks import opsm_keep_mask
 from .soft_gates import (
     SoftLossType,
     sapo_token_losses,
@@ -114,6 +116,7 @@ __all__ = [
     "grpo_advantages",
     "is_log_weights",
     "is_normalizer",
+    "kimi15_token_losses",
     "kl_estimate",
     "kl_penalty",
     "masked_count",
@@ -124,6 +127,7 @@ __all__ = [
     "masked_whiten",
     "normalize_is_weights",
     "offpolicy_metrics",
+    "opsm_keep_mask",
     "outcome_advantages",
     "parse_is_threshold",
     "parse_rs_criteria",
@@ -143,6 +147,7 @@ __all__ = [
     "sequence_scores",
     "soft_policy_loss",
     "token_divergence",
+    "topr_token_losses",
     "valid_rows",
     "value_loss",
     "value_token_losses",

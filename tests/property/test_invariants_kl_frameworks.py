@@ -290,6 +290,16 @@ def test_finds_a_missing_input_clamp():
                 weights="is_weights")()  # fmt: skip
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_finds_a_missing_input_clamp_under_the_output_clamp(estimator):
+    # NeMo-RL's defaults: k(clamp(d, ±20)) weighted, then clamped to ±10. kl_batches draws
+    # small weights on spikes beyond 20 nats, so w·k stays under 10 and the input clamp shows.
+    with finds("kl"):
+        hunt_kl(fw.nemo_rl(estimator, input_clamp=None), estimator,
+                options={"is_weights": True}, input_clamp=20.0, output_clamp=10.0,
+                weights="is_weights")()  # fmt: skip
+
+
 # --------------------------------------------------------------------------- conformance
 
 MASKS = ["bool", "int64", "float"]
