@@ -58,6 +58,30 @@ def positions(bad: Tensor) -> list[tuple[int, ...]]:
     return [tuple(int(i) for i in index) for index in bad.nonzero()]
 
 
+def unequal_coefficients(
+    coefficient: Tensor, judged: Tensor, slack: Tensor, *, per_row: bool
+) -> list[tuple[int, int, int]]:
+    """``(b, t, t0)`` for each judged token whose coefficient differs by more than the two
+    tokens' slacks from that of the first judged token ``t0`` of its row (``per_row``) or of
+    the batch."""
+    found: list[tuple[int, int, int]] = []
+    groups = (
+        [[(b, t) for t in judged[b].nonzero().flatten().tolist()] for b in range(judged.shape[0])]
+        if per_row
+        else [[tuple(p) for p in positions(judged)]]
+    )
+    for group in groups:
+        if len(group) < 2:
+            continue
+        b0, t0 = group[0]
+        reference = float(coefficient[b0, t0])
+        for b, t in group[1:]:
+            allowed = float(slack[b0, t0] + slack[b, t]) * abs(reference)
+            if abs(float(coefficient[b, t]) - reference) > allowed:
+                found.append((b, t, t0))
+    return found
+
+
 def digits_to_separate(a: float, b: float) -> int:
     """Significant digits that print ``a`` and ``b`` differently (6 at least, 17 at most)."""
     difference, scale = abs(a - b), max(abs(a), abs(b))

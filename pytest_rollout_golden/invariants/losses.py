@@ -30,6 +30,7 @@ from .comparison import (
     refill_padding,
     replace_valid,
     resolve_tolerance,
+    unequal_coefficients,
     unit_roundoff,
     valid_mask,
     versus,
@@ -740,19 +741,11 @@ def _cispo_stop_gradient(run: _CISPORun) -> None:
     judged, weight, grad = run.judged, run.weight, run.grad
     coefficient = grad / (-run.advantages * weight).where(judged, torch.ones_like(weight))
     slack = 16 * run.eps * (2 + run.log_probs64.abs() + run.old64.abs()) + 2 * GUARD_RTOL
-    lines = []
-    for b in range(judged.shape[0]):
-        columns = judged[b].nonzero().flatten().tolist()
-        if len(columns) < 2:
-            continue
-        first = columns[0]
-        for t in columns[1:]:
-            allowed = (slack[b, first] + slack[b, t]) * abs(float(coefficient[b, first]))
-            if abs(float(coefficient[b, t] - coefficient[b, first])) > allowed:
-                lines.append(
-                    f"{run.line(b, t)}: gradient/(-A·w)={fmt(float(coefficient[b, t]))}, at "
-                    f"t={first} {fmt(float(coefficient[b, first]))}"
-                )
+    lines = [
+        f"{run.line(b, t)}: gradient/(-A·w)={fmt(float(coefficient[b, t]))}, at "
+        f"t={first} {fmt(float(coefficient[b, first]))}"
+        for b, t, first in unequal_coefficients(coefficient, judged, slack, per_row=True)
+    ]
     if lines:
         fail(
             "cispo.stop_gradient",

@@ -20,6 +20,7 @@ from .comparison import (
     fail,
     fmt,
     positions,
+    unequal_coefficients,
     unit_roundoff,
     valid_mask,
 )
@@ -55,18 +56,11 @@ class _Run:
         over the ``judged`` tokens, within the relative rounding ``error / |expected|``."""
         coefficient = self.grad / expected.where(judged, torch.ones_like(expected))
         slack = error / expected.abs().clamp(min=1e-300) + 16 * self.eps + GUARD_RTOL
-        lines = []
-        for b in range(judged.shape[0]):
-            columns = judged[b].nonzero().flatten().tolist()
-            for t in columns[1:]:
-                first = columns[0]
-                allowed = (slack[b, first] + slack[b, t]) * abs(float(coefficient[b, first]))
-                if abs(float(coefficient[b, t] - coefficient[b, first])) > allowed:
-                    lines.append(
-                        f"{self.line(b, t, expected)}: gradient/direction="
-                        f"{fmt(float(coefficient[b, t]))}, at t={first} "
-                        f"{fmt(float(coefficient[b, first]))}"
-                    )
+        lines = [
+            f"{self.line(b, t, expected)}: gradient/direction={fmt(float(coefficient[b, t]))}, "
+            f"at t={first} {fmt(float(coefficient[b, first]))}"
+            for b, t, first in unequal_coefficients(coefficient, judged, slack, per_row=True)
+        ]
         if lines:
             fail(invariant, summary, lines)
         opposed = judged & ~(self.grad * expected.sign() > 0)

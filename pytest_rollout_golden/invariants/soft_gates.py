@@ -24,6 +24,7 @@ from .comparison import (
     fmt,
     positions,
     resolve_tolerance,
+    unequal_coefficients,
     unit_roundoff,
     valid_mask,
 )
@@ -97,7 +98,7 @@ class _SoftRun:
         denominator = (-self.advantages * self.slope).where(judged, torch.ones_like(self.slope))
         coefficient = self.grad / denominator
         lines = []
-        for b, t, first in _unequal(coefficient, judged, self.slack, per_row=True):
+        for b, t, first in unequal_coefficients(coefficient, judged, self.slack, per_row=True):
             lines.append(
                 f"{self.line(b, t)}: gradient/(-A·slope)={fmt(float(coefficient[b, t]))}, "
                 f"at t={first} {fmt(float(coefficient[b, first]))}"
@@ -155,30 +156,6 @@ class _SoftRun:
 
     def magnitudes(self) -> Tensor:
         raise NotImplementedError
-
-
-def _unequal(
-    coefficient: Tensor, judged: Tensor, slack: Tensor, *, per_row: bool
-) -> list[tuple[int, int, int]]:
-    """``(b, t, t0)`` for each judged token whose coefficient differs by more than the two
-    tokens' slacks from that of the first judged token ``t0`` of its row (``per_row``) or of
-    the batch."""
-    found: list[tuple[int, int, int]] = []
-    groups = (
-        [[(b, t) for t in judged[b].nonzero().flatten().tolist()] for b in range(judged.shape[0])]
-        if per_row
-        else [[tuple(p) for p in positions(judged)]]
-    )
-    for group in groups:
-        if len(group) < 2:
-            continue
-        b0, t0 = group[0]
-        reference = float(coefficient[b0, t0])
-        for b, t in group[1:]:
-            allowed = float(slack[b0, t0] + slack[b, t]) * abs(reference)
-            if abs(float(coefficient[b, t]) - reference) > allowed:
-                found.append((b, t, t0))
-    return found
 
 
 # --------------------------------------------------------------------------- SAPO
@@ -414,7 +391,7 @@ def _luspo_length_unbiased(run: _PPOClipRun) -> None:
     lines = [
         f"{run.line(b, t)}: gradient/(-A·s)={fmt(float(coefficient[b, t]))}, at the batch's "
         f"first judged token {fmt(float(coefficient[free].flatten()[0]))}"
-        for b, t, _ in _unequal(coefficient, free, slack, per_row=False)
+        for b, t, _ in unequal_coefficients(coefficient, free, slack, per_row=False)
     ]
     if lines:
         fail(
