@@ -162,6 +162,13 @@ FLAGS = (
         metavar="DIR",
     ),
     Flag(
+        "--golden-history",
+        "value",
+        "append this session's compared values and distances to the run history in DIR, "
+        "relative to rootdir (ini golden_history; docs/guide/history.md)",
+        metavar="DIR",
+    ),
+    Flag(
         "--golden-calibrate",
         "int",
         "run each selected golden test N times under perturbed reduction orders and write "
@@ -247,6 +254,17 @@ INI = (
         "tolerances of a comparison against the fallback lane, one METRIC:rtol=R,atol=A per line",
         (),
         "linelist",
+    ),
+    Ini("golden_history", "folder of the run history, relative to rootdir (off when empty)", ""),
+    Ini(
+        "golden_history_max_runs",
+        "runs the history keeps; older ones are dropped (0: no bound)",
+        "1000",
+    ),
+    Ini(
+        "golden_history_max_bytes",
+        "bytes the history keeps, e.g. 50MiB; older runs are dropped (0: no bound)",
+        "100MiB",
     ),
     Ini("golden_seed", "seed of the deterministic settings", "0"),
     Ini(
