@@ -2,8 +2,8 @@
 
 The core plugin (:mod:`._internal.pytest_plugin.golden_plugin`) runs in every session;
 pruning, calibration, the run history, a torchrun rank's copies and the xdist merge are
-registered only where they apply. Loading this module imports neither torch nor numpy; they are imported
-when a golden is first read, written or compared.
+registered only where they apply. Loading this module imports neither torch nor numpy; they
+are imported when a golden is first read, written or compared.
 """
 
 from __future__ import annotations
