@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import GoldenError
 from ..golden.results import Comparison, Outcome
 
 FIELDS = ("steps", "actual", "expected", "excess")
@@ -54,16 +53,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return found
-
-
-def head_commit(rootdir: Path) -> str | None:
-    """The commit checked out at ``rootdir`` (``None``: not a git checkout, or no git)."""
-    from ..commits.git import git
-
-    try:
-        return git(rootdir, "rev-parse", "--verify", "-q", "HEAD").strip() or None
-    except GoldenError:
-        return None
 
 
 def environment_fingerprint() -> dict[str, Any] | None:

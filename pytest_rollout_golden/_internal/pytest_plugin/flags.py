@@ -82,6 +82,24 @@ FLAGS = (
         "re-record every golden the selected tests touch (they pass)",
     ),
     Flag(
+        "--update-golden-failing",
+        "switch",
+        "re-record only the goldens with a value beyond tolerance (the others replay), "
+        "refusing new values that look like placeholders (all zeros, NaN, constant)",
+    ),
+    Flag(
+        "--golden-reason",
+        "value",
+        "with --update-golden: why, recorded in each re-recorded golden's provenance "
+        "(default: the commit checked out)",
+        metavar="TEXT",
+    ),
+    Flag(
+        "--golden-allow-placeholder",
+        "switch",
+        "with --update-golden-failing: re-record values that look like placeholders",
+    ),
+    Flag(
         "--golden-regenerate",
         "switch",
         "with --update-golden (implied): also re-run generate() for recorded rollouts "

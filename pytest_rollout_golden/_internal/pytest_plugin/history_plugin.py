@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ...errors import GoldenError
+from ..report.presentation import display
 from .golden_plugin import GoldenPlugin
 from .options import history_limits
 
@@ -46,7 +47,8 @@ class HistoryPlugin:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return
         self.lines.append(
-            f"history: run {appended.run} appended to {self.folder} ({len(outcomes)} goldens)"
+            f"history: run {appended.run} appended to {display(self.folder, self.core.rootdir)} "
+            f"({len(outcomes)} goldens)"
         )
         if appended.dropped:
             first, last = appended.dropped[0], appended.dropped[-1]
@@ -57,12 +59,13 @@ class HistoryPlugin:
             )
 
     def _append(self, outcomes: Any) -> Any:
-        from ..history.record import build_run, environment_fingerprint, head_commit, versions
+        from ..commits.git import head
+        from ..history.record import build_run, environment_fingerprint, versions
         from ..history.store import append
 
         core = self.core
         context = {
-            "commit": head_commit(core.rootdir),
+            "commit": head(core.rootdir),
             "lane": core.lane.name,
             "mode": core.mode.value,
             "fingerprint": environment_fingerprint(),
