@@ -66,17 +66,21 @@ def list_runs(folder: Path) -> int:
 def series_of(folder: Path, run: Mapping[str, Any], test: str) -> dict[str, dict[str, Any]]:
     """Test ``test``'s series in ``run``: ``{name: {"kind", "failed", "steps", "actual",
     "expected", "excess"}}`` (``{}``: the run did not compare it)."""
-    index = next((i for i, t in enumerate(run["tests"]) if t["test"] == test), None)
-    if index is None:
+    from .record import ROWS
+
+    if not any(t["test"] == test for t in run["tests"]):
         return {}
     arrays = read_values(folder, run)
-    found = {}
-    for j, entry in enumerate(run["tests"][index]["series"]):
-        columns = {
-            k: arrays[f"{index}/{j}/{k}"].tolist()
-            for k in ("steps", "actual", "expected", "excess")
-        }
-        found[entry["name"]] = {"kind": entry["kind"], "failed": entry["failed"], **columns}
+    steps, values = arrays["steps"].tolist(), arrays["values"].tolist()
+    found, start = {}, 0
+    for entry in run["tests"]:
+        for series in entry["series"]:
+            end = start + series["count"]
+            if entry["test"] == test:
+                columns = {row: values[i][start:end] for i, row in enumerate(ROWS)}
+                found[series["name"]] = {"kind": series["kind"], "failed": series["failed"],
+                                         "steps": steps[start:end], **columns}  # fmt: skip
+            start = end
     return found
 
 
