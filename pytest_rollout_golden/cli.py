@@ -919,7 +919,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p_diff.add_argument("a", type=Path, help="golden, root or batch file; GOLDEN@LANE: a lane")
     p_diff.add_argument("b", type=Path, help="the same kind of path as A")
-    _tolerance_arguments(p_diff)
+    tolerance_arguments(p_diff)
     _compare_parser(sub)
     _bisect_parser(sub)
     from ._internal.history.commands import add_parser as add_history_parser
@@ -928,7 +928,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+def tolerance_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a verb that diffs goldens: tolerances, ``--json``, the ini to read."""
     parser.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
     parser.add_argument(
@@ -987,7 +987,7 @@ def _compare_parser(sub: Any) -> None:
     p_compare.add_argument("a", metavar="A", help="git ref: branch, tag, commit hash, HEAD~3")
     p_compare.add_argument("b", metavar="B", help="git ref")
     _commit_run_arguments(p_compare)
-    _tolerance_arguments(p_compare)
+    tolerance_arguments(p_compare)
 
 
 def _split_pytest_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -1089,9 +1089,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return plot(args.a, args.b, args.output, tolerances)
         if args.command == "history" and args.history_command != "compare":
             return history_command(args, None, "")
-        paths = {"compare": [Path.cwd()], "history": [args.folder]}.get(
-            args.command, [args.a, args.b]
-        )
+        if args.command in ("compare", "history"):
+            paths = [Path.cwd() if args.command == "compare" else args.folder]
+        else:
+            paths = [args.a, args.b]
         try:
             tolerances, config = _tolerances(args, paths)
         except ValueError as exc:

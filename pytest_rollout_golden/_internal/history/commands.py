@@ -178,7 +178,7 @@ def compare_runs(
 
 def add_parser(sub: Any) -> None:
     """``rollout-golden history``'s verbs and options."""
-    from ...cli import _tolerance_arguments
+    from ...cli import tolerance_arguments
 
     p_history = sub.add_parser(
         "history",
@@ -197,4 +197,4 @@ def add_parser(sub: Any) -> None:
     )
     p_compare.add_argument("a", metavar="RUN")
     p_compare.add_argument("b", metavar="RUN")
-    _tolerance_arguments(p_compare)
+    tolerance_arguments(p_compare)
