@@ -922,9 +922,7 @@ def _parser() -> argparse.ArgumentParser:
     tolerance_arguments(p_diff)
     _compare_parser(sub)
     _bisect_parser(sub)
-    from ._internal.history.commands import add_parser as add_history_parser
-
-    add_history_parser(sub)
+    _history_parser(sub)
     return parser
 
 
@@ -1020,9 +1018,30 @@ def history_command(args: argparse.Namespace, tolerances: Stack | None, config: 
         return commands.list_runs(args.folder)
     if args.history_command == "show":
         return commands.show_test(args.folder, args.test, metric=args.metric, plot=args.plot)
-    return commands.compare_runs(
-        args.folder, args.a, args.b, tolerances, as_json=args.json, config=config
+    diffs, sides = commands.compare_runs(args.folder, args.a, args.b, tolerances)
+    return print_diffs(diffs, *sides, as_json=args.json, config=config)
+
+
+def _history_parser(sub: Any) -> None:
+    """``rollout-golden history``'s verbs and options."""
+    p_history = sub.add_parser(
+        "history",
+        help="the run history of --golden-history DIR: list runs, show a test, compare two runs",
+        description="Read the run history pytest --golden-history DIR appends to.",
     )
+    p_history.add_argument("folder", type=Path, metavar="DIR", help="the history folder")
+    verbs = p_history.add_subparsers(dest="history_command", required=True)
+    verbs.add_parser("list", help="one line per run: time, commit, lane, goldens passed, failed")
+    p_show = verbs.add_parser("show", help="one test's distances across runs")
+    p_show.add_argument("test", help="its test id, or a part naming one test")
+    p_show.add_argument("--metric", metavar="M", help="only this metric")
+    p_show.add_argument("--plot", type=Path, metavar="PNG", help="also draw the series to a PNG")
+    p_compare = verbs.add_parser(
+        "compare", help="diff's table of run B's values against run A's (-1: the newest)"
+    )
+    p_compare.add_argument("a", metavar="RUN")
+    p_compare.add_argument("b", metavar="RUN")
+    tolerance_arguments(p_compare)
 
 
 def _bisect_parser(sub: Any) -> None:

@@ -1,8 +1,9 @@
 """``rollout-golden history DIR list | show TEST | compare RUN RUN``: the run history read back.
 
 ``list`` reads only each run's ``run.json``; ``show`` and ``compare`` read the values of the
-runs they print. ``compare`` is ``rollout-golden diff``'s table over two runs' values, through
-the same comparison and tolerance resolver (:func:`..report.diff.diff_metric_tables`).
+runs they print. ``compare`` is ``rollout-golden diff``'s comparison of two runs' values,
+through the same comparison and tolerance resolver (:func:`..report.diff.diff_metric_tables`),
+printed by the command line as ``diff``'s report.
 """
 
 from __future__ import annotations
@@ -152,10 +153,10 @@ def metric_table(series: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str,
 
 
 def compare_runs(
-    folder: Path, a: str, b: str, tolerances: Any, *, as_json: bool, config: str
-) -> int:
-    """``diff``'s table of run ``b``'s values against run ``a``'s, per test; 0 same, 1 differs."""
-    from ...cli import print_diffs
+    folder: Path, a: str, b: str, tolerances: Any
+) -> tuple[list[Any], tuple[str, str]]:
+    """``diff``'s comparison of run ``b``'s values against run ``a``'s, per test: the goldens'
+    diffs and the names of the two sides."""
     from ..report.diff import Pair, diff_metric_tables, one_sided
 
     run_a, run_b = pick_run(folder, a), pick_run(folder, b)
@@ -166,35 +167,9 @@ def compare_runs(
     for test in tests:
         left, right = series_of(folder, run_a, test), series_of(folder, run_b, test)
         if not left or not right:
-            diffs.append(
-                one_sided(Pair(test, sides[0] if left else None, sides[1] if right else None))
-            )
+            pair = Pair(test, sides[0] if left else None, sides[1] if right else None)
+            diffs.append(one_sided(pair))
             continue
-        diffs.append(
-            diff_metric_tables(test, sides, metric_table(left), metric_table(right), tolerances)
-        )
-    return print_diffs(diffs, sides[0], sides[1], as_json=as_json, config=config)
-
-
-def add_parser(sub: Any) -> None:
-    """``rollout-golden history``'s verbs and options."""
-    from ...cli import tolerance_arguments
-
-    p_history = sub.add_parser(
-        "history",
-        help="the run history of --golden-history DIR: list runs, show a test, compare two runs",
-        description="Read the run history pytest --golden-history DIR appends to.",
-    )
-    p_history.add_argument("folder", type=Path, metavar="DIR", help="the history folder")
-    verbs = p_history.add_subparsers(dest="history_command", required=True)
-    verbs.add_parser("list", help="one line per run: time, commit, lane, goldens passed, failed")
-    p_show = verbs.add_parser("show", help="one test's distances across runs")
-    p_show.add_argument("test", help="its test id, or a part naming one test")
-    p_show.add_argument("--metric", metavar="M", help="only this metric")
-    p_show.add_argument("--plot", type=Path, metavar="PNG", help="also draw the series to a PNG")
-    p_compare = verbs.add_parser(
-        "compare", help="diff's table of run B's values against run A's (-1: the newest)"
-    )
-    p_compare.add_argument("a", metavar="RUN")
-    p_compare.add_argument("b", metavar="RUN")
-    tolerance_arguments(p_compare)
+        tables = metric_table(left), metric_table(right)
+        diffs.append(diff_metric_tables(test, sides, *tables, tolerances))
+    return diffs, sides
