@@ -18,6 +18,7 @@ import bench_certify
 import bench_compare
 import bench_determinism
 import bench_example
+import bench_history
 import bench_io
 import bench_longrun
 import bench_parallel
@@ -35,6 +36,7 @@ SECTIONS = {
     "longrun": bench_longrun,
     "bisect": bench_bisect,
     "certify": bench_certify,
+    "history": bench_history,
 }
 # Minutes of TRL training on CPU (and trl installed): only when named with --only.
 OPT_IN = {"certify"}

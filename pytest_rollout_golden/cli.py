@@ -10,6 +10,7 @@
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps -> golden
     rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
     rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
+    rollout-golden history DIR list | show TEST | compare RUN RUN   the --golden-history runs
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -573,17 +574,25 @@ def _json_scalar(value: Any, node: Any) -> Any:
 
 def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: str = "") -> int:
     """Compare B against A; print a table (or JSON); exit status 0 same, 1 differs."""
-    from ._internal.report.diff import diff_paths, summary
+    from ._internal.report.diff import diff_paths
 
-    diffs = diff_paths(a, b, tolerances)
+    return print_diffs(diff_paths(a, b, tolerances), str(a), str(b), as_json=as_json, config=config)
+
+
+def print_diffs(
+    diffs: Sequence[Any], a: str, b: str, *, as_json: bool = False, config: str = ""
+) -> int:
+    """Print ``diff``'s report of ``diffs`` (B against A) as tables or JSON; 0 same, 1 differs."""
+    from ._internal.report.diff import summary
+
     counts = summary(diffs)
     differs = counts["differ"] + counts["one_sided"]
     if as_json:
         document = {
             "format": "pytest-rollout-golden-diff",
             "version": 1,
-            "a": str(a),
-            "b": str(b),
+            "a": a,
+            "b": b,
             "tolerance_config": config or None,
             "ok": not differs,
             "summary": counts,
@@ -929,13 +938,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p_diff.add_argument("a", type=Path, help="golden, root or batch file; GOLDEN@LANE: a lane")
     p_diff.add_argument("b", type=Path, help="the same kind of path as A")
-    _tolerance_arguments(p_diff)
+    tolerance_arguments(p_diff)
     _compare_parser(sub)
     _bisect_parser(sub)
+    _history_parser(sub)
     return parser
 
 
-def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+def tolerance_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a verb that diffs goldens: tolerances, ``--json``, the ini to read."""
     parser.add_argument("--tolerance", action="append", default=[], metavar="M:rtol=R,atol=A")
     parser.add_argument(
@@ -994,7 +1004,7 @@ def _compare_parser(sub: Any) -> None:
     p_compare.add_argument("a", metavar="A", help="git ref: branch, tag, commit hash, HEAD~3")
     p_compare.add_argument("b", metavar="B", help="git ref")
     _commit_run_arguments(p_compare)
-    _tolerance_arguments(p_compare)
+    tolerance_arguments(p_compare)
 
 
 def _split_pytest_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -1017,6 +1027,40 @@ def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
     else:
         print("\n".join(compare_lines(result)))
     return 1 if result.differs else 0
+
+
+def history_command(args: argparse.Namespace, tolerances: Stack | None, config: str) -> int:
+    """``rollout-golden history DIR list | show | compare`` (:mod:`._internal.history`)."""
+    from ._internal.history import commands
+
+    if args.history_command == "list":
+        return commands.list_runs(args.folder)
+    if args.history_command == "show":
+        return commands.show_test(args.folder, args.test, metric=args.metric, plot=args.plot)
+    diffs, sides = commands.compare_runs(args.folder, args.a, args.b, tolerances)
+    return print_diffs(diffs, *sides, as_json=args.json, config=config)
+
+
+def _history_parser(sub: Any) -> None:
+    """``rollout-golden history``'s verbs and options."""
+    p_history = sub.add_parser(
+        "history",
+        help="the run history of --golden-history DIR: list runs, show a test, compare two runs",
+        description="Read the run history pytest --golden-history DIR appends to.",
+    )
+    p_history.add_argument("folder", type=Path, metavar="DIR", help="the history folder")
+    verbs = p_history.add_subparsers(dest="history_command", required=True)
+    verbs.add_parser("list", help="one line per run: time, commit, lane, goldens passed, failed")
+    p_show = verbs.add_parser("show", help="one test's distances across runs")
+    p_show.add_argument("test", help="its test id, or a part naming one test")
+    p_show.add_argument("--metric", metavar="M", help="only this metric")
+    p_show.add_argument("--plot", type=Path, metavar="PNG", help="also draw the series to a PNG")
+    p_compare = verbs.add_parser(
+        "compare", help="diff's table of run B's values against run A's (-1: the newest)"
+    )
+    p_compare.add_argument("a", metavar="RUN")
+    p_compare.add_argument("b", metavar="RUN")
+    tolerance_arguments(p_compare)
 
 
 def _bisect_parser(sub: Any) -> None:
@@ -1081,13 +1125,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.no_config = False
             tolerances, _ = _tolerances(args, [args.a, args.b])
             return plot(args.a, args.b, args.output, tolerances)
-        paths = [Path.cwd()] if args.command == "compare" else [args.a, args.b]
+        if args.command == "history" and args.history_command != "compare":
+            return history_command(args, None, "")
+        if args.command in ("compare", "history"):
+            paths = [Path.cwd() if args.command == "compare" else args.folder]
+        else:
+            paths = [args.a, args.b]
         try:
             tolerances, config = _tolerances(args, paths)
         except ValueError as exc:
             parser.error(str(exc))
         if args.command == "compare":
             return compare_commits(args, tolerances)
+        if args.command == "history":
+            return history_command(args, tolerances, config)
         return diff(args.a, args.b, tolerances, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,2 @@
+"""The run history (``--golden-history DIR``): each session's compared values and distances,
+appended to a bounded folder, read back by ``rollout-golden history``."""
