@@ -15,6 +15,7 @@ import time
 
 import bench_bisect
 import bench_certify
+import bench_changepoints
 import bench_compare
 import bench_determinism
 import bench_example
@@ -34,6 +35,7 @@ SECTIONS = {
     "parallel": bench_parallel,
     "longrun": bench_longrun,
     "bisect": bench_bisect,
+    "changepoints": bench_changepoints,
     "certify": bench_certify,
 }
 # Minutes of TRL training on CPU (and trl installed): only when named with --only.
