@@ -10,6 +10,7 @@
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps -> golden
     rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
     rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
+    rollout-golden history DIR list | show TEST | compare RUN RUN   the --golden-history runs
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -554,17 +555,25 @@ def _json_scalar(value: Any, node: Any) -> Any:
 
 def diff(a: Path, b: Path, tolerances: Stack, *, as_json: bool = False, config: str = "") -> int:
     """Compare B against A; print a table (or JSON); exit status 0 same, 1 differs."""
-    from ._internal.report.diff import diff_paths, summary
+    from ._internal.report.diff import diff_paths
 
-    diffs = diff_paths(a, b, tolerances)
+    return print_diffs(diff_paths(a, b, tolerances), str(a), str(b), as_json=as_json, config=config)
+
+
+def print_diffs(
+    diffs: Sequence[Any], a: str, b: str, *, as_json: bool = False, config: str = ""
+) -> int:
+    """Print ``diff``'s report of ``diffs`` (B against A) as tables or JSON; 0 same, 1 differs."""
+    from ._internal.report.diff import summary
+
     counts = summary(diffs)
     differs = counts["differ"] + counts["one_sided"]
     if as_json:
         document = {
             "format": "pytest-rollout-golden-diff",
             "version": 1,
-            "a": str(a),
-            "b": str(b),
+            "a": a,
+            "b": b,
             "tolerance_config": config or None,
             "ok": not differs,
             "summary": counts,
@@ -913,6 +922,9 @@ def _parser() -> argparse.ArgumentParser:
     _tolerance_arguments(p_diff)
     _compare_parser(sub)
     _bisect_parser(sub)
+    from ._internal.history.commands import add_parser as add_history_parser
+
+    add_history_parser(sub)
     return parser
 
 
@@ -1000,6 +1012,19 @@ def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
     return 1 if result.differs else 0
 
 
+def history_command(args: argparse.Namespace, tolerances: Stack | None, config: str) -> int:
+    """``rollout-golden history DIR list | show | compare`` (:mod:`._internal.history`)."""
+    from ._internal.history import commands
+
+    if args.history_command == "list":
+        return commands.list_runs(args.folder)
+    if args.history_command == "show":
+        return commands.show_test(args.folder, args.test, metric=args.metric, plot=args.plot)
+    return commands.compare_runs(
+        args.folder, args.a, args.b, tolerances, as_json=args.json, config=config
+    )
+
+
 def _bisect_parser(sub: Any) -> None:
     """``rollout-golden bisect``'s options."""
     p_bisect = sub.add_parser(
@@ -1062,13 +1087,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.no_config = False
             tolerances, _ = _tolerances(args, [args.a, args.b])
             return plot(args.a, args.b, args.output, tolerances)
-        paths = [Path.cwd()] if args.command == "compare" else [args.a, args.b]
+        if args.command == "history" and args.history_command != "compare":
+            return history_command(args, None, "")
+        paths = {"compare": [Path.cwd()], "history": [args.folder]}.get(
+            args.command, [args.a, args.b]
+        )
         try:
             tolerances, config = _tolerances(args, paths)
         except ValueError as exc:
             parser.error(str(exc))
         if args.command == "compare":
             return compare_commits(args, tolerances)
+        if args.command == "history":
+            return history_command(args, tolerances, config)
         return diff(args.a, args.b, tolerances, as_json=args.json, config=config)
     except (GoldenError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,9 +1,9 @@
 """pytest glue: options, the ``golden`` and ``deterministic`` fixtures, and the plugins.
 
 The core plugin (:mod:`._internal.pytest_plugin.golden_plugin`) runs in every session;
-pruning, calibration, a torchrun rank's copies and the xdist merge are registered only
-where they apply. Loading this module imports neither torch nor numpy; they are imported
-when a golden is first read, written or compared.
+pruning, calibration, the run history, a torchrun rank's copies and the xdist merge are
+registered only where they apply. Loading this module imports neither torch nor numpy; they
+are imported when a golden is first read, written or compared.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ._internal.pytest_plugin.golden_plugin import (
     GoldenPlugin,
     as_usage_error,
 )
+from ._internal.pytest_plugin.history_plugin import HistoryPlugin, history_folder
 from ._internal.pytest_plugin.prune_plugin import PrunePlugin
 from ._internal.pytest_plugin.rank_plugin import RankSnapshotPlugin
 from ._internal.pytest_plugin.xdist_plugin import XdistPlugin
@@ -58,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
         register(calibration.progress, "rollout-golden-calibration-progress")
     if (opt.golden_prune or opt.golden_prune_tests) and not core.is_worker and not rank:
         register(PrunePlugin(core), "rollout-golden-prune")  # rank 0 prunes golden/
+    history = history_folder(config)
+    if history is not None and not core.is_worker and not rank and calibration is None:
+        with as_usage_error():
+            register(HistoryPlugin(core, history), "rollout-golden-history")
     if config.pluginmanager.hasplugin("xdist") and not core.is_worker:
         progress = calibration.progress if calibration is not None else None
         register(XdistPlugin(core, progress), "rollout-golden-xdist")

@@ -164,7 +164,7 @@ def _move_in(staged: Path, directory: Path) -> None:
     for name in sorted((listed_files(directory) or set()) - new):
         (directory / name).unlink(missing_ok=True)
     _replace_into(staged / MANIFEST, directory)
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def _replace_into(source: Path, directory: Path, tries: int = 10) -> None:
@@ -247,7 +247,7 @@ class Transaction:
         files = dict(sorted(self.files.items()))  # name order: a no-op update changes no byte
         manifest = {"format": FORMAT, "schema": SCHEMA, **manifest, "files": files}
         atomic_write(self.staging / MANIFEST, [encode_json(manifest)])
-        _fsync_dir(self.staging)
+        fsync_dir(self.staging)
         self.decided = True
         try:
             _move_in(self.staging, self.directory)
@@ -261,7 +261,7 @@ class Transaction:
                 f"place failed ({exc}); it waits in {self.staging.name} beside it, and the next "
                 "run that opens this golden finishes the update"
             ) from exc
-        _fsync_dir(self.directory.parent)
+        fsync_dir(self.directory.parent)
         shutil.rmtree(self.staging, ignore_errors=True)
 
     def abort(self) -> None:
@@ -370,7 +370,8 @@ def _remove_lanes(directory: Path, root: Path) -> list[str]:
     return left
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """fsync ``directory`` itself, so a rename into it survives a power loss."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds

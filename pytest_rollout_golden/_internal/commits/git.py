@@ -110,3 +110,11 @@ def between(repo: Path, good: str | Commit, bad: str | Commit) -> list[Commit]:
         "--",
     )
     return [Commit(*line.split("\0", 1)) for line in out.splitlines() if line]
+
+
+def head(repo: Path) -> str | None:
+    """The commit checked out in ``repo`` (``None``: not a git checkout, or no git)."""
+    try:
+        return git(repo, "rev-parse", "--verify", "-q", "HEAD").strip() or None
+    except GoldenError:
+        return None

@@ -35,6 +35,7 @@ from ..report.presentation import manifestless
 from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer
 from . import metric_codec
+from .refresh import PROVENANCE
 
 _RAISE = object()  # load() without a fallback: a damaged file raises
 
@@ -306,12 +307,15 @@ class GoldenFiles:
     ) -> dict[str, Any]:
         """The manifest fields of a new version: a ``fresh`` recording (see
         :meth:`.ModePolicy.fresh`) takes this run's environment fingerprint, an addition
-        keeps the recorded one. ``stand_ins`` (see :attr:`stand_ins`) is written only if
-        there are any, so a golden without stand-ins reads as before."""
+        keeps the recorded one, and the ``provenance`` of its last refresh. ``stand_ins``
+        (see :attr:`stand_ins`) is written only if there are any, so a golden without
+        stand-ins reads as before."""
         from .determinism import fingerprint
 
         recorded = self.manifest.get("fingerprint") if self.manifest is not None else None
         fields = {"test": test_id, "fingerprint": fingerprint() if fresh else recorded}
+        if not fresh and self.manifest is not None and PROVENANCE in self.manifest:
+            fields[PROVENANCE] = self.manifest[PROVENANCE]  # an addition keeps who re-recorded
         if stand_ins:
             fields["stand_ins"] = {k: dict(stand_ins[k]) for k in sorted(stand_ins, key=int)}
         return fields

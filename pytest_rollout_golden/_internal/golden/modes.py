@@ -76,12 +76,15 @@ class ModePolicy:
     ``regenerate``: under ``UPDATE``, re-run ``generate`` for recorded rollouts instead of
     keeping them. ``missing_step``: the policy for a rollout step never recorded
     (:data:`MISSING_STEP_POLICIES`; ``None``: ``record``, ``error`` in ``STRICT``).
+    ``only_failing``: under ``UPDATE``, a value within tolerance passes, and the golden is
+    re-recorded only if one is beyond (``--update-golden-failing``).
     """
 
     mode: Mode = Mode.AUTO
     replay_only: bool = False
     regenerate: bool = False
     missing_step: str | None = None
+    only_failing: bool = False
 
     @classmethod
     def of(
@@ -92,11 +95,13 @@ class ModePolicy:
         regenerate: bool = False,
         missing_step: str | None = None,
         missing_step_source: str = "missing_step=",
+        only_failing: bool = False,
     ) -> ModePolicy:
         """The policy of a golden; a replay-only golden never records (``STRICT``)."""
         if missing_step is not None:
             check_policy(missing_step, missing_step_source)
-        return cls(Mode.STRICT if replay_only else mode, replay_only, regenerate, missing_step)
+        mode = Mode.STRICT if replay_only else mode
+        return cls(mode, replay_only, regenerate, missing_step, only_failing)
 
     def opened(self, *, exists: bool, updated_this_session: bool) -> ModePolicy:
         """The policy once the golden is open.
@@ -155,8 +160,13 @@ class ModePolicy:
         """
         return not self.rerecords or used or calibrated
 
-    def needs_write(self, *, staged: bool, checked_metrics: bool, new_values: bool) -> bool:
-        """Whether finishing commits a new version of the golden."""
+    def needs_write(
+        self, *, staged: bool, checked_metrics: bool, new_values: bool, beyond: bool = True
+    ) -> bool:
+        """Whether finishing commits a new version of the golden (``beyond``: a value was
+        beyond tolerance, which ``only_failing`` re-records on)."""
+        if self.rerecords and self.only_failing and not (beyond or new_values):
+            return False
         if staged:
             return True
         if self.rerecords:
@@ -175,7 +185,7 @@ class ModePolicy:
         """The verdict on a value the golden holds, compared: ``ok`` within tolerance."""
         if ignore:
             return Verdict.IGNORED
-        if self.rerecords:
+        if self.rerecords and not (self.only_failing and ok):
             return Verdict.UPDATED
         return Verdict.PASS if ok else Verdict.FAIL
 

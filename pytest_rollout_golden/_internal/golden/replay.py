@@ -28,7 +28,7 @@ from ...errors import (
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from ...store.location import ENVELOPE, TOLERANCES, in_golden, tensors_filename
+from ...store.location import ENVELOPE, METRICS, TOLERANCES, in_golden, tensors_filename
 from ..report.presentation import (
     BOUND_KIND,
     OPTIMIZER_ENTRY_ABSENT,
@@ -64,6 +64,7 @@ from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .lanes import LaneSetting
 from .modes import ModePolicy, ReplayOnly
+from .refresh import PROVENANCE, Refresh, placeholder_problem
 from .results import Comparison, Mode, Outcome, Verdict
 from .scores import per_sample as scores_of
 
@@ -99,12 +100,14 @@ class SessionLinks:
     """How the pytest plugin ties a :class:`Golden` into its session: the session's
     tolerance usage tracker, its record of goldens updated so far, the reference a layout
     variant replays (``None``: this test records its own golden), and where the
-    missing-step policy was set (for messages)."""
+    missing-step policy was set (for messages), and what a session that re-records says of
+    itself (:mod:`.refresh`)."""
 
     usage: ToleranceUsage | None = None
     registry: UpdateRegistry | None = None
     replay_only: ReplayOnly | None = None
     missing_step_source: str = "missing_step="
+    refresh: Refresh | None = None
 
 
 class Golden:
@@ -162,7 +165,9 @@ class Golden:
             regenerate=regenerate,
             missing_step=missing_step,
             missing_step_source=missing_step_source,
+            only_failing=links.refresh is not None and links.refresh.only_failing,
         )
+        self._refresh = links.refresh
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
         self.test_id = test_id or str(directory)
@@ -881,10 +886,14 @@ class Golden:
                 self._outcome.fail()
                 self._discard()
                 raise GoldenMismatch(self.failure_message(failures))
+            beyond = [c for c in self._outcome.comparisons if c.verdict == Verdict.UPDATED]
+            if beyond and self.policy.only_failing:
+                self._refuse_placeholders(beyond)
             wrote = self.policy.needs_write(
                 staged=self._files.staging,
                 checked_metrics=bool(self._metrics),
                 new_values=any(c.verdict == Verdict.NEW for c in self._outcome.comparisons),
+                beyond=bool(beyond),
             )
             if wrote:
                 self._commit()
@@ -896,6 +905,24 @@ class Golden:
         finally:
             self._files.close()
             self._inputs.close()
+
+    def _refuse_placeholders(self, beyond: list[Comparison]) -> None:
+        """``--update-golden-failing``: raise GoldenMismatch, writing nothing, where the new
+        values of a metric beyond tolerance look like a placeholder (:mod:`.refresh`)."""
+        if self._refresh is None or self._refresh.allow_placeholder:
+            return
+        names = sorted({c.name for c in beyond if c.kind == "metric"})
+        found = [(n, why) for n in names if (why := placeholder_problem(self._metrics, n))]
+        if not found:
+            return
+        self._outcome.fail()
+        self._discard()
+        where = self.values_directory / METRICS
+        lines = [f"{where}: not re-recorded, the old golden is kept: new values that look "
+                 "like placeholders"]  # fmt: skip
+        lines += [f"  metric {name!r}: {why}" for name, why in found]
+        lines.append("If these are the real values, run again with --golden-allow-placeholder.")
+        raise GoldenMismatch("\n".join(lines))
 
     def _series_checks(self) -> list[Comparison]:
         """The bounds over this run's series of each metric (:mod:`.trends`), recording or
@@ -1000,6 +1027,9 @@ class Golden:
         )
         manifest = self._files.new_manifest(self.test_id, fresh=fresh, stand_ins=stand_ins)
         manifest.update(self._lane_fields(fresh))
+        if self.policy.rerecords and self._refresh is not None and self._files.exists:
+            lane = manifest.get("lane")
+            manifest[PROVENANCE] = self._refresh.provenance(self._outcome.comparisons, lane)
         files = self._files.commit(manifest, metrics=steps, keep=keep)
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)

@@ -1,1 +1,3 @@
-"""A run history across CI runs: what each run compared, and the change points in it."""
+"""The run history (``--golden-history DIR``): each session's compared values and distances,
+appended to a bounded folder, read back by ``rollout-golden history``, and the change points
+in a metric's distances across runs."""

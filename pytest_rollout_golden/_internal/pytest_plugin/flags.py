@@ -82,6 +82,24 @@ FLAGS = (
         "re-record every golden the selected tests touch (they pass)",
     ),
     Flag(
+        "--update-golden-failing",
+        "switch",
+        "re-record only the goldens with a value beyond tolerance (the others replay), "
+        "refusing new values that look like placeholders (all zeros, NaN, constant)",
+    ),
+    Flag(
+        "--golden-reason",
+        "value",
+        "with --update-golden: why, recorded in each re-recorded golden's provenance "
+        "(default: the commit checked out)",
+        metavar="TEXT",
+    ),
+    Flag(
+        "--golden-allow-placeholder",
+        "switch",
+        "with --update-golden-failing: re-record values that look like placeholders",
+    ),
+    Flag(
         "--golden-regenerate",
         "switch",
         "with --update-golden (implied): also re-run generate() for recorded rollouts "
@@ -159,6 +177,13 @@ FLAGS = (
         "value",
         "write a PNG of metric curves (recorded vs this run) per failed golden to DIR "
         "(needs matplotlib: pip install 'pytest-rollout-golden[plot]')",
+        metavar="DIR",
+    ),
+    Flag(
+        "--golden-history",
+        "value",
+        "append this session's compared values and distances to the run history in DIR, "
+        "relative to rootdir (ini golden_history; docs/guide/history.md)",
         metavar="DIR",
     ),
     Flag(
@@ -247,6 +272,17 @@ INI = (
         "tolerances of a comparison against the fallback lane, one METRIC:rtol=R,atol=A per line",
         (),
         "linelist",
+    ),
+    Ini("golden_history", "folder of the run history, relative to rootdir (off when empty)", ""),
+    Ini(
+        "golden_history_max_runs",
+        "runs the history keeps; older ones are dropped (0: no bound)",
+        "1000",
+    ),
+    Ini(
+        "golden_history_max_bytes",
+        "bytes the history keeps, e.g. 50MiB; older runs are dropped (0: no bound)",
+        "100MiB",
     ),
     Ini("golden_seed", "seed of the deterministic settings", "0"),
     Ini(

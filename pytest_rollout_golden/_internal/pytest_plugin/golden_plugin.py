@@ -25,6 +25,7 @@ from ...errors import (
     GoldenNotFetchedError,
 )
 from ...store.location import MANIFEST, link_out_of_root
+from ..golden.refresh import Refresh
 from ..golden.results import Mode, Status, Verdict
 from ..report.presentation import (
     CI_UPDATE,
@@ -113,7 +114,7 @@ class GoldenPlugin:
     def __init__(self, config: pytest.Config):
         self.config = config
         opt = config.option
-        if opt.golden_regenerate:
+        if opt.golden_regenerate or opt.update_golden_failing:
             opt.update_golden = True  # regenerating a rollout re-records what depends on it
         self.mode = session_mode(
             update=opt.update_golden,
@@ -128,6 +129,7 @@ class GoldenPlugin:
             )
         self.certify: bool = opt.golden_certify
         self.rootdir = Path(config.rootpath)
+        self.refresh = refresh_of(opt, self.rootdir) if self.mode is Mode.UPDATE else None
         _check_space_form(config)
         self.root = golden_root(
             self.rootdir,
@@ -235,6 +237,7 @@ class GoldenPlugin:
             registry=self.registry,
             replay_only=replay_only,
             missing_step_source=inputs.pop("missing_step_source"),
+            refresh=self.refresh,
         )
         rerecord = item.stash.get(ORACLE_RUN, False) and replay_only is None
         return Golden(
@@ -681,6 +684,27 @@ def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
     except Exception:  # pytest's private API changed: no check rather than a wrong one
         return None, None
     return rootdir, inipath
+
+
+def refresh_of(opt: Any, rootdir: Path) -> Refresh:
+    """What a session that re-records goldens records of itself (:mod:`..golden.refresh`)."""
+    import getpass
+    import socket
+
+    from ..commits.git import head
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else ""
+    return Refresh(
+        reason=opt.golden_reason or None,
+        by=user,
+        host=socket.gethostname(),
+        commit=head(rootdir),
+        only_failing=opt.update_golden_failing,
+        allow_placeholder=opt.golden_allow_placeholder,
+    )
 
 
 def headlined(item: pytest.Item, text: str) -> Any:

@@ -221,3 +221,29 @@ def plot_dir(value: str | None) -> Path | None:
 
         raise OptionError(f"--golden-plot: {MISSING_MATPLOTLIB}")
     return Path(value)
+
+
+_UNITS = {"": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def history_limits(max_runs: str, max_bytes: str) -> tuple[int, int]:
+    """ini ``golden_history_max_runs`` and ``golden_history_max_bytes`` (a count of bytes,
+    or with KiB, MiB or GiB), each >= 0; OptionError naming the option otherwise."""
+    try:
+        runs = int(str(max_runs).strip())
+    except ValueError:
+        runs = -1
+    if runs < 0:
+        raise OptionError(f"ini golden_history_max_runs must be an integer >= 0, got {max_runs!r}")
+    text = str(max_bytes).strip()
+    unit = next((u for u in ("KiB", "MiB", "GiB") if text.endswith(u)), "")
+    try:
+        size = int(float(text.removesuffix(unit).strip()) * _UNITS[unit]) if text else -1
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise OptionError(
+            "ini golden_history_max_bytes must be a size >= 0 such as 50MiB or 1000000, "
+            f"got {max_bytes!r}"
+        )
+    return runs, size

@@ -201,6 +201,21 @@ def diff_goldens(
     return result
 
 
+def diff_metric_tables(
+    label: str,
+    sides: tuple[str, str],
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    tolerances: Stack,
+) -> GoldenDiff:
+    """Compare metric table ``b`` against ``a`` (``{step: {name: value}}``, as a
+    ``metrics.json`` holds them) under ``tolerances``; ``sides`` names where each came from
+    (two runs of a history)."""
+    resolver = tolerances.resolver()
+    rows = _metric_rows({"steps": a}, {"steps": b}, lambda step: resolver)
+    return GoldenDiff(label, sides[0], sides[1], rows=rows)
+
+
 def _calibrated(document: Any, path: Path, metrics: Any) -> Layer | None:
     """The layer of a golden's ``tolerances.json``, bounded by its recorded ``metrics``."""
     if document is None:

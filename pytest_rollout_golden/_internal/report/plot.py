@@ -162,6 +162,7 @@ def plot_metrics(
     max_panels: int = MAX_PANELS,
     ignored: Collection[str] = (),
     bands: Mapping[str, Band] | None = None,
+    x_label: str = "step",
 ) -> Picture:
     """Draw one panel per metric of ``a`` (and ``b``), at most ``max_panels``, into a PNG.
 
@@ -176,7 +177,8 @@ def plot_metrics(
     earliest come first, then the others by name; those past ``max_panels``
     (:data:`MAX_PANELS`) are not drawn but named in a note at the foot of the picture and
     in the returned :class:`Picture`. The grid is fixed (no constrained layout), so the
-    cost does not grow with the number of metrics.
+    cost does not grow with the number of metrics. ``x_label`` names the horizontal axis
+    (steps, or the runs of a history).
     """
     Figure, FigureCanvasAgg = figure_classes()
     names = sorted(set(a) | set(b or {}))
@@ -210,7 +212,7 @@ def plot_metrics(
         ax, ax_diff = _axes(fig, outer[index // ncols, index % ncols], strip)
         _panel(ax, ax_diff, name, a.get(name, {}), None if b is None else b.get(name, {}),
                labels, first_divergence.get(name), allowed.get(name),
-               ignored=name in ignored, band=bands.get(name))  # fmt: skip
+               ignored=name in ignored, band=bands.get(name), x_label=x_label)  # fmt: skip
     if b is not None:
         fig.axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(
@@ -409,6 +411,7 @@ def _panel(
     *,
     ignored: bool = False,
     band: Band | None = None,
+    x_label: str = "step",
 ) -> None:
     """One metric's panel: its curves in ``ax`` (and ``band`` around curve A); with ``b`` and
     ``ax_diff``, the relative difference per step below them, and the first step beyond
@@ -417,7 +420,7 @@ def _panel(
     if band is not None:
         _draw_band(ax, a, band)
     if ax_diff is None or b is None:
-        ax.set_xlabel("step")
+        ax.set_xlabel(x_label)
         _integer_steps(ax, steps)
         return
     ax.tick_params(labelbottom=False)

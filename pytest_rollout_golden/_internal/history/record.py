@@ -1,0 +1,131 @@
+"""One run of the history from a session's outcomes: the ``run.json`` document and the
+arrays of ``values.safetensors``.
+
+A *series* is one metric (or tensor) of one golden, at one rank and micro-batch, across the
+steps compared; it keeps, per step, the value this run computed (``actual``), the golden's
+(``expected``) and the distance in units of tolerance (``excess``: the difference over the
+difference allowed; above 1 the step failed). A value that is not one number (a tensor, a
+missing step) is NaN.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import math
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..golden.results import Comparison, Outcome
+
+FIELDS = ("steps", "actual", "expected", "excess")
+
+# Distributions whose version a run records where installed: the numerics' stack and the
+# RL frameworks whose goldens this plugin keeps.
+PACKAGES = (
+    "torch",
+    "numpy",
+    "pytest-rollout-golden",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "flash-attn",
+    "vllm",
+    "sglang",
+    "verl",
+    "openrlhf",
+    "trl",
+    "megatron-core",
+    "nemo-rl",
+    "areal",
+    "slime",
+)
+
+
+def versions() -> dict[str, str]:
+    """The version of each of :data:`PACKAGES` installed here."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def environment_fingerprint() -> dict[str, Any] | None:
+    """The golden's fingerprint of this process (:func:`..golden.determinism.fingerprint`),
+    where torch was imported by the tests (``None`` otherwise: nothing computed with it)."""
+    if "torch" not in sys.modules:
+        return None
+    from ..golden.determinism import fingerprint
+
+    return fingerprint()
+
+
+def series_label(c: Comparison) -> str:
+    """The name of a comparison's series: the metric, with its rank and micro-batch if any."""
+    where = [f"rank{c.rank}"] * (c.rank is not None) + [f"micro{c.micro}"] * (c.micro is not None)
+    return f"{c.name}[{','.join(where)}]" if where else c.name
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+def build_run(
+    outcomes: Iterable[Outcome], context: Mapping[str, Any], rootdir: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(run.json document, arrays)`` of a session; ``context``: lane, commit, fingerprint,
+    versions and whatever else describes the run as a whole."""
+    import numpy as np
+
+    tests, arrays = [], {}
+    counts: dict[str, int] = {}
+    for i, outcome in enumerate(sorted(outcomes, key=lambda o: o.test)):
+        status = outcome.status.value if outcome.status is not None else "untouched"
+        counts[status] = counts.get(status, 0) + 1
+        grouped: dict[tuple[str, str], list[Comparison]] = {}
+        for c in outcome.comparisons:
+            grouped.setdefault((series_label(c), c.kind), []).append(c)
+        series = []
+        for j, ((label, kind), comparisons) in enumerate(sorted(grouped.items())):
+            comparisons.sort(key=lambda c: c.step)
+            columns = {
+                "steps": np.array([c.step for c in comparisons], dtype=np.int64),
+                "actual": np.array([_number(c.actual) for c in comparisons], dtype=np.float64),
+                "expected": np.array([_number(c.expected) for c in comparisons], dtype=np.float64),
+                "excess": np.array([_number(c.excess) for c in comparisons], dtype=np.float64),
+            }
+            arrays.update({f"{i}/{j}/{k}": v for k, v in columns.items()})
+            failed = sum(c.failed for c in comparisons)
+            series.append({"name": label, "kind": kind, "failed": failed})
+        tests.append(
+            {
+                "test": outcome.test,
+                "golden": _relative(outcome.directory, rootdir),
+                "status": status,
+                "lane": outcome.lane.get("name") if outcome.lane else None,
+                "series": series,
+            }
+        )
+    now = datetime.datetime.now(datetime.timezone.utc)
+    document = {
+        "time": now.isoformat(timespec="seconds"),
+        **context,
+        "counts": counts,
+        "tests": tests,
+    }
+    return document, arrays
+
+
+def _relative(directory: str, rootdir: Path) -> str:
+    path = Path(directory)
+    try:
+        return path.relative_to(rootdir).as_posix()
+    except ValueError:
+        return path.as_posix()
