@@ -10,7 +10,7 @@
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps -> golden
     rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
     rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
-    rollout-golden history DIR list | show TEST | compare RUN RUN   the --golden-history runs
+    rollout-golden history DIR list | show TEST | compare RUN RUN | changes   the --golden-history runs
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -1020,6 +1020,11 @@ def history_command(args: argparse.Namespace, tolerances: Stack | None, config: 
         return commands.list_runs(args.folder)
     if args.history_command == "show":
         return commands.show_test(args.folder, args.test, metric=args.metric, plot=args.plot)
+    if args.history_command == "changes":
+        from ._internal.history.changes import changes_command
+
+        return changes_command(args.folder, test=args.test, metric=args.metric,
+                               false_alarm_rate=args.false_alarm_rate, plot=args.plot)  # fmt: skip
     return commands.compare_runs(
         args.folder, args.a, args.b, tolerances, as_json=args.json, config=config
     )

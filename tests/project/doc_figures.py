@@ -46,6 +46,7 @@ DRAWING = {  # what draws each kind of call: its source is in the figure's diges
         "pytest_rollout_golden/_internal/report/plot.py",
         "pytest_rollout_golden/_internal/report/changes_plot.py",
         "pytest_rollout_golden/_internal/history/changepoints.py",
+        "pytest_rollout_golden/_internal/history/changes.py",
     ),
 }  # their source is in the digest
 MAX_BYTES = 150_000  # a figure stays small: the repository carries every version of it
@@ -206,22 +207,21 @@ def bisect_timeline(work: Path, out: Path) -> None:
 
 # ---------------------------------------------------------------- docs/guide/changepoints.md
 
-HISTORY_TITLE = "test_grpo.py::test_step  pg_loss"
-
 
 @figure("changepoint.png")
 def changepoint(work: Path, out: Path) -> None:
     """200 simulated nightly runs of one metric (``tests/unit/nightly.py``: noise of sd 1% of
-    the tolerance) with a shift of 3% of the tolerance planted at night 120, its change
-    points, drawn with the commits to bisect between."""
-    from nightly import nightly
+    the tolerance) with a shift of 3% of the tolerance planted on night 120 (run 121), as a
+    ``--golden-history`` folder, drawn by ``rollout-golden history hist changes --plot``."""
+    from nightly import nightly, write_history
 
-    from pytest_rollout_golden._internal.history.changepoints import detect
-    from pytest_rollout_golden._internal.report.changes_plot import plot_changes
+    from pytest_rollout_golden.cli import main
 
-    year = nightly(runs=200, shifts={120: 0.03})
-    changes = detect(year.series)
-    plot_changes(year.series, changes, out, title=HISTORY_TITLE, commits=year.commits)
+    write_history(work / "hist", nightly(runs=200, shifts={120: 0.03}))
+    quiet = io.StringIO()  # what it prints, the guide shows
+    with contextlib.redirect_stdout(quiet), contextlib.chdir(work):
+        code = main(["history", "hist", "changes", "--plot", str(out)])
+    assert code == 1, quiet.getvalue()  # 1: a change point
 
 
 # ---------------------------------------------------------------- capture and manifest
@@ -243,7 +243,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def changes_drawn(series: Any, changes: Any, commits: Any, title: str) -> dict[str, Any]:
+def changes_drawn(series: Any, changes: Any, commits: Any, runs: Any, title: str) -> dict[str, Any]:
     """What a history's picture shows: the distances to 9 digits (a libm's last bit in
     ``random.gauss`` must not change the digest), each change point's runs, means to 9
     digits and statistic to 3, the commits and the title."""
@@ -257,6 +257,7 @@ def changes_drawn(series: Any, changes: Any, commits: Any, title: str) -> dict[s
                 for c in changes
             ],
             "commits": None if commits is None else list(commits),
+            "runs": None if runs is None else list(runs),
             "title": title,
         }
     )  # fmt: skip
@@ -295,9 +296,11 @@ def captured() -> Iterator[list[Any]]:
         calls.append({"drawn by": "bisect", **bisect_drawn(result)})
         return real_bisect(result, out)
 
-    def changes(series: Any, found: Any, out: Path, *, title: str, commits: Any = None) -> Any:
-        calls.append({"drawn by": "changes", **changes_drawn(series, found, commits, title)})
-        return real_changes(series, found, out, title=title, commits=commits)
+    def changes(series: Any, found: Any, out: Path, *, title: str, **kwargs: Any) -> Any:
+        commits, runs = kwargs.get("commits"), kwargs.get("runs")
+        drawn = changes_drawn(series, found, commits, runs, title)
+        calls.append({"drawn by": "changes", **drawn})
+        return real_changes(series, found, out, title=title, **kwargs)
 
     plot.plot_metrics, timeline.plot_bisect = metrics, bisect
     changes_plot.plot_changes = changes

@@ -12,8 +12,10 @@ handed to bisect must reach back past the previous night's run to name it.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import random
 from collections.abc import Mapping
+from pathlib import Path
 
 BASE = 0.2  # a distance well within tolerance (1)
 SD = 0.01  # 1% of the tolerance: the shifts the issue asks for (3%) are 3 sd
@@ -61,3 +63,38 @@ def nightly(
         series.append(level + rng.gauss(0.0, sd))
     planted = {night: commit(night, COMMITS_PER_NIGHT // 2) for night in shifts}
     return History(series, commits, order, planted)
+
+
+def write_history(
+    folder: Path, history: History, test: str = "test_grpo.py::test_step", metric: str = "pg_loss"
+) -> None:
+    """``history`` as the runs ``--golden-history folder`` would have appended: one a night,
+    each with ``test``'s ``metric`` at one step, its distance the night's."""
+    import numpy as np
+
+    from pytest_rollout_golden._internal.history import store
+
+    start = datetime.datetime(2026, 1, 1, 3, tzinfo=datetime.timezone.utc)
+    for night, (value, commit_) in enumerate(zip(history.series, history.commits, strict=True)):
+        document = {
+            "time": (start + datetime.timedelta(days=night)).isoformat(timespec="seconds"),
+            "commit": commit_,
+            "lane": None,
+            "counts": {"replayed": 1},
+            "tests": [
+                {
+                    "test": test,
+                    "golden": f"golden/{test.replace('.py::', '/')}",
+                    "status": "replayed",
+                    "lane": None,
+                    "series": [{"name": metric, "kind": "metric", "failed": 0}],
+                }
+            ],
+        }
+        arrays = {
+            "0/0/steps": np.zeros(1, dtype=np.int64),
+            "0/0/actual": np.full(1, 1.0 + value * 1e-4),  # rtol 1e-4 of a value of 1
+            "0/0/expected": np.ones(1),
+            "0/0/excess": np.full(1, value),
+        }
+        store.append(folder, document, arrays, store.Limits())

@@ -69,7 +69,19 @@ def series_of(folder: Path, run: Mapping[str, Any], test: str) -> dict[str, dict
     index = next((i for i, t in enumerate(run["tests"]) if t["test"] == test), None)
     if index is None:
         return {}
+    return _series_at(run, read_values(folder, run), index)
+
+
+def every_series(folder: Path, run: Mapping[str, Any]) -> list[dict[str, dict[str, Any]]]:
+    """Each test's series in ``run``, as :func:`series_of` gives them, in the order of
+    ``run["tests"]``: the run's values read once."""
     arrays = read_values(folder, run)
+    return [_series_at(run, arrays, index) for index in range(len(run["tests"]))]
+
+
+def _series_at(
+    run: Mapping[str, Any], arrays: Mapping[str, Any], index: int
+) -> dict[str, dict[str, Any]]:
     found = {}
     for j, entry in enumerate(run["tests"][index]["series"]):
         columns = {
@@ -194,3 +206,6 @@ def add_parser(sub: Any) -> None:
     p_compare.add_argument("a", metavar="RUN")
     p_compare.add_argument("b", metavar="RUN")
     _tolerance_arguments(p_compare)
+    from .changes import add_parser as add_changes_parser
+
+    add_changes_parser(verbs)

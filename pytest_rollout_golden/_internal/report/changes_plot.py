@@ -28,23 +28,25 @@ def plot_changes(
     *,
     title: str,
     commits: Sequence[str] | None = None,
+    runs: Sequence[int] | None = None,
 ) -> Path:
     """Draw ``series`` (one distance per run, oldest first) and its ``changes`` into the PNG
-    ``out``; ``commits`` (one per run) names each change's commit range. Returns ``out``."""
+    ``out``; ``commits`` (one per run) names each change's commit range, ``runs`` each run's
+    number (default: its place from 0). Returns ``out``."""
     Figure, FigureCanvasAgg = figure_classes()
     fig = Figure(figsize=(10, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.08, 0.13, 0.9, 0.68))
-    runs = range(len(series))
-    ax.plot(runs, series, ".", color=_RUNS, ms=4, label="a run's distance")
+    x = list(range(len(series)) if runs is None else runs)
+    ax.plot(x, series, ".", color=_RUNS, ms=4, label="a run's distance")
     bounds = [0, *(c.index for c in changes), len(series)]
     for n, (low, high) in enumerate(itertools.pairwise(bounds)):
         mean = math.fsum(series[low:high]) / max(high - low, 1)
-        ax.hlines(mean, low - 0.5, high - 0.5, color=_MEAN, lw=1.5,
+        ax.hlines(mean, x[low] - 0.5, x[high - 1] + 0.5, color=_MEAN, lw=1.5,
                   label="mean between change points" if n == 0 else None)  # fmt: skip
     for n, change in enumerate(changes):
-        _change(ax, series, change, commits, first=n == 0)
-    ax.set_xlim(-1, len(series))
+        _change(ax, series, x, change, commits, first=n == 0)
+    ax.set_xlim(x[0] - 1, x[-1] + 1)
     ax.set_xlabel("CI run, oldest first")
     ax.set_ylabel("distance / tolerance")
     ax.grid(alpha=0.3)
@@ -59,38 +61,41 @@ def plot_changes(
 def _change(
     ax: Any,
     series: Sequence[float],
+    x: Sequence[int],
     change: ChangePoint,
     commits: Sequence[str] | None,
     *,
     first: bool,
 ) -> None:
     """One change point: its range shaded, its most likely run, its alarm, its label."""
-    ax.axvspan(change.earliest - 0.5, change.latest + 0.5, color=_RANGE, zorder=0,
+    ax.axvspan(x[change.earliest] - 0.5, x[change.latest] + 0.5, color=_RANGE, zorder=0,
                label="where the first bad run may be" if first else None)  # fmt: skip
-    ax.axvline(change.index - 0.5, color=BAD, ls="--", lw=1,
+    ax.axvline(x[change.index] - 0.5, color=BAD, ls="--", lw=1,
                label="most likely first bad run" if first else None)  # fmt: skip
-    ax.plot(change.alarm, series[change.alarm], "v", color=BAD, ms=8, zorder=3,
+    ax.plot(x[change.alarm], series[change.alarm], "v", color=BAD, ms=8, zorder=3,
             label="alarm" if first else None)  # fmt: skip
+    right = change.index > len(series) / 2
     ax.annotate(
-        change_label(change, commits),
-        (change.index - 0.5, 1.0),
+        change_label(change, commits, x),
+        (x[change.index] - 0.5, 1.0),
         xycoords=ax.get_xaxis_transform(),
-        xytext=(-6 if change.index > len(series) / 2 else 6, -6),
+        xytext=(-6 if right else 6, -6),
         textcoords="offset points",
-        ha="right" if change.index > len(series) / 2 else "left",
+        ha="right" if right else "left",
         va="top",
         fontsize=8,
         bbox={"facecolor": "white", "alpha": 0.85, "lw": 0},
     )
 
 
-def change_label(change: ChangePoint, commits: Sequence[str] | None) -> str:
-    """``first bad run 120 (118-121)``, the means, the commits and what raised the alarm."""
+def change_label(change: ChangePoint, commits: Sequence[str] | None, x: Sequence[int]) -> str:
+    """``first bad run 120 (118-121)``, the means, the commits and what raised the alarm
+    (runs by their numbers ``x``)."""
     from ..history.changepoints import NoCommitBetween, commit_range
 
-    where = f"first bad run {change.index}"
+    where = f"first bad run {x[change.index]}"
     if change.earliest != change.latest:
-        where += f" ({change.earliest}-{change.latest})"
+        where += f" ({x[change.earliest]}-{x[change.latest]})"
     lines = [where, f"mean {number(change.before, 3)} -> {number(change.after, 3)}"]
     if commits is not None:
         try:
@@ -99,9 +104,9 @@ def change_label(change: ChangePoint, commits: Sequence[str] | None) -> str:
         except NoCommitBetween:
             lines.append("one commit on both sides: the environment moved")
     if change.exact:
-        lines.append(f"found at run {change.alarm}: a deterministic series moved")
+        lines.append(f"found at run {x[change.alarm]}: a deterministic series moved")
     else:
         lines.append(
-            f"found at run {change.alarm}: |t| {change.statistic:.1f} > {change.threshold:.1f}"
+            f"found at run {x[change.alarm]}: |t| {change.statistic:.1f} > {change.threshold:.1f}"
         )
     return "\n".join(lines)
