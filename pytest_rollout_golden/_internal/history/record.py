@@ -77,6 +77,19 @@ def _number(value: Any) -> float:
     return float(value)
 
 
+def distance(c: Comparison) -> float:
+    """A step's distance in units of tolerance: the comparison's excess beyond tolerance
+    (the comparison measures one only there: within, its excess is 0), else, for a number,
+    ``|actual - expected|`` over the difference its tolerance allows, so that a drift
+    within tolerance shows; NaN where there is neither (not compared)."""
+    excess, tol = _number(c.excess), c.tolerance
+    if excess > 0 or tol is None or tol.exact or tol.ignore:
+        return excess
+    expected, diff = _number(c.expected), _number(c.abs_diff)
+    allowed = tol.allowance(expected, c.scale) if math.isfinite(expected) else math.nan
+    return diff / allowed if allowed > 0 and math.isfinite(diff) else excess
+
+
 def build_run(
     outcomes: Iterable[Outcome], context: Mapping[str, Any], rootdir: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -99,7 +112,7 @@ def build_run(
                 "steps": np.array([c.step for c in comparisons], dtype=np.int64),
                 "actual": np.array([_number(c.actual) for c in comparisons], dtype=np.float64),
                 "expected": np.array([_number(c.expected) for c in comparisons], dtype=np.float64),
-                "excess": np.array([_number(c.excess) for c in comparisons], dtype=np.float64),
+                "excess": np.array([distance(c) for c in comparisons], dtype=np.float64),
             }
             arrays.update({f"{i}/{j}/{k}": v for k, v in columns.items()})
             failed = sum(c.failed for c in comparisons)
