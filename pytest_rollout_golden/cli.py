@@ -10,7 +10,8 @@
     rollout-golden import DUMPS -o GOLDEN     verl/ROLL/NexRL/AReaL/NeMo-RL/slime dumps -> golden
     rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
     rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
-    rollout-golden history DIR list | show TEST | compare RUN RUN | changes   the --golden-history runs
+    rollout-golden history DIR list | show TEST | compare RUN RUN   the --golden-history runs
+    rollout-golden history DIR changes        change points across runs, the commits to bisect
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -922,9 +923,10 @@ def _parser() -> argparse.ArgumentParser:
     _tolerance_arguments(p_diff)
     _compare_parser(sub)
     _bisect_parser(sub)
+    from ._internal.history.changes import add_parser as add_changes_parser
     from ._internal.history.commands import add_parser as add_history_parser
 
-    add_history_parser(sub)
+    add_changes_parser(add_history_parser(sub))
     return parser
 
 

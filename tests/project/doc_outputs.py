@@ -1130,3 +1130,18 @@ def cli_bisect_json(work: Path) -> str:
     for machine in ("python", "environment", "plugin", "packages"):  # this machine's
         document["cache_key"][machine] = "..."
     return f"$ rollout-golden {' '.join(args)}\n" + laid_out(document, depth=2) + "\n"
+
+
+# ---------------------------------------------------------------- docs/guide/changepoints.md
+
+
+@output("history-changes")
+def history_changes(work: Path) -> str:
+    """The issue's simulated year (``tests/unit/nightly.py``, seed 0: 365 nightly runs, 3% of
+    the tolerance up on night 120 and down on night 250) as a ``--golden-history`` folder,
+    and its change points."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from nightly import nightly, write_history
+
+    write_history(work / "hist", nightly())
+    return shown(work, "history", "hist", "changes", status=True)

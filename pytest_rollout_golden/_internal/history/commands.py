@@ -184,8 +184,8 @@ def compare_runs(
     return print_diffs(diffs, sides[0], sides[1], as_json=as_json, config=config)
 
 
-def add_parser(sub: Any) -> None:
-    """``rollout-golden history``'s verbs and options."""
+def add_parser(sub: Any) -> Any:
+    """``rollout-golden history``'s verbs and options; returns its verbs' subparsers."""
     from ...cli import _tolerance_arguments
 
     p_history = sub.add_parser(
@@ -206,6 +206,4 @@ def add_parser(sub: Any) -> None:
     p_compare.add_argument("a", metavar="RUN")
     p_compare.add_argument("b", metavar="RUN")
     _tolerance_arguments(p_compare)
-    from .changes import add_parser as add_changes_parser
-
-    add_changes_parser(verbs)
+    return verbs
