@@ -19,6 +19,7 @@ import bench_changepoints
 import bench_compare
 import bench_determinism
 import bench_example
+import bench_history
 import bench_io
 import bench_longrun
 import bench_parallel
@@ -37,6 +38,7 @@ SECTIONS = {
     "bisect": bench_bisect,
     "changepoints": bench_changepoints,
     "certify": bench_certify,
+    "history": bench_history,
 }
 # Minutes of TRL training on CPU (and trl installed): only when named with --only.
 OPT_IN = {"certify"}

@@ -17,9 +17,10 @@ MAX_JSON_DEPTH = 128  # deeper nesting in a golden file is refused (recorded bat
 CONTAINERS = (dict, list)  # the container types json.loads builds
 
 
-def encode_json(obj: Any) -> bytes:
-    """Deterministic, diff-friendly JSON; floats round-trip exactly (non-finite are rejected)."""
-    return (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode()
+def encode_json(obj: Any, *, indent: int | None = 2) -> bytes:
+    """Deterministic, diff-friendly JSON; floats round-trip exactly (non-finite are rejected).
+    ``indent=None``: on one line, where size matters more than a diff (a history's runs)."""
+    return (json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False) + "\n").encode()
 
 
 def _no_constant(name: str) -> Any:

@@ -51,7 +51,7 @@ def test_three_runs_are_listed_and_a_perturbation_shows_as_a_jump(project, capsy
     project.set_values(shift=0.001)
     result = project.run("--golden-history", "hist")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"history: run 4 appended to {folder} (1 goldens)"])
+    result.stdout.fnmatch_lines(["history: run 4 appended to hist (1 golden)"])
 
     code, out = history(capsys, str(folder), "show", "test_train", "--metric", "loss")
     assert code == 0
@@ -83,11 +83,12 @@ def test_the_run_records_values_distances_and_environment(project):
     assert (test["test"], test["golden"]) == ("test_it.py::test_train", "golden/test_it/test_train")
     assert {s["name"]: s["failed"] for s in test["series"]} == {"kl": 0, "loss": 3}
     arrays = store.read_values(folder, run)
-    loss = next(j for j, s in enumerate(test["series"]) if s["name"] == "loss")
-    assert arrays[f"0/{loss}/steps"].tolist() == [0, 1, 2]
-    assert arrays[f"0/{loss}/actual"].tolist() == [1.001, 2.001, 3.001]
-    assert arrays[f"0/{loss}/expected"].tolist() == [1.0, 2.0, 3.0]
-    assert arrays[f"0/{loss}/excess"][0] > 1
+    assert [s["count"] for s in test["series"]] == [3, 3]  # kl, then loss
+    assert arrays["steps"].tolist() == [0, 1, 2, 0, 1, 2]
+    actual, expected, excess = arrays["values"][:, 3:].tolist()  # loss's
+    assert actual == [1.001, 2.001, 3.001]
+    assert expected == [1.0, 2.0, 3.0]
+    assert excess[0] > 1
 
 
 def test_the_commit_is_git_head(project):
@@ -145,6 +146,8 @@ def test_xdist_workers_append_one_run_holding_every_test(project):
     assert tests == ["test_it.py::test_a", "test_it.py::test_b"]
 
 
+EMPTY_RUN = {"time": "2026-01-01T00:00:00+00:00", "counts": {}, "tests": []}
+
 # Appends a run whose run.json write blocks until the parent kills the process: the values
 # and the run's document are on disk in the staging folder, nothing is published yet.
 KILLED_APPEND = """
@@ -169,7 +172,7 @@ store.append(folder, {"tests": []}, {"x": np.zeros(3)}, store.Limits())
 
 def test_a_sigkill_during_an_append_loses_that_run_only(tmp_path, capsys):
     folder = tmp_path / "hist"
-    store.append(folder, {"tests": [], "time": "t", "counts": {"replayed": 1}}, {}, store.Limits())
+    store.append(folder, EMPTY_RUN, {}, store.Limits())
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(KILLED_APPEND), str(folder)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
@@ -186,7 +189,7 @@ def test_a_sigkill_during_an_append_loses_that_run_only(tmp_path, capsys):
     code, out = history(capsys, str(folder), "list")
     assert code == 0 and f"{folder}: 1 run" in out
 
-    appended = store.append(folder, {"tests": [], "time": "t", "counts": {}}, {}, store.Limits())
+    appended = store.append(folder, EMPTY_RUN, {}, store.Limits())
     assert appended.run == 2
     assert sorted(e.name for e in (folder / "runs").iterdir()) == ["000001", "000002"]
     assert json.loads((store.run_path(folder, 2) / "run.json").read_text())["run"] == 2
@@ -195,7 +198,7 @@ def test_a_sigkill_during_an_append_loses_that_run_only(tmp_path, capsys):
 def test_history_commands_name_what_is_missing(tmp_path, capsys):
     code, out = history(capsys, str(tmp_path), "list")
     assert code == 2 and "no run in this history; run pytest with --golden-history" in out
-    store.append(tmp_path, {"tests": [], "time": "t", "counts": {}}, {}, store.Limits())
+    store.append(tmp_path, EMPTY_RUN, {}, store.Limits())
     code, out = history(capsys, str(tmp_path), "compare", "1", "7")
     assert code == 2 and "no run '7'; it holds runs 1-1 (-1: the newest)" in out
     code, out = history(capsys, str(tmp_path), "show", "nothing")

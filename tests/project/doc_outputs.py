@@ -1132,7 +1132,93 @@ def cli_bisect_json(work: Path) -> str:
     return f"$ rollout-golden {' '.join(args)}\n" + laid_out(document, depth=2) + "\n"
 
 
-# ---------------------------------------------------------------- docs/guide/changepoints.md
+# ---------------------------------------------------------------- docs/guide/history.md
+
+HISTORY_TEST = """\
+import json, pathlib
+
+def test_train(golden):
+    shift = pathlib.Path(__file__).with_name("shift.json")
+    drift = json.loads(shift.read_text()) if shift.exists() else 0.0
+    for step in range(3):
+        golden.check({"loss": 2.0 - 0.5 * step + drift, "kl": 0.01 * step}, step=step)
+"""
+HISTORY: list[tuple[Path, str]] = []  # (project, pytest output of the last run), once
+
+
+def history_project(work: Path) -> tuple[Path, str]:
+    """A project recorded, then 3 runs with ``--golden-history hist``, the third after a
+    drift of 1e-3 in ``loss``; the project and the third run's pytest output."""
+    if HISTORY:
+        return HISTORY[0]
+    project = work / "history"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "test_train.py").write_text(HISTORY_TEST)
+    run_pytest(project)
+    run_pytest(project, "--golden-history", "hist")
+    run_pytest(project, "--golden-history", "hist")
+    (project / "shift.json").write_text("0.001")
+    output = run_pytest(project, "--golden-history", "hist")
+    HISTORY.append((project, output))
+    return HISTORY[0]
+
+
+ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+
+
+def history_shown(project: Path, *args: str) -> str:
+    """``$ rollout-golden ARGS`` and its output, each run's time as a pattern of its width,
+    the project's folder as ``/tmp/ex``."""
+    text = ISO_TIME.sub("YYYY-MM-DDTHH:MM:SS+00:00", shown(project, *args))
+    return in_example(text, project)
+
+
+@output("history-run")
+def history_run(work: Path) -> str:
+    """The lines a session with ``--golden-history`` adds to the summary."""
+    _, output = history_project(work)
+    lines = [line for line in output.splitlines() if line.startswith("history:")]
+    return "$ pytest -q --golden-history hist\n...\n" + "\n".join(lines) + "\n"
+
+
+@output("history-list")
+def history_list(work: Path) -> str:
+    project, _ = history_project(work)
+    return history_shown(project, "history", "hist", "list")
+
+
+@output("history-show")
+def history_show(work: Path) -> str:
+    project, _ = history_project(work)
+    return history_shown(project, "history", "hist", "show", "test_train")
+
+
+@output("history-compare")
+def history_compare(work: Path) -> str:
+    project, _ = history_project(work)
+    return history_shown(project, "history", "hist", "compare", "2", "3")
+
+
+@output("history-placeholder")
+def history_placeholder(work: Path) -> str:
+    """``--update-golden-failing`` refusing a loss that became all zeros."""
+    project = work / "placeholder"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\n")
+    constant = HISTORY_TEST.replace("2.0 - 0.5 * step + drift", "drift")
+    (project / "test_train.py").write_text(constant)
+    (project / "shift.json").write_text("1.5")
+    run_pytest(project)
+    (project / "shift.json").write_text("0.0")
+    output = run_pytest(project, "--update-golden-failing")
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if "not re-recorded" in line)
+    shown_lines = "\n".join(lines[start : start + 3])
+    return "$ pytest -q --update-golden-failing\n...\n" + in_example(shown_lines, project) + "\n"
+
+
+# ---------------------------------------------------------------- docs/guide/history.md (change points)
 
 
 @output("history-changes")

@@ -87,14 +87,12 @@ def write_history(
                     "golden": f"golden/{test.replace('.py::', '/')}",
                     "status": "replayed",
                     "lane": None,
-                    "series": [{"name": metric, "kind": "metric", "failed": 0}],
+                    "series": [{"name": metric, "kind": "metric", "failed": 0, "count": 1}],
                 }
             ],
         }
-        arrays = {
-            "0/0/steps": np.zeros(1, dtype=np.int64),
-            "0/0/actual": np.full(1, 1.0 + value * 1e-4),  # rtol 1e-4 of a value of 1
-            "0/0/expected": np.ones(1),
-            "0/0/excess": np.full(1, value),
+        arrays = {  # record.ROWS: actual, expected, distance; rtol 1e-4 of a value of 1
+            "steps": np.zeros(1, dtype=np.int64),
+            "values": np.array([[1.0 + value * 1e-4], [1.0], [value]]),
         }
         store.append(folder, document, arrays, store.Limits())

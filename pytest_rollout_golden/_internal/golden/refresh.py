@@ -54,6 +54,17 @@ class Refresh:
         }
 
 
+def changed_values(comparisons: Iterable[Comparison]) -> bool:
+    """Whether a re-recording changes the golden's values: a value new, or one that differs
+    from the old at all (a NaN against a NaN counts as changed)."""
+    for c in comparisons:
+        if c.verdict == Verdict.NEW:
+            return True
+        if c.verdict in (Verdict.UPDATED, Verdict.PASS) and c.abs_diff != 0:
+            return True
+    return False
+
+
 def _values(steps: Mapping[str, Mapping[str, Any]], name: str) -> list[tuple[int, Any]]:
     from . import metric_codec
 

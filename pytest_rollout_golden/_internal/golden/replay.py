@@ -64,7 +64,7 @@ from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .lanes import LaneSetting
 from .modes import ModePolicy, ReplayOnly
-from .refresh import PROVENANCE, Refresh, placeholder_problem
+from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
 from .results import Comparison, Mode, Outcome, Verdict
 from .scores import per_sample as scores_of
 
@@ -1028,14 +1028,23 @@ class Golden:
         manifest = self._files.new_manifest(self.test_id, fresh=fresh, stand_ins=stand_ins)
         manifest.update(self._lane_fields(fresh))
         if self.policy.rerecords and self._refresh is not None and self._files.exists:
-            lane = manifest.get("lane")
-            manifest[PROVENANCE] = self._refresh.provenance(self._outcome.comparisons, lane)
+            manifest.update(self._provenance(manifest.get("lane")))
         files = self._files.commit(manifest, metrics=steps, keep=keep)
         if self.policy.rerecords and self._registry is not None:
             self._registry.add(self.directory)
         self._outcome.recorded = recorded_lines(
             files, fresh, self._files.recorded, self._outcome.comparisons
         )
+
+    def _provenance(self, lane: str | None) -> dict[str, Any]:
+        """The manifest's ``provenance`` of a re-recording: new where a value changed; else
+        the old one, if any, so that re-recording the same values rewrites the same bytes."""
+        assert self._refresh is not None
+        comparisons = self._outcome.comparisons
+        if changed_values(comparisons):
+            return {PROVENANCE: self._refresh.provenance(comparisons, lane)}
+        old = (self._files.manifest or {}).get(PROVENANCE)
+        return {} if old is None else {PROVENANCE: old}
 
     def _lane_fields(self, fresh: bool) -> dict[str, Any]:
         """The lane fields of the manifest a commit writes: a lane's name, and for a lane

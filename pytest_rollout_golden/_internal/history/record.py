@@ -2,7 +2,9 @@
 arrays of ``values.safetensors``.
 
 A *series* is one metric (or tensor) of one golden, at one rank and micro-batch, across the
-steps compared; it keeps, per step, the value this run computed (``actual``), the golden's
+steps compared; the run's arrays hold every series one after the other, in the order
+``run.json`` lists them with their ``count`` of steps: ``steps`` (int64) and ``values``
+(float64, 3 rows), per step the value this run computed (``actual``), the golden's
 (``expected``) and the distance in units of tolerance (``excess``: the difference over the
 difference allowed; above 1 the step failed). A value that is not one number (a tensor, a
 missing step) is NaN.
@@ -20,7 +22,7 @@ from typing import Any
 
 from ..golden.results import Comparison, Outcome
 
-FIELDS = ("steps", "actual", "expected", "excess")
+ROWS = ("actual", "expected", "excess")  # the rows of the array ``values``
 
 # Distributions whose version a run records where installed: the numerics' stack and the
 # RL frameworks whose goldens this plugin keeps.
@@ -97,26 +99,23 @@ def build_run(
     versions and whatever else describes the run as a whole."""
     import numpy as np
 
-    tests, arrays = [], {}
+    tests, steps, rows = [], [], []
     counts: dict[str, int] = {}
-    for i, outcome in enumerate(sorted(outcomes, key=lambda o: o.test)):
+    for outcome in sorted(outcomes, key=lambda o: o.test):
         status = outcome.status.value if outcome.status is not None else "untouched"
         counts[status] = counts.get(status, 0) + 1
         grouped: dict[tuple[str, str], list[Comparison]] = {}
         for c in outcome.comparisons:
             grouped.setdefault((series_label(c), c.kind), []).append(c)
         series = []
-        for j, ((label, kind), comparisons) in enumerate(sorted(grouped.items())):
+        for (label, kind), comparisons in sorted(grouped.items()):
             comparisons.sort(key=lambda c: c.step)
-            columns = {
-                "steps": np.array([c.step for c in comparisons], dtype=np.int64),
-                "actual": np.array([_number(c.actual) for c in comparisons], dtype=np.float64),
-                "expected": np.array([_number(c.expected) for c in comparisons], dtype=np.float64),
-                "excess": np.array([distance(c) for c in comparisons], dtype=np.float64),
-            }
-            arrays.update({f"{i}/{j}/{k}": v for k, v in columns.items()})
+            steps += [c.step for c in comparisons]
+            rows += [(_number(c.actual), _number(c.expected), distance(c)) for c in comparisons]
             failed = sum(c.failed for c in comparisons)
-            series.append({"name": label, "kind": kind, "failed": failed})
+            series.append(
+                {"name": label, "kind": kind, "failed": failed, "count": len(comparisons)}
+            )
         tests.append(
             {
                 "test": outcome.test,
@@ -126,6 +125,10 @@ def build_run(
                 "series": series,
             }
         )
+    arrays = {
+        "steps": np.array(steps, dtype=np.int64),
+        "values": np.array(rows, dtype=np.float64).reshape(-1, 3).T.copy(),
+    }
     now = datetime.datetime.now(datetime.timezone.utc)
     document = {
         "time": now.isoformat(timespec="seconds"),

@@ -4,7 +4,8 @@ Layout (docs/reference/on-disk.md)::
 
     DIR/runs/000042/run.json            what the run was: time, commit, lane, environment,
                                         versions, counts, and per test its series
-    DIR/runs/000042/values.safetensors  each series' steps, values and distances (float64)
+    DIR/runs/000042/values.safetensors  every series' steps (``steps``) and values, golden
+                                        values and distances (``values``, 3 rows, float64)
 
 A run is written whole into a hidden staging folder (``runs/.stage-*``, marked as this
 process's by :mod:`...store.owned`), then renamed to its number under the folder's lock: a
@@ -76,7 +77,8 @@ def append(
             _sweep(runs)
             number = max(run_numbers(folder), default=0) + 1
             run = {"format": FORMAT, "version": VERSION, "run": number, **document}
-            store.atomic_write(stage / RUN, [store.encode_json({**run, "values": digest})])
+            document_bytes = store.encode_json({**run, "values": digest}, indent=None)
+            store.atomic_write(stage / RUN, [document_bytes])
             os.rename(stage, run_path(folder, number))
             fsync_dir(runs)
             (run_path(folder, number) / _MARKER).unlink()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ...errors import GoldenError
-from ..report.presentation import display
+from ..report.presentation import display, plural
 from .golden_plugin import GoldenPlugin
 from .options import history_limits
 
@@ -48,7 +48,7 @@ class HistoryPlugin:
             return
         self.lines.append(
             f"history: run {appended.run} appended to {display(self.folder, self.core.rootdir)} "
-            f"({len(outcomes)} goldens)"
+            f"({plural(len(outcomes), 'golden')})"
         )
         if appended.dropped:
             first, last = appended.dropped[0], appended.dropped[-1]
