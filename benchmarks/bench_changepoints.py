@@ -157,7 +157,7 @@ def run(quick: bool) -> Section:
         Target(
             "false alarms over 100 clean runs ≤ 1%",
             f"{clean:.2%} of {series} series ({_interval(clean, series)})",
-            clean <= 0.01,
+            None if quick else clean <= 0.01,  # --quick: too few series to tell 0.8% from 1%
         ),
         Target("3%-of-tolerance shift found within 5 runs ≥ 95%", f"{main:.1%}", main >= 0.95),
         Target(
