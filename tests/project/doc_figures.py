@@ -205,7 +205,7 @@ def bisect_timeline(work: Path, out: Path) -> None:
         os.environ.update(saved)
 
 
-# ---------------------------------------------------------------- docs/guide/history.md (change points)
+# ------------------------------------------------ docs/guide/history.md: change points
 
 
 @figure("changepoint.png")

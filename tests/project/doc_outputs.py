@@ -1218,7 +1218,7 @@ def history_placeholder(work: Path) -> str:
     return "$ pytest -q --update-golden-failing\n...\n" + in_example(shown_lines, project) + "\n"
 
 
-# ---------------------------------------------------------------- docs/guide/history.md (change points)
+# ------------------------------------------------ docs/guide/history.md: change points
 
 
 @output("history-changes")
