@@ -15,6 +15,7 @@ import time
 
 import bench_bisect
 import bench_certify
+import bench_changepoints
 import bench_compare
 import bench_determinism
 import bench_example
@@ -35,6 +36,7 @@ SECTIONS = {
     "parallel": bench_parallel,
     "longrun": bench_longrun,
     "bisect": bench_bisect,
+    "changepoints": bench_changepoints,
     "certify": bench_certify,
     "history": bench_history,
 }

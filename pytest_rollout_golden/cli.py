@@ -11,6 +11,7 @@
     rollout-golden compare A B -- ARGS        the tests at git refs A and B on the same goldens
     rollout-golden bisect --good A --bad B -- PYTEST_ARGS   the first commit whose replay fails
     rollout-golden history DIR list | show TEST | compare RUN RUN   the --golden-history runs
+    rollout-golden history DIR changes        change points across runs, the commits to bisect
 
 ``diff`` uses the same comparison and tolerance rules as the plugin, so it is
 the gate for dumps two runs wrote with :func:`~pytest_rollout_golden.save_batch`; it
@@ -1030,19 +1031,26 @@ def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
 
 
 def history_command(args: argparse.Namespace, tolerances: Stack | None, config: str) -> int:
-    """``rollout-golden history DIR list | show | compare`` (:mod:`._internal.history`)."""
+    """``rollout-golden history DIR list | show | compare | changes`` (:mod:`._internal.history`)."""
     from ._internal.history import commands
 
     if args.history_command == "list":
         return commands.list_runs(args.folder)
     if args.history_command == "show":
         return commands.show_test(args.folder, args.test, metric=args.metric, plot=args.plot)
+    if args.history_command == "changes":
+        from ._internal.history.changes import changes_command
+
+        return changes_command(args.folder, test=args.test, metric=args.metric,
+                               false_alarm_rate=args.false_alarm_rate, plot=args.plot)  # fmt: skip
     diffs, sides = commands.compare_runs(args.folder, args.a, args.b, tolerances)
     return print_diffs(diffs, *sides, as_json=args.json, config=config)
 
 
 def _history_parser(sub: Any) -> None:
     """``rollout-golden history``'s verbs and options."""
+    from ._internal.history.changes import add_parser as add_changes_parser
+
     p_history = sub.add_parser(
         "history",
         help="the run history of --golden-history DIR: list runs, show a test, compare two runs",
@@ -1061,6 +1069,7 @@ def _history_parser(sub: Any) -> None:
     p_compare.add_argument("a", metavar="RUN")
     p_compare.add_argument("b", metavar="RUN")
     tolerance_arguments(p_compare)
+    add_changes_parser(verbs)
 
 
 def _bisect_parser(sub: Any) -> None:

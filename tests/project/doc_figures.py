@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # nightly.py: simulated histories
 from doc_outputs import BISECT, ROOT, bisect_env, bisected, run_pytest
 
 FIGURES = ROOT / "docs" / "figures"
@@ -40,6 +41,12 @@ DRAWING = {  # what draws each kind of call: its source is in the figure's diges
     "bisect": (
         "pytest_rollout_golden/_internal/report/plot.py",
         "pytest_rollout_golden/_internal/report/timeline.py",
+    ),
+    "changes": (
+        "pytest_rollout_golden/_internal/report/plot.py",
+        "pytest_rollout_golden/_internal/report/changes_plot.py",
+        "pytest_rollout_golden/_internal/history/changepoints.py",
+        "pytest_rollout_golden/_internal/history/changes.py",
     ),
 }  # their source is in the digest
 MAX_BYTES = 150_000  # a figure stays small: the repository carries every version of it
@@ -198,6 +205,25 @@ def bisect_timeline(work: Path, out: Path) -> None:
         os.environ.update(saved)
 
 
+# ------------------------------------------------ docs/guide/history.md: change points
+
+
+@figure("changepoint.png")
+def changepoint(work: Path, out: Path) -> None:
+    """200 simulated nightly runs of one metric (``tests/unit/nightly.py``: noise of sd 1% of
+    the tolerance) with a shift of 3% of the tolerance planted on night 120 (run 121), as a
+    ``--golden-history`` folder, drawn by ``rollout-golden history hist changes --plot``."""
+    from nightly import nightly, write_history
+
+    from pytest_rollout_golden.cli import main
+
+    write_history(work / "hist", nightly(runs=200, shifts={120: 0.03}))
+    quiet = io.StringIO()  # what it prints, the guide shows
+    with contextlib.redirect_stdout(quiet), contextlib.chdir(work):
+        code = main(["history", "hist", "changes", "--plot", str(out)])
+    assert code == 1, quiet.getvalue()  # 1: a change point
+
+
 # ---------------------------------------------------------------- capture and manifest
 
 
@@ -215,6 +241,26 @@ def plain(value: Any) -> Any:
     if isinstance(value, Path):
         return value.name
     return value
+
+
+def changes_drawn(series: Any, changes: Any, commits: Any, runs: Any, title: str) -> dict[str, Any]:
+    """What a history's picture shows: the distances to 9 digits (a libm's last bit in
+    ``random.gauss`` must not change the digest), each change point's runs, means to 9
+    digits and statistic to 3, the commits and the title."""
+    return plain(
+        {
+            "series": [round(x, 9) for x in series],
+            "changes": [
+                (c.index, c.earliest, c.latest, c.alarm, c.window, c.exact,
+                 round(c.before, 9), round(c.after, 9), round(c.statistic, 3),
+                 round(c.threshold, 3))
+                for c in changes
+            ],
+            "commits": None if commits is None else list(commits),
+            "runs": None if runs is None else list(runs),
+            "title": title,
+        }
+    )  # fmt: skip
 
 
 def bisect_drawn(result: Any) -> dict[str, Any]:
@@ -236,10 +282,11 @@ def bisect_drawn(result: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def captured() -> Iterator[list[Any]]:
     """The arguments of every call of the drawing functions while the block runs."""
-    from pytest_rollout_golden._internal.report import plot, timeline
+    from pytest_rollout_golden._internal.report import changes_plot, plot, timeline
 
     calls: list[Any] = []
     real_metrics, real_bisect = plot.plot_metrics, timeline.plot_bisect
+    real_changes = changes_plot.plot_changes
 
     def metrics(a: Any, out: Path, **kwargs: Any) -> Any:
         calls.append({"drawn by": "metrics", **plain({"a": a, "out": out, **kwargs})})
@@ -249,11 +296,19 @@ def captured() -> Iterator[list[Any]]:
         calls.append({"drawn by": "bisect", **bisect_drawn(result)})
         return real_bisect(result, out)
 
+    def changes(series: Any, found: Any, out: Path, *, title: str, **kwargs: Any) -> Any:
+        commits, runs = kwargs.get("commits"), kwargs.get("runs")
+        drawn = changes_drawn(series, found, commits, runs, title)
+        calls.append({"drawn by": "changes", **drawn})
+        return real_changes(series, found, out, title=title, **kwargs)
+
     plot.plot_metrics, timeline.plot_bisect = metrics, bisect
+    changes_plot.plot_changes = changes
     try:
         yield calls
     finally:
         plot.plot_metrics, timeline.plot_bisect = real_metrics, real_bisect
+        changes_plot.plot_changes = real_changes
 
 
 def png_size(path: Path) -> tuple[int, int]:

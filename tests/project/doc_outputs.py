@@ -1368,3 +1368,18 @@ def history_placeholder(work: Path) -> str:
     start = next(i for i, line in enumerate(lines) if "not re-recorded" in line)
     shown_lines = "\n".join(lines[start : start + 3])
     return "$ pytest -q --update-golden-failing\n...\n" + in_example(shown_lines, project) + "\n"
+
+
+# ------------------------------------------------ docs/guide/history.md: change points
+
+
+@output("history-changes")
+def history_changes(work: Path) -> str:
+    """The issue's simulated year (``tests/unit/nightly.py``, seed 0: 365 nightly runs, 3% of
+    the tolerance up on night 120 and down on night 250) as a ``--golden-history`` folder,
+    and its change points."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from nightly import nightly, write_history
+
+    write_history(work / "hist", nightly())
+    return shown(work, "history", "hist", "changes", status=True)

@@ -464,7 +464,9 @@ def test_every_figure_is_small_shown_by_a_page_and_in_the_manifest():
         assert png_size(path) == (entry["width"], entry["height"]), name
 
 
-@pytest.mark.parametrize("name", ["drift.png", "envelope.png", "lanes.png", "bisect.png"])
+@pytest.mark.parametrize(
+    "name", ["drift.png", "envelope.png", "lanes.png", "bisect.png", "changepoint.png"]
+)
 def test_a_figure_is_what_the_code_draws_now(name: str, tmp_path: Path):
     """Redrawn, a figure draws the same data with the same drawing code into a picture of
     the same size (pixels differ between matplotlib versions: not compared). When the code

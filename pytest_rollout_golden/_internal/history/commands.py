@@ -67,22 +67,33 @@ def list_runs(folder: Path) -> int:
 def series_of(folder: Path, run: Mapping[str, Any], test: str) -> dict[str, dict[str, Any]]:
     """Test ``test``'s series in ``run``: ``{name: {"kind", "failed", "steps", "actual",
     "expected", "excess"}}`` (``{}``: the run did not compare it)."""
-    from .record import ROWS
-
     if not any(t["test"] == test for t in run["tests"]):
         return {}
+    found: dict[str, dict[str, Any]] = {}
+    for entry, series in zip(run["tests"], every_series(folder, run), strict=True):
+        if entry["test"] == test:
+            found.update(series)
+    return found
+
+
+def every_series(folder: Path, run: Mapping[str, Any]) -> list[dict[str, dict[str, Any]]]:
+    """Each test's series in ``run``, as :func:`series_of` gives them, in the order of
+    ``run["tests"]``: the run's values read once."""
+    from .record import ROWS
+
     arrays = read_values(folder, run)
     steps, values = arrays["steps"].tolist(), arrays["values"].tolist()
-    found, start = {}, 0
+    every, start = [], 0
     for entry in run["tests"]:
+        found = {}
         for series in entry["series"]:
             end = start + series["count"]
-            if entry["test"] == test:
-                columns = {row: values[i][start:end] for i, row in enumerate(ROWS)}
-                found[series["name"]] = {"kind": series["kind"], "failed": series["failed"],
-                                         "steps": steps[start:end], **columns}  # fmt: skip
+            columns = {row: values[i][start:end] for i, row in enumerate(ROWS)}
+            found[series["name"]] = {"kind": series["kind"], "failed": series["failed"],
+                                     "steps": steps[start:end], **columns}  # fmt: skip
             start = end
-    return found
+        every.append(found)
+    return every
 
 
 def _test_id(runs: Sequence[Mapping[str, Any]], wanted: str) -> str:

@@ -79,6 +79,19 @@ def _number(value: Any) -> float:
     return float(value)
 
 
+def distance(c: Comparison) -> float:
+    """A step's distance in units of tolerance: the comparison's excess beyond tolerance
+    (the comparison measures one only there: within, its excess is 0), else, for a number,
+    ``|actual - expected|`` over the difference its tolerance allows, so that a drift
+    within tolerance shows; NaN where there is neither (not compared)."""
+    excess, tol = _number(c.excess), c.tolerance
+    if excess > 0 or tol is None or tol.exact or tol.ignore:
+        return excess
+    expected, diff = _number(c.expected), _number(c.abs_diff)
+    allowed = tol.allowance(expected, c.scale) if math.isfinite(expected) else math.nan
+    return diff / allowed if allowed > 0 and math.isfinite(diff) else excess
+
+
 def build_run(
     outcomes: Iterable[Outcome], context: Mapping[str, Any], rootdir: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -98,9 +111,7 @@ def build_run(
         for (label, kind), comparisons in sorted(grouped.items()):
             comparisons.sort(key=lambda c: c.step)
             steps += [c.step for c in comparisons]
-            rows += [
-                (_number(c.actual), _number(c.expected), _number(c.excess)) for c in comparisons
-            ]
+            rows += [(_number(c.actual), _number(c.expected), distance(c)) for c in comparisons]
             failed = sum(c.failed for c in comparisons)
             series.append(
                 {"name": label, "kind": kind, "failed": failed, "count": len(comparisons)}
