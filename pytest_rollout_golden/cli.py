@@ -1031,7 +1031,7 @@ def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
 
 
 def history_command(args: argparse.Namespace, tolerances: Stack | None, config: str) -> int:
-    """``rollout-golden history DIR list | show | compare | changes`` (:mod:`._internal.history`)."""
+    """``rollout-golden history DIR list | show | compare | changes`` (:mod:`.history`)."""
     from ._internal.history import commands
 
     if args.history_command == "list":
