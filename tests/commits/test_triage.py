@@ -1,107 +1,26 @@
 """``rollout-golden compare A B --python-a OLD --python-b NEW``: which tests a dependency
-upgrade breaks, by replaying each side in its own environment on the committed goldens.
-
-The environments are cheap stand-ins for two virtual environments: a script acting as
-``python`` that runs this interpreter with one more import folder, holding ``tinylib`` (and
-its ``.dist-info``, so that ``importlib.metadata`` names its version). ``tinylib`` 1.1
-scales the loss by 1 + 1e-3, ten times the default relative tolerance of a loss (1e-4): the
-gate fails on it at every step. ``tinylib`` 2.0 drops the function the code calls.
-"""
+upgrade breaks, by replaying each side in its own environment on the committed goldens
+(the environments: :mod:`upgrade`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
-from history import git, run_pytest, tree_digest
-from tinyrepo import TinyRepo
+from history import tree_digest
+from upgrade import build
 
 from pytest_rollout_golden._internal.commits.runs import CommitRun
 from pytest_rollout_golden._internal.commits.triage import outcomes
 from pytest_rollout_golden.cli import main
 
-LIB = {
-    "1.0": "def scale(x):\n    return x\n",
-    "1.1": "def scale(x):\n    return x * 1.001\n\n\ndef new_api():\n    return True\n",
-    "2.0": "def new_api():\n    return True\n",  # scale() is gone
-}
-CALC = """
-import tinylib
-
-
-def loss(step):
-    return tinylib.scale(0.5 + 0.125 * step)
-
-
-def grad_norm(step):
-    return 1.0 + 0.25 * step
-"""
-TESTS = """
-import calc
-import tinylib
-
-
-def test_loss(golden):
-    for step in range(3):
-        golden.check({"pg_loss": calc.loss(step)}, step=step)
-
-
-def test_grad_norm(golden):
-    for step in range(3):
-        golden.check({"grad_norm": calc.grad_norm(step)}, step=step)
-"""
-LATER_TESTS = """
-
-def test_new_api():
-    assert hasattr(tinylib, "new_api"), "tinylib has no new_api"
-
-
-def test_always_broken():
-    assert 1 == 2, "broken whatever the environment"
-"""
-
-
-def environment(folder: Path, version: str) -> str:
-    """A ``python`` whose import path holds ``tinylib`` ``version``; returns its path."""
-    site = folder / "site"
-    (site / "tinylib").mkdir(parents=True)
-    (site / "tinylib" / "__init__.py").write_text(LIB[version])
-    info = site / f"tinylib-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tinylib\nVersion: {version}\n")
-    python = folder / "python"
-    python.write_text(
-        f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} "$@"\n'
-    )
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    return str(python)
-
 
 @pytest.fixture(scope="module")
 def upgrade(tmp_path_factory):
-    """The project, its goldens recorded in the old environment and committed, then two
-    more tests; and the environments: ``old``, ``same`` (another copy of the old one),
-    ``new`` (1.1) and ``broken`` (2.0)."""
-    base = tmp_path_factory.mktemp("triage")
-    envs = {
-        name: environment(base / name, version)
-        for name, version in (("old", "1.0"), ("same", "1.0"), ("new", "1.1"), ("broken", "2.0"))
-    }
-    repo = TinyRepo(base / "project")
-    repo.commit("calc on tinylib", {"calc.py": CALC, "test_calc.py": TESTS})
-    recorded = run_pytest(
-        repo.path, PYTHONPATH=os.pathsep.join([*sys.path[1:], str(base / "old" / "site")])
-    )
-    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
-    git(repo.path, "add", "golden")
-    git(repo.path, "commit", "-q", "-m", "record goldens")
-    repo.commit("two more tests", {"test_calc.py": TESTS + LATER_TESTS})
-    return repo, envs
+    """The project and its environments (:func:`upgrade.build`)."""
+    return build(tmp_path_factory.mktemp("triage"))
 
 
 def triage(repo, envs, a: str, b: str, *more: str) -> int:
@@ -120,7 +39,7 @@ def test_an_upgrade_that_moves_a_metric_names_its_first_step_and_metric(
     head = repo.shas[-1][:10]
     assert f"A: {head} two more tests; {envs['old']} (Python " in out
     assert f"B: {head} two more tests; {envs['new']} (Python " in out
-    assert "environment A -> B: 1 package differ: tinylib 1.0 -> 1.1; torch " in out
+    assert "environment A -> B: 1 package differs: tinylib 1.0 -> 1.1; torch " in out
     sections = out.split("\n\n")
     regressed = next(s for s in sections if s.startswith("before passes, after fails"))
     assert regressed.splitlines()[0] == "before passes, after fails: 1 test"

@@ -83,7 +83,8 @@ def environment_change(d: Difference) -> str:
         if a == b:
             parts.append(f"{name} {a or 'not installed'} on both sides")
     changed = len(d.changed) + len(d.only_a) + len(d.only_b)
-    head = "no package differs" if d.same else plural(changed, "package") + " differ"
+    verb = "differs" if changed == 1 else "differ"
+    head = "no package differs" if d.same else f"{plural(changed, 'package')} {verb}"
     return f"{head}: {'; '.join(parts)}" if parts else head
 
 
