@@ -44,7 +44,7 @@ _SHOWN_LOG = 20  # lines of a run's output in the error when it ran no test
 
 
 @dataclasses.dataclass(frozen=True)
-class TestRow:
+class TriageRow:
     """One test (or a collector that failed on a side): its outcome in A and in B, its class
     (:data:`CLASSES`), and for a failure in B its first divergence, else the failure's
     message."""
@@ -72,7 +72,7 @@ class TriageResult:
     python: tuple[str, str]
     installed: tuple[Installed, Installed]
     source: str
-    rows: list[TestRow]
+    rows: list[TriageRow]
 
     @property
     def environment(self) -> Difference:
@@ -145,7 +145,7 @@ def triage(
     return TriageResult(done[0], done[1], python, envs, spec.goldens.describe(), found)
 
 
-def rows(a: CommitRun, b: CommitRun, root: Path | None = None) -> list[TestRow]:
+def rows(a: CommitRun, b: CommitRun, root: Path | None = None) -> list[TriageRow]:
     """A row per test either side ran (or collector that failed), by class then node id;
     collectors that collected on both sides are no tests, and are left out. A golden of a
     divergence is said relative to ``root``, B's golden folder."""
@@ -160,7 +160,7 @@ def rows(a: CommitRun, b: CommitRun, root: Path | None = None) -> list[TestRow]:
         row_class = _CLASS[passes]
         first = None if passes[1] else firsts.get(node)
         message = ma if passes[1] else mb  # why it fails in B, or failed in A
-        found.append(TestRow(node, oa, ob, row_class, first, message))
+        found.append(TriageRow(node, oa, ob, row_class, first, message))
     return sorted(found, key=lambda r: CLASSES.index(r.category))
 
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..commits.environments import Difference
     from ..commits.git import Commit
     from ..commits.runs import CommitRun, Divergence
-    from ..commits.triage import TestRow, TriageResult
+    from ..commits.triage import TriageResult, TriageRow
 
 # ---------------------------------------------------------------------- compare
 
@@ -88,7 +88,7 @@ def environment_change(d: Difference) -> str:
     return f"{head}: {'; '.join(parts)}" if parts else head
 
 
-def triage_table(found: list[TestRow]) -> list[str]:
+def triage_table(found: list[TriageRow]) -> list[str]:
     """Tests of one class: their outcome in A and B, and for a failure in B its first
     divergence (step, metric, distance in units of its tolerance, values) or its message."""
     rows: list[list[Any]] = [["test", "A", "B", "step", "metric", "distance", "detail"]]
