@@ -1010,12 +1010,29 @@ def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
     return 1 if result.differs else 0
 
 
+# compare's options that only its diff reads (option: attribute)
+_DIFF_ONLY = {
+    "--tolerance": "tolerance",
+    "--ignore": "ignore",
+    "--exact": "exact",
+    "--config": "config",
+    "--no-config": "no_config",
+}
+
+
 def triage_environments(args: argparse.Namespace) -> int:
     """``compare --python-a/--python-b``: replay both sides on the goldens committed at A and
     print which tests pass in A and fail in B (1: some do, 0: none)."""
     from ._internal.commits.triage import triage
     from ._internal.report.commits import triage_lines
 
+    given = [o for o, v in _DIFF_ONLY.items() if getattr(args, v)]
+    if given:  # ignored silently, a --tolerance would seem to loosen the gate
+        raise GoldenError(
+            f"{', '.join(given)}: options of the diff of re-recorded values; with --python-a "
+            "or --python-b each side replays judged by the project's own tolerances. Leave "
+            "them out, or give pytest options after -- (e.g. -- -o golden_tolerances=...)"
+        )
     python = (args.python_a or sys.executable, args.python_b or sys.executable)
     spec = _run_spec(args, goldens_at=args.a)
     result = triage(spec, args.a, args.b, python, jobs=args.jobs)

@@ -109,6 +109,15 @@ def test_the_same_commit_in_the_same_python_is_refused(upgrade, monkeypatch, cap
     assert "Give --python-b the upgraded environment's python" in err
 
 
+def test_an_option_of_the_diff_is_refused_not_ignored(upgrade, monkeypatch, capsys):
+    """A ``--tolerance`` the replay would not read must not seem to loosen the gate."""
+    repo, envs = upgrade
+    monkeypatch.chdir(repo.path)
+    assert triage(repo, envs, "old", "new", "--tolerance", "pg_loss:rtol=0.1", "--exact") == 2
+    err = capsys.readouterr().err
+    assert "--tolerance, --exact: options of the diff of re-recorded values" in err
+
+
 def test_a_python_that_is_no_interpreter_is_an_error_naming_the_option(
     upgrade, monkeypatch, capsys, tmp_path
 ):
