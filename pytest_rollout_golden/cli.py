@@ -1004,6 +1004,14 @@ def _compare_parser(sub: Any) -> None:
     )
     p_compare.add_argument("a", metavar="A", help="git ref: branch, tag, commit hash, HEAD~3")
     p_compare.add_argument("b", metavar="B", help="git ref")
+    for side in "ab":
+        p_compare.add_argument(
+            f"--python-{side}",
+            metavar="PYTHON",
+            help=f"the interpreter (a virtual environment's python) {side.upper()} runs in; "
+            "either one: replay both sides on the goldens committed at A and print which tests "
+            "pass in A and fail in B (default: the python running this command)",
+        )
     _commit_run_arguments(p_compare)
     tolerance_arguments(p_compare)
 
@@ -1021,6 +1029,8 @@ def compare_commits(args: argparse.Namespace, tolerances: Stack) -> int:
     from ._internal.commits.compare import compare
     from ._internal.report.commits import compare_lines
 
+    if args.python_a is not None or args.python_b is not None:
+        return triage_environments(args)
     spec = _run_spec(args, goldens_at=None)
     result = compare(spec, args.a, args.b, tolerances, jobs=args.jobs)
     if args.json:
@@ -1070,6 +1080,39 @@ def _history_parser(sub: Any) -> None:
     p_compare.add_argument("b", metavar="RUN")
     tolerance_arguments(p_compare)
     add_changes_parser(verbs)
+
+
+# compare's options that only its diff reads (option: attribute)
+_DIFF_ONLY = {
+    "--tolerance": "tolerance",
+    "--ignore": "ignore",
+    "--exact": "exact",
+    "--config": "config",
+    "--no-config": "no_config",
+}
+
+
+def triage_environments(args: argparse.Namespace) -> int:
+    """``compare --python-a/--python-b``: replay both sides on the goldens committed at A and
+    print which tests pass in A and fail in B (1: some do, 0: none)."""
+    from ._internal.commits.triage import triage
+    from ._internal.report.commits import triage_lines
+
+    given = [o for o, v in _DIFF_ONLY.items() if getattr(args, v)]
+    if given:  # ignored silently, a --tolerance would seem to loosen the gate
+        raise GoldenError(
+            f"{', '.join(given)}: options of the diff of re-recorded values; with --python-a "
+            "or --python-b each side replays judged by the project's own tolerances. Leave "
+            "them out, or give pytest options after -- (e.g. -- -o golden_tolerances=...)"
+        )
+    python = (args.python_a or sys.executable, args.python_b or sys.executable)
+    spec = _run_spec(args, goldens_at=args.a)
+    result = triage(spec, args.a, args.b, python, jobs=args.jobs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        print("\n".join(triage_lines(result)))
+    return 1 if result.regressed else 0
 
 
 def _bisect_parser(sub: Any) -> None:

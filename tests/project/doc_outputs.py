@@ -48,7 +48,7 @@ ROUNDED = frozenset(
 )  # fmt: skip
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 # Outputs of commit hashes that hold this machine's goldens: compared as any hash.
-HASHED = frozenset({"cli-compare"})
+HASHED = frozenset({"cli-compare", "cli-compare-upgrade"})
 COMMIT = re.compile(r"\b[0-9a-f]{10}\b")  # a commit as compare and bisect print it
 
 
@@ -238,6 +238,28 @@ def cli_compare(work: Path) -> str:
     for side, rev in (("A", "HEAD~2"), ("B", "HEAD")):  # the hashes same_output leaves open
         assert f"\n{side}: {git(project, 'rev-parse', rev)[:10]} " in text, text
     return re.sub(r"exit (\d+), [\d.]+ s\)", r"exit \1, … s)", in_example(text, project))
+
+
+@output("cli-compare-upgrade")
+def cli_compare_upgrade(work: Path) -> str:
+    """``compare HEAD HEAD`` with the old and the upgraded environment of ``tests/commits/
+    upgrade.py``; this machine's Python and torch versions and the times as ``…``."""
+    import re
+
+    sys.path.insert(0, str(ROOT / "tests" / "commits"))
+    from history import git
+    from upgrade import build
+
+    repo, envs = build(work)
+    args = ["compare", "HEAD", "HEAD", "--python-a", envs["old"], "--python-b", envs["new"]]
+    text = shown(repo.path, *args, "--jobs", "2", status=True)
+    head = git(repo.path, "rev-parse", "HEAD")[:10]
+    assert f"\nA: {head} " in text and f"\nB: {head} " in text, text
+    text = in_example(text, repo.path).replace(str(work / "envs"), "/tmp/envs")
+    text = re.sub(
+        r"Python [\w.+]+; pytest: exit (\d+), [\d.]+ s\)", r"Python …; pytest: exit \1, … s)", text
+    )
+    return re.sub(r"torch \S+ on both sides", "torch … on both sides", text)
 
 
 LONG_RUN: list[Path] = []  # a 12-step golden calibrated over 3 runs, once per session
@@ -1284,6 +1306,8 @@ def checkers_areal_reversed_ratio(work: Path) -> str:
         "log_ratio = ref_log_prob.float() - log_prob.float()",
         "log_ratio = log_prob.float() - ref_log_prob.float()",
     )
+
+
 # ---------------------------------------------------------------- docs/guide/history.md
 
 HISTORY_TEST = """\

@@ -23,6 +23,7 @@ from typing import Any
 
 from ... import __version__
 from ...store.files import atomic_write
+from .environments import installed
 from .git import Commit
 from .runs import CommitRun, RunSpec
 
@@ -40,10 +41,6 @@ def default_dir() -> Path:
 _PREFIXES = ("PYTEST_", "ROLLOUT_GOLDEN_", "TORCH_", "CUBLAS_", "CUDA_", "NVTE_", "NCCL_")
 _NAMES = {"CI", "PYTHONHASHSEED", "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
 _CALLER = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_")  # name whoever started the command
-_PACKAGES = (
-    "import importlib.metadata as m, json; print(json.dumps(sorted("
-    "f\"{d.metadata['Name']}=={d.version}\" for d in m.distributions())))"
-)
 
 
 def context(spec: RunSpec) -> dict[str, Any]:
@@ -75,11 +72,8 @@ def _packages_digest(python: str) -> str:
     """sha256 of the ``name==version`` of every package installed for ``python``, with their
     count; what went wrong instead, when it cannot say (no result is then reused)."""
     try:
-        done = subprocess.run(
-            [python, "-c", _PACKAGES], capture_output=True, text=True, timeout=60, check=True
-        )
-        names = json.loads(done.stdout)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        names = installed(python).packages
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         return f"unknown ({type(exc).__name__}, {os.urandom(8).hex()})"
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
     return f"{digest} ({len(names)} packages)"

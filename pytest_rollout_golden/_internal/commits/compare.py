@@ -79,7 +79,7 @@ def compare(
     commits = [resolve(spec.repo, ref_a), resolve(spec.repo, ref_b)]
     with Trees(spec.repo, base=base) as run:
         checkouts = [run.add(commit) for commit in commits]
-        done = _run_both(spec, checkouts, jobs)
+        done = run_both([spec, spec], checkouts, jobs)
         for side, result in zip("AB", done, strict=True):
             _require_recorded(side, result)
         written = [
@@ -93,13 +93,14 @@ def compare(
     return CompareResult(done[0], done[1], spec.goldens.describe(), diffs)
 
 
-def _run_both(spec: RunSpec, checkouts: list[Tree], jobs: int) -> list[CommitRun]:
-    """Run ``spec`` in both checkouts, at once with ``jobs`` above 1."""
+def run_both(specs: list[RunSpec], checkouts: list[Tree], jobs: int) -> list[CommitRun]:
+    """Run ``specs[i]`` in ``checkouts[i]`` (A and B), at once with ``jobs`` above 1."""
+    sides = list(zip(specs, checkouts, strict=True))
     if jobs < 2:
-        return [run_commit(spec, tree.commit, tree) for tree in checkouts]
+        return [run_commit(spec, tree.commit, tree) for spec, tree in sides]
     pool = ThreadPoolExecutor(max_workers=2)
     try:
-        return list(pool.map(lambda tree: run_commit(spec, tree.commit, tree), checkouts))
+        return list(pool.map(lambda side: run_commit(side[0], side[1].commit, side[1]), sides))
     finally:
         # on Ctrl-C, return at once: leaving the run folder kills the runs the threads wait on
         pool.shutdown(wait=False, cancel_futures=True)

@@ -41,6 +41,9 @@ _EXIT = {
 }
 _EXCEPTION = re.compile(r"[\w.]*(Error|Exception|Exit|Interrupt)\b")
 _TAIL = 60  # lines of the log kept
+# The pytest plugin (stdlib only) that writes every test's outcome, loaded with -p from its
+# folder so that any environment runs it, whichever plugin version it has installed.
+PROBE = Path(__file__).with_name("probe") / "rollout_golden_outcomes.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,9 @@ class RunSpec:
     """What to run at each commit: the tests (``pytest_args``, run in ``cwd_rel`` of the
     checkout) and their goldens (``goldens``, installed at ``golden_rel``); both paths are
     relative to the top of ``repo``. ``update``: run with ``--update-golden``.
-    ``pythonpath``: more import folders (relative ones are taken in the checkout)."""
+    ``pythonpath``: more import folders (relative ones are taken in the checkout).
+    ``python``: the interpreter, whose environment the tests run in. ``outcomes``: record
+    each test's outcome (:data:`PROBE`) in :attr:`CommitRun.outcomes`."""
 
     repo: Path
     cwd_rel: str
@@ -60,6 +65,7 @@ class RunSpec:
     python: str = sys.executable
     timeout: float | None = None
     pythonpath: tuple[str, ...] = ()
+    outcomes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +113,8 @@ class CommitRun:
     cached: bool = False
     timed_out: bool = False
     report: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+    # with RunSpec.outcomes: the probe's reports, one per test phase or collector, as written
+    outcomes: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -179,13 +187,18 @@ def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:
     if not cwd.is_dir():
         reason = f"{spec.cwd_rel}: no such folder at this commit"
         return CommitRun(commit, SKIP, None, time.monotonic() - started, reason)
-    report = tree.path.parent / f"{commit.sha}.json"
-    log = tree.path.parent / f"{commit.sha}.log"
+    # named by the tree: two trees of one commit (compare HEAD HEAD) may run at once
+    report, log, outcomes = (tree.path.with_suffix(s) for s in (".json", ".log", ".outcomes"))
     command = [spec.python, "-m", "pytest", *spec.pytest_args, "-p", "no:cacheprovider"]
     command.append(f"--golden-report={report}")
+    env = _env(spec, tree.path)
+    if spec.outcomes:
+        command += ["-p", PROBE.stem]
+        env["PYTHONPATH"] += os.pathsep + str(PROBE.parent)
+        env["ROLLOUT_GOLDEN_OUTCOMES"] = str(outcomes)
     if spec.update:
         command.append("--update-golden")
-    exit_code, timed_out = _run(command, cwd, _env(spec, tree.path), log, tree, spec.timeout)
+    exit_code, timed_out = _run(command, cwd, env, log, tree, spec.timeout)
     seconds = time.monotonic() - started
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     tail = "\n".join(lines[-_TAIL:])
@@ -197,6 +210,7 @@ def run_commit(spec: RunSpec, commit: Commit, tree: Tree) -> CommitRun:
         commit, exit_code, document, lines, any_failure=spec.any_failure, root=tree.path.resolve()
     )
     run.seconds, run.log_tail, run.report = seconds, tail, document
+    run.outcomes = _outcomes(outcomes) if spec.outcomes else []
     return run
 
 
@@ -246,6 +260,21 @@ def _report(path: Path) -> dict[str, Any] | None:
     return document if ok else None
 
 
+def _outcomes(path: Path) -> list[dict[str, Any]]:
+    """The probe's lines (none: it wrote none); a line cut short by a killed run is left out."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return [f for f in found if isinstance(f, dict) and isinstance(f.get("node"), str)]
+
+
 def judge(
     commit: Commit,
     exit_code: int | None,
@@ -260,11 +289,10 @@ def judge(
     if exit_code in _EXIT or report is None:
         what = _EXIT.get(exit_code or 0, f"exit {exit_code}, no golden report written")
         return CommitRun(commit, SKIP, exit_code, 0.0, f"{what}: {_first_error(log)}")
-    failures = _failures(report)
-    if failures:
-        first = min(failures, key=lambda c: c.get("step", 0))
-        reason = f"{len(failures)} failed comparison(s)"
-        return CommitRun(commit, BAD, exit_code, 0.0, reason, failures, Divergence.of(first))
+    failed = failures(report)
+    if failed:
+        reason = f"{len(failed)} failed comparison(s)"
+        return CommitRun(commit, BAD, exit_code, 0.0, reason, failed, first_divergence(failed))
     compared = bool(report.get("comparisons")) or any(
         t.get("status") in ("recorded", "updated") for t in report.get("tests", [])
     )
@@ -283,7 +311,12 @@ def judge(
     return CommitRun(commit, SKIP, exit_code, 0.0, f"no comparison ran: {_first_error(log)}")
 
 
-def _failures(report: dict[str, Any]) -> list[dict[str, Any]]:
+def first_divergence(failed: list[dict[str, Any]]) -> Divergence:
+    """The first of some failed comparisons: the lowest step, the first reported there."""
+    return Divergence.of(min(failed, key=lambda c: c.get("step", 0)))
+
+
+def failures(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The report's failed comparisons of goldens that failed (not those of an expected
     failure)."""
     failed = {

@@ -241,6 +241,8 @@ def sensitivity_floor(flag: str | None, ini: str) -> tuple[float | None, str]:
             f"{source} must be a relative change in (0, 10], e.g. 1e-3, got {value!r}"
         )
     return floor, source
+
+
 _UNITS = {"": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 

@@ -1,4 +1,5 @@
-"""What ``rollout-golden compare`` and ``bisect`` print."""
+"""What ``rollout-golden compare`` (its diff, and its triage of two environments) and
+``bisect`` print."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from .presentation import diff_summary, golden_diff_lines, number, plural, table
 if TYPE_CHECKING:
     from ..commits.bisect import BisectResult
     from ..commits.compare import CompareResult
+    from ..commits.environments import Difference
     from ..commits.git import Commit
-    from ..commits.runs import CommitRun
+    from ..commits.runs import CommitRun, Divergence
+    from ..commits.triage import TriageResult, TriageRow
 
 # ---------------------------------------------------------------------- compare
 
@@ -36,6 +39,75 @@ def compare_lines(result: CompareResult) -> list[str]:
     if not result.diffs:
         lines += ["", "no golden re-recorded: the selected tests use none"]
     return [*lines, "", diff_summary(result.counts)]
+
+
+# ---------------------------------------------------------------------- compare, triage
+
+
+def triage_lines(result: TriageResult) -> list[str]:
+    """``compare --python-a/--python-b``'s report: each side's commit and interpreter, what
+    differs between the environments, the goldens, then a table per class of tests (the
+    regressions first; those passing on both sides are only counted) and the totals."""
+    from ..commits.triage import CLASSES, PASSED
+
+    lines = []
+    for side, run, python, env in zip(
+        "AB", (result.a, result.b), result.python, result.installed, strict=True
+    ):
+        lines.append(
+            f"{side}: {run.commit.short} {run.commit.subject}; {python} (Python {env.python}; "
+            f"pytest: exit {run.exit_code}, {run.seconds:.1f} s)"
+        )
+    lines.append(f"environment A -> B: {environment_change(result.environment)}")
+    lines.append(f"goldens (replayed by both, --golden-strict): {result.source}")
+    for category in CLASSES[:-1]:
+        found = [r for r in result.rows if r.category == category]
+        if found:
+            lines += ["", f"{category}: {plural(len(found), 'test')}", *triage_table(found)]
+    counts = result.counts
+    totals = ", ".join(f"{counts[c]} {c}" for c in CLASSES[:-1])
+    return [
+        *lines,
+        "",
+        f"{plural(len(result.rows), 'test')}: {totals}, {counts[PASSED]} pass in both",
+    ]
+
+
+def environment_change(d: Difference) -> str:
+    """What changed from A's environment to B's: each package whose version differs (one
+    side's only: ``none``), and the watched ones (torch) unchanged."""
+    parts = [f"{name} {a} -> {b}" for name, (a, b) in d.changed.items()]
+    parts += [f"{name} {v} -> none" for name, v in d.only_a.items()]
+    parts += [f"{name} none -> {v}" for name, v in d.only_b.items()]
+    for name, (a, b) in d.watched.items():
+        if a == b:
+            parts.append(f"{name} {a or 'not installed'} on both sides")
+    changed = len(d.changed) + len(d.only_a) + len(d.only_b)
+    verb = "differs" if changed == 1 else "differ"
+    head = "no package differs" if d.same else f"{plural(changed, 'package')} {verb}"
+    return f"{head}: {'; '.join(parts)}" if parts else head
+
+
+def triage_table(found: list[TriageRow]) -> list[str]:
+    """Tests of one class: their outcome in A and B, and for a failure in B its first
+    divergence (step, metric, distance in units of its tolerance, values) or its message."""
+    rows: list[list[Any]] = [["test", "A", "B", "step", "metric", "distance", "detail"]]
+    for r in found:
+        d = r.first
+        if d is None:
+            rows.append([r.test, r.a, r.b, "-", "-", "-", r.message])
+            continue
+        distance = f"{number(d.excess, 3)}x tolerance"
+        rows.append([r.test, r.a, r.b, d.step, d.metric, distance, _values(d)])
+    return table(rows)
+
+
+def _values(d: Divergence) -> str:
+    """A divergence's values, tolerance and golden."""
+    return (
+        f"expected {number(d.expected)}, actual {number(d.actual)} (abs diff "
+        f"{number(d.abs_diff, 2)}), allowed {d.tolerance}; golden {d.golden}"
+    )
 
 
 # ---------------------------------------------------------------------- bisect
