@@ -75,6 +75,9 @@ def _manifest(golden: Any, label: str, filename: str, found: Any) -> Comparison:
         detail = f"{label}: the golden holds no precision manifest {filename}; {golden._remedy}"
         return Comparison(label, 0, verdict, kind=MANIFEST_KIND, detail=detail)
     files.stage_json(filename, found.to_json(), kind="precision", name=label)
+    if verdict == Verdict.UPDATED and recorded is not None:
+        moved = changes(files.load(filename, damaged={}), found)
+        count = f"{len(moved)} of {count} changed precision" if moved else f"unchanged ({count})"
     return Comparison(label, 0, verdict, kind=MANIFEST_KIND, detail=count)
 
 

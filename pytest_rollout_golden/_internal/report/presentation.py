@@ -885,6 +885,8 @@ def _moved(c: Comparison) -> str:
     label = f"{c.name} ({where(c)})"
     if c.verdict == Verdict.NEW:
         return f"{label}: new"
+    if c.kind in PRECISION_KINDS:
+        return f"{label}: {c.detail}"
     if _is_nan(c.actual):  # the difference of NaN to NaN reads 0
         return f"{label}: {number(c.expected, 8)} -> nan (NaN: replay fails unless equal_nan)"
     if c.abs_diff == 0:
