@@ -46,7 +46,7 @@ SCHEME_FORMATS = {
 """The reference format (:data:`.formats.FORMATS`) of each scheme :func:`.manifest.detect`
 reads from an engine's tensors."""
 
-_SCALES = ("_scale_inv", "_scale")
+_SCALES = ("_scale_inv", "_scale", "_scale_from_checkpoint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,12 +121,14 @@ def round_trip(
     """Dequantize what the engine ``received`` and compare it with the trainer's ``master``
     weights, parameter by parameter (see the module docstring for the bound).
 
-    ``formats``: the reference format per parameter name (or one for all); default, read
-    from the received tensors. ``sent_dtype``: what the trainer cast the master weights to
-    before sending (``None``: sent as they are). ``splits``: per fused parameter, the sizes
-    of its parts along dim -2 (``qkv_proj``: ``(q, k, v)`` rows), tried in every order when
-    it fails; ``gate_up`` / ``w13`` parameters are tried with their halves swapped.
-    ``shards``: the tensor-parallel degree, whose shard orders are tried along both dims."""
+    ``formats``: the reference format per parameter name, or one for every quantized
+    parameter and every float32/float64 tensor (taken as dequantized; a bf16 tensor without
+    a scale was sent unquantized); default: read from the received tensors. ``sent_dtype``:
+    what the trainer cast the master weights to before sending (``None``: as they are).
+    ``splits``: per fused parameter, the sizes of its parts along dim -2 (``qkv_proj``:
+    ``(q, k, v)`` rows), tried in every order when it fails; any parameter with an even
+    number of rows is tried with its halves swapped (gate/up). ``shards``: the
+    tensor-parallel degree, whose shard orders are tried along both dims."""
     got = dict(received)
     held = _held(got, formats)
     out = RoundTrip({}, [], [], sorted(set(held) - set(master)))
@@ -169,7 +171,9 @@ def _held(got: dict[str, Any], formats: Mapping[str, str] | str | None) -> dict[
         fmt = fmt or SCHEME_FORMATS.get(schemes[name])
         scale = _scale_of(name, got)
         if fmt is None or scale is None:
-            out[name] = (value, fmt if scale is None and fmt in F.FORMATS else None)
+            named = isinstance(formats, Mapping) and name in formats
+            wide = value.dtype in (torch.float32, torch.float64)  # dequantized, not sent as is
+            out[name] = (value, fmt if named or (wide and fmt in F.FORMATS) else None)
             continue
         out[name] = (_as_quantized(value, scale, fmt), fmt)
     return out

@@ -215,7 +215,8 @@ def public_callables() -> dict[str, object]:
 
     found: dict[str, object] = {}
     for module in ("", ".strategies", ".invariants", ".reference", ".parallel", ".mismatch",
-                   ".vllm_batch", ".sglang_batch", ".quant"):  # fmt: skip
+                   ".vllm_batch", ".sglang_batch", ".quant", ".quant.manifest",
+                   ".quant.sync"):  # fmt: skip
         mod = importlib.import_module(f"pytest_rollout_golden{module}")
         for name in mod.__all__:
             obj = getattr(mod, name)
