@@ -190,3 +190,16 @@ def test_a_parameter_never_received_and_a_shape_that_cannot_match():
     assert "b.weight: the engine received no tensor of this name" in found.describe()
     with pytest.raises(ValueError, match=r"a.weight: the engine holds shape \(4, 31\)"):
         sync.round_trip(master, {"a.weight": torch.ones(4, 31), "b.weight": torch.ones(4, 32)})
+
+
+def test_an_engine_rounding_its_scales_up_needs_the_factor_2():
+    """NVIDIA's rceil E8M0 scale of a block with amax 1.9 is 2^-7, the OCP floor scale 2^-8:
+    an element 2.5 subnormal steps high at the larger scale rounds (ties to even) by half a
+    step of that scale, twice the reference's bound; the round trip allows it."""
+    w = torch.zeros(1, 32)
+    w[0, 0], w[0, 1] = 1.9, 5 * 2.0**-17  # 2.5 * 2^-9 (e4m3's smallest subnormal) * 2^-7
+    q = F.quantize(w.to(torch.bfloat16), "mxfp8_e4m3@rceil")
+    error = (F.dequantize(q) - w.double()).abs()[0, 1]
+    bound = F.error_bound(w.to(torch.bfloat16).double(), "mxfp8_e4m3")[0, 1]
+    assert float(error / bound) == 2.0
+    sync.check_round_trip({"w": w}, {"w": q}, formats="mxfp8_e4m3")
