@@ -338,11 +338,14 @@ def audit(
     """What is wrong with a manifest whatever the golden says, one message each."""
     problems = []
     for r in rules:
-        if r.match != "substring":
+        if r.match == "whole":
             continue
-        for pattern, hits in substring_only([*r.ignore, *r.include], layers).items():
+        for pattern in [*r.ignore, *r.include]:
+            hits = [n for n in layers if r.matches(pattern, n) and not whole_match(pattern, n)]
+            if not hits:
+                continue
             problems.append(
-                f"pattern {pattern!r} ({r.source}, matched by substring) selects "
+                f"pattern {pattern!r} ({r.source}, matched by {r.match}) selects "
                 f"{len(hits)} parameter(s) that a whole-module-name match would not: "
                 f"{_listed(hits)}; they get that side's rule by accident (verl#7519: "
                 "'mlp.gate' matched 'mlp.gate_up_proj'); match whole dotted names, or "

@@ -139,22 +139,47 @@ def test_verl_7519_fixed_whole_names_agree_and_nothing_is_reported():
     assert found.problems == []
 
 
+def vllm_mixtral_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Mixtral's MoE under vLLM's module names: ``block_sparse_moe.gate`` for the router."""
+    return {name.replace(".mlp.", ".block_sparse_moe."): t for name, t in state.items()}
+
+
+SKIP = ["router", "mlp.gate.", "lm_head", "embed_tokens"]  # NeMo-RL#3614, before its fix
+
+
 @pytest.mark.parametrize(
     ("build", "router"),
-    [(qwen2_moe, "model.layers.1.mlp.gate.weight"),
-     (mixtral, "model.layers.0.mlp.gate.weight")],
+    [(qwen2_moe, "model.layers.1.mlp.shared_expert_gate.weight"),
+     (lambda: vllm_mixtral_names(mixtral()), "model.layers.0.block_sparse_moe.gate.weight")],
+    ids=["qwen2-moe-shared-expert-gate", "mixtral-block-sparse-moe-gate"],
 )  # fmt: skip
 def test_nemo_rl_3614_routers_quantized_by_a_skip_list_are_flagged(build, router):
-    """NeMo-RL#3614: ``SKIP_WEIGHT_SUBSTRINGS = ["router", "mlp.gate."]`` with an engine that
-    names its routers otherwise quantized them; here the skip list misses every spelling."""
+    """NeMo-RL#3614: ``SKIP_WEIGHT_SUBSTRINGS`` held ``"router"`` and ``"mlp.gate."``, which
+    miss Qwen2-MoE's separate ``shared_expert_gate`` and Mixtral's ``block_sparse_moe.gate``
+    (vLLM's names): those routers were quantized."""
     state = build()
-    rules = m.Rules("fp8-e4m3-block128", ignore=["router", "lm_head", "embed_tokens", "norm"],
-                    match="substring", source="SKIP_WEIGHT_SUBSTRINGS")  # fmt: skip
+    rules = m.Rules("fp8-e4m3-block128", ignore=SKIP, match="substring",
+                    source="SKIP_WEIGHT_SUBSTRINGS")  # fmt: skip
     found = m.build(state, rules=rules)
     routers = [p for p in found.problems if p.startswith("router")]
-    assert any(repr(router) in p and "engine side" in p for p in routers), found.problems
-    declared = m.build(state, rules=rules, declared=["mlp.gate", "shared_expert_gate"])
+    assert routers == [
+        f"router {router!r} is quantized on the engine side (fp8-e4m3-block128, by "
+        "SKIP_WEIGHT_SUBSTRINGS: every matrix weight); routers stay in high precision unless "
+        "declared: add its pattern to the ignore list, or pass "
+        f"declared=[{router.removesuffix('.weight')!r}] if it is on purpose"
+    ]
+    declared = m.build(state, rules=rules, declared=[router.removesuffix(".weight")])
     assert not [p for p in declared.problems if p.startswith("router")]
+    fixed = m.Rules("fp8-e4m3-block128", ignore=["gate", "shared_expert_gate", *SKIP[2:]])
+    assert m.build(state, rules=fixed).problems == []
+
+
+def test_a_regex_pattern_whose_dot_matches_any_character_is_reported():
+    """prime-rl#2442: ``re.search("mlp.gate.", name)`` kept ``mlp.gate_proj`` in bf16."""
+    rules = m.Rules("fp8-e4m3-block128", ignore=["mlp.gate."], match="regex", source="ignore")
+    found = m.build(qwen2_moe(), rules=rules)
+    (line,) = [p for p in found.problems if "matched by regex" in p]
+    assert "'model.layers.0.mlp.gate_proj.weight'" in line
 
 
 def test_norms_embeddings_and_the_head_quantized_are_flagged():
