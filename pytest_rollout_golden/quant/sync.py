@@ -191,10 +191,10 @@ def _as_quantized(codes: Tensor, scale: Tensor, fmt: str) -> F.Quantized:
     """The engine's codes and scales as the reference's :class:`~.formats.Quantized`: codes as
     their element values, an E8M0 scale stored as uint8 bytes decoded to ``2^(byte - 127)``."""
     form = F.resolve(fmt)
-    if scale.dtype == torch.uint8:
-        scales = torch.ldexp(
-            torch.ones(scale.shape, dtype=torch.float64), scale.to(torch.int64) - 127
-        )
+    if scale.dtype == torch.uint8:  # E8M0 bytes; 0xFF is NaN
+        exponent = scale.to(torch.int64) - 127
+        scales = torch.ldexp(torch.ones(scale.shape, dtype=torch.float64), exponent)
+        scales = torch.where(scale == 255, torch.full_like(scales, float("nan")), scales)
     else:
         scales = scale.to(torch.float64)
     return F.Quantized(form, codes.to(torch.float64), scales, None, tuple(codes.shape))
@@ -215,27 +215,23 @@ def _compare(
     allowed = (sent - x).abs()
     if fmt is not None:
         allowed = allowed + 2 * F.error_bound(sent, fmt)
-    got = (
-        F.dequantize(value) if isinstance(value, F.Quantized) else value.detach().to(torch.float64)
-    )
+    quantized = isinstance(value, F.Quantized)
+    got = F.dequantize(value) if quantized else value.detach().to(torch.float64)
+    label = fmt or str(value.dtype).removeprefix("torch.")
     if got.shape != x.shape:
-        if got.ndim >= 2 and got.transpose(-1, -2).shape == x.shape:
-            rel = _relative(got.transpose(-1, -2), x)
-            m = Mismatch(
-                name,
-                fmt or str(value.dtype),
-                x.numel(),
-                x.numel(),
-                float("nan"),
-                float(allowed.max()),
-                rel,
-                f"the shape {tuple(got.shape)} is the master's {tuple(x.shape)} transposed",
-                _suggest(got, x, allowed, split, shards),
+        if got.ndim < 2 or got.transpose(-1, -2).shape != x.shape:
+            raise ValueError(
+                f"{name}: the engine holds shape {tuple(got.shape)}, the trainer {tuple(x.shape)}"
             )
-            return rel, m
-        raise ValueError(
-            f"{name}: the engine holds shape {tuple(got.shape)}, the trainer {tuple(x.shape)}"
-        )
+        back = got.transpose(-1, -2)
+        where = f"the whole tensor: shape {tuple(got.shape)} is the master's transposed"
+        error = (back - x).abs()
+        relative = _relative(back, x)
+        return relative, Mismatch(
+            name, label, x.numel(), x.numel(), float(error.max()),
+            float(allowed.flatten()[error.argmax()]), relative, where,
+            _suggest(got, x, allowed, split, shards),
+        )  # fmt: skip
     error = (got - x).abs()
     beyond = ~(error <= allowed)
     relative = _relative(got, x)
@@ -243,9 +239,9 @@ def _compare(
         return relative, None
     block = F.resolve(fmt).block if fmt is not None else None
     return relative, Mismatch(
-        name, fmt or str(getattr(value, "dtype", "tensor")).removeprefix("torch."),
-        int(beyond.sum()), x.numel(), float(error.max()), float(allowed.flatten()[error.argmax()]),
-        relative, _first_block(beyond, block), _suggest(got, x, allowed, split, shards),
+        name, label, int(beyond.sum()), x.numel(), float(error.max()),
+        float(allowed.flatten()[error.argmax()]), relative, _first_block(beyond, block),
+        _suggest(got, x, allowed, split, shards),
     )  # fmt: skip
 
 
@@ -295,6 +291,8 @@ def _candidates(
 ) -> Iterable[tuple[str, Callable[[Tensor], Tensor]]]:
     if got.ndim >= 2:
         yield "transposed", lambda t: t.transpose(-1, -2)
+    if got.shape != x.shape:
+        return
     rows = x.shape[-2] if x.ndim >= 2 else x.shape[-1]
     parts = list(split) if split else ([rows // 2] * 2 if rows % 2 == 0 else None)
     if parts and sum(parts) == rows and got.ndim >= 2:

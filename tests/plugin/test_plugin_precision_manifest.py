@@ -121,3 +121,17 @@ def test_routers_quantized_fail_unless_declared(manifest_project):
         "router 'model.layers.1.mlp.gate.weight' is quantized on the engine side (mxfp8, by "
         "vllm ignored_layers: every matrix weight)"
     ) in result.stdout.str()
+
+
+def test_a_manifest_never_recorded_is_missing_under_ci(manifest_project, monkeypatch):
+    project = manifest_project
+    project.set_values(skip=True)
+    project.run().assert_outcomes(passed=1)  # a golden of the metric alone
+    project.set_values(ignore=IGNORE)
+    monkeypatch.setenv("CI", "1")
+    result = project.run()
+    result.assert_outcomes(failed=1)
+    assert (
+        "precision/precision: the golden holds no precision manifest precision-precision.json; "
+        "run `pytest --update-golden`"
+    ) in result.stdout.str()

@@ -161,6 +161,25 @@ def test_a_transposed_block_is_named():
     assert m.first_block == "element (0, 1)"  # the diagonal survives a transpose
 
 
+def test_a_transposed_matrix_of_another_shape_is_named():
+    master = qwen2_moe()
+    name = "model.layers.1.mlp.shared_expert.down_proj.weight"  # [64, 32]
+    engine = refit(master, "mxfp8_e4m3")
+    del engine[name + "_scale"]  # sent unquantized, transposed
+    engine[name] = master[name].T.contiguous().to(torch.bfloat16)
+    (m,) = sync.round_trip(master, engine).mismatches
+    assert m.first_block == "the whole tensor: shape (32, 64) is the master's transposed"
+    assert (m.format, m.matches) == ("bfloat16", "matches transposed")
+
+
+def test_an_e8m0_nan_scale_fails():
+    w = torch.randn(2, 32)
+    codes, scale = encode(w, "mxfp8_e4m3")
+    scale[1, 0] = 255
+    (m,) = sync.round_trip({"w": w}, {"w": codes, "w_scale": scale}).mismatches
+    assert m.first_block == "rows 1-1, cols 0-31"
+
+
 def test_tensor_parallel_shards_concatenated_in_the_wrong_order():
     master = qwen2_moe()
     name = "model.layers.0.mlp.down_proj.weight"

@@ -17,6 +17,7 @@ not recorded           new (recorded when the test ends), or missing in strict m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...store.location import precision_filename
@@ -27,8 +28,18 @@ MANIFEST_KIND, AUDIT_KIND = PRECISION_KINDS
 PREFIX = "precision/"
 
 
+@dataclass(frozen=True)
+class Lane:
+    """What the lane needs of an opened golden: its values' files, the files this run used
+    (shared, it adds the manifest's), the mode policy and the remedy its messages name."""
+
+    files: Any
+    touched: set[str]
+    policy: Any
+    remedy: str
+
+
 def comparisons(
-    golden: Any,
     name: str,
     trainer: Any,
     engine: Any,
@@ -36,17 +47,18 @@ def comparisons(
     rules: Any,
     declared: Sequence[str],
     same: bool,
+    golden: Lane,
 ) -> list[Comparison]:
-    """The audits' and the manifest's verdicts for one call of ``check_precision`` on
-    ``golden`` (an opened :class:`~.replay.Golden`), staging the manifest where it records."""
+    """The audits' and the manifest's verdicts for one call of ``check_precision`` on the
+    opened golden ``golden``, staging the manifest where it records."""
     from ...quant import manifest
 
     if isinstance(declared, str):
         raise TypeError(f"check_precision(declared=) takes a list of patterns, got {declared!r}")
     filename = precision_filename(name)
-    if filename in golden._touched:
+    if filename in golden.touched:
         raise ValueError(f"check_precision(name={name!r}) was already called in this test")
-    golden._touched.add(filename)
+    golden.touched.add(filename)
     found = manifest.build(trainer, engine, rules=rules, declared=declared, same=same)
     label = PREFIX + name
     out = [
@@ -56,11 +68,11 @@ def comparisons(
     return [*out, _manifest(golden, label, filename, found)]
 
 
-def _manifest(golden: Any, label: str, filename: str, found: Any) -> Comparison:
+def _manifest(golden: Lane, label: str, filename: str, found: Any) -> Comparison:
     """The manifest against the recorded one: pass, fail (what changed), new or updated."""
     from ...quant.manifest import changes
 
-    files, policy = golden._files, golden.policy
+    files, policy = golden.files, golden.policy
     count = f"{len(found.layers)} parameters"
     recorded = files.recorded.get(filename)
     if recorded is not None and not policy.rerecords:
@@ -72,7 +84,7 @@ def _manifest(golden: Any, label: str, filename: str, found: Any) -> Comparison:
         return Comparison(label, 0, Verdict.FAIL, kind=MANIFEST_KIND, detail="\n".join(lines))
     verdict = Verdict.UPDATED if policy.rerecords else policy.unrecorded
     if verdict == Verdict.MISSING:
-        detail = f"{label}: the golden holds no precision manifest {filename}; {golden._remedy}"
+        detail = f"{label}: the golden holds no precision manifest {filename}; {golden.remedy}"
         return Comparison(label, 0, verdict, kind=MANIFEST_KIND, detail=detail)
     files.stage_json(filename, found.to_json(), kind="precision", name=label)
     if verdict == Verdict.UPDATED and recorded is not None:

@@ -631,8 +631,9 @@ class Golden:
         from . import precision_lane
 
         self._open()
+        lane = precision_lane.Lane(self._files, self._touched, self.policy, self._remedy)
         found = precision_lane.comparisons(
-            self, name, trainer, engine, rules=rules, declared=declared, same=same
+            name, trainer, engine, rules=rules, declared=declared, same=same, golden=lane
         )
         self._outcome.comparisons.extend(found)
         return found
