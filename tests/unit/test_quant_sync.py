@@ -220,5 +220,5 @@ def test_an_engine_rounding_its_scales_up_needs_the_factor_2():
     q = F.quantize(w.to(torch.bfloat16), "mxfp8_e4m3@rceil")
     error = (F.dequantize(q) - w.double()).abs()[0, 1]
     bound = F.error_bound(w.to(torch.bfloat16).double(), "mxfp8_e4m3")[0, 1]
-    assert float(error / bound) == 2.0
+    assert 1.999 < float(error / bound) <= 2.0  # the bound holds a float64 rounding margin
     sync.check_round_trip({"w": w}, {"w": q}, formats="mxfp8_e4m3")
