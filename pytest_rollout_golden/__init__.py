@@ -42,7 +42,7 @@ _LAZY = {
     "RolloutBatch": "store.codec",
     "same_math": "_internal.golden.variants",
 }
-_SUBMODULES = {"strategies", "invariants", "parallel", "reference"}
+_SUBMODULES = {"strategies", "invariants", "parallel", "reference", "quant"}
 
 __all__ = [
     "Comparison",

@@ -260,6 +260,11 @@ def tensors_filename(name: str, step: int, rank: int | None, micro: int | None) 
     return filename + ".safetensors"
 
 
+def precision_filename(name: str) -> str:
+    """The file of ``check_precision(name=...)``'s manifest inside a golden directory."""
+    return f"precision-{safe_name(name, strict=True)}.json"
+
+
 def temp_file(path: Path) -> Path:
     """Where ``path`` is written before it is renamed into place: ``.NAME.tmp-PID``."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -608,6 +608,67 @@ def mismatch_bitwise(work: Path) -> str:
     return "\n".join(line for line in lines if line.startswith(starts)) + "\n"
 
 
+# ---------------------------------------------------------------- docs/guide/fp8.md
+
+
+PRECISION_TEST = """\
+import torch
+
+from pytest_rollout_golden.quant.manifest import Rules
+
+SHAPES = {
+    "model.embed_tokens.weight": (64, 32),
+    "model.layers.0.self_attn.o_proj.weight": (32, 32),
+    "model.layers.0.mlp.gate_proj.weight": (64, 32),
+    "model.layers.1.mlp.gate.weight": (4, 32),
+    "model.layers.1.mlp.experts.gate_up_proj": (4, 64, 32),
+    "lm_head.weight": (64, 32),
+}
+IGNORE = ["lm_head", "embed_tokens", "mlp.gate"]
+
+
+def test_precision(golden):
+    trainer = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in SHAPES.items()}
+    golden.check_precision(trainer, rules=Rules("mxfp8", ignore=IGNORE + EXTRA, match=MATCH,
+                                                source="vllm ignored_layers"))
+"""
+
+
+@output("fp8-precision")
+def fp8_precision(work: Path) -> str:
+    """A manifest recorded, then one layer moved to bf16 on the engine side; then the same
+    ignore list matched by substring, as verl's filter does (verl#7519)."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    test = work / "test_precision.py"
+    test.write_text(PRECISION_TEST + "EXTRA, MATCH = [], 'whole'\n")
+    run_pytest(work)
+    test.write_text(PRECISION_TEST + "EXTRA, MATCH = ['layers.0.self_attn.o_proj'], 'whole'\n")
+    changed = failure(run_pytest(work)).splitlines()[1:]
+    test.write_text(PRECISION_TEST + "EXTRA, MATCH = [], 'substring'\n")
+    substring = [line for line in failure(run_pytest(work)).splitlines() if "substring" in line]
+    return "\n".join([*changed, *substring]) + "\n"
+
+
+@output("fp8-round-trip")
+def fp8_round_trip(work: Path) -> str:
+    """An MXFP8 refit of fused MoE experts whose gate/up halves landed swapped (verl#7986),
+    and one whose experts 1 and 3 did; float64 on fixed weights (the same on every CPU)."""
+    import torch
+
+    from pytest_rollout_golden.quant import formats, sync
+
+    g = torch.Generator().manual_seed(0)
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    master = {name: torch.randn(4, 16, 64, generator=g, dtype=torch.float64) * 0.02}
+    q = formats.quantize(master[name].to(torch.bfloat16), "mxfp8_e4m3")
+    codes = formats.dequantize(q)
+    swapped = torch.cat([codes[:, 8:], codes[:, :8]], dim=1)
+    lines = sync.round_trip(master, {name: swapped}, formats="mxfp8_e4m3").describe()
+    reordered = codes[[0, 3, 2, 1]]
+    lines += "\n" + sync.round_trip(master, {name: reordered}, formats="mxfp8_e4m3").describe()
+    return lines + "\n"
+
+
 # ---------------------------------------------------------------- docs/reference/configuration.md
 
 

@@ -202,7 +202,7 @@ def test_every_module_is_in_the_architecture_page():
 
 
 OUR_MODULES = {"golden", "pytest_rollout_golden", "strategies", "invariants", "reference",
-               "parallel", "mismatch", "vllm_batch", "sglang_batch"}  # fmt: skip
+               "parallel", "mismatch", "vllm_batch", "sglang_batch", "quant"}  # fmt: skip
 
 
 def public_callables() -> dict[str, object]:
@@ -215,7 +215,8 @@ def public_callables() -> dict[str, object]:
 
     found: dict[str, object] = {}
     for module in ("", ".strategies", ".invariants", ".reference", ".parallel", ".mismatch",
-                   ".vllm_batch", ".sglang_batch"):  # fmt: skip
+                   ".vllm_batch", ".sglang_batch", ".quant", ".quant.manifest",
+                   ".quant.sync"):  # fmt: skip
         mod = importlib.import_module(f"pytest_rollout_golden{module}")
         for name in mod.__all__:
             obj = getattr(mod, name)

@@ -26,6 +26,15 @@ PUBLIC = {
     "pytest_rollout_golden.sglang_batch": [
         "log_prob_temperature", "sglang_generate", "sglang_rollout",
     ],
+    "pytest_rollout_golden.quant": [
+        "ELEMENTS", "FORMATS", "Element", "Format", "Quantized", "dequantize", "error_bound",
+        "quantize", "resolve", "round_element",
+    ],
+    "pytest_rollout_golden.quant.manifest": [
+        "SCHEMES", "SENSITIVE", "Manifest", "Rules", "audit", "build", "changes", "detect",
+        "substring_only", "whole_match",
+    ],
+    "pytest_rollout_golden.quant.sync": ["Mismatch", "RoundTrip", "check_round_trip", "round_trip"],
 }  # fmt: skip
 
 
@@ -39,7 +48,18 @@ def test_the_public_names_are_pinned(module: str):
 
 @pytest.mark.parametrize(
     "module",
-    ["strategies", "invariants", "reference", "parallel", "mismatch", "vllm_batch", "sglang_batch"],
+    [
+        "strategies",
+        "invariants",
+        "reference",
+        "parallel",
+        "mismatch",
+        "vllm_batch",
+        "sglang_batch",
+        "quant",
+        "quant.manifest",
+        "quant.sync",
+    ],
 )
 def test_every_public_module_is_in_the_api_reference_with_docstrings(module: str):
     """docs/reference/api.md renders these modules from their docstrings: every public

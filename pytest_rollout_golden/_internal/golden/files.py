@@ -288,6 +288,9 @@ class GoldenFiles:
     def stage_batch(self, filename: str, batch: Any, **info: Any) -> None:
         self._transaction().write_batch(filename, batch, **info)
 
+    def stage_json(self, filename: str, document: Any, **info: Any) -> None:
+        self._transaction().write_json(filename, document, **info)
+
     def staged_path(self, filename: str) -> Path:
         assert self._tx is not None
         return self._tx.staging / filename

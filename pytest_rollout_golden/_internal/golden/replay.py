@@ -617,6 +617,37 @@ class Golden:
         self._outcome.comparisons.extend(found)
         return found
 
+    @user_facing
+    def check_precision(
+        self,
+        trainer: Any,
+        engine: Any = None,
+        *,
+        rules: Any = None,
+        declared: Sequence[str] = (),
+        same: bool = False,
+        name: str = "precision",
+    ) -> list[Comparison]:
+        """Record or compare the precision manifest of ``trainer`` and ``engine``: per
+        parameter, the dtype and quantization scheme each side uses and the rule that chose
+        it (:func:`~pytest_rollout_golden.quant.manifest.build`; each side a module, a state
+        dict, or the :class:`~pytest_rollout_golden.quant.manifest.Rules` of its quantization
+        config; ``rules=`` declares the engine's). A parameter whose precision changes on
+        either side fails naming it, both sides and the rules. Whatever the golden says,
+        patterns that matched by substring what a whole-name match would not, sensitive
+        layers (routers, norms, embeddings, the output head) quantized without ``declared``
+        naming them, and (``same=True``) sides that disagree fail. ``name`` tells several
+        manifests of one test apart (file ``precision-<name>.json``)."""
+        from . import precision_lane
+
+        self._open()
+        lane = precision_lane.Lane(self._files, self._touched, self.policy, self._remedy)
+        found = precision_lane.comparisons(
+            name, trainer, engine, rules=rules, declared=declared, same=same, golden=lane
+        )
+        self._outcome.comparisons.extend(found)
+        return found
+
     @staticmethod
     def _beyond(name: str, value: float, bound: Bound, step: int, where: Any) -> Comparison:
         """The failure of mismatch metric ``name`` beyond ``bound`` (``where``: the worst
@@ -1035,7 +1066,9 @@ class Golden:
         recorded, results = self._files.metrics(), self._outcome.comparisons
         metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
         tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
-        return metrics + tensors
+        from .precision_lane import unchecked
+
+        return metrics + tensors + unchecked(self._files.recorded, self._touched)
 
     def _unreached(self) -> list[dict[str, Any]]:
         """The recorded values a test that raised never checked, ``{"metric", "step"}`` each,

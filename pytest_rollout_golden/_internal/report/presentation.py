@@ -330,6 +330,7 @@ BIAS_KIND = "bias"
 """The kind of a :class:`Comparison` of a replay's mean deviation over its steps (envelope.py)."""
 SERIES_KINDS = (TREND_KIND, BIAS_KIND)  # gates over a whole run, not one step
 BITWISE_KINDS = ("bitwise lane", "bitwise control")  # golden/bitwise_lane.py: exact, no golden
+PRECISION_KINDS = ("precision manifest", "precision audit")  # golden/precision_lane.py
 
 
 def bias_beyond(name: str, mean: float, steps_: Sequence[int], bound: float, source: str) -> str:
@@ -691,7 +692,7 @@ def mismatch_message(
         lines.append(BOUND_REMEDY)
     if TREND_KIND in kinds:
         lines.append(TREND_REMEDY)
-    if kinds <= {BOUND_KIND, TREND_KIND, *BITWISE_KINDS}:  # gates whatever the golden says
+    if kinds <= {BOUND_KIND, TREND_KIND, *BITWISE_KINDS, PRECISION_KINDS[1]}:  # golden-free gates
         return "\n".join(lines)
     if recorder is not None:
         lines.append(
@@ -743,7 +744,11 @@ def _detailed_failures(failures: list[Comparison]) -> list[str]:
             first, *rest = c.detail.splitlines()
             lines.append(first)
             located += [d for d in rest if d not in located]
-        elif c.verdict == Verdict.FAIL and c.kind in (*SERIES_KINDS, *BITWISE_KINDS):
+        elif c.verdict == Verdict.FAIL and c.kind in (
+            *SERIES_KINDS,
+            *BITWISE_KINDS,
+            *PRECISION_KINDS,
+        ):
             lines += c.detail.splitlines()
         elif c.verdict == Verdict.FAIL and c.detail and c.tolerance is None and c.kind == "tensor":
             lines.append(f"{c.kind} {c.name!r} ({where(c)}): {c.detail}")  # nothing compared
@@ -880,6 +885,8 @@ def _moved(c: Comparison) -> str:
     label = f"{c.name} ({where(c)})"
     if c.verdict == Verdict.NEW:
         return f"{label}: new"
+    if c.kind in PRECISION_KINDS:
+        return f"{label}: {c.detail}"
     if _is_nan(c.actual):  # the difference of NaN to NaN reads 0
         return f"{label}: {number(c.expected, 8)} -> nan (NaN: replay fails unless equal_nan)"
     if c.abs_diff == 0:
