@@ -268,7 +268,7 @@ def check_packing_invariance(
 
 
 @dataclass(frozen=True)
-class _ClipSettings:
+class ClipSettings:
     """What the user says a clipped-ratio loss computes, and the tolerance they ask for."""
 
     clip_ratio_low: float
@@ -291,7 +291,7 @@ class _ClipRun:
     name: str
     judged: Tensor
 
-    def __init__(self, loss_fn: Callable[..., Any], batch: Batch, settings: _ClipSettings):
+    def __init__(self, loss_fn: Callable[..., Any], batch: Batch, settings: ClipSettings):
         self.batch, self.settings, self.agg_mode = batch, settings, settings.agg_mode
         self.low = settings.clip_ratio_low
         self.high = self.low if settings.clip_ratio_high is None else settings.clip_ratio_high
@@ -381,7 +381,7 @@ class _ClipRun:
 # --------------------------------------------------------------------------- PPO clip
 
 
-class _PPOClipRun(_ClipRun):
+class PPOClipRun(_ClipRun):
     """The clip regions of a dual-clip PPO loss: per token (or per sequence, GSPO) ratio,
     where the objective is clipped, and the tokens judged."""
 
@@ -391,7 +391,7 @@ class _PPOClipRun(_ClipRun):
         self,
         loss_fn: Callable[..., Any],
         batch: Batch,
-        settings: _ClipSettings,
+        settings: ClipSettings,
         *,
         clip_ratio_c: float | None,
         ratio_level: RatioLevel,
@@ -450,19 +450,19 @@ class _PPOClipRun(_ClipRun):
         self.fail_at(region, summary, moving)
 
 
-def _ppo_clip_dual_clip(run: _PPOClipRun) -> None:
+def _ppo_clip_dual_clip(run: PPOClipRun) -> None:
     run.clipped_with_gradient("ppo_clip.dual_clip")
 
 
-def _ppo_clip_upper_clip(run: _PPOClipRun) -> None:
+def _ppo_clip_upper_clip(run: PPOClipRun) -> None:
     run.clipped_with_gradient("ppo_clip.upper_clip")
 
 
-def _ppo_clip_lower_clip(run: _PPOClipRun) -> None:
+def _ppo_clip_lower_clip(run: PPOClipRun) -> None:
     run.clipped_with_gradient("ppo_clip.lower_clip")
 
 
-def _ppo_clip_unclipped_gradient(run: _PPOClipRun) -> None:
+def _ppo_clip_unclipped_gradient(run: PPOClipRun) -> None:
     clipped = (
         run.regions["ppo_clip.dual_clip"]
         | run.regions["ppo_clip.upper_clip"]
@@ -476,7 +476,7 @@ def _ppo_clip_unclipped_gradient(run: _PPOClipRun) -> None:
     )
 
 
-def _ppo_clip_reference_agreement(run: _PPOClipRun) -> None:
+def _ppo_clip_reference_agreement(run: PPOClipRun) -> None:
     run.reference_agreement(
         f"PPO-clip with agg_mode={run.agg_mode!r}, ratio_level={run.ratio_level!r}",
         clip_ratio_c=run.clip_ratio_c,
@@ -484,7 +484,7 @@ def _ppo_clip_reference_agreement(run: _PPOClipRun) -> None:
     )
 
 
-_PPO_CLIP_INVARIANTS: tuple[Callable[[_PPOClipRun], None], ...] = (
+PPO_CLIP_INVARIANTS: tuple[Callable[[PPOClipRun], None], ...] = (
     _ppo_clip_dual_clip,
     _ppo_clip_upper_clip,
     _ppo_clip_lower_clip,
@@ -530,11 +530,11 @@ def check_ppo_clip(
     using the batch's global counts; ``seq_count="rows"`` declares that the sequence-level
     modes divide by every row, rows without a valid token included (TRL's ``grpo``).
     """
-    settings = _ClipSettings(
+    settings = ClipSettings(
         clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol, seq_count
     )
-    run = _PPOClipRun(loss_fn, batch, settings, clip_ratio_c=clip_ratio_c, ratio_level=ratio_level)
-    for invariant in _PPO_CLIP_INVARIANTS:
+    run = PPOClipRun(loss_fn, batch, settings, clip_ratio_c=clip_ratio_c, ratio_level=ratio_level)
+    for invariant in PPO_CLIP_INVARIANTS:
         invariant(run)
 
 
@@ -701,7 +701,7 @@ class _CISPORun(_ClipRun):
 
     name = "cispo"
 
-    def __init__(self, loss_fn: Callable[..., Any], batch: Batch, settings: _ClipSettings):
+    def __init__(self, loss_fn: Callable[..., Any], batch: Batch, settings: ClipSettings):
         super().__init__(loss_fn, batch, settings)
         high, low = self.high, self.low
         self.set_ratio(self.log_ratio, edges=(1 + high, 1 - low), limit=corr.SAFETY_BOUND)
@@ -798,7 +798,7 @@ def check_cispo(
     Tokens within rounding of a clip bound, or with a log ratio beyond ±20, are not judged.
     ``seq_count`` as in :func:`check_ppo_clip`.
     """
-    settings = _ClipSettings(
+    settings = ClipSettings(
         clip_ratio_low, clip_ratio_high, agg_mode, loss_scale_factor, rtol, atol, seq_count
     )
     run = _CISPORun(loss_fn, batch, settings)

@@ -71,8 +71,8 @@ def _judge(fn: Callable[..., Any], batch: Batch, delta: float, what: str) -> Ten
 
 def check_opsm_mask(fn: Callable[..., Any], batch: Batch, *, delta: float = 1e-4) -> None:
     """Check an OPSM keep mask ``fn(log_probs, old_log_probs, advantages, response_mask)``
-    (non-zero = keep, ``[B, T]`` or ``[B, 1]``) against :func:`~..reference.sequence_masks.
-    opsm_keep_mask`: a token is dropped when ``A < 0`` and its row's mean of
+    (non-zero = keep, ``[B, T]`` or ``[B, 1]``) against :func:`~.reference.opsm_keep_mask`:
+    a token is dropped when ``A < 0`` and its row's mean of
     ``old - logp`` over valid tokens exceeds ``delta`` (slime's ``--opsm-delta``, TRL's
     ``off_policy_mask_threshold``).
 

@@ -29,7 +29,7 @@ from .comparison import (
     valid_mask,
 )
 from .evaluation import Evaluation, LossTolerance, as_float64, compare_losses
-from .losses import _PPO_CLIP_INVARIANTS, _ClipSettings, _PPOClipRun
+from .losses import PPO_CLIP_INVARIANTS, ClipSettings, PPOClipRun
 
 __all__ = ["check_luspo", "check_sapo", "check_vespo"]
 
@@ -373,7 +373,7 @@ def check_vespo(
 # --------------------------------------------------------------------------- LUSPO
 
 
-def _luspo_length_unbiased(run: _PPOClipRun) -> None:
+def _luspo_length_unbiased(run: PPOClipRun) -> None:
     """On unclipped tokens ``gradient / (-A·s)`` is one batch-wide value."""
     clipped = run.regions["ppo_clip.upper_clip"] | run.regions["ppo_clip.lower_clip"]
     free = run.judged & (run.advantages != 0) & ~clipped
@@ -426,8 +426,8 @@ def check_luspo(
 
     Give sequence-level advantages (one value per row), as LUSPO does.
     """
-    settings = _ClipSettings(clip_ratio_low, clip_ratio_high, agg_mode, None, rtol, atol)
-    run = _PPOClipRun(loss_fn, batch, settings, clip_ratio_c=None, ratio_level="sequence")
-    for invariant in _PPO_CLIP_INVARIANTS:
+    settings = ClipSettings(clip_ratio_low, clip_ratio_high, agg_mode, None, rtol, atol)
+    run = PPOClipRun(loss_fn, batch, settings, clip_ratio_c=None, ratio_level="sequence")
+    for invariant in PPO_CLIP_INVARIANTS:
         invariant(run)
     _luspo_length_unbiased(run)

@@ -64,7 +64,9 @@ def _definitions(module: str, tree: ast.Module, is_package: bool) -> Iterable[st
             yield f"{module}.{node.name}"
             yield from _class_members(node, f"{module}.{node.name}")
         elif isinstance(node, ast.Assign):
-            yield from (f"{module}.{t.id}" for t in node.targets if isinstance(t, ast.Name))
+            for target in node.targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                yield from (f"{module}.{n.id}" for n in names if isinstance(n, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             yield f"{module}.{node.target.id}"
     if is_package:  # re-exports: imported names, and lazy ones, which the package spells as strings
@@ -144,9 +146,10 @@ def test_every_docstring_reference_resolves():
 )
 def test_a_planted_stale_reference_is_found(reference):
     sources = read_sources()
+    before = set(stale_references(sources))
     path = "store/codec.py"
     sources[path] = f'"""See {reference}."""\n' + sources[path]
-    assert stale_references(sources) == [f"{path}:1: {reference}"]
+    assert set(stale_references(sources)) - before == {f"{path}:1: {reference}"}
 
 
 def test_references_that_exist_pass():

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..report.presentation import number, plural
 from .changepoints import HORIZON, ChangePoint, NoCommitBetween, commit_range, detect
-from .commands import _short, _test_id, distance, every_series, runs_of
+from .commands import distance, every_series, named_test, runs_of, short
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ def history_changes(
     given) with its change points, in the order of test, metric and lane. A run where a
     series has no finite distance (not run, a NaN) is left out of that series."""
     runs = runs_of(folder)
-    wanted = None if test is None else _test_id(runs, test)
+    wanted = None if test is None else named_test(runs, test)
     collected: dict[tuple[str, str, str], tuple[list[int], list[str], list[float]]] = {}
     for run in runs:
         for entry, series in zip(run["tests"], every_series(folder, run), strict=True):
@@ -80,7 +80,7 @@ def history_changes(
                 key = (entry["test"], name, entry.get("lane") or "")
                 numbers, commits, distances = collected.setdefault(key, ([], [], []))
                 numbers.append(run["run"])
-                commits.append(_short(run.get("commit")).strip("-"))
+                commits.append(short(run.get("commit")).strip("-"))
                 distances.append(value)
     if metric is not None and not collected:
         raise _no_metric(folder, metric, wanted)

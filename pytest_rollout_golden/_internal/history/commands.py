@@ -45,7 +45,8 @@ def pick_run(folder: Path, ref: str) -> dict[str, Any]:
     raise GoldenError(f"{folder}: no run {ref!r}; it holds {held} (-1: the newest)")
 
 
-def _short(commit: Any) -> str:
+def short(commit: Any) -> str:
+    """The first 10 characters of a commit hash, or "-" when there is none."""
     return str(commit)[:10] if commit else "-"
 
 
@@ -57,7 +58,7 @@ def list_runs(folder: Path) -> int:
         counts = run.get("counts", {})
         passed = sum(counts.get(s, 0) for s in PASSED)
         failed = counts.get("failed", 0)
-        rows.append((run["run"], run["time"], _short(run.get("commit")), run.get("lane") or "-",
+        rows.append((run["run"], run["time"], short(run.get("commit")), run.get("lane") or "-",
                      passed, failed))  # fmt: skip
     print(f"{folder}: {plural(len(runs), 'run')}")
     print("\n".join(table(rows)))
@@ -96,7 +97,7 @@ def every_series(folder: Path, run: Mapping[str, Any]) -> list[dict[str, dict[st
     return every
 
 
-def _test_id(runs: Sequence[Mapping[str, Any]], wanted: str) -> str:
+def named_test(runs: Sequence[Mapping[str, Any]], wanted: str) -> str:
     """The test id ``wanted`` names: itself, or the one test id containing it."""
     ids = sorted({t["test"] for run in runs for t in run["tests"]})
     if wanted in ids:
@@ -121,7 +122,7 @@ def show_test(
     """Print test ``test``'s series across runs: per run, each metric's greatest distance
     in units of tolerance (above 1: failed); ``plot``: draw them, one panel per metric."""
     runs = runs_of(folder)
-    test = _test_id(runs, test)
+    test = named_test(runs, test)
     by_run = {run["run"]: (run, series_of(folder, run, test)) for run in runs}
     names = sorted({n for _, s in by_run.values() for n in s})
     if metric is not None:
@@ -141,7 +142,7 @@ def show_test(
             cells.append("-" if math.isnan(value) else f"{value:.3g}")
             if not math.isnan(value):
                 curves[name][number_] = value
-        rows.append((number_, _short(run.get("commit")), status, *cells))
+        rows.append((number_, short(run.get("commit")), status, *cells))
     print("\n".join(table(rows)))
     if plot is not None:
         from ..report.plot import plot_metrics
@@ -171,8 +172,8 @@ def compare_runs(
     from ..report.diff import Pair, diff_metric_tables, one_sided
 
     run_a, run_b = pick_run(folder, a), pick_run(folder, b)
-    sides = (f"run {run_a['run']} ({_short(run_a.get('commit'))}, {run_a['time']})",
-             f"run {run_b['run']} ({_short(run_b.get('commit'))}, {run_b['time']})")  # fmt: skip
+    sides = (f"run {run_a['run']} ({short(run_a.get('commit'))}, {run_a['time']})",
+             f"run {run_b['run']} ({short(run_b.get('commit'))}, {run_b['time']})")  # fmt: skip
     tests = sorted({t["test"] for run in (run_a, run_b) for t in run["tests"]})
     diffs = []
     for test in tests:
