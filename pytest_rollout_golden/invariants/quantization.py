@@ -186,7 +186,8 @@ class _Run:
         if self.fmt.scale == "e4m3":
             self.scale_rtol = 2 * DECISION_RTOL  # the tensor scale's rounding too
         self.amax = block_amax(self.x64, self.fmt.block)
-        self.scale_amax = _floored(self.amax, setup.amax_floor)
+        nvfp4 = self.fmt.scale == "e4m3"  # its floor applies to the tensor amax
+        self.scale_amax = self.amax if nvfp4 else _floored(self.amax, setup.amax_floor)
         tensor_amax = _floored(block_amax(self.x64, None), setup.amax_floor)
         self.ref_tensor_scale = (
             nvfp4_tensor_scale(tensor_amax) if self.fmt.scale == "e4m3" else None
@@ -361,7 +362,8 @@ def _scale_hints(run: _Run, s: Tensor, judged: Tensor) -> list[str]:
     if fmt.block is not None and len(fmt.block) == 1 and run.x64.dim() >= 2:
         column_major = run.x64.transpose(-1, -2).reshape(*run.shape[:-2], 1, -1)
         transposed = scales_from_amax(block_amax(column_major, fmt.block), fmt, run.tensor_scale())
-        if transposed.numel() == s.numel() and torch.equal(transposed.reshape(s.shape), s):
+        same = transposed.numel() == s.numel() and torch.equal(transposed.reshape(s.shape), s)
+        if same and not follows(run.scale_range()[1]):
             hints.append(
                 "the scales are those of blocks taken down the columns (dim -2, column-major "
                 "order): transposed blocking"

@@ -97,8 +97,14 @@ def quantization_weights(
     block = fmt.block if fmt.block is not None else (min(32, shape[-1]),)
     index = blocks(torch.arange(1, x.numel() + 1).reshape(shape), block)
     flat_index = index.reshape(-1, index.shape[-1])
-    chosen_kinds = draw(st.lists(st.sampled_from(list(kinds)), min_size=flat_index.shape[0],
-                                 max_size=flat_index.shape[0]))  # fmt: skip
+    count = flat_index.shape[0]
+    chosen_kinds = draw(st.lists(st.sampled_from(list(kinds)), min_size=count, max_size=count))
+    if fmt.block is None or fmt.scale == "e4m3":
+        # a tensor-level scale needs a tensor amax in float32's normal range: a float32
+        # implementation cannot hold the encode scale of a tensor below ~1e-36
+        chosen_kinds[0] = draw(
+            st.sampled_from([k for k in kinds if k not in ("zero", "underflow")] or ["normal"])
+        )
     flat = x.reshape(-1)
     for members, kind in zip(flat_index, chosen_kinds, strict=True):
         where = members[members > 0] - 1  # zero marks padding

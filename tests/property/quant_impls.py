@@ -12,7 +12,8 @@ from pytest_rollout_golden.quant.formats import expand
 
 F32 = torch.float32
 TE_AMAX_FLOOR = {
-    e: m / torch.finfo(torch.float32).max for e, m in (("e4m3", 448.0), ("e5m2", 57344.0))
+    name: top / torch.finfo(torch.float32).max
+    for name, top in (("fp8_e4m3_tensor", 448.0), ("fp8_e5m2_tensor", 57344.0), ("nvfp4", 2688.0))
 }
 """The amax below which Transformer Engine's capped scale stops being ``max / amax``."""
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -114,13 +115,15 @@ def e2m1_by_thresholds(v: Tensor) -> Tensor:
 
 
 def nvfp4_te():
-    """Transformer Engine's NVFP4 recipe in float32: ``s_enc = 2688 / amax``, block decode
+    """Transformer Engine's NVFP4 recipe in float32: ``s_enc = 2688 / amax`` (capped at
+    ``FLT_MAX``), block decode
     scale ``e4m3(amax_b / 6 · s_enc)`` by torch's cast, elements ``x · (s_enc / sb)``."""
 
     def quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x32 = x.to(F32)
         amax = x32.abs().amax()
         s_enc = torch.where(amax > 0, 2688.0 / amax, torch.ones_like(amax))
+        s_enc = torch.clamp(s_enc, max=torch.finfo(F32).max)  # TE's cap, as for FP8
         b = x32.reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
         sb = (b.abs().amax(-1, keepdim=True) / 6.0 * s_enc).to(torch.float8_e4m3fn)
         enc = torch.where(sb.to(F32) > 0, s_enc / sb.to(F32), torch.zeros_like(b[..., :1]))

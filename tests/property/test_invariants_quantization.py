@@ -77,7 +77,7 @@ def test_float32_implementations_with_torch_casts_pass(fmt, data):
     torchao's bit tricks, threshold-table E2M1, float64 inputs rounded to float32 inside."""
     x = data.draw(quantization_weights(fmt, dtype=ALL_DTYPES))
     quantize, dequantize = INDEPENDENT[fmt]
-    floor = {"amax_floor": impl.TE_AMAX_FLOOR[fmt[4:8]]} if fmt.endswith("_tensor") else {}
+    floor = {"amax_floor": impl.TE_AMAX_FLOOR[fmt]} if fmt in impl.TE_AMAX_FLOOR else {}
     check_quantization(quantize, x, fmt, dequantize=dequantize, **floor)
     check_quantization(round_trip(quantize, dequantize), x, fmt, **floor)
 
