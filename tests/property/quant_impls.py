@@ -226,3 +226,14 @@ def dequantize_as(fmt: str):
         return out if tensor_scale is None else out * tensor_scale
 
     return dequantize
+
+
+def fp8_block_unguarded(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The transformers/verl ``per_block_fp8_quant`` formula over 128x128 tiles: encode scale
+    ``448 / amax``, ``clamp(x · scale)`` cast to E4M3, decode scale its reciprocal, with no
+    guard for an all-zero tile (``0 · inf`` is NaN)."""
+    rows, cols = x.shape
+    tiles = x.to(F32).reshape(rows // 128, 128, cols // 128, 128)
+    scale = 448.0 / tiles.abs().amax(dim=(1, 3), keepdim=True)
+    q = torch.clamp(tiles * scale, -448.0, 448.0).to(torch.float8_e4m3fn).reshape(rows, cols)
+    return q, scale.reshape(rows // 128, cols // 128).reciprocal()

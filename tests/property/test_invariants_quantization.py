@@ -236,3 +236,16 @@ def test_a_failure_names_the_block_and_both_scales():
 def test_non_finite_input_is_an_error():
     with pytest.raises(ValueError, match="must be finite"):
         check_quantization(reference("nvfp4"), torch.full((1, 16), torch.inf), "nvfp4")
+
+
+def test_finds_nan_codes_of_an_all_zero_tile():
+    """``448 / amax`` without a zero guard: an all-zero 128x128 tile (a zero-initialized or
+    pruned block) quantizes to NaN codes with a zero decode scale, so the engine's weight is
+    NaN there."""
+    message = hunt_for(
+        "quantization.no_overflow",
+        "fp8_e4m3_block128",
+        impl.fp8_block_unguarded,
+        functools.partial(impl.fp8_dequantize, block=(128, 128)),
+    )
+    assert "got nan" in message
