@@ -249,3 +249,18 @@ def test_finds_nan_codes_of_an_all_zero_tile():
         functools.partial(impl.fp8_dequantize, block=(128, 128)),
     )
     assert "got nan" in message
+
+
+def test_e8m0_scales_are_read_as_float8_e8m0fnu_and_as_biased_uint8():
+    x = torch.randn(3, 96)
+    quantize = impl.mxfp8_torchao("e4m3")
+
+    def as_e8m0fnu(t):
+        codes, biased = quantize(t)
+        return codes, biased.view(torch.float8_e8m0fnu)
+
+    def dequantize(codes, scales):
+        return impl.mx_dequantize(codes, scales.view(torch.uint8))
+
+    check_quantization(as_e8m0fnu, x, "mxfp8_e4m3", dequantize=dequantize)
+    check_quantization(quantize, x, "mxfp8_e4m3", dequantize=impl.mx_dequantize)
