@@ -20,16 +20,19 @@ import torch
 from hypothesis import strategies as st
 
 from ._internal.hypothesis_profiles import register_profiles
+from .quant.strategies import BLOCK_KINDS, quantization_weights
 from .reference.advantages import response_span
 from .reference.correction import RS_CRITERIA
 from .reference.masking import as_bool_mask
 
 __all__ = [
+    "BLOCK_KINDS",
     "GRID",
     "PAD_LOG_PROB_DEPTH",
     "critic_batches",
     "is_thresholds",
     "kl_batches",
+    "quantization_weights",
     "register_profiles",
     "reward_batches",
     "rollout_batches",

@@ -32,6 +32,10 @@ a bound: there, either decision is correct. This keeps the checkers free of fals
 every generated batch while a bug in float64 still shows as an error many orders of
 magnitude above the tolerance. In bf16 the tolerances are honest and therefore wide (a
 sequence-level IS weight over 12 tokens is only known to a few percent).
+
+:func:`check_quantization` takes a quantizer (FP8, MXFP8, NVFP4) and a weight tensor instead
+(from :func:`pytest_rollout_golden.strategies.quantization_weights` or your own) and judges it
+against the float64 formats of :mod:`pytest_rollout_golden.quant`.
 """
 
 from .accumulation import (
@@ -59,6 +63,7 @@ from .losses import (
 )
 from .metrics import IS_METRICS, PPO_METRICS, check_ppo_metrics, check_rollout_corr_metrics
 from .mismatch import check_mismatch_metrics
+from .quantization import check_quantization
 from .reinforce_losses import check_kimi15, check_topr
 from .rollouts import check_group_diversity, check_token_ids_kept
 from .sequence_masks import check_opsm_mask
@@ -89,6 +94,7 @@ __all__ = [
     "check_ppo_clip",
     "check_ppo_metrics",
     "check_ppo_reduces_to_reinforce",
+    "check_quantization",
     "check_rollout_corr_metrics",
     "check_rs_mask",
     "check_sapo",

@@ -2,8 +2,9 @@
 
 ``quantize(x, "mxfp8_e4m3")`` returns the codes and scales the format's published definition
 gives; ``dequantize`` multiplies them back; ``error_bound(x, fmt)`` is the per-element bound on
-the round-trip error that the format itself implies. See :mod:`pytest_rollout_golden.quant.
-formats` for the definitions, their sources and the choices where sources differ.
+the round-trip error that the format itself implies. See
+:mod:`~pytest_rollout_golden.quant.formats` for the definitions, their sources and the
+choices where sources differ.
 
 Between the trainer and the rollout engine: :mod:`.manifest` says which precision each side
 uses, parameter by parameter (``golden.check_precision`` records it), and :mod:`.sync` checks

@@ -26,8 +26,8 @@ are independent. A trailing dim that is not a multiple of the block ends in a pa
 whose scale comes from the elements it has. ``block=None`` is one scale for the whole tensor.
 
 The reference keeps scales as exact reals in float64 (``amax / 448`` is not rounded to
-float32); implementations store fp32 scales, and :func:`pytest_rollout_golden.invariants.
-check_quantization` allows that rounding explicitly.
+float32); implementations store fp32 scales, and
+:func:`~pytest_rollout_golden.invariants.check_quantization` allows that rounding explicitly.
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ ELEMENTS: Mapping[str, Element] = MappingProxyType(
 )
 """The element formats by name."""
 
+F64_SLACK = 2.0**-50
+"""Relative allowance for the float64 rounding of the reference's own arithmetic."""
 E8M0_MIN_EXP = -127
 E8M0_MAX_EXP = 127
 NVFP4_TENSOR_RANGE = 448.0 * 6.0
@@ -286,18 +288,37 @@ def _fp32_scale(amax: Tensor, elem: Element) -> Tensor:
     return torch.where(amax > 0, amax / elem.max, torch.ones_like(amax))
 
 
-def _nvfp4_scales(x: Tensor, fmt: Format) -> tuple[Tensor, Tensor]:
-    """NVFP4's two-level scale (NVIDIA, "Introducing NVFP4"; Transformer Engine's recipe):
-    the per-tensor decode scale ``g = amax_tensor / (448·6)`` (1 for an all-zero tensor) and
-    per-16-element block scales ``e4m3(amax_block / 6 / g)``, rounded to nearest E4M3 (at
-    most 448 by construction). A block scale that rounds to 0 (a block whose amax is at most
+def nvfp4_tensor_scale(amax: Tensor) -> Tensor:
+    """NVFP4's per-tensor decode scale ``g = amax_tensor / (448·6)`` (NVIDIA, "Introducing
+    NVFP4"; Transformer Engine's recipe), so the block holding the tensor's amax gets the
+    block scale 448 exactly; 1 for an all-zero tensor, NaN for a non-finite one."""
+    g = torch.where(amax > 0, amax / NVFP4_TENSOR_RANGE, torch.ones_like(amax))
+    return torch.where(torch.isfinite(amax), g, torch.full_like(g, math.nan))
+
+
+def scales_from_amax(amax: Tensor, fmt: Format, tensor_scale: Tensor | None = None) -> Tensor:
+    """The format's block scales for block amaxes ``amax`` (float64). NVFP4 needs the tensor
+    decode scale ``g``: block scales are ``e4m3(amax_block / 6 / g)``, rounded to nearest
+    E4M3 (at most 448 by construction); one that rounds to 0 (a block whose amax is at most
     ``2^-10 / 448`` of the tensor's) zeroes its block."""
-    amax_t = block_amax(x, None)
-    g = torch.where(amax_t > 0, amax_t / NVFP4_TENSOR_RANGE, torch.ones_like(amax_t))
-    g = torch.where(torch.isfinite(amax_t), g, torch.full_like(g, math.nan))
-    amax_b = block_amax(x, fmt.block)
-    block_scale = round_element(amax_b / (fmt.elem.max * g), "e4m3")
-    return block_scale, g
+    if fmt.scale == "e8m0":
+        return _e8m0_scale(amax, fmt.elem, fmt.scale_rounding)
+    if fmt.scale == "fp32":
+        return _fp32_scale(amax, fmt.elem)
+    if tensor_scale is None:
+        raise ValueError(f"{fmt.name}: block scales need the tensor scale")
+    return round_element(amax / (fmt.elem.max * tensor_scale), "e4m3")
+
+
+def codes_at(x: Tensor, fmt: Format, per_element_scale: Tensor) -> Tensor:
+    """``x / scale`` rounded to the element grid (nearest, ties to even, saturating); 0 where
+    the scale is 0 and NaN where it is NaN."""
+    x64 = x.detach().to(torch.float64)
+    s = per_element_scale.to(torch.float64)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    v = torch.where(s > 0, x64 / safe, torch.zeros_like(x64))
+    codes = round_element(v, fmt.elem)
+    return torch.where(torch.isnan(s), torch.full_like(codes, math.nan), codes)
 
 
 def quantize(x: Tensor, fmt: str | Format) -> Quantized:
@@ -308,21 +329,12 @@ def quantize(x: Tensor, fmt: str | Format) -> Quantized:
     shape = tuple(x.shape)
     check_shape(shape, fmt)
     x64 = x.detach().to(torch.float64)
-    tensor_scale = None
-    if fmt.scale == "e4m3":
-        scales, tensor_scale = _nvfp4_scales(x64, fmt)
-        per_element = expand(scales, fmt.block, shape) * tensor_scale
-    else:
-        amax = block_amax(x64, fmt.block)
-        if fmt.scale == "e8m0":
-            scales = _e8m0_scale(amax, fmt.elem, fmt.scale_rounding)
-        else:
-            scales = _fp32_scale(amax, fmt.elem)
-        per_element = expand(scales, fmt.block, shape)
-    v = torch.where(per_element > 0, x64 / per_element, torch.zeros_like(x64))
-    codes = round_element(v, fmt.elem)
-    codes = torch.where(torch.isnan(per_element), torch.full_like(codes, math.nan), codes)
-    return Quantized(fmt, codes, scales, tensor_scale, shape)
+    tensor_scale = nvfp4_tensor_scale(block_amax(x64, None)) if fmt.scale == "e4m3" else None
+    scales = scales_from_amax(block_amax(x64, fmt.block), fmt, tensor_scale)
+    per_element = expand(scales, fmt.block, shape)
+    if tensor_scale is not None:
+        per_element = per_element * tensor_scale
+    return Quantized(fmt, codes_at(x64, fmt, per_element), scales, tensor_scale, shape)
 
 
 def effective_scale(q: Quantized) -> Tensor:
@@ -341,13 +353,19 @@ def bound_at_scale(x: Tensor, scale: Tensor, element: str | Element) -> Tensor:
     with saturation: ``scale · max(step(|v|) / 2, |v| - max)`` with ``v = x / scale``. The
     first term is half a grid step (round to nearest; at most ``2^-(mbits+1)·|x|`` for a
     value in the normal range), the second the saturation error. A zero scale (an NVFP4
-    block scale that underflowed) loses the whole value: the bound is ``|x|``."""
+    block scale that underflowed) loses the whole value: the bound is ``|x|``.
+
+    Plus the float64 rounding of the reference itself: a scale like ``amax / 448`` is not a
+    float64 number, so ``x / scale`` and ``code · scale`` round (``2^-53`` relative each);
+    ``F64_SLACK = 2^-50`` relative to ``|x|`` and to the bound covers both, many orders of
+    magnitude below any grid step."""
     elem = ELEMENTS[element] if isinstance(element, str) else element
     x = x.to(torch.float64)
     scale = scale.to(torch.float64)
     v = torch.where(scale > 0, x.abs() / torch.where(scale > 0, scale, 1.0), 0.0)
     half_step = grid_step(v, elem) / 2
     bound = scale * torch.maximum(half_step, v - elem.max)
+    bound = bound * (1 + F64_SLACK) + F64_SLACK * x.abs()
     return torch.where(scale > 0, bound, x.abs())
 
 

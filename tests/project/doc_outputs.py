@@ -1046,6 +1046,30 @@ def gae_unmasked_values(work: Path) -> str:
     return checker_failure(lambda: invariants.check_gae(roll_gae, batch, gamma=1.0, lam=0.95))
 
 
+@output("quant-e8m0-rounded-down")
+def quant_e8m0_rounded_down(work: Path) -> str:
+    """``check_quantization`` on an MXFP8 quantizer whose E8M0 scale rounds ``amax / 448``
+    down to a power of two: one row of two 32-element blocks (amax 0.5 and 300)."""
+    import torch
+
+    from pytest_rollout_golden import invariants
+
+    def quantize(x):
+        amax = x.reshape(1, 2, 32).abs().amax(-1)
+        scales = torch.exp2(torch.floor(torch.log2(amax / 448)))  # the bug: rounded down
+        codes = (x / scales.repeat_interleave(32, -1)).to(torch.float8_e4m3fn)
+        return codes, scales
+
+    def dequantize(codes, scales):
+        return codes.float() * scales.repeat_interleave(32, -1)
+
+    x = torch.full((1, 64), 0.5)
+    x[0, 32] = 300.0
+    return checker_failure(
+        lambda: invariants.check_quantization(quantize, x, "mxfp8_e4m3", dequantize=dequantize)
+    )
+
+
 @output("critic-micro-batch")
 def critic_micro_batch(work: Path) -> str:
     """``check_value_loss`` on verl's ``compute_value_loss`` formula normalized per
