@@ -64,6 +64,9 @@ def _definitions(module: str, tree: ast.Module, is_package: bool) -> Iterable[st
             yield f"{module}.{node.name}"
             yield from _class_members(node, f"{module}.{node.name}")
         elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                exported = ast.walk(node.value)  # a module's re-exports are in its __all__
+                yield from (f"{module}.{c.value}" for c in exported if isinstance(c, ast.Constant))
             for target in node.targets:
                 names = target.elts if isinstance(target, ast.Tuple) else [target]
                 yield from (f"{module}.{n.id}" for n in names if isinstance(n, ast.Name))
