@@ -119,6 +119,8 @@ class CommitRun:
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         del out["report"]
+        if not out["outcomes"]:  # only a triage collects them; bisect's documents stay as they were
+            del out["outcomes"]
         return out
 
     @classmethod
