@@ -192,7 +192,7 @@ def _crlf_clone(source: Path, target: Path) -> None:
 
 @needs_git
 def test_the_projects_own_goldens_verify_after_a_crlf_clone(tmp_path, capsys):
-    from pytest_rollout_golden import cli
+    from pytest_rollout_golden.cli.verify import verify
 
     shutil.copytree(REPO / "golden", tmp_path / "src" / "golden")
     _crlf_clone(tmp_path / "src", tmp_path / "clone")
@@ -202,7 +202,7 @@ def test_the_projects_own_goldens_verify_after_a_crlf_clone(tmp_path, capsys):
     for batch in golden.rglob("*.safetensors"):  # binary to git: never converted
         original = tmp_path / "src" / batch.relative_to(tmp_path / "clone")
         assert batch.read_bytes() == original.read_bytes()
-    status = cli.verify([golden])
+    status = verify([golden])
     out = capsys.readouterr().out
     assert status == 0, out
     assert "FAIL" not in out and " 0 with problems" in out, out
