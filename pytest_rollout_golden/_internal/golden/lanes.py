@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ...errors import GoldenError
 from ...store.location import LANE_NAME as _NAME, LANES, MANIFEST
@@ -162,6 +162,130 @@ class LaneSetting:
         return self.name is not None
 
 
+def resolve_auto(
+    setting: LaneSetting, fingerprint: Callable[[], Mapping[str, Any] | None] | None = None
+) -> LaneSetting:
+    """``setting`` with ``auto`` replaced by the lane of this environment (``fingerprint``:
+    what describes it, default :func:`.determinism.fingerprint`, which imports torch)."""
+    if setting.name != AUTO:
+        return setting
+    if fingerprint is None:
+        from .determinism import fingerprint as describe
+    else:
+        describe = fingerprint
+    return dataclasses.replace(setting, name=environment_lane(describe()) or "cpu")
+
+
+Role = Literal["base", "own", "fallback"]
+Refusal = Literal["regenerate", "missing", "stale", "oracle-missing", "oracle-stale"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneChoice:
+    """The lane whose values a golden is compared against (:func:`choose`).
+
+    ``setting``: the run's lane (``auto`` decided; its ``name`` ``None``: lanes off), where it
+    was set and its fallback. ``base``: the golden's base lane (``None``: no inputs yet, or a
+    golden without one). ``role``: whose values are compared and recorded: ``"base"`` (the
+    ones beside the inputs: lanes off, no golden yet, the run's lane is the base lane, or a
+    refused lane never recorded), ``"own"`` (the run's lane in ``@lanes/``, recorded or to be
+    recorded), ``"fallback"`` (the declared fallback, where the run's lane was never recorded
+    and this run does not record). ``values``: the lane named by ``role``. ``tolerances``:
+    the layer a fallback is compared under (``None``: the usual ones). ``refusal``: why the
+    golden cannot be compared (``None``: it can), with ``held`` (the lanes recorded, for
+    ``missing`` and ``regenerate``) and ``stale`` (the inputs changed since ``values`` were
+    computed, for ``stale`` and ``oracle-stale``).
+    """
+
+    setting: LaneSetting
+    base: str | None = None
+    role: Role = "base"
+    values: str | None = None
+    tolerances: Any = None
+    refusal: Refusal | None = None
+    held: tuple[str | None, ...] = ()
+    stale: tuple[str, ...] = ()
+
+    @property
+    def lane(self) -> str | None:
+        """The run's lane (``None``: lanes off)."""
+        return self.setting.name
+
+    @property
+    def in_base(self) -> bool:
+        """Whether the run's lane is the golden's base lane (or lanes are off)."""
+        return self.lane is None or self.lane == self.base
+
+
+def choose(
+    setting: LaneSetting,
+    manifest: Mapping[str, Any] | None,
+    others: Sequence[str],
+    *,
+    recorded: Callable[[str], bool],
+    stale: Callable[[str], Sequence[str]],
+    records: bool = False,
+    rerecords: bool = False,
+    regenerate: bool = False,
+    fingerprint: Callable[[], Mapping[str, Any] | None] | None = None,
+) -> LaneChoice:
+    """The lane a golden's values are compared against, or why they cannot be.
+
+    ``setting``: the run's lane (``auto`` decided here, :func:`resolve_auto`); ``manifest``:
+    the golden's own (``None``: no inputs recorded yet); ``others``: the lanes under
+    ``@lanes/`` (:func:`other_lanes`). ``recorded(lane)``: whether the run's lane holds values
+    (asked once, before anything else is read of it); ``stale(lane)``: the inputs changed
+    since that lane's values were computed (:func:`stale_inputs`). ``records``: this run
+    records a lane it lacks; ``rerecords``, ``regenerate``: it re-records (new inputs), and
+    stale values are then not refused.
+
+    Refused: ``--golden-regenerate`` from another lane than the base lane, or while other
+    lanes exist (new inputs would orphan their values); values computed on other inputs; a
+    lane never recorded in a run that does not record, without a recorded fallback. The
+    float64 oracle's lane is refused as ``oracle-missing``/``oracle-stale`` and never falls
+    back."""
+    from .precision import ORACLE_LANE
+
+    setting = resolve_auto(setting, fingerprint)
+    chosen = LaneChoice(setting)
+    if manifest is None:
+        return chosen
+    base = base_lane(manifest)
+    chosen = dataclasses.replace(chosen, base=base, values=base)
+    kept = tuple(name for name in others if name not in (base, ORACLE_LANE))
+    if regenerate and rerecords and (not chosen.in_base or kept):
+        return dataclasses.replace(chosen, refusal="regenerate", held=kept)
+    lane = setting.name
+    if lane is None or chosen.in_base:
+        return chosen
+    oracle = lane == ORACLE_LANE
+    if recorded(lane) or records:
+        return _unless_stale(chosen, "own", lane, stale, rerecords, oracle)
+    if oracle:
+        return dataclasses.replace(chosen, refusal="oracle-missing")
+    held = (base, *others)
+    if setting.fallback is None or setting.fallback not in held:
+        return dataclasses.replace(chosen, refusal="missing", held=held)
+    chosen = dataclasses.replace(chosen, tolerances=setting.fallback_tolerances)
+    return _unless_stale(chosen, "fallback", setting.fallback, stale, rerecords, oracle)
+
+
+def _unless_stale(
+    chosen: LaneChoice,
+    role: Role,
+    values: str,
+    stale: Callable[[str], Sequence[str]],
+    rerecords: bool,
+    oracle: bool,
+) -> LaneChoice:
+    """``chosen`` comparing lane ``values`` as ``role``, refused if they are stale."""
+    chosen = dataclasses.replace(chosen, role=role, values=values)
+    changed = () if rerecords else tuple(stale(values))
+    if not changed:
+        return chosen
+    return dataclasses.replace(chosen, refusal="oracle-stale" if oracle else "stale", stale=changed)
+
+
 def resolve_setting(
     option: str | None, ini: str | None, environ: Mapping[str, str]
 ) -> tuple[str | None, str]:
@@ -264,9 +388,11 @@ def lane_values(directory: Path, lane: str | None) -> LaneValues:
 __all__ = [
     "AUTO",
     "ENVIRONMENT_VARIABLE",
+    "LaneChoice",
     "LaneSetting",
     "LaneValues",
     "base_lane",
+    "choose",
     "environment_lane",
     "golden_lanes",
     "input_digests",
@@ -274,6 +400,7 @@ __all__ = [
     "lane_problem",
     "lane_values",
     "other_lanes",
+    "resolve_auto",
     "resolve_setting",
     "split_lane",
     "stale_inputs",

@@ -62,7 +62,7 @@ from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
 from . import checks, keyed, metric_codec, precision as precision_names
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
-from .lanes import LaneSetting
+from .lanes import LaneChoice, LaneSetting
 from .modes import ModePolicy, ReplayOnly
 from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
 from .results import Comparison, Mode, Outcome, Verdict
@@ -186,6 +186,7 @@ class Golden:
         self._inputs = GoldenFiles(self.directory, rebuild=rebuild)
         self._files = self._inputs  # the values: another lane's directory once opened
         self._lane = lane or LaneSetting()
+        self._choice = LaneChoice(self._lane)  # the lane compared, once opened
         self._rebuild = rebuild
         self._outcome = Outcome(self.test_id, str(self.directory))
         self._opened = False
@@ -286,48 +287,58 @@ class Golden:
             self._outcome.environment_changes = changes
             if changes and stack.exact:
                 stack = stack.replace(exact=False)
-        if self._outcome.lane.get("fallback"):
-            stack = stack.replace(exact=False, lane_fallback=self._lane.fallback_tolerances)
+        if self._choice.role == "fallback":
+            stack = stack.replace(exact=False, lane_fallback=self._choice.tolerances)
         if stack != self._stack:  # tolerances.json, the exact lane dropped, a fallback lane
             self._stack, self._resolver = stack, stack.resolver()
 
     def _open_lane(self) -> None:
-        """Make :attr:`_files` the values of this run's lane (:mod:`.lanes`).
+        """Make :attr:`_files` the values of the lane :func:`.lanes.choose` chooses.
 
         The base lane's values sit beside the inputs; another lane's are opened (and
-        locked) in ``@lanes/<lane>/``. A lane never recorded is recorded where the mode
-        records; in strict mode it is compared against the declared fallback lane, else it
-        is missing.
+        locked) in ``@lanes/<lane>/``; those not chosen are closed again. A refusal raises
+        with the values it refuses as :attr:`_files`.
         """
         from . import lanes
 
-        lane = self._lane
-        if lane.on:
-            self._outcome.lane = {"name": lane.name, "source": lane.source}
-        if not self._inputs.exists:
-            return
-        base = lanes.base_lane(self._inputs.manifest)  # type: ignore[arg-type]
-        in_base = not lane.on or base == lane.name
-        self._refuse_regenerating(base, in_base=in_base)
-        if in_base:
-            if lane.on:
-                self._outcome.lane["base"] = base
-            return
-        self._outcome.lane["base"] = base
-        values = self._open_values(lane.name)
-        if values.exists or self.policy.records:
-            self._files = values
-            self._refuse_stale_lane(lane.name)
-            return
-        values.close()
-        recorded = [base, *lanes.other_lanes(self.directory)]
-        if self._certify:
-            raise GoldenMissingError(oracle_missing(self.test_id, self.directory, self._remedy))
-        if lane.fallback is None or lane.fallback not in recorded:
-            raise GoldenMissingError(lane_missing(self.directory, lane, recorded))
-        self._files = self._inputs if lane.fallback == base else self._open_values(lane.fallback)
-        self._refuse_stale_lane(lane.fallback)
-        self._outcome.lane["fallback"] = lane.fallback
+        exists = self._inputs.exists
+        base = lanes.base_lane(self._inputs.manifest) if exists else None  # type: ignore[arg-type]
+        opened: dict[str, GoldenFiles] = {}
+
+        def values(name: str) -> GoldenFiles:
+            if name not in opened:
+                opened[name] = self._inputs if name == base else self._open_values(name)
+            return opened[name]
+
+        choice = None
+        try:
+            choice = lanes.choose(
+                self._lane,
+                self._inputs.manifest if exists else None,
+                lanes.other_lanes(self.directory) if exists else (),
+                recorded=lambda name: values(name).exists,
+                stale=lambda name: self._stale_inputs(values(name)),
+                records=self.policy.records,
+                rerecords=self.policy.rerecords,
+                regenerate=self.policy.regenerate,
+            )
+        finally:
+            kept = None if choice is None or choice.role == "base" else choice.values
+            for name, files in opened.items():
+                if files is not self._inputs and name != kept:
+                    files.close()
+        self._choice = choice
+        if choice.lane is not None:
+            self._outcome.lane = {"name": choice.lane, "source": choice.setting.source}
+            if exists and choice.refusal != "regenerate":
+                self._outcome.lane["base"] = choice.base
+        if choice.role != "base":
+            assert choice.values is not None
+            self._files = values(choice.values)
+        if choice.refusal is not None:
+            raise self._lane_refused(choice)
+        if choice.role == "fallback":
+            self._outcome.lane["fallback"] = choice.values
 
     def _open_values(self, lane: str) -> GoldenFiles:
         from .lanes import lane_dir, refuse_lane_link
@@ -337,32 +348,28 @@ class Golden:
         values.open(damaged_is_missing=self.policy.replaces_damaged)
         return values
 
-    def _refuse_stale_lane(self, name: str) -> None:
-        """GoldenFormatError if the values of lane ``name`` (the run's lane or its fallback),
-        open as :attr:`_files`, were computed on other inputs."""
+    def _stale_inputs(self, values: GoldenFiles) -> list[str]:
+        """The input files changed since ``values`` (a lane's) were computed."""
         from .lanes import input_digests, stale_inputs
 
-        if not self._files.exists or self.policy.rerecords:
-            return
+        if not values.exists:
+            return []
         inputs = input_digests(self._inputs.recorded)
-        stale = stale_inputs(self._files.manifest, inputs)  # type: ignore[arg-type]
-        if stale and self._certify:
-            raise GoldenFormatError(oracle_on_other_inputs(self._files.directory, stale))
-        if stale:
-            raise GoldenFormatError(lane_on_other_inputs(self._files.directory, name, stale))
+        return stale_inputs(values.manifest, inputs)  # type: ignore[arg-type]
 
-    def _refuse_regenerating(self, base: str | None, *, in_base: bool) -> None:
-        """GoldenError if ``--golden-regenerate`` would change the inputs of another lane:
-        from a lane other than the base lane, or from the base lane while others exist."""
-        from .lanes import other_lanes
-
-        if not (self.policy.rerecords and self.policy.regenerate):
-            return
-        derived = (base, precision_names.ORACLE_LANE)  # the oracle: re-certified, never lost
-        others = [name for name in other_lanes(self.directory) if name not in derived]
-        if not in_base or others:
-            lane = self._lane.name if not in_base else base
-            raise GoldenError(regenerate_in_lane(self.directory, lane, base, others))
+    def _lane_refused(self, choice: LaneChoice) -> GoldenError:
+        """The error that says why :func:`.lanes.choose` refused this golden's lanes."""
+        where = self._files.directory
+        if choice.refusal == "regenerate":
+            lane = choice.base if choice.in_base else choice.lane
+            return GoldenError(regenerate_in_lane(self.directory, lane, choice.base, choice.held))
+        if choice.refusal == "oracle-missing":
+            return GoldenMissingError(oracle_missing(self.test_id, self.directory, self._remedy))
+        if choice.refusal == "missing":
+            return GoldenMissingError(lane_missing(self.directory, choice.setting, choice.held))
+        if choice.refusal == "oracle-stale":
+            return GoldenFormatError(oracle_on_other_inputs(where, choice.stale))
+        return GoldenFormatError(lane_on_other_inputs(where, str(choice.values), choice.stale))
 
     @property
     def _replaying(self) -> bool:
@@ -416,7 +423,7 @@ class Golden:
         if self._inputs is not self._files and self._inputs.staging:
             self._inputs.abort()
             raise GoldenMissingError(
-                input_outside_base_lane(name, step, self.directory, self._lane.name)
+                input_outside_base_lane(name, step, self.directory, self._choice.lane)
             )
         self._note_derived(name, step, batch)
         if self._certify:
@@ -1122,7 +1129,8 @@ class Golden:
         from .lanes import input_digests
 
         recorded = (self._files.manifest or {}).get("lane")
-        lane = self._lane.name if self._lane.on and (fresh or recorded is None) else recorded
+        lane = self._choice.lane
+        lane = lane if lane is not None and (fresh or recorded is None) else recorded
         fields: dict[str, Any] = {} if lane is None else {"lane": lane}
         if self._files is not self._inputs:
             fields["inputs"] = input_digests(self._inputs.recorded)

@@ -48,7 +48,6 @@ from .options import (
     parse_seed,
     plot_dir,
     report_path,
-    resolved_lane,
     session_mode,
     session_tolerances,
     truthy_env,
@@ -304,7 +303,9 @@ class GoldenPlugin:
 
     def _lane(self) -> LaneSetting:
         """The session's lane, ``auto`` decided on first use (it needs torch)."""
-        self.lane = resolved_lane(self.lane)
+        from ..golden.lanes import resolve_auto
+
+        self.lane = resolve_auto(self.lane)
         return self.lane
 
     def _mismatch_bounds(self, item: pytest.Item, options: dict[str, Any]) -> Any:

@@ -107,7 +107,8 @@ def lane_setting(
 ) -> LaneSetting:
     """The session's lane (:mod:`..golden.lanes`): ``--golden-lane``, else the environment's
     ``ROLLOUT_GOLDEN_LANE``, else ini ``golden_lane``; ``auto`` stays as it is until a golden
-    needs it (:func:`resolved_lane`: deciding imports torch). OptionError on a bad name."""
+    needs it (:func:`~.lanes.resolve_auto`: deciding imports torch). OptionError on a bad
+    name."""
     from ..golden.lanes import AUTO, LaneSetting, lane_problem, resolve_setting
 
     try:
@@ -128,18 +129,6 @@ def lane_setting(
             "set golden_lane (or --golden-lane, ROLLOUT_GOLDEN_LANE), e.g. golden_lane = auto"
         )
     return LaneSetting(name, source, fallback or None, tolerances if tolerances.entries else None)
-
-
-def resolved_lane(setting: LaneSetting) -> LaneSetting:
-    """``setting`` with ``auto`` replaced by this environment's lane."""
-    import dataclasses
-
-    from ..golden.determinism import fingerprint
-    from ..golden.lanes import AUTO, environment_lane
-
-    if setting.name != AUTO:
-        return setting
-    return dataclasses.replace(setting, name=environment_lane(fingerprint()) or "cpu")
 
 
 def parse_seed(value: Any, source: str, *, text: bool = True) -> int:
