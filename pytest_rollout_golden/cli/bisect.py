@@ -11,9 +11,11 @@ from typing import Any
 
 from .._internal.commits.bisect import BisectOptions, bisect
 from .._internal.commits.cache import Cache
+
+# Called through its module: tests/project/doc_figures.py records what is drawn there.
+from .._internal.report import timeline
 from .._internal.report.commits import bisect_lines, bisect_plan, bisect_progress
 from .._internal.report.plot import figure_classes
-from .._internal.report.timeline import plot_bisect
 from ..errors import GoldenError
 from .arguments import commit_run_arguments, run_spec
 
@@ -47,7 +49,7 @@ def bisect_command(args: argparse.Namespace) -> int:
     else:
         print("\n".join(bisect_lines(result)))
     if args.plot is not None:
-        progress(f"bisect: wrote {plot_bisect(result, args.plot)}")
+        progress(f"bisect: wrote {timeline.plot_bisect(result, args.plot)}")
     return 0 if result.first_bad is not None else 1
 
 

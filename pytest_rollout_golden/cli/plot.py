@@ -10,8 +10,11 @@ from typing import Any, NamedTuple
 
 from .._internal.golden.files import load_golden, read_envelope
 from .._internal.golden.lanes import lane_values, split_lane
+
+# The drawing functions are called through their modules: the docs' figure harness
+# (tests/project/doc_figures.py) records what is drawn by replacing them there.
+from .._internal.report import plot as drawing
 from .._internal.report.diff import diff_goldens, pair_paths
-from .._internal.report.plot import plot_metrics, series
 from .._internal.report.presentation import lane_inputs_changed
 from .._internal.tolerance.envelope import band_source
 from .._internal.tolerance.stack import Stack
@@ -106,7 +109,7 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
     """One picture: golden ``a``'s curves (and its envelope), against ``b``'s when given."""
     a, b = sides.a, sides.b
     curves = [
-        series(load_golden(path)[1].get(METRICS, {}).get("steps", {}))
+        drawing.series(load_golden(path)[1].get(METRICS, {}).get("steps", {}))
         for path in (a, b)
         if path is not None
     ]
@@ -126,7 +129,7 @@ def _plot_pair(sides: _Sides, out: Path, tolerances: Stack) -> int:
     else:
         resolver = tolerances.resolver()
         ignored = {n for n in curves[0] if resolver.resolve(n)[0].ignore}
-    picture = plot_metrics(
+    picture = drawing.plot_metrics(
         curves[0],
         out,
         b=curves[1] if b is not None else None,
