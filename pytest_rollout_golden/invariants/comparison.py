@@ -153,13 +153,16 @@ def first_item(output: Any) -> Any:
     return output[0] if isinstance(output, tuple | list) else output
 
 
-def accepts(fn: Callable[..., Any], name: str) -> bool:
+def accepts(fn: Callable[..., Any], name: str, *, by_name: bool = False) -> bool:
+    """Whether ``fn`` takes keyword ``name``: a parameter of that name, or (unless
+    ``by_name``) a ``**kwargs``."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
     return any(
-        (p.name == name and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD
+        (p.name == name and p.kind != p.POSITIONAL_ONLY)
+        or (p.kind == p.VAR_KEYWORD and not by_name)
         for p in parameters
     )
 

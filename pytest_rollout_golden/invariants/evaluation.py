@@ -56,12 +56,17 @@ def gradient(loss: Tensor, leaf: Tensor) -> Tensor:
     return torch.zeros_like(leaf, dtype=torch.float64) if grad is None else f64(grad)
 
 
+# Keywords passed only to a loss that names them: a ``**kwargs`` wrapper forwarding to a loss
+# written before them would otherwise receive a keyword its callee does not take.
+_BY_NAME_ONLY = frozenset({"global_rows"})
+
+
 def loss_kwargs(
     loss_fn: Callable[..., Any], global_tokens: int, global_seqs: int, **extra: Any
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"global_tokens": global_tokens, "global_seqs": global_seqs}
     for key, value in extra.items():
-        if accepts(loss_fn, key):
+        if accepts(loss_fn, key, by_name=key in _BY_NAME_ONLY):
             kwargs[key] = value
     return kwargs
 
