@@ -203,3 +203,21 @@ def test_history_commands_name_what_is_missing(tmp_path, capsys):
     assert code == 2 and "no run '7'; it holds runs 1-1 (-1: the newest)" in out
     code, out = history(capsys, str(tmp_path), "show", "nothing")
     assert code == 2 and "'nothing' matches no test of this history" in out
+
+
+def test_dropping_old_runs_never_touches_what_the_history_did_not_write(tmp_path):
+    """A numbered folder without the history's run.json, and a numbered link to elsewhere,
+    are not runs: the bound drops only runs the history wrote."""
+    folder, outside = tmp_path / "hist", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("theirs")
+    foreign = folder / store.RUNS / "000001"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("theirs")
+    (folder / store.RUNS / "000002").symlink_to(outside, target_is_directory=True)
+    for _ in range(3):
+        store.append(folder, {"tests": []}, {}, store.Limits(max_runs=1))
+    assert (foreign / "notes.txt").read_text() == "theirs"
+    assert (folder / store.RUNS / "000002").is_symlink()
+    assert (outside / "keep.txt").read_text() == "theirs"
+    assert [n for n in store.run_numbers(folder) if store.is_run(folder, n)] == [5]

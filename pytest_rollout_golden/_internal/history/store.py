@@ -17,6 +17,7 @@ renamed to a hidden name before they are deleted, so a half-deleted run is never
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -110,6 +111,18 @@ def run_numbers(folder: Path) -> list[int]:
     return sorted(int(e.name) for e in runs.iterdir() if e.name.isdigit())
 
 
+def is_run(folder: Path, number: int) -> bool:
+    """Whether ``runs/NNNNNN`` is a run this history wrote: a real folder (not a link) whose
+    ``run.json`` names the history's format. Nothing else there is ever dropped."""
+    path = run_path(folder, number)
+    if path.is_symlink() or not (path / RUN).is_file():
+        return False
+    try:
+        return json.loads((path / RUN).read_bytes()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_path(folder: Path, number: int) -> Path:
     """The folder of run ``number``."""
     return folder / RUNS / f"{number:06d}"
@@ -121,7 +134,7 @@ def _size(path: Path) -> int:
 
 def _drop(folder: Path, limits: Limits) -> tuple[list[int], str]:
     """Drop the oldest runs until ``limits`` hold, keeping the newest; (dropped, why)."""
-    numbers = run_numbers(folder)
+    numbers = [n for n in run_numbers(folder) if is_run(folder, n)]
     sizes = {n: _size(run_path(folder, n)) for n in numbers} if limits.max_bytes else {}
     total = sum(sizes.values())
     dropped, why = [], ""
