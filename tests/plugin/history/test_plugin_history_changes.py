@@ -10,7 +10,7 @@ import pytest
 
 from pytest_rollout_golden.cli import main
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "unit"))
 from nightly import nightly, write_history
 
 TRAIN = """

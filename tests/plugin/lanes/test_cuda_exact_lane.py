@@ -6,7 +6,7 @@ steps, on a rollout batch that lives on the GPU. Recording and two replays under
 workspace, deterministic algorithms, seeded generators) make the run reproducible, and the
 store gives back the bf16 CUDA batch bit for bit, on the GPU. A learning rate 1% off must
 fail the exact lane in both dtypes, naming the weights. Skipped without CUDA
-(CI has none); run on a GPU machine with ``pytest tests/plugin/test_cuda_exact_lane.py``.
+(CI has none); run on a GPU machine with ``pytest tests/plugin/lanes/test_cuda_exact_lane.py``.
 """
 
 from __future__ import annotations

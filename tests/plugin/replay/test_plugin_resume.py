@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-EXAMPLES = Path(__file__).parents[2] / "examples"
+EXAMPLES = Path(__file__).parents[3] / "examples"
 
 RESUME = """
 import pytest

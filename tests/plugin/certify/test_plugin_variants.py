@@ -164,7 +164,7 @@ def test_gate(golden, layout):
 def run_faults(project, source: str, goldens: list[str], failed: int) -> list[str]:
     """Run ``source`` against copies of the committed shared goldens; the failure sections."""
     for name in goldens:
-        committed = Path(__file__).parents[2] / "golden" / "@shared" / name
+        committed = Path(__file__).parents[3] / "golden" / "@shared" / name
         shutil.copytree(committed, project.golden / "@shared" / name)
     project.write(source)
     result = project.run()

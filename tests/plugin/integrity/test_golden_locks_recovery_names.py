@@ -165,7 +165,7 @@ def test_a_lock_file_is_never_a_golden_nor_part_of_one(tmp_path):
 
 # --------------------------------------------------------------------------- line endings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 

@@ -17,7 +17,7 @@ from pytest_rollout_golden._internal.tolerance.calibration import (
 )
 from pytest_rollout_golden.cli import main
 
-EXAMPLES = Path(__file__).parents[2] / "examples"
+EXAMPLES = Path(__file__).parents[3] / "examples"
 
 # "loss" depends on the intra-op thread count by 1e-7 per thread, as a reduction
 # whose order follows the thread count would; "steady" does not.
