@@ -11,15 +11,12 @@ fail the exact lane in both dtypes, naming the weights. Skipped without CUDA
 
 from __future__ import annotations
 
-import pytest
-import torch
+from cuda_training import TRAIN, needs_cuda
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="CUDA exact lane NOT exercised: needs a CUDA device, this machine has none",
-)
+pytestmark = needs_cuda("CUDA exact lane")
 
-TRAINING = """
+TRAINING = (
+    """
 import json, pathlib
 import pytest
 import torch
@@ -35,22 +32,11 @@ def make_batch():
 def test_train(golden, dtype):
     batch = golden.rollout(make_batch)
     assert batch["x_bf16"].device.type == "cuda" and batch["x_bf16"].dtype == torch.bfloat16
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)
-    ).to("cuda", getattr(torch, dtype))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3 * SCALE)
     x = batch["x"] if dtype == "float32" else batch["x_bf16"]
-    for step in range(3):
-        out = model(x).float()
-        loss = (out.pow(2).mean(-1) * batch["mask"]).sum() / batch["mask"].sum()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        golden.check({"loss": loss.item(), "grad_norm": norm.item()}, step=step)
-        golden.check_tensors("weights", {"w0": model[0].weight.detach()}, step=step)
+    train(golden, x, batch["mask"], "cuda", getattr(torch, dtype), 1e-3 * SCALE)
 """
+    + TRAIN
+)
 
 
 def test_a_cuda_training_run_replays_bit_for_bit_and_a_changed_lr_fails(project):

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-import torch
+from cuda_training import TRAIN, needs_cuda
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="CUDA lanes NOT exercised: needs a CUDA device, this machine has none",
-)
+pytestmark = needs_cuda("CUDA lanes")
 
-TRAINING = """
+TRAINING = (
+    """
 import json, pathlib
 import torch
 
@@ -35,22 +32,10 @@ def make_batch():
 def test_train(golden):
     batch = golden.rollout(make_batch, device=DEVICE)
     assert batch["x"].device.type == DEVICE
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)
-    ).to(DEVICE, torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, mask = batch["x"].to(torch.bfloat16), batch["mask"]
-    for step in range(3):
-        out = model(x).float()
-        loss = (out.pow(2).mean(-1) * mask).sum() / mask.sum()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        golden.check({"loss": loss.item(), "grad_norm": norm.item()}, step=step)
-        golden.check_tensors("weights", {"w0": model[0].weight.detach()}, step=step)
+    train(golden, batch["x"].to(torch.bfloat16), batch["mask"], DEVICE, torch.bfloat16, 1e-3)
 """
+    + TRAIN
+)
 
 
 def test_a_cpu_lane_and_a_cuda_lane_replay_each_on_its_own_device(project):
