@@ -52,7 +52,7 @@ import tempfile
 import textwrap
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -203,11 +203,12 @@ def make_batch(
 # ---------------------------------------------------------------------- the actor
 
 
-def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A Qwen2 with hidden 64 and 2 layers in ``dtype``, built from a config (no download)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(**extra: Any) -> Any:
+    """The config of the tiny Qwen2 both lanes train (hidden 64, 2 layers, sdpa attention),
+    with the ``extra`` fields of its head."""
+    from transformers import Qwen2Config
 
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
         intermediate_size=128,
@@ -215,9 +216,16 @@ def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Mo
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
-        tie_word_embeddings=False,
         attn_implementation="sdpa",
+        **extra,
     )
+
+
+def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A Qwen2 with hidden 64 and 2 layers in ``dtype``, built from a config (no download)."""
+    from transformers import Qwen2ForCausalLM
+
+    config = qwen2_config(tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(dtype)
     return model
@@ -287,8 +295,48 @@ _BUG_EDITS = {
 }
 
 
-class ActorRun:
+class BatchRun:
+    """What the actor and critic runs share: the batching settings, the seeded-bug check,
+    AdamW, and the rollout batch as verl's ``DataProto`` (``meta_info`` as verl's trainer
+    sets it, with the ``extra_meta`` of the role)."""
+
+    extra_meta: ClassVar[dict[str, float]] = {}
+
+    def __init__(
+        self, bug: str | None, bugs: tuple[str, ...], micro: int, dynamic: bool, max_len: int
+    ):
+        if bug is not None and bug not in bugs:
+            raise ValueError(f"unknown seeded bug {bug!r}; one of {bugs}")
+        self.use_dynamic_bsz = dynamic
+        self.max_token_len = max_len
+        self.micro_batch_size = micro
+
+    @staticmethod
+    def adamw(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
+
+    def _dataproto(self, batch: dict[str, torch.Tensor]) -> Any:
+        from verl import DataProto
+
+        tensors = {k: v for k, v in batch.items() if k != "uid"}
+        uid = np.array([str(int(u)) for u in batch["uid"]], dtype=object)
+        return DataProto.from_dict(
+            tensors,
+            non_tensors={"uid": uid},
+            meta_info={
+                "micro_batch_size": self.micro_batch_size,
+                **self.extra_meta,
+                "use_dynamic_bsz": self.use_dynamic_bsz,
+                "max_token_len": self.max_token_len,
+                "pad_token_id": PAD_ID,
+            },
+        )
+
+
+class ActorRun(BatchRun):
     """One tiny Qwen2 + AdamW + verl 0.7 ``DataParallelPPOActor``, stepped on rollout batches."""
+
+    extra_meta: ClassVar[dict[str, float]] = {"temperature": 1.0}
 
     def __init__(
         self,
@@ -311,11 +359,7 @@ class ActorRun:
         from verl.workers.actor.dp_actor import DataParallelPPOActor
         from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
-        if bug is not None and bug not in BUGS:
-            raise ValueError(f"unknown seeded bug {bug!r}; one of {BUGS}")
-        self.use_dynamic_bsz = use_dynamic_bsz
-        self.max_token_len = max_token_len
-        self.micro_batch_size = ppo_micro_batch_size_per_gpu
+        super().__init__(bug, BUGS, ppo_micro_batch_size_per_gpu, use_dynamic_bsz, max_token_len)
         config = FSDPActorConfig(
             strategy="fsdp",
             rollout_n=4,
@@ -338,29 +382,10 @@ class ActorRun:
             fsdp_config=FSDPEngineConfig(dtype="float32"),
         )
         self.model = tiny_qwen2(seed, dtype)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01
-        )
+        self.optimizer = self.adamw(self.model, lr)
         self.actor = DataParallelPPOActor(config, self.model, self.optimizer)
         if bug is not None:
             self.actor.update_policy = patched_method(self.actor, "update_policy", _BUG_EDITS[bug])
-
-    def _dataproto(self, batch: dict[str, torch.Tensor]) -> Any:
-        from verl import DataProto
-
-        tensors = {k: v for k, v in batch.items() if k != "uid"}
-        uid = np.array([str(int(u)) for u in batch["uid"]], dtype=object)
-        return DataProto.from_dict(
-            tensors,
-            non_tensors={"uid": uid},
-            meta_info={
-                "micro_batch_size": self.micro_batch_size,
-                "temperature": 1.0,
-                "use_dynamic_bsz": self.use_dynamic_bsz,
-                "max_token_len": self.max_token_len,
-                "pad_token_id": PAD_ID,
-            },
-        )
 
     def step(self, batch: dict[str, torch.Tensor]) -> StepOutput:
         """compute_log_prob (old policy), GRPO advantages, update_policy; reduced metrics."""
@@ -412,14 +437,28 @@ class ActorRun:
 REFERENCE = "mb8"
 TOKEN_MEAN_REFERENCE = "tm_mb8"
 
-# same-math variants of the reference (seq-mean-token-mean, micro-batch 8, padded, static)
-SAME_MATH: dict[str, dict[str, Any]] = {
-    "mb8": {},
-    "mb4": {"ppo_micro_batch_size_per_gpu": 4},
-    "mb2": {"ppo_micro_batch_size_per_gpu": 2},
-    "dynbsz": {"use_dynamic_bsz": True, "max_token_len": 48},
-    "rmpad": {"use_remove_padding": True},
-}
+
+def same_math_cases(prefix: str = "") -> dict[str, dict[str, Any]]:
+    """The same-math variants of the reference (seq-mean-token-mean, micro-batch 8, padded,
+    static), each name after ``prefix``."""
+    return {
+        f"{prefix}mb8": {},
+        f"{prefix}mb4": {"ppo_micro_batch_size_per_gpu": 4},
+        f"{prefix}mb2": {"ppo_micro_batch_size_per_gpu": 2},
+        f"{prefix}dynbsz": {"use_dynamic_bsz": True, "max_token_len": 48},
+        f"{prefix}rmpad": {"use_remove_padding": True},
+    }
+
+
+def token_mean_cases(prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Micro-batch 8 and 4 under ``loss_agg_mode=token-mean``, each name after ``prefix``."""
+    return {
+        f"{prefix}tm_mb8": {"loss_agg_mode": "token-mean"},
+        f"{prefix}tm_mb4": {"loss_agg_mode": "token-mean", "ppo_micro_batch_size_per_gpu": 4},
+    }
+
+
+SAME_MATH = same_math_cases()
 # seeded bugs, each declared as a variant of the reference: each must fail
 BUGGED: dict[str, dict[str, Any]] = {
     "bug_gradaccum": {"ppo_micro_batch_size_per_gpu": 4, "bug": "grad_accum_scale"},
@@ -428,10 +467,7 @@ BUGGED: dict[str, dict[str, Any]] = {
     "bug_loss1e-3": {"bug": "loss_scale_1e-3"},
 }
 # under token-mean the legacy actor divides per micro-batch: micro-batching is a real change
-TOKEN_MEAN: dict[str, dict[str, Any]] = {
-    "tm_mb8": {"loss_agg_mode": "token-mean"},
-    "tm_mb4": {"loss_agg_mode": "token-mean", "ppo_micro_batch_size_per_gpu": 4},
-}
+TOKEN_MEAN = token_mean_cases()
 ALL_CASES = {**SAME_MATH, **BUGGED, **TOKEN_MEAN}
 # measure.py only: update_policy's own actor/entropy (calculate_entropy=True)
 UPDATE_ENTROPY_REFERENCE = "ue_mb8"

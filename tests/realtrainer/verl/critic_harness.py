@@ -1,7 +1,8 @@
 """verl 0.7's legacy ``DataParallelPPOCritic`` on CPU, for the real-trainer lane.
 
-Runs, as ``actor_harness.py`` does (whose CPU shims and rollout batch it uses), only in a
-process whose ``sys.path`` puts the verl 0.7 target dir first. The critic is a tiny
+Runs, as ``actor_harness.py`` does (whose CPU shims, rollout batch, tiny Qwen2 config and
+``BatchRun`` it uses), only in a process whose ``sys.path`` puts the verl 0.7 target dir
+first. The critic is a tiny
 ``Qwen2ForTokenClassification`` with one label (verl's ``AutoModelForTokenClassification``
 critic: ``output.logits`` are the values); its forward runs under verl's own
 ``torch.autocast(bfloat16)``, which on CPU computes the linear layers in bf16.
@@ -23,15 +24,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from actor_harness import (
-    PAD_ID,
-    VOCAB_SIZE,
+    BatchRun,
     StepOutput,
     install_cpu_shims,
     make_batch,
     patched_method,
+    qwen2_config,
+    same_math_cases,
+    token_mean_cases,
 )
 
 __all__ = ["ALL_CASES", "BUGGED", "SAME_MATH", "STEPS", "CriticRun", "make_batch"]
@@ -59,25 +61,15 @@ _BUG_EDITS = {
 
 def tiny_qwen2_critic(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A ``Qwen2ForTokenClassification`` in ``dtype`` with one label, hidden 64, 2 layers."""
-    from transformers import Qwen2Config, Qwen2ForTokenClassification
+    from transformers import Qwen2ForTokenClassification
 
-    config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        num_labels=1,
-        classifier_dropout=0.0,  # as verl's fsdp_workers builds its critic
-        attn_implementation="sdpa",
-    )
+    # classifier_dropout 0: as verl's fsdp_workers builds its critic
+    config = qwen2_config(num_labels=1, classifier_dropout=0.0)
     torch.manual_seed(seed)
     return Qwen2ForTokenClassification(config).to(dtype)
 
 
-class CriticRun:
+class CriticRun(BatchRun):
     """One tiny critic + AdamW + verl 0.7 ``DataParallelPPOCritic``, stepped on rollouts."""
 
     def __init__(
@@ -101,11 +93,7 @@ class CriticRun:
         from verl.workers.config.critic import FSDPCriticConfig, FSDPCriticModelCfg
         from verl.workers.critic.dp_critic import DataParallelPPOCritic
 
-        if bug is not None and bug not in BUGS:
-            raise ValueError(f"unknown seeded bug {bug!r}; one of {BUGS}")
-        self.use_dynamic_bsz = use_dynamic_bsz
-        self.max_token_len = max_token_len
-        self.micro_batch_size = ppo_micro_batch_size_per_gpu
+        super().__init__(bug, BUGS, ppo_micro_batch_size_per_gpu, use_dynamic_bsz, max_token_len)
         model = FSDPCriticModelCfg(
             path="unused",  # the critic module is built here, from a config
             use_remove_padding=use_remove_padding,
@@ -127,9 +115,7 @@ class CriticRun:
             model_config=object(),  # HFModelConfig would load `path`; the critic never reads it
         )
         self.model = tiny_qwen2_critic(seed, dtype)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01
-        )
+        self.optimizer = self.adamw(self.model, lr)
         self.critic = DataParallelPPOCritic(config, self.model, self.optimizer)
         self.critic._forward_micro_batch = patched_method(
             self.critic, "_forward_micro_batch", [_FLOAT32_FORWARD]
@@ -138,22 +124,6 @@ class CriticRun:
             self.critic.update_critic = patched_method(
                 self.critic, "update_critic", _BUG_EDITS[bug]
             )
-
-    def _dataproto(self, batch: dict[str, torch.Tensor]) -> Any:
-        from verl import DataProto
-
-        tensors = {k: v for k, v in batch.items() if k != "uid"}
-        uid = np.array([str(int(u)) for u in batch["uid"]], dtype=object)
-        return DataProto.from_dict(
-            tensors,
-            non_tensors={"uid": uid},
-            meta_info={
-                "micro_batch_size": self.micro_batch_size,
-                "use_dynamic_bsz": self.use_dynamic_bsz,
-                "max_token_len": self.max_token_len,
-                "pad_token_id": PAD_ID,
-            },
-        )
 
     def step(self, batch: dict[str, torch.Tensor]) -> StepOutput:
         """compute_values, GAE, update_critic; reduced metrics and the rollout's values."""
@@ -184,22 +154,12 @@ class CriticRun:
 REFERENCE = "c_mb8"
 TOKEN_MEAN_REFERENCE = "c_tm_mb8"
 
-# same-math variants of the reference (seq-mean-token-mean, micro-batch 8, padded, static)
-SAME_MATH: dict[str, dict[str, Any]] = {
-    "c_mb8": {},
-    "c_mb4": {"ppo_micro_batch_size_per_gpu": 4},
-    "c_mb2": {"ppo_micro_batch_size_per_gpu": 2},
-    "c_dynbsz": {"use_dynamic_bsz": True, "max_token_len": 48},
-    "c_rmpad": {"use_remove_padding": True},
-}
+SAME_MATH = same_math_cases("c_")
 # the seeded bug, declared as a variant of the reference: it must fail
 BUGGED: dict[str, dict[str, Any]] = {
     "c_bug_mbnorm": {"ppo_micro_batch_size_per_gpu": 4, "bug": "micro_batch_norm"},
 }
 # verl's default token-mean: the legacy critic divides per micro-batch (a real change)
-TOKEN_MEAN: dict[str, dict[str, Any]] = {
-    "c_tm_mb8": {"loss_agg_mode": "token-mean"},
-    "c_tm_mb4": {"loss_agg_mode": "token-mean", "ppo_micro_batch_size_per_gpu": 4},
-}
+TOKEN_MEAN = token_mean_cases("c_")
 ALL_CASES = {**SAME_MATH, **BUGGED, **TOKEN_MEAN}
 STEPS = 3
