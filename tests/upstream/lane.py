@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +20,10 @@ EXAMPLES = int(os.environ.get("UPSTREAM_EXAMPLES", "25"))
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bf16": torch.bfloat16}
 MASKS = ("bool", "int", "float")
+COMBOS = pytest.mark.parametrize(
+    "dtype, mask", [(d, m) for d in DTYPES for m in MASKS], ids=lambda v: str(v)
+)
+"""The combinations each conformance test runs: every float dtype with every mask type."""
 
 _COMMON = {
     "derandomize": True,
@@ -36,6 +42,13 @@ discrepancy_hunt = settings(
 
 def mask_dtype(mask: str, dtype: torch.dtype) -> torch.dtype:
     return {"bool": torch.bool, "int": torch.int64, "float": dtype}[mask]
+
+
+def drawn(strategy: Callable[..., Any], dtype: str, mask: str, **options: Any) -> Any:
+    """``strategy`` (``rollout_batches``, ``critic_batches``...) in the float dtype named
+    ``dtype`` (a key of :data:`DTYPES`), its masks of the type named ``mask``."""
+    float_dtype = DTYPES[dtype]
+    return strategy(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
 
 
 class KnownDiscrepancy(AssertionError):

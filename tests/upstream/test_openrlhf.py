@@ -5,21 +5,17 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 from lane import (
-    DTYPES,
-    MASKS,
+    COMBOS,
     conforms,
     discrepancy,
     discrepancy_hunt,
+    drawn,
     known_discrepancy,
-    mask_dtype,
 )
 
 from pytest_rollout_golden import invariants
 from pytest_rollout_golden.strategies import critic_batches, rollout_batches, value_batches
 
-COMBOS = pytest.mark.parametrize(
-    "dtype, mask", [(d, m) for d in DTYPES for m in MASKS], ids=lambda v: str(v)
-)
 # OpenRLHF's two reductions, in the reference's names.
 MODES = {True: "token-mean", False: "seq-mean-token-mean"}
 
@@ -46,11 +42,9 @@ def openrlhf_ppo_loss(loss_module, token_level_loss, dual_clip=3.0):
 
 @COMBOS
 def test_ppo_loss_conforms(openrlhf_loss, dtype, mask):
-    float_dtype = DTYPES[dtype]
-
     @conforms
     @given(
-        rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
+        drawn(rollout_batches, dtype, mask, min_batch=2),
         st.booleans(),
         st.integers(1, 3),
     )
@@ -121,11 +115,9 @@ def openrlhf_corrected_loss(loss_module, level, mode):
 def test_is_corrected_loss_conforms(openrlhf_loss, dtype, mask):
     # The unclamped exp of the train/rollout log ratio also meets the garbage in padding;
     # a NaN there would show in every checker below.
-    float_dtype = DTYPES[dtype]
-
     @conforms
     @given(
-        rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
+        drawn(rollout_batches, dtype, mask, min_batch=2),
         st.sampled_from([("token", "mask"), ("token", "clip")]),
     )
     def run(batch, correction):
@@ -176,10 +168,8 @@ def openrlhf_ppo_metrics(loss_module):
 
 @COMBOS
 def test_ppo_metrics_conform(openrlhf_loss, dtype, mask):
-    float_dtype = DTYPES[dtype]
-
     @conforms
-    @given(rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype)))
+    @given(drawn(rollout_batches, dtype, mask))
     def run(batch):
         invariants.check_ppo_metrics(
             openrlhf_ppo_metrics(openrlhf_loss),
@@ -231,11 +221,9 @@ def openrlhf_value_loss(loss_module, token_level_loss, clip_eps=0.5):
 
 @COMBOS
 def test_value_loss_conforms(openrlhf_loss, dtype, mask):
-    float_dtype = DTYPES[dtype]
-
     @conforms
     @given(
-        critic_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
+        drawn(critic_batches, dtype, mask, min_batch=2),
         st.booleans(),
         st.sampled_from([None, 0.5]),
         st.integers(1, 3),
@@ -264,10 +252,10 @@ def openrlhf_gae_fn(get_advantages_and_returns, gamma, lam):
 def test_gae_conforms_on_right_padding(openrlhf_gae, dtype, mask, garbage):
     # OpenRLHF's experiences are right-padded and hold no masked tokens inside a response;
     # its advantages are whitened later, over all experiences, so they are judged raw here.
-    float_dtype = DTYPES[dtype]
-    batches = value_batches(
-        dtype=float_dtype,
-        mask_dtype=mask_dtype(mask, float_dtype),
+    batches = drawn(
+        value_batches,
+        dtype,
+        mask,
         padding="right",
         holes=False,
         garbage=garbage,

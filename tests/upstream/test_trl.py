@@ -16,21 +16,17 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 from lane import (
-    DTYPES,
-    MASKS,
+    COMBOS,
     conforms,
     discrepancy,
     discrepancy_hunt,
+    drawn,
     known_discrepancy,
-    mask_dtype,
 )
 
 from pytest_rollout_golden import invariants
 from pytest_rollout_golden.strategies import rollout_batches
 
-COMBOS = pytest.mark.parametrize(
-    "dtype, mask", [(d, m) for d in DTYPES for m in MASKS], ids=lambda v: str(v)
-)
 MAX_COMPLETION_LENGTH = 16
 # TRL's loss types in the reference's aggregation names (dr_grpo divides by the padded
 # length max_completion_length; grpo, dr_grpo and luspo count every row of the batch).
@@ -120,10 +116,10 @@ def trl_loss(trainer, loss_type, *, level="token", epsilon_high=EPS_HIGH):
 
 
 def batches(dtype, mask, **options):
-    float_dtype = DTYPES[dtype]
-    return rollout_batches(
-        dtype=float_dtype,
-        mask_dtype=mask_dtype(mask, float_dtype),
+    return drawn(
+        rollout_batches,
+        dtype,
+        mask,
         garbage={"advantages"},
         extreme_ratios=False,
         **options,

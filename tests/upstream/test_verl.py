@@ -10,13 +10,14 @@ import pytest
 import torch
 from hypothesis import assume, given, strategies as st
 from lane import (
+    COMBOS,
     DTYPES,
     MASKS,
     conforms,
     discrepancy,
     discrepancy_hunt,
+    drawn,
     known_discrepancy,
-    mask_dtype,
 )
 
 from pytest_rollout_golden import invariants, reference as ref
@@ -31,20 +32,15 @@ from pytest_rollout_golden.strategies import (
     value_batches,
 )
 
-COMBOS = pytest.mark.parametrize(
-    "dtype, mask", [(d, m) for d in DTYPES for m in MASKS], ids=lambda v: str(v)
-)
 SCALE = 16.0  # fixed loss_scale_factor for seq-mean-token-sum-norm
 
 
 def batches(dtype, mask, **options):
-    float_dtype = DTYPES[dtype]
-    return rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
+    return drawn(rollout_batches, dtype, mask, **options)
 
 
 def rewards(dtype, mask, **options):
-    float_dtype = DTYPES[dtype]
-    return reward_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
+    return drawn(reward_batches, dtype, mask, **options)
 
 
 # --------------------------------------------------------------------------- IS weights
@@ -578,8 +574,7 @@ def test_offpolicy_metrics_raise_without_valid_tokens(verl):
 
 
 def critics(dtype, mask, **options):
-    float_dtype = DTYPES[dtype]
-    return critic_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), **options)
+    return drawn(critic_batches, dtype, mask, **options)
 
 
 def verl_value_loss(core, mode, *, global_batch_info=True):
@@ -660,10 +655,7 @@ def two_valid_tokens(batch):
 @pytest.mark.parametrize("garbage", [True, False], ids=["garbage", "zeros"])
 def test_gae_conforms(verl, dtype, mask, garbage):
     core, _ = verl
-    float_dtype = DTYPES[dtype]
-    batches = value_batches(
-        dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), garbage=garbage
-    )
+    batches = drawn(value_batches, dtype, mask, garbage=garbage)
 
     @conforms
     @given(batches.filter(two_valid_tokens), st.sampled_from([(1.0, 0.95), (0.99, 0.9)]))
