@@ -10,8 +10,10 @@ rewriting its source, which could leave a stale ``.pyc`` behind), and
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
+import subprocess
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -108,6 +110,17 @@ class Project:
         (self.path / "example_rl.py").write_text((examples / "tiny_rl.py").read_text())
         return "test_example"
 
+    def commit(self) -> str:
+        """Make the project a git checkout with one empty commit; returns its sha (HEAD)."""
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "init", "-q"], cwd=self.path, check=True)
+        subprocess.run(
+            [*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=self.path, check=True
+        )
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=self.path, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     def golden_dir(self, test: str, module: str = "test_it") -> Path:
         return self.golden / module / test
 
@@ -172,6 +185,19 @@ def project(
     """A fresh project in default (recording) mode, whatever the CI variable of this run says."""
     monkeypatch.delenv("CI", raising=False)
     return Project(pytester)
+
+
+@pytest.fixture
+def hide_matplotlib(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Call it to make every later ``import matplotlib...`` fail, as without the package."""
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    return lambda: monkeypatch.setattr(builtins, "__import__", no_matplotlib)
 
 
 def pytest_configure(config: pytest.Config) -> None:

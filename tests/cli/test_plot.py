@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import sys
 
@@ -38,16 +37,9 @@ def test_plot_one_golden_and_two(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'two.png'}"
 
 
-def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, hide_matplotlib):
     record(tmp_path / "a")
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    hide_matplotlib()
     assert main(["plot", str(tmp_path / "a"), "-o", str(tmp_path / "x.png")]) == 2
     assert "pip install 'pytest-rollout-golden[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()

@@ -96,18 +96,9 @@ def test_plot_draws_the_commits_tried(bugged, capsys, tmp_path) -> None:
     assert err.splitlines()[-1] == f"bisect: wrote {out}"
 
 
-def test_plot_without_matplotlib_fails_before_any_replay(bugged, capsys, monkeypatch) -> None:
-    import builtins
-
+def test_plot_without_matplotlib_fails_before_any_replay(bugged, capsys, hide_matplotlib) -> None:
     bugged, _ = bugged
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    hide_matplotlib()
     argv = ["bisect", "--good", "HEAD~31", "--bad", "HEAD", "--no-cache", "--plot", "b.png"]
     status, printed, err = _main(bugged, [*argv, "--", *FAST], capsys)
     assert status == 2 and printed == ""

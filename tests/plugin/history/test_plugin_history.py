@@ -93,12 +93,7 @@ def test_the_run_records_values_distances_and_environment(project):
 
 def test_the_commit_is_git_head(project):
     project.write(TRAIN)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], cwd=project.path, check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=project.path, check=True)
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=project.path, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    head = project.commit()
     project.run("--golden-history", "hist").assert_outcomes(passed=1)
     assert store.read_run(project.path / "hist", 1)["commit"] == head
 

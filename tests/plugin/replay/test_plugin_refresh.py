@@ -4,7 +4,6 @@ failing goldens only (``--update-golden-failing``), which refuses placeholder va
 from __future__ import annotations
 
 import json
-import subprocess
 
 TWO = """
 def test_a(golden, values):
@@ -41,12 +40,7 @@ def test_an_update_records_why_who_where_and_how_far_the_old_values_were(project
 
 def test_without_a_reason_the_commit_is_the_reason(project):
     project.write(TWO)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], cwd=project.path, check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=project.path, check=True)
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=project.path, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    head = project.commit()
     project.run().assert_outcomes(passed=2)
     project.set_values(b=[0.5, 0.3])
     project.run("--update-golden").assert_outcomes(passed=2)
