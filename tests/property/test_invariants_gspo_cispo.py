@@ -7,6 +7,7 @@ import pytest
 import torch
 from hunting import finds, hunt, passes as passes_settings
 from hypothesis import given, strategies as st
+from token_losses import SCALE, aggregated
 
 from pytest_rollout_golden import reference as ref
 from pytest_rollout_golden.invariants import check_cispo, check_ppo_clip, check_split_invariance
@@ -15,7 +16,6 @@ from pytest_rollout_golden.strategies import rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 MODES = st.sampled_from(ref.AGG_MODES)
-SCALE = 16.0
 
 passes = passes_settings(80)
 
@@ -37,13 +37,8 @@ def loss(mode, loss_type="ppo_clip", token_losses=None, **options):
                 loss_scale_factor=SCALE,
                 **options,
             )[0]
-        return ref.aggregate_loss(
-            token_losses(batch),
-            batch["response_mask"],
-            mode,
-            global_tokens=global_tokens,
-            global_seqs=global_seqs,
-            loss_scale_factor=SCALE,
+        return aggregated(token_losses, mode)(
+            batch, global_tokens=global_tokens, global_seqs=global_seqs
         )
 
     return loss_fn

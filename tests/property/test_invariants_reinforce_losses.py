@@ -8,6 +8,7 @@ import pytest
 import torch
 from hunting import finds, hunt, passes as passes_settings
 from hypothesis import given, strategies as st
+from token_losses import SCALE, aggregated
 
 from pytest_rollout_golden import reference as ref
 from pytest_rollout_golden.invariants import (
@@ -21,25 +22,8 @@ from pytest_rollout_golden.strategies import rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 MODES = st.sampled_from(ref.AGG_MODES)
-SCALE = 16.0
 
 passes = passes_settings(80)
-
-
-def aggregated(per_token, mode="token-mean"):
-    """A loss aggregating ``per_token(batch)`` with the reference's ``aggregate_loss``."""
-
-    def loss_fn(batch, *, global_tokens, global_seqs):
-        return ref.aggregate_loss(
-            per_token(batch),
-            batch["response_mask"],
-            mode,
-            global_tokens=global_tokens,
-            global_seqs=global_seqs,
-            loss_scale_factor=SCALE,
-        )
-
-    return loss_fn
 
 
 def topr(b, **options):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hunting import finds, hunt, passes as passes_settings
 from hypothesis import given, strategies as st
+from token_losses import SCALE, aggregated
 
 from pytest_rollout_golden import reference as ref
 from pytest_rollout_golden.invariants import check_luspo, check_sapo, check_vespo
@@ -16,28 +17,11 @@ from pytest_rollout_golden.strategies import rollout_batches
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 MODES = st.sampled_from(ref.AGG_MODES)
-SCALE = 16.0
 # Temperatures far apart, so that swapping them changes the gradient well beyond rounding.
 TAUS = {"tau_pos": 1.0, "tau_neg": 3.0}
 KS = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
 
 passes = passes_settings(80)
-
-
-def aggregated(token_losses, mode):
-    """``loss_fn`` aggregating ``token_losses(batch)`` with the step's counts."""
-
-    def loss_fn(batch, *, global_tokens, global_seqs):
-        return ref.aggregate_loss(
-            token_losses(batch),
-            batch["response_mask"],
-            mode,
-            global_tokens=global_tokens,
-            global_seqs=global_seqs,
-            loss_scale_factor=SCALE,
-        )
-
-    return loss_fn
 
 
 def soft_loss(mode, loss_type, **params):
