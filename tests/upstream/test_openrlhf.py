@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, strategies as st
 from lane import (
     COMBOS,
+    DTYPES,
     conforms,
     discrepancy,
     discrepancy_hunt,
     drawn,
     known_discrepancy,
+    mask_dtype,
 )
 
 from pytest_rollout_golden import invariants
@@ -42,9 +44,11 @@ def openrlhf_ppo_loss(loss_module, token_level_loss, dual_clip=3.0):
 
 @COMBOS
 def test_ppo_loss_conforms(openrlhf_loss, dtype, mask):
+    float_dtype = DTYPES[dtype]
+
     @conforms
     @given(
-        drawn(rollout_batches, dtype, mask, min_batch=2),
+        rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
         st.booleans(),
         st.integers(1, 3),
     )
@@ -115,9 +119,11 @@ def openrlhf_corrected_loss(loss_module, level, mode):
 def test_is_corrected_loss_conforms(openrlhf_loss, dtype, mask):
     # The unclamped exp of the train/rollout log ratio also meets the garbage in padding;
     # a NaN there would show in every checker below.
+    float_dtype = DTYPES[dtype]
+
     @conforms
     @given(
-        drawn(rollout_batches, dtype, mask, min_batch=2),
+        rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
         st.sampled_from([("token", "mask"), ("token", "clip")]),
     )
     def run(batch, correction):
@@ -168,8 +174,10 @@ def openrlhf_ppo_metrics(loss_module):
 
 @COMBOS
 def test_ppo_metrics_conform(openrlhf_loss, dtype, mask):
+    float_dtype = DTYPES[dtype]
+
     @conforms
-    @given(drawn(rollout_batches, dtype, mask))
+    @given(rollout_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype)))
     def run(batch):
         invariants.check_ppo_metrics(
             openrlhf_ppo_metrics(openrlhf_loss),
@@ -221,9 +229,11 @@ def openrlhf_value_loss(loss_module, token_level_loss, clip_eps=0.5):
 
 @COMBOS
 def test_value_loss_conforms(openrlhf_loss, dtype, mask):
+    float_dtype = DTYPES[dtype]
+
     @conforms
     @given(
-        drawn(critic_batches, dtype, mask, min_batch=2),
+        critic_batches(dtype=float_dtype, mask_dtype=mask_dtype(mask, float_dtype), min_batch=2),
         st.booleans(),
         st.sampled_from([None, 0.5]),
         st.integers(1, 3),
