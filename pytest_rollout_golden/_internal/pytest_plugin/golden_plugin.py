@@ -1,4 +1,4 @@
-"""The core plugin: each golden test's golden, its settings, and finishing it.
+"""The core plugin: the session's settings, each golden test's golden, and finishing it.
 
 Each other concern is a plugin of its own (``*_plugin.py`` beside this one): collection,
 the test's settings, how a failure reads, the summary, an xdist worker's side, and those
@@ -131,7 +131,7 @@ class GoldenPlugin:
         self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
-        self.failed_ids.discard(nodeid)  # a test run again (calibration) starts afresh
+        self.failed_ids.discard(nodeid)  # a test run again (a calibration run) starts afresh
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:  # subtests report their failures here while the test itself passes
