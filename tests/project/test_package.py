@@ -45,6 +45,11 @@ TORCH_FREE = [
     "_internal.pytest_plugin.session", "_internal.pytest_plugin.golden_plugin",
     "_internal.pytest_plugin.calibrate_plugin", "_internal.pytest_plugin.prune_plugin",
     "_internal.pytest_plugin.rank_plugin", "_internal.pytest_plugin.xdist_plugin",
+    "_internal.pytest_plugin.settings_plugin", "_internal.pytest_plugin.collection_plugin",
+    "_internal.pytest_plugin.failure_plugin", "_internal.pytest_plugin.summary_plugin",
+    "_internal.pytest_plugin.report_plugin", "_internal.pytest_plugin.plot_plugin",
+    "_internal.pytest_plugin.worker_plugin", "_internal.pytest_plugin.unused",
+    "_internal.pytest_plugin.invocation",
 ]  # fmt: skip
 
 

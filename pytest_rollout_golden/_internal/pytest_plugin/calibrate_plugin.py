@@ -25,7 +25,8 @@ import pytest
 
 from ...errors import GoldenMismatch
 from . import markers
-from .golden_plugin import ORACLE_RUN, SETTINGS, GoldenPlugin, expected_to_fail, headlined
+from .failure_plugin import headlined
+from .golden_plugin import ORACLE_RUN, SETTINGS, GoldenPlugin, expected_to_fail
 
 if TYPE_CHECKING:
     from ..golden.replay import Golden

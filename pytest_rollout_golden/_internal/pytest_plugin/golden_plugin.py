@@ -1,7 +1,9 @@
-"""The core plugin: each golden test's golden, its settings, its verdict, and the summary.
+"""The core plugin: the session's settings, each golden test's golden, and finishing it.
 
-Pruning, calibration, a torchrun rank's copies and the xdist merge are plugins of their
-own (``*_plugin.py`` beside this one), registered only in the sessions that need them.
+Each other concern is a plugin of its own (``*_plugin.py`` beside this one): collection,
+the test's settings, how a failure reads, the summary, an xdist worker's side, and those
+registered only in the sessions that need them (pruning, calibration, the JSON report,
+pictures, the history, sensitivity, a torchrun rank's copies, the xdist controller).
 """
 
 from __future__ import annotations
@@ -9,37 +11,26 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pluggy
 import pytest
 
 from ...errors import (
     GoldenError,
     GoldenFormatError,
-    GoldenMismatch,
     GoldenMissingError,
     GoldenNotFetchedError,
 )
-from ...store.location import MANIFEST, link_out_of_root
-from ..golden.refresh import Refresh
-from ..golden.results import Mode, Status, Verdict
-from ..report.presentation import (
-    CI_UPDATE,
-    close_match,
-    display,
-    github_annotations,
-    link_outside_root,
-    rootdir_note,
-    summary_lines,
-)
+from ...store.location import link_out_of_root
+from ..golden.results import Mode
+from ..report.presentation import link_outside_root
 from ..tolerance import mismatch_bounds, trends
 from ..tolerance.stack import Layer
 from . import markers
 from .accumulation_marker import sweep_marked
+from .invocation import check_space_form, mode_of, refresh_of
 from .options import (
     OptionError,
     golden_root,
@@ -48,12 +39,9 @@ from .options import (
     parse_seed,
     plot_dir,
     report_path,
-    session_mode,
     session_tolerances,
-    truthy_env,
 )
-from .prune import Unused, may_hold_tests, partial_project, unused_and_pruned
-from .session import FinishedTests, SessionState, UpdateMarks, write_report
+from .session import SessionState, UpdateMarks
 
 if TYPE_CHECKING:
     from ..golden.lanes import LaneSetting
@@ -69,33 +57,10 @@ SETTINGS = pytest.StashKey[contextlib.ExitStack]()  # deterministic and/or calib
 # every run one): the reference re-records the oracle, the variants replay it.
 ORACLE_RUN = pytest.StashKey[bool]()
 WORKER_OUTPUT = "rollout_golden"
-# How long an xdist worker's variant waits for its reference on another worker, at most: a
-# bound, should the reference be queued behind it on its own worker (an ordering plugin).
-REFERENCE_WAIT_S = 600.0
-
-
-def queued_on_this_worker(config: pytest.Config, nodeid: str) -> bool:
-    """Whether ``nodeid`` waits in this xdist worker's own queue, behind the running test.
-
-    Reads the queue of xdist's worker loop (``torun``, ``nextitem_index``: not a public API);
-    where it is not found, ``False``, and the variant waits for its reference as before."""
-    for plugin in config.pluginmanager.get_plugins():
-        queue, session = getattr(plugin, "torun", None), getattr(plugin, "session", None)
-        if queue is None or session is None or not hasattr(queue, "lock"):
-            continue
-        with queue.lock() as queued:
-            indices = [i for i in queued if isinstance(i, int)]
-        following = getattr(plugin, "nextitem_index", None)
-        if isinstance(following, int):
-            indices.append(following)
-        return any(session.items[i].nodeid == nodeid for i in indices)
-    return False
-
-
-# The package's own frames, hidden from a golden error's traceback.
-_PACKAGE_DIR = Path(__file__).parents[2]
 
 Finisher = Callable[[pytest.Item, "Golden", bool], None]
+# Called as (item, directory, oracle) before a variant opens its reference's golden.
+ReferenceWait = Callable[[pytest.Item, Path, bool], None]
 
 
 @contextlib.contextmanager
@@ -113,28 +78,16 @@ class GoldenPlugin:
     def __init__(self, config: pytest.Config):
         self.config = config
         opt = config.option
-        if opt.golden_regenerate or opt.update_golden_failing:
-            opt.update_golden = True  # regenerating a rollout re-records what depends on it
-        self.mode = session_mode(
-            update=opt.update_golden,
-            strict=opt.golden_strict,
-            calibrate=opt.golden_calibrate,
-            ci=truthy_env("CI"),
-        )
-        if opt.golden_certify and opt.golden_calibrate:
-            raise pytest.UsageError(
-                "--golden-calibrate certifies the same_math() variants in float64 itself "
-                "(one more run per test); leave out --golden-certify"
-            )
+        self.mode = mode_of(opt)
         self.certify: bool = opt.golden_certify
         self.rootdir = Path(config.rootpath)
         self.refresh = refresh_of(opt, self.rootdir) if self.mode is Mode.UPDATE else None
-        _check_space_form(config)
+        check_space_form(config)
         self.root = golden_root(
             self.rootdir,
             opt.golden_dir if opt.golden_dir is not None else config.getini("golden_dir"),
         )
-        self.report_path = report_path(opt.golden_report)
+        self.report_path = report_path(opt.golden_report)  # written by report_plugin
         # A torchrun rank above 0 replays copies (set by rank_plugin.RankSnapshotPlugin).
         self.snapshot: RankSnapshot | None = None
         with as_usage_error():
@@ -164,35 +117,25 @@ class GoldenPlugin:
             missing_step_policy(
                 None, None, config.getini("golden_missing_step"), where=str(config.inipath)
             )
-        self.deterministic = (
-            opt.golden_deterministic
-            if opt.golden_deterministic is not None
-            else config.getini("golden_deterministic")
-        )
         workerinput = getattr(config, "workerinput", None)
         self.is_worker = workerinput is not None
         self.token = (workerinput or {}).get("rollout_golden_token") or os.urandom(12).hex()
         self.registry = UpdateMarks(self.token)
-        self.finished = FinishedTests(self.token)
-        self.reference_of: dict[str, str] = {}  # an xdist worker's variant -> its reference
-        self.references: set[str] = set()  # ... and those references
+        # An xdist worker's variant waits for its reference (set by worker_plugin.WorkerPlugin).
+        self.reference_wait: ReferenceWait | None = None
         self.state = SessionState()
-        self.plot_dir = plot_dir(opt.golden_plot)
-        self.plots_removed: list[Path] = []  # an earlier run's pictures, removed at the start
+        self.plot_dir = plot_dir(opt.golden_plot)  # drawn by plot_plugin
         # Called as (item, golden, error) once a golden finished, before its outcome is kept.
         self.finishers: list[Finisher] = []
         self.keep_probes = False  # goldens keep what --golden-sensitivity probes of tensors
-        self.unused: Unused | None = None  # judged at session end (by the prune plugin if on)
-        self.report_error = ""
         self.failed_ids: set[str] = set()  # tests with a failed report (subtests included)
-        self.locations: dict[str, tuple[str, int]] = {}  # ... their file and 0-based line
 
-    # ------------------------------------------------------------------ per test
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.failed_ids.discard(nodeid)  # a test run again (a calibration run) starts afresh
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:  # subtests report their failures here while the test itself passes
             self.failed_ids.add(report.nodeid)
-            self.locations.setdefault(report.nodeid, report.location[:2])  # type: ignore[arg-type]
 
     def marker_options(self, item: pytest.Item) -> dict[str, Any]:
         found = ((m.args, m.kwargs) for m in item.iter_markers("golden"))
@@ -267,39 +210,10 @@ class GoldenPlugin:
         return str(declared if declared is not None else self.config.getini("golden_precision"))
 
     def _await_reference(self, item: pytest.Item, directory: Path, *, oracle: bool) -> None:
-        """Under xdist, a variant whose reference records or re-records in this run, on
-        another worker, waits until the reference has finished (passed or not); ``oracle``:
-        the variant's float64 run under ``--golden-calibrate``, whose reference re-records
-        the oracle first."""
-        reference = self.reference_of.get(item.nodeid)
-        if reference is None:
-            return
-        calibrating_oracle = oracle and item.stash.get(ORACLE_RUN, False)
-        if not calibrating_oracle and self.mode not in (Mode.AUTO, Mode.UPDATE):
-            return
-        if self.mode is Mode.AUTO and (directory / MANIFEST).exists() and not oracle:
-            return  # recorded before: the reference only replays it
-        deadline = time.monotonic() + REFERENCE_WAIT_S
-        while not self.finished.contains(reference) and time.monotonic() < deadline:
-            if queued_on_this_worker(self.config, reference):
-                return  # it cannot run before this test ends: go on, as without xdist
-            time.sleep(0.1)
-
-    def _note_reference(self, item: pytest.Item, selected: set[str]) -> None:
-        """An xdist worker's variant whose reference runs in this session, maybe elsewhere."""
-        options = self.marker_options(item)
-        if not markers.replays_reference(options) or "::" not in item.nodeid:
-            return
-        path, name = item.nodeid.split("::", 1)
-        with as_usage_error():
-            reference = f"{path}::{markers.reference_name(item.nodeid, name, options)}"
-        if reference in selected:
-            self.reference_of[item.nodeid] = reference
-            self.references.add(reference)
-
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        if nodeid in self.references:
-            self.finished.add(nodeid)
+        """Under xdist, a variant whose reference records in this run waits for it
+        (:meth:`.worker_plugin.WorkerPlugin.await_reference`)."""
+        if self.reference_wait is not None:
+            self.reference_wait(item, directory, oracle)
 
     def _lane(self) -> LaneSetting:
         """The session's lane, ``auto`` decided on first use (it needs torch)."""
@@ -348,18 +262,6 @@ class GoldenPlugin:
             "missing_step_source": source,
         }
 
-    def wants_determinism(self, item: pytest.Item) -> bool:
-        if "golden" not in getattr(item, "fixturenames", ()):
-            return False
-        return bool(self.marker_options(item).get("deterministic", self.deterministic))
-
-    def seed_of(self, item: pytest.Item) -> int:
-        options = self.marker_options(item)
-        if "seed" not in options:
-            return self.seed
-        with as_usage_error():
-            return parse_seed(options["seed"], f"{item.nodeid}: golden marker seed=", text=False)
-
     def finish(self, item: pytest.Item, *, error: bool, golden_error: bool = False) -> None:
         """Finish the test's golden; ``golden_error``: its golden was missing or unreadable."""
         golden = item.stash.get(GOLDEN, None)
@@ -378,169 +280,7 @@ class GoldenPlugin:
                 golden.outcome.expected_failure()
             for finisher in self.finishers:
                 finisher(item, golden, error)
-            outcome = golden.outcome
-            self.state.add_outcome(outcome)
-            if self.plot_dir is not None and outcome.status is Status.FAILED:
-                from ..report.plot import plot_failure
-
-                picture = plot_failure(outcome.to_json(), self.plot_dir, item.nodeid)
-                if picture is not None:
-                    self.state.plots.append(str(picture))
-
-    # ------------------------------------------------------------------ session end
-
-    def unused_tolerances(self) -> list[str]:
-        """``--golden-tolerance``/ini entries that named nothing checked in any process."""
-        stack, used = self.session_tolerances, self.state.tolerance_usage
-        return [
-            label + close_match(key, used.names())
-            for label, key in used.unused_entries([*stack.cli, *stack.ini])
-        ]
-
-    def partial_project(self) -> str:
-        """Why this run may have left out test files of the project (``""``: it did not)."""
-        config, opt = self.config, self.config.option
-        invoked = Path(config.invocation_params.dir)
-        testpaths = ""
-        if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
-            ini = f" ({display(config.inipath, self.rootdir)})" if config.inipath else ""
-            testpaths = f"testpaths = {' '.join(config.getini('testpaths'))}{ini}"
-        return partial_project(
-            [invoked / str(arg).split("::")[0] for arg in config.args],
-            self.rootdir,
-            testpaths=testpaths,
-            ignored=[*(opt.ignore or ()), *(opt.ignore_glob or ())],
-            skipped=sorted(self.state.skipped_files),
-            collect_ignored=sorted(self.state.collect_ignored),
-        )
-
-    def find_unused(
-        self, session: pytest.Session, *, prune_gone: bool = False, prune_tests: bool = False
-    ) -> Unused:
-        """The goldens no test of this session used; pruned as ``prune_*`` ask
-        (:func:`.prune.unused_and_pruned`)."""
-        return unused_and_pruned(
-            self.state,
-            self.root,
-            self.rootdir,
-            prune_gone=prune_gone,
-            prune_tests=prune_tests,
-            stopped=bool(session.shouldstop or session.shouldfail),
-            failed=bool(session.testsfailed),
-            partial=self.partial_project(),
-        )
-
-    def close(self, session: pytest.Session) -> None:
-        """The controller's session end: unused goldens, the JSON report, the update marks."""
-        opt = self.config.option
-        if self.unused is None:
-            self.unused = self.find_unused(session)
-        if self.plot_dir is not None and self.snapshot is None:
-            from ..report.plot import write_plots_manifest
-
-            write_plots_manifest(self.plot_dir, self.state.plots)
-        if self.report_path is not None and not opt.collectonly:
-            unused, pruned = self.unused.goldens, self.unused.pruned.deleted
-            try:
-                write_report(
-                    self.report_path, self.state, mode=self.mode.value, unused=unused, pruned=pruned
-                )
-            except GoldenError as exc:
-                self.report_error = str(exc)
-                if session.exitstatus == pytest.ExitCode.OK:
-                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        self.registry.remove()
-
-    # ------------------------------------------------------------------ hooks
-
-    @pytest.hookimpl(trylast=True)  # after conftests' own: the items as they will run
-    def pytest_collection_modifyitems(
-        self, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
-        """Collection: which files and goldens this run covers."""
-        for arg in config.args:
-            if "::" in arg:
-                # abspath, not resolve(): item.path keeps symlinks, and the two must compare equal
-                named = Path(config.invocation_params.dir) / arg.split("::")[0]
-                self.state.partial_files.add(os.path.abspath(named))
-        selected = {item.nodeid for item in items}
-        for item in items:
-            self.state.collected_files.add(str(Path(item.path)))
-            if "golden" in getattr(item, "fixturenames", ()):
-                with contextlib.suppress(pytest.UsageError):  # a marker mistake: its test errors
-                    self.state.expected_dirs.add(str(self.directory_of(item)))
-                    if self.is_worker:
-                        self._note_reference(item, selected)
-
-    @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: before --lf or others trim the result
-    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
-        """Collection: every test a file or class produced, before any filter trims them."""
-        report = yield
-        if report.skipped:  # e.g. pytest.importorskip: its tests were never seen
-            self.state.skipped_files.add(str(Path(collector.path)))
-        if isinstance(collector, (pytest.File, pytest.Class)):  # a file without tests too
-            ids = self.state.produced.setdefault(str(Path(collector.path)), set())
-            ids.update(x.nodeid for x in report.result if isinstance(x, pytest.Item))
-        return report
-
-    @pytest.hookimpl(wrapper=True)  # the final answer of every implementation, pytest's too
-    def pytest_ignore_collect(self, collection_path: Path) -> Any:
-        """Collection: the paths under the rootdir, outside the golden root, it ignored that
-        may hold tests."""
-        ignored = yield
-        path = Path(collection_path)
-        in_golden = path == self.root or self.root in path.parents
-        if ignored and self.rootdir in path.parents and not in_golden and may_hold_tests(path):
-            self.state.collect_ignored.add(str(path))
-        return ignored
-
-    @pytest.hookimpl(tryfirst=True)  # before xdist starts workers that write pictures
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Start: ``--golden-plot DIR`` is to hold this run's pictures only."""
-        if self.plot_dir is not None and not self.is_worker and self.snapshot is None:
-            from ..report.plot import remove_earlier_plots
-
-            self.plots_removed = remove_earlier_plots(self.plot_dir)
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Collection done: the tests left to run."""
-        self.state.selected.update(i.nodeid for i in session.items)
-
-    def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        """Collection: files with deselected tests are not run whole."""
-        for item in items:
-            self.state.partial_files.add(str(Path(item.path)))
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
-        """Setup (outermost): the deterministic settings, before the test's first fixture.
-
-        They are entered into the test's ``SETTINGS`` stack, which the calibration plugin's
-        perturbations join and teardown closes.
-        """
-        self.failed_ids.discard(item.nodeid)
-        stack = item.stash[SETTINGS] = contextlib.ExitStack()
-        mistake = None
-        try:
-            if item.get_closest_marker("golden") is not None:
-                self.marker_options(item)  # every mistake of the marker, whatever the fixtures
-            wanted = self.wants_determinism(item)
-            seed = self.seed_of(item) if wanted else None
-        except pytest.UsageError as exc:  # the test errors with it; raised after the yield:
-            wanted, mistake = False, exc  # other plugins' teardown expects their setup to run
-        if wanted:
-            from ..golden.determinism import deterministic
-
-            stack.enter_context(deterministic(seed))
-            item.stash[DETERMINISM] = stack  # the deterministic fixture then has nothing to do
-        if mistake is None and self.is_oracle(item) and "golden" in item.fixturenames:
-            from ..golden.precision import ORACLE, default_dtype
-
-            stack.enter_context(default_dtype(ORACLE))  # a model the fixtures build: float64
-        result = yield
-        if mistake is not None:
-            raise mistake
-        return result
+            self.state.add_outcome(golden.outcome)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
@@ -570,157 +310,14 @@ class GoldenPlugin:
             if stack is not None:
                 stack.close()
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-        """Report: a mismatch as its table; a golden error with the user's frames only."""
-        report = yield
-        if report.skipped:  # whether it would use its golden is unknown: it keeps it
-            with contextlib.suppress(pytest.UsageError):  # a bad marker: reported elsewhere
-                self.state.expected_dirs.add(str(self.directory_of(item)))
-        excinfo = call.excinfo
-        if not report.failed or excinfo is None:
-            return report
-        if excinfo.errisinstance(GoldenMismatch):
-            report.longrepr = headlined(item, str(excinfo.value))  # the table; no traceback
-        elif excinfo.errisinstance(pytest.UsageError) and str(
-            excinfo.traceback[-1].path
-        ).startswith(
-            str(_PACKAGE_DIR)
-        ):  # a marker or option mistake found by this plugin: the message names the fix
-            report.longrepr = headlined(item, f"UsageError: {excinfo.value}")
-        elif excinfo.errisinstance(GoldenError):  # show the user's frames, not ours or pytest's
-            # Golden's methods re-raise with the user's frames only (replay.user_facing); an
-            # error raised by this plugin's own hooks (a commit at the end of the call) has
-            # hook-runner frames above it instead.
-            pytest_dir = Path(pytest.__file__).parent
-            hidden = (str(pytest_dir), str(pytest_dir.parent / "_pytest"))
-            hidden += (str(Path(pluggy.__file__).parent), str(_PACKAGE_DIR))
-            hidden += (contextlib.__file__,)  # `with` glue
-            excinfo.traceback = excinfo.traceback.filter(
-                lambda entry: not str(entry.path).startswith(hidden)
-            )
-            style = item.config.getoption("tbstyle", "auto")
-            report.longrepr = excinfo.getrepr(
-                style="long" if style == "auto" else style,
-                tbfilter=False,
-                showlocals=item.config.getoption("showlocals", False),
-            )
-        return report
-
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Session end: workers hand their state over; the controller merges, writes;
+        """Session end, after the other plugins': the controller removes the update marks;
         worker pools stop."""
-        if self.is_worker:
-            session.config.workeroutput[WORKER_OUTPUT] = self.state.to_json()  # type: ignore[attr-defined]
-        else:
-            self.close(session)
+        if not self.is_worker:
+            self.registry.remove()
         launcher = sys.modules.get("pytest_rollout_golden.parallel.launcher")
         if launcher is not None:  # worker pools of parallel.launch(): stop them with the session
             launcher.shutdown()
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Summary: the ``rollout golden`` section."""
-        if self.is_worker:
-            return
-        unused = self.unused or Unused()
-        lines = summary_lines(
-            self.state,
-            unused=unused.goldens,
-            pruned=unused.pruned.deleted,
-            unused_tolerances=self.unused_tolerances(),
-            plots_removed=self.plots_removed,
-            report_path=None
-            if self.report_error or terminalreporter.config.option.collectonly
-            else terminalreporter.config.option.golden_report,
-            relative_to=self.rootdir,
-        )
-        lines.extend(unused.notes())
-        lines.extend(_recording_notes(self))
-        if self.report_error:
-            lines.append(self.report_error)
-        if lines:
-            terminalreporter.write_sep("=", "rollout golden")
-            for line in lines:
-                terminalreporter.write_line(line)
-        if os.environ.get("GITHUB_ACTIONS") == "true":  # read by the runner from the log
-            workspace = os.environ.get("GITHUB_WORKSPACE")
-            found = github_annotations(self.state.outcomes, self.locations, self.rootdir, workspace)
-            for line in found:
-                terminalreporter.write_line(line)
-
-
-_PATH_OPTIONS = ("--golden-report", "--golden-dir", "--golden-plot")
-
-
-def _check_space_form(config: pytest.Config) -> None:
-    """Refuse ``--golden-report PATH`` (a space, no ``=``) when pytest took PATH for a test path.
-
-    pytest picks the rootdir and ini file before plugin options are known, so it reads an
-    existing PATH after a plugin option as a test path; no plugin can undo that choice.
-    """
-    args = [str(a) for a in config.invocation_params.args]
-    for i, arg in enumerate(args[:-1]):
-        if arg in _PATH_OPTIONS and Path(config.invocation_params.dir, args[i + 1]).exists():
-            rootdir, inipath = _intended_setup(config, args)
-            if rootdir is not None and (rootdir, inipath) != (config.rootpath, config.inipath):
-                raise pytest.UsageError(
-                    f"`{arg} {args[i + 1]}`: pytest took {args[i + 1]} for a test path before "
-                    f"this plugin could claim it, and chose rootdir {config.rootpath} "
-                    f"(ini file {config.inipath}) instead of {rootdir} ({inipath}); "
-                    f"write `{arg}={args[i + 1]}`"
-                )
-
-
-def _intended_setup(config: pytest.Config, args: list[str]) -> tuple[Any, Any]:
-    """The (rootdir, ini file) pytest would pick knowing this plugin's options."""
-    try:
-        from _pytest.config.findpaths import determine_setup
-
-        ns = config._parser.parse_known_args(args)
-        rootdir, inipath, *_ = determine_setup(
-            inifile=config.option.inifilename,
-            override_ini=config.option.override_ini,
-            args=ns.file_or_dir,
-            rootdir_cmd_arg=config.option.rootdir or None,
-            invocation_dir=config.invocation_params.dir,
-        )
-    except Exception:  # pytest's private API changed: no check rather than a wrong one
-        return None, None
-    return rootdir, inipath
-
-
-def refresh_of(opt: Any, rootdir: Path) -> Refresh:
-    """What a session that re-records goldens records of itself (:mod:`..golden.refresh`)."""
-    import getpass
-    import socket
-
-    from ..commits.git import head
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
-        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else ""
-    return Refresh(
-        reason=opt.golden_reason or None,
-        by=user,
-        host=socket.gethostname(),
-        commit=head(rootdir),
-        only_failing=opt.update_golden_failing,
-        allow_placeholder=opt.golden_allow_placeholder,
-    )
-
-
-def headlined(item: pytest.Item, text: str) -> Any:
-    """``text`` as a failure's report, without a traceback. Its first line alone is the crash
-    message: what pytest's short summary (``-r``), ``--tb=line`` and junitxml's ``message``
-    show, and what xdist carries over, where a plain text report would be shown whole."""
-    from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
-
-    path, lineno, _ = item.location
-    return ReprExceptionInfo(
-        reprtraceback=ReprTracebackNative([text + "\n"]),
-        reprcrash=ReprFileLocation(path, (lineno or 0) + 1, text.split("\n", 1)[0]),
-    )
 
 
 def expected_to_fail(item: pytest.Item) -> bool:
@@ -732,22 +329,3 @@ def expected_to_fail(item: pytest.Item) -> bool:
         if isinstance(condition, bool) and condition:
             return True
     return False
-
-
-def _recording_notes(plugin: GoldenPlugin) -> list[str]:
-    """Warnings about where and when this session recorded goldens, or found none."""
-    outcomes = plugin.state.outcomes
-    recorded = any(o.status in (Status.RECORDED, Status.UPDATED) for o in outcomes)
-    missing = any(
-        o.status is Status.FAILED and any(c.verdict == Verdict.MISSING for c in o.comparisons)
-        for o in outcomes
-    )
-    notes = []
-    if recorded and plugin.config.option.update_golden and truthy_env("CI"):
-        notes.append(CI_UPDATE)
-    if (recorded or missing) and plugin.config.inipath is None and plugin.snapshot is None:
-        rel = os.path.relpath(plugin.root, plugin.rootdir)
-        other = next((p / rel for p in plugin.rootdir.parents if (p / rel).is_dir()), None)
-        if other is not None:
-            notes.append(rootdir_note(plugin.root, other, plugin.rootdir, recorded=recorded))
-    return notes

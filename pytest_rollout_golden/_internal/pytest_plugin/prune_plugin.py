@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from .golden_plugin import GoldenPlugin
+from .unused import UNUSED, find_unused
 
 
 class PrunePlugin:
@@ -21,8 +22,9 @@ class PrunePlugin:
         self.gone, self.tests = bool(opt.golden_prune), bool(opt.golden_prune_tests)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Session end: prune before the core plugin, registered first, reports the unused
-        goldens and what was deleted (pluggy calls the later-registered hook first)."""
-        self.core.unused = self.core.find_unused(
-            session, prune_gone=self.gone, prune_tests=self.tests
+        """Session end: prune before the summary and report plugins, registered first, judge
+        the unused goldens and report what was deleted (pluggy calls the later-registered hook
+        first)."""
+        session.config.stash[UNUSED] = find_unused(
+            self.core, session, prune_gone=self.gone, prune_tests=self.tests
         )
