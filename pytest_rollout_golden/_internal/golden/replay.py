@@ -54,12 +54,14 @@ from ..report.presentation import (
     uncalibrated_variant_note,
     unused_tolerance,
 )
+from ..tolerance.build import Declared, GoldenStack, Recorded, build
 from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
-from ..tolerance.stack import Resolver, Stack, ToleranceUsage
+from ..tolerance.stack import ToleranceUsage
 from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
 from . import checks, keyed, metric_codec, precision as precision_names
+from .determinism import fingerprint, fingerprint_changes
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .lanes import LaneChoice, LaneSetting
@@ -124,7 +126,7 @@ class Golden:
         directory: Path,
         *,
         mode: Mode = Mode.AUTO,
-        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Stack | None = None,
+        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Declared | None = None,
         test_id: str = "",
         rebuild: Callable[..., Any] | None = None,
         regenerate: bool = False,
@@ -137,7 +139,8 @@ class Golden:
         certify: bool = False,
     ):
         """``tolerances``: per-metric tolerances (name or glob -> :class:`Tolerance` or
-        dict) above the built-in defaults. ``test_id``: the name recorded in the manifest.
+        dict) above the built-in defaults, or what a test declares (:class:`.build.Declared`,
+        the pytest plugin's). ``test_id``: the name recorded in the manifest.
         ``rebuild``: the factory of DataProto-like batches on replay. ``regenerate``: under
         ``--update-golden``, call ``generate`` again instead of keeping the recorded
         rollouts. ``missing_step``: the policy for a rollout step never recorded
@@ -157,8 +160,8 @@ class Golden:
         links = session or SessionLinks()
         usage, registry, replay_only = links.usage, links.registry, links.replay_only
         missing_step_source = links.missing_step_source
-        if tolerances is not None and not isinstance(tolerances, Stack):
-            tolerances = Stack(marker=[Layer("Golden(tolerances=)", tolerances)])
+        if tolerances is not None and not isinstance(tolerances, Declared):
+            tolerances = Declared(marker=[Layer("Golden(tolerances=)", tolerances)])
         self.directory = Path(directory)
         self.policy = ModePolicy.of(
             mode,
@@ -176,11 +179,11 @@ class Golden:
         self._precision = (
             precision_names.ORACLE if certify else precision_names.canonical(precision)
         )
-        self._stack = tolerances or Stack()
+        declared = tolerances or Declared()
+        self._declared = dataclasses.replace(declared, certify=True) if certify else declared
         if certify:
-            self._stack = self._stack.replace(certify=True, exact=False)
             lane = LaneSetting(precision_names.ORACLE_LANE, "--golden-certify")
-        self._resolver = self._stack.resolver()  # rebuilt only where the stack changes
+        self._built: GoldenStack | None = None  # built once, when the golden is opened
         self._usage = usage or ToleranceUsage()
         self._registry = registry
         self._inputs = GoldenFiles(self.directory, rebuild=rebuild)
@@ -194,7 +197,6 @@ class Golden:
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
         self._envelope: Envelope | None = None  # a long run's per-step bands, once opened
-        self._step_resolvers: dict[int, Resolver] = {}  # with the bands of each step
         self._uncalibrated: dict[tuple[str, str], Tolerance] = {}  # see _without_files
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
@@ -269,28 +271,26 @@ class Golden:
         self._files.replaces_damaged = self.policy.replaces_damaged
 
         only = self._replay_only is not None
-        stack = self._stack
+        calibrated: tuple[Layer | None, Layer | None] = (None, None)
         if not self._certify:  # the oracle's bound replaces what calibration measured
-            calibrated, lane = self._files.calibrated_layers(layout_variant=only)
-            stack = stack.replace(calibrated=calibrated, calibrated_layout=lane)
+            calibrated = self._files.calibrated_layers(layout_variant=only)
             self._envelope = self._files.envelope(layout_variant=only)
-        if self._envelope is not None:
-            stack = stack.replace(drifting=self._envelope.drifting_layer())
         recorder = self._files.recorded_by
         if self._replaying and not only and recorder not in (None, self.test_id):
             self._outcome.recorded_by = recorder  # a key=/shared= golden of another test
         if self._replaying:
-            from .determinism import fingerprint, fingerprint_changes
-
             recorded = self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
-            changes = fingerprint_changes(recorded, fingerprint())
-            self._outcome.environment_changes = changes
-            if changes and stack.exact:
-                stack = stack.replace(exact=False)
-        if self._choice.role == "fallback":
-            stack = stack.replace(exact=False, lane_fallback=self._choice.tolerances)
-        if stack != self._stack:  # tolerances.json, the exact lane dropped, a fallback lane
-            self._stack, self._resolver = stack, stack.resolver()
+            self._outcome.environment_changes = fingerprint_changes(recorded, fingerprint())
+        self._built = build(
+            self._declared,
+            Recorded(
+                *calibrated,
+                envelope=self._envelope,
+                environment_changed=bool(self._outcome.environment_changes),
+                fallback=self._choice.role == "fallback",
+                fallback_tolerances=self._choice.tolerances,
+            ),
+        )
 
     def _open_lane(self) -> None:
         """Make :attr:`_files` the values of the lane :func:`.lanes.choose` chooses.
@@ -481,10 +481,10 @@ class Golden:
         self._open()
         if key in self._rollouts.not_recorded:
             return self._not_compared(list(metrics), step, kind="metric")
-        resolver, layer = self._step_resolver(step), None
+        resolver, layer = self._tolerances.at(step), None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
-            resolver = self._resolver.above(layer)
+            resolver = self._tolerances.resolver().above(layer)
         seen = self._metrics.setdefault(key, {})
         never_recorded = functools.partial(self._never_recorded, key)
         recorded = self._files.metrics().get(key, {})
@@ -777,7 +777,9 @@ class Golden:
         old = {} if old_info is None else self._files.load(filename, damaged={})
         where = {"step": step, "rank": rank, "micro": micro}
         never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
-        checker = checks.Checker(self._resolver, self.policy, self._usage, never_recorded)
+        checker = checks.Checker(
+            self._tolerances.resolver(), self.policy, self._usage, never_recorded
+        )
         closed = whole_state and old_info is not None and not self.policy.rerecords
         results = []
         for tensor_name, value in tensors.items():
@@ -825,7 +827,9 @@ class Golden:
             value = recorded.get(tensor_name, tensors[tensor_name])
             tol, source = c.tolerance, c.tolerance_source
             if tol is None:  # new: the tolerance its replay will resolve
-                tol, source = self._resolver.resolve(c.name, (checks.dtype_name(value),) * 2)
+                tol, source = self._tolerances.resolver().resolve(
+                    c.name, (checks.dtype_name(value),) * 2
+                )
             kept = self._tensor_probes.setdefault(c.name + suffix, {})
             kept[step] = TensorProbe(value, masks.get(tensor_name), tol, source)
             for middle in sorted(kept)[1:-1]:
@@ -842,13 +846,13 @@ class Golden:
         if fields:
             self._outcome.rollouts.append(derived_fields_note(name, fields))
 
-    def _step_resolver(self, step: int) -> Resolver:
-        """The resolver of ``step``: with the envelope's bands at that step, if any."""
-        if self._envelope is None or self._envelope.layer(step) is None:
-            return self._resolver
-        if step not in self._step_resolvers:
-            self._step_resolvers[step] = self._envelope.stack_at(self._stack, step).resolver()
-        return self._step_resolvers[step]
+    @property
+    def _tolerances(self) -> GoldenStack:
+        """This golden's tolerance stack (:func:`.build.build`), built when it is opened; a
+        golden never opened holds nothing but what its test declared."""
+        if self._built is None:
+            self._built = build(self._declared)
+        return self._built
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's calibrated files looser than without them."""
@@ -885,8 +889,7 @@ class Golden:
         """Value ``name``'s tolerance without the files calibration wrote into the golden
         (the same at every step: the bands and the calibrated layers all go; cached)."""
         if (name, dtype) not in self._uncalibrated:
-            files = (self._stack.calibrated, self._stack.calibrated_layout)
-            found = self._resolver.without(*files).resolve(name, (dtype,))[0]
+            found = self._tolerances.uncalibrated().resolve(name, (dtype,))[0]
             self._uncalibrated[name, dtype] = found
         return self._uncalibrated[name, dtype]
 
@@ -903,8 +906,9 @@ class Golden:
         return results
 
     def _ignored(self, name: str) -> bool:
-        self._usage.note(self._resolver, name)
-        return self._resolver.resolve(name)[0].ignore
+        resolver = self._tolerances.resolver()
+        self._usage.note(resolver, name)
+        return resolver.resolve(name)[0].ignore
 
     def _warn_unused(
         self, layer: Layer, at: tuple[str, int] | None = None, *, always: bool = False
@@ -1245,7 +1249,7 @@ class Golden:
 
         def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
             found = applied.get((name, step))
-            return found if found is not None else self._step_resolver(step).resolve(name, dtypes)
+            return found if found is not None else self._tolerances.at(step).resolve(name, dtypes)
 
         gates = golden_gates(steps, tolerance_at, trends=self._trends, envelope=self._envelope)
         gates += bound_gates(steps, self._bounds_held)

@@ -215,15 +215,13 @@ class GoldenPlugin:
             marker = markers.marker_level(options)
         item.stash[MARKER_LAYER] = marker[1]
         oracle = self.is_oracle(item)
-        tolerances, replay_only = markers.tolerance_stack(
-            self.session_tolerances,
-            marker,
-            options,
-            exact=self.config.option.golden_exact,
-            certify=oracle,
+        tolerances = markers.declared_tolerances(
+            self.session_tolerances, marker, options, exact=self.config.option.golden_exact
         )
+        replay_only = None
         directory = self.directory_of(item)
-        if replay_only is not None:
+        if markers.replays_reference(options):
+            replay_only = markers.reference_recipe(options, certify=oracle)
             self._await_reference(item, directory, oracle=oracle)
         self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
         link = link_out_of_root(self.root, directory)
