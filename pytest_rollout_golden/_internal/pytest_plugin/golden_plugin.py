@@ -56,8 +56,8 @@ from .prune import Unused, may_hold_tests, partial_project, unused_and_pruned
 from .session import FinishedTests, SessionState, UpdateMarks, write_report
 
 if TYPE_CHECKING:
+    from ..golden.golden import Golden
     from ..golden.lanes import LaneSetting
-    from ..golden.replay import Golden
     from .snapshot import RankSnapshot
 
 PLUGIN = pytest.StashKey["GoldenPlugin"]()
@@ -208,7 +208,8 @@ class GoldenPlugin:
             )
 
     def golden_for(self, item: pytest.Item) -> Golden:
-        from ..golden.replay import Golden, SessionLinks
+        # imported on first use: loading the plugin needs none of the engine (start-up time)
+        from ..golden.golden import Golden, SessionLinks
 
         options = self.marker_options(item)
         with as_usage_error():

@@ -1,6 +1,6 @@
 """The one builder of a golden's tolerance stack: :func:`build`, called once per golden.
 
-pytest (:class:`~..golden.replay.Golden`, when it opens its golden), ``rollout-golden
+pytest (:class:`~..golden.golden.Golden`, when it opens its golden), ``rollout-golden
 diff`` and ``rollout-golden show`` all resolve through it, so the CLI resolves exactly what
 pytest resolves. Its inputs are what a test declares before its golden is read
 (:class:`Declared`: the session's layers as :func:`..pytest_plugin.options.session_tolerances`

@@ -23,19 +23,23 @@ from typing import Any, Protocol
 from ...errors import (
     REMEDY_UPDATE,
     GoldenError,
-    GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from ...store.location import ENVELOPE, METRICS, TOLERANCES, in_golden, tensors_filename
+from ...store.location import (
+    ENVELOPE,
+    METRICS,
+    TOLERANCES,
+    in_golden,
+    rollout_filename,
+    tensors_filename,
+)
 from ..report.presentation import (
     BOUND_KIND,
     OPTIMIZER_ENTRY_ABSENT,
     derived_fields_note,
     input_outside_base_lane,
-    lane_missing,
-    lane_on_other_inputs,
     mismatch_bound_exceeded,
     mismatch_message,
     missing_input,
@@ -44,28 +48,37 @@ from ..report.presentation import (
     never_recorded_tensors,
     not_same_math,
     nothing_selected,
-    oracle_missing,
-    oracle_on_other_inputs,
     oracle_without_inputs,
     recorded_lines,
-    regenerate_in_lane,
     stand_in_note,
     uncalibrated_lane_note,
     uncalibrated_variant_note,
     unused_tolerance,
 )
+from ..report.sensitivity import TensorProbe, bound_gates, golden_gates, tensor_gate
 from ..tolerance.build import Declared, GoldenStack, Recorded, build
-from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, Envelope
+from ..tolerance.calibration import tensor_distances
+from ..tolerance.envelope import Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import ToleranceUsage
 from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
-from . import checks, keyed, metric_codec, precision as precision_names
+from . import (
+    bitwise_lane,
+    checks,
+    keyed,
+    metric_codec,
+    precision as precision_names,
+    precision_lane,
+)
 from .determinism import fingerprint, fingerprint_changes
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
-from .lanes import LaneChoice, LaneSetting
+from .lane_opening import lane_refusal, open_lane
+from .lanes import LaneChoice, LaneSetting, input_digests
+from .long_runs import bias_checks, long_run_facts
 from .modes import ModePolicy, ReplayOnly
+from .optimizer import flat, optimizer_state
 from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
 from .results import Comparison, Mode, Outcome, Verdict
 from .scores import per_sample as scores_of
@@ -293,83 +306,23 @@ class Golden:
         )
 
     def _open_lane(self) -> None:
-        """Make :attr:`_files` the values of the lane :func:`.lanes.choose` chooses.
-
-        The base lane's values sit beside the inputs; another lane's are opened (and
-        locked) in ``@lanes/<lane>/``; those not chosen are closed again. A refusal raises
-        with the values it refuses as :attr:`_files`.
-        """
-        from . import lanes
-
+        """Make :attr:`_files` the values of the lane :func:`.lanes.choose` chooses
+        (:func:`.lane_opening.open_lane`). A refusal raises with the values it refuses as
+        :attr:`_files`."""
         exists = self._inputs.exists
-        base = lanes.base_lane(self._inputs.manifest) if exists else None  # type: ignore[arg-type]
-        opened: dict[str, GoldenFiles] = {}
-
-        def values(name: str) -> GoldenFiles:
-            if name not in opened:
-                opened[name] = self._inputs if name == base else self._open_values(name)
-            return opened[name]
-
-        choice = None
-        try:
-            choice = lanes.choose(
-                self._lane,
-                self._inputs.manifest if exists else None,
-                lanes.other_lanes(self.directory) if exists else (),
-                recorded=lambda name: values(name).exists,
-                stale=lambda name: self._stale_inputs(values(name)),
-                records=self.policy.records,
-                rerecords=self.policy.rerecords,
-                regenerate=self.policy.regenerate,
-            )
-        finally:
-            kept = None if choice is None or choice.role == "base" else choice.values
-            for name, files in opened.items():
-                if files is not self._inputs and name != kept:
-                    files.close()
+        choice, self._files = open_lane(
+            self.directory, self._inputs, self._lane, self.policy, rebuild=self._rebuild
+        )
         self._choice = choice
         if choice.lane is not None:
             self._outcome.lane = {"name": choice.lane, "source": choice.setting.source}
             if exists and choice.refusal != "regenerate":
                 self._outcome.lane["base"] = choice.base
-        if choice.role != "base":
-            assert choice.values is not None
-            self._files = values(choice.values)
         if choice.refusal is not None:
-            raise self._lane_refused(choice)
+            where = self._files.directory
+            raise lane_refusal(choice, self.directory, where, self.test_id, self._remedy)
         if choice.role == "fallback":
             self._outcome.lane["fallback"] = choice.values
-
-    def _open_values(self, lane: str) -> GoldenFiles:
-        from .lanes import lane_dir, refuse_lane_link
-
-        refuse_lane_link(self.directory, lane)
-        values = GoldenFiles(lane_dir(self.directory, lane), rebuild=self._rebuild)
-        values.open(damaged_is_missing=self.policy.replaces_damaged)
-        return values
-
-    def _stale_inputs(self, values: GoldenFiles) -> list[str]:
-        """The input files changed since ``values`` (a lane's) were computed."""
-        from .lanes import input_digests, stale_inputs
-
-        if not values.exists:
-            return []
-        inputs = input_digests(self._inputs.recorded)
-        return stale_inputs(values.manifest, inputs)  # type: ignore[arg-type]
-
-    def _lane_refused(self, choice: LaneChoice) -> GoldenError:
-        """The error that says why :func:`.lanes.choose` refused this golden's lanes."""
-        where = self._files.directory
-        if choice.refusal == "regenerate":
-            lane = choice.base if choice.in_base else choice.lane
-            return GoldenError(regenerate_in_lane(self.directory, lane, choice.base, choice.held))
-        if choice.refusal == "oracle-missing":
-            return GoldenMissingError(oracle_missing(self.test_id, self.directory, self._remedy))
-        if choice.refusal == "missing":
-            return GoldenMissingError(lane_missing(self.directory, choice.setting, choice.held))
-        if choice.refusal == "oracle-stale":
-            return GoldenFormatError(oracle_on_other_inputs(where, choice.stale))
-        return GoldenFormatError(lane_on_other_inputs(where, str(choice.values), choice.stale))
 
     @property
     def _replaying(self) -> bool:
@@ -549,6 +502,7 @@ class Golden:
         beyond its bound fails the test when it ends, naming the bound, its source and the
         worst sequences and tokens.
         """
+        # imported on use: both import torch, which loading the plugin must not
         from ... import mismatch
         from ...reference.masking import as_bool_mask
 
@@ -610,8 +564,6 @@ class Golden:
         answer, called only when the lane fails. ``name`` tells several lanes of one step
         apart (``bitwise/<name>``). See :mod:`.bitwise_lane` for the verdicts.
         """
-        from . import bitwise_lane
-
         checks.step_key(step)
         self._open()
         if self._certify:
@@ -645,8 +597,6 @@ class Golden:
         layers (routers, norms, embeddings, the output head) quantized without ``declared``
         naming them, and (``same=True``) sides that disagree fail. ``name`` tells several
         manifests of one test apart (file ``precision-<name>.json``)."""
-        from . import precision_lane
-
         self._open()
         lane = precision_lane.Lane(self._files, self._touched, self.policy, self._remedy)
         found = precision_lane.comparisons(
@@ -707,6 +657,7 @@ class Golden:
         keyword arguments ``settings`` are (``micro_batch_sizes``, ``accumulation_steps``,
         ``settings``, ``data=st.data()`` to draw them with hypothesis, ``rtol``, ``atol``).
         Raises AssertionError naming the setting pair and the value that differs."""
+        # imported on use: the invariants import torch, which loading the plugin must not
         from ...invariants.accumulation import check_accumulation_invariance
 
         check_accumulation_invariance(step, batch, **settings)
@@ -732,8 +683,6 @@ class Golden:
         except under ``--update-golden``). Moments are compared against their largest
         recorded element (the built-in ``optimizer/*`` tolerances); the step count exactly.
         """
-        from .optimizer import flat, optimizer_state
-
         checks.step_key(step)
         tensors = flat(optimizer_state(optimizer, model, master_weights=master_weights))
         self._open()
@@ -814,8 +763,6 @@ class Golden:
         where it records), mask and tolerance at its first and last step so far."""
         if self._tensor_probes is None:
             return
-        from ..report.sensitivity import TensorProbe
-
         rank, micro, step = where["rank"], where["micro"], where["step"]
         suffix = "".join(
             f" {k} {v}" for k, v in (("rank", rank), ("micro", micro)) if v is not None
@@ -837,8 +784,6 @@ class Golden:
 
     def _note_derived(self, name: str, step: int, batch: Any) -> None:
         """Note, once per rollout name, a recorded batch holding fields the trainer derives."""
-        from ...store.location import rollout_filename
-
         if name in self._derived_noted or not self._inputs.staged(rollout_filename(name, step)):
             return
         self._derived_noted.add(name)
@@ -957,7 +902,13 @@ class Golden:
                 self._outcome.comparisons.extend(self._unchecked())
             self._outcome.comparisons.extend(self._series_checks())
             if self._replaying and not self._certify:
-                self._outcome.long_run = self._long_run_facts()
+                self._outcome.long_run = long_run_facts(
+                    self._outcome.comparisons,
+                    self._files,
+                    self._envelope,
+                    self.test_id,
+                    variant=self._replay_only is not None,
+                )
             for layer in tolerance_layers:
                 self._warn_unused(layer, warn_at)
             failures = [c for c in self._outcome.comparisons if c.failed]
@@ -1015,71 +966,14 @@ class Golden:
             return [checks.trend_comparison(c) for c in trends]
         found = [checks.trend_comparison(c, self._envelope) for c in trends]
         self._note_raised(trends, found)
-        from ..tolerance.envelope import band_source, biases
-
-        held: dict[str, dict[int, float]] = {}  # per metric, step -> what its band allowed
-        for c in self._outcome.comparisons:
-            lane = band_source(c.tolerance_source)
-            if c.kind == "metric" and lane == self._envelope.source and c.tolerance:
-                allowed = c.tolerance.allowance(float(c.expected), c.scale)
-                held.setdefault(c.name, {})[c.step] = allowed
-        source = (
-            f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest (the "
-            f"band's margin for fewer than 8 distinct runs), at least {BIAS_FLOOR:g}"
-        )
-        for bias in biases(self._envelope, recorded, run, held):
-            found.append(checks.bias_comparison(bias, sorted(held[bias.name]), source))
-        return found
-
-    def _long_run_facts(self) -> dict[str, Any]:
-        """What decides this replay's long-run gates (:mod:`..report.gates`; ``{}`` where no
-        metric ran :data:`.envelope.MIN_STEPS` steps): per metric its steps and the envelope
-        lane its band came from; the lane's metrics, or why it has none; its float64
-        certificate from ``tolerances.json`` (``{}``: not a calibrated variant)."""
-        from ..tolerance.envelope import MIN_STEPS, band_source
-
-        steps: dict[str, set[int]] = {}
-        banded: dict[str, str] = {}  # metric -> the lane its band came from, as named
-        for c in self._outcome.comparisons:
-            if c.kind == "metric" and c.verdict in (Verdict.PASS, Verdict.FAIL):
-                steps.setdefault(c.name, set()).add(c.step)
-                if band_source(c.tolerance_source) is not None:
-                    parts = c.tolerance_source.split("; ")
-                    lane = [
-                        p.removeprefix("atol from ") for p in parts if p.startswith("atol from ")
-                    ]
-                    banded.setdefault(c.name, lane[0] if lane else c.tolerance_source)
-        long = {n: len(s) for n, s in sorted(steps.items()) if len(s) >= MIN_STEPS}
-        if not long:
-            return {}
-        found: dict[str, Any] = {"steps": long, "banded": banded, "certificate": {}}
-        if TOLERANCES in self._files.recorded:
-            try:
-                variants = self._files.load(TOLERANCES).get("variants") or {}
-                found["certificate"] = (variants.get(self.test_id) or {}).get("certificate") or {}
-            except GoldenError:  # damaged: replay has already said so
-                pass
-        if self._envelope is not None:
-            return {**found, "source": self._envelope.source, "bands": sorted(self._envelope.bands)}
-        if ENVELOPE not in self._files.recorded:
-            why = f"no {ENVELOPE}: `pytest --golden-calibrate N` measures one"
-        elif self._replay_only is not None:
-            why = (
-                f"{ENVELOPE} has no lane across variants: calibrate this variant with the "
-                "reference (`pytest --golden-calibrate N` over all of them)"
-            )
-        else:
-            why = f"{ENVELOPE} has no lane of this test's own runs"
-        return {**found, "none": why}
+        return found + bias_checks(self._envelope, recorded, run, self._outcome.comparisons)
 
     def _unchecked(self) -> list[Comparison]:
         """A missing comparison per recorded value this run did not check."""
         recorded, results = self._files.metrics(), self._outcome.comparisons
         metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
         tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
-        from .precision_lane import unchecked
-
-        return metrics + tensors + unchecked(self._files.recorded, self._touched)
+        return metrics + tensors + precision_lane.unchecked(self._files.recorded, self._touched)
 
     def _unreached(self) -> list[dict[str, Any]]:
         """The recorded values a test that raised never checked, ``{"metric", "step"}`` each,
@@ -1130,8 +1024,6 @@ class Golden:
     def _lane_fields(self, fresh: bool) -> dict[str, Any]:
         """The lane fields of the manifest a commit writes: a lane's name, and for a lane
         apart from the inputs the digests of the inputs its values were computed on."""
-        from .lanes import input_digests
-
         recorded = (self._files.manifest or {}).get("lane")
         lane = self._choice.lane
         lane = lane if lane is not None and (fresh or recorded is None) else recorded
@@ -1237,9 +1129,6 @@ class Golden:
         metrics as recorded (this run's where it recorded them) under the tolerance replay
         applied at each step (this run's comparisons', else the step's resolver), and its
         trend bounds."""
-        from ..report.sensitivity import bound_gates, golden_gates, tensor_gate
-        from .files import merge_metrics
-
         steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
         applied = {
             (c.name, c.step): (c.tolerance, c.tolerance_source)
@@ -1262,8 +1151,6 @@ class Golden:
         tensor its greatest distance to the golden (:func:`.calibration.tensor_distances`),
         and the names its tolerances (the marker's
         included) do not compare."""
-        from ..tolerance.calibration import tensor_distances
-
         comparisons = self._outcome.comparisons
         metrics = self.checked_metrics()
         names = {name for values in metrics.values() for name in values}
