@@ -24,8 +24,8 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._internal.golden.determinism import deterministic, fingerprint
+    from ._internal.golden.golden import Golden
     from ._internal.golden.optimizer import optimizer_state
-    from ._internal.golden.replay import Golden
     from ._internal.golden.variants import same_math
     from .store import load_batch, save_batch
     from .store.codec import RolloutBatch
@@ -37,7 +37,7 @@ _LAZY = {
     "load_batch": "store",
     "deterministic": "_internal.golden.determinism",
     "fingerprint": "_internal.golden.determinism",
-    "Golden": "_internal.golden.replay",
+    "Golden": "_internal.golden.golden",
     "optimizer_state": "_internal.golden.optimizer",
     "RolloutBatch": "store.codec",
     "same_math": "_internal.golden.variants",

@@ -40,7 +40,7 @@ from ._internal.pytest_plugin.xdist_plugin import XdistPlugin
 from .parallel.environment import torchrun_rank
 
 if TYPE_CHECKING:
-    from ._internal.golden.replay import Golden
+    from ._internal.golden.golden import Golden
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 from pytest_rollout_golden._internal.golden import checks
 from pytest_rollout_golden._internal.golden.results import Verdict
 from pytest_rollout_golden._internal.tolerance import calibration, envelope, trends
+from pytest_rollout_golden._internal.tolerance.build import GoldenStack
 from pytest_rollout_golden._internal.tolerance.spec import Layer
 from pytest_rollout_golden._internal.tolerance.stack import Stack
 
@@ -124,8 +125,9 @@ def step_failures(
     alone, with_envelope = set(), set()
     held: dict[str, dict[int, float]] = {}
     plain = stack.replace(drifting=None).resolver()  # before envelopes: tolerances.json alone
+    built = GoldenStack(stack, env)  # per step as replay resolves it (tolerance.build)
     for step in range(len(next(iter(golden.values())))):
-        at_step = plain if env is None else env.stack_at(stack, step).resolver()
+        at_step = plain if env is None else built.at(step)
         for name, expected in golden.items():
             g, a = expected[step], run[name][step]
             if not (math.isfinite(g) and math.isfinite(a)):

@@ -190,7 +190,7 @@ PLANTED = {
     "sglang_batch.py": ("sglang_batch.py", "from .mismatch import sampled_log_probs"),
     "_internal/tolerance/": ("_internal/tolerance/spec.py", "from ..golden import modes"),
     "_internal/report/": ("_internal/report/stats.py", "from ..pytest_plugin import options"),
-    "_internal/pytest_plugin/": ("_internal/golden/replay.py", "from ..pytest_plugin import prune"),
+    "_internal/pytest_plugin/": ("_internal/golden/golden.py", "from ..pytest_plugin import prune"),
     "plugin.py": ("cli/verify.py", "from ..plugin import pytest_configure"),
     "cli/": ("dumps/convert.py", "from .. import cli"),
     "_pytest": ("_internal/golden/variants.py", "from _pytest.mark import ParameterSet"),

@@ -36,7 +36,7 @@ def test_lazy_names_are_listed_and_importing_the_package_loads_no_torch(package,
 TORCH_FREE = [
     "plugin", "cli", "store", "store.location",
     "_internal.golden.results", "_internal.golden.modes", "_internal.golden.files",
-    "_internal.golden.checks", "_internal.golden.replay", "_internal.golden.lanes",
+    "_internal.golden.checks", "_internal.golden.golden", "_internal.golden.lanes",
     "_internal.report.presentation",
     "_internal.tolerance.stack", "_internal.tolerance.calibration",
     "_internal.tolerance.mismatch_bounds",

@@ -22,7 +22,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pytest_rollout_golden import store
-from pytest_rollout_golden._internal.golden.replay import Golden
+from pytest_rollout_golden._internal.golden.golden import Golden
 from pytest_rollout_golden._internal.golden.results import Mode
 from pytest_rollout_golden.errors import (
     GoldenError,

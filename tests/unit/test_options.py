@@ -185,6 +185,7 @@ def test_golden_directory_of_a_test(tmp_path):
 
 
 def test_tolerance_stack_of_a_test():
+    from pytest_rollout_golden._internal.tolerance.build import build
     from pytest_rollout_golden._internal.tolerance.stack import Stack
 
     session = Stack()
@@ -192,22 +193,26 @@ def test_tolerance_stack_of_a_test():
         {"tolerances": {"kl": {"rtol": 0.5, "atol": 0.0}}, "ignore": ["ent"]}
     )
     assert marker[1].source == "@pytest.mark.golden(tolerances=)"
-    stack, recipe = markers.tolerance_stack(session, marker, {}, exact=False)
-    assert recipe is None and not stack.exact
-    assert stack.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
-    assert stack.resolver().resolve("ent")[0].ignore
-    assert markers.tolerance_stack(session, marker, {}, exact=True)[0].exact  # --golden-exact
-    assert markers.tolerance_stack(session, marker, {"exact": True}, exact=False)[0].exact
+
+    def stack(options, *, exact):
+        return build(markers.declared_tolerances(session, marker, options, exact=exact)).stack
+
+    plain = stack({}, exact=False)
+    assert not markers.replays_reference({}) and not plain.exact
+    assert plain.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
+    assert plain.resolver().resolve("ent")[0].ignore
+    assert stack({}, exact=True).exact  # --golden-exact
+    assert stack({"exact": True}, exact=False).exact
     variant = {
         "variant": "tp2",
         "reference": "tp1",
         "layout_tolerances": {"pg": {"rtol": 0.1, "atol": 0.0}},
     }
-    stack, recipe = markers.tolerance_stack(session, marker, variant, exact=True)
-    assert recipe == markers.reference_recipe(variant)
-    assert not stack.exact  # a layout variant is never bit-exact, whatever --golden-exact says
-    assert stack.resolver().resolve("pg")[1] == "variant lane"
-    assert stack.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
+    assert markers.replays_reference(variant)
+    found = stack(variant, exact=True)
+    assert not found.exact  # a layout variant is never bit-exact, whatever --golden-exact says
+    assert found.resolver().resolve("pg")[1] == "variant lane"
+    assert found.resolver().resolve("kl")[1] == "@pytest.mark.golden(tolerances=)"
     with pytest.raises(ValueError, match=r"is ignored by @pytest\.mark\.golden"):
         markers.marker_level({"tolerances": {"kl": {"rtol": 0.5, "atol": 0.0}}, "ignore": ["kl"]})
 

@@ -15,6 +15,7 @@ import torch
 
 from pytest_rollout_golden import store
 from pytest_rollout_golden._internal.golden.files import GoldenFiles, load_golden, merge_metrics
+from pytest_rollout_golden._internal.golden.golden import Golden, SessionLinks
 from pytest_rollout_golden._internal.golden.modes import (
     ERROR,
     GENERATE,
@@ -26,7 +27,6 @@ from pytest_rollout_golden._internal.golden.modes import (
     REPLAY,
     ModePolicy,
 )
-from pytest_rollout_golden._internal.golden.replay import Golden, SessionLinks
 from pytest_rollout_golden._internal.golden.results import Mode, Status, Verdict
 from pytest_rollout_golden.errors import GoldenError, GoldenFormatError, GoldenMismatch
 

@@ -2,7 +2,7 @@
 one :class:`~.results.Comparison` per value.
 
 Pure functions over a recorded value, this run's value, the tolerance resolver and the
-mode policy; :class:`~.replay.Golden` keeps the bookkeeping of a test (what was checked,
+mode policy; :class:`~.golden.Golden` keeps the bookkeeping of a test (what was checked,
 what is staged) and acts on what these return.
 """
 

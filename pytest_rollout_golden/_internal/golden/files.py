@@ -1,6 +1,6 @@
 """The files of one golden directory: locked, recovered, verified on load, committed whole.
 
-:class:`GoldenFiles` is what :class:`~.replay.Golden` and the ``rollout-golden`` CLI
+:class:`GoldenFiles` is what :class:`~.golden.Golden` and the ``rollout-golden`` CLI
 read and write a golden through::
 
     files = GoldenFiles(directory)

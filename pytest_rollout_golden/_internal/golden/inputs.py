@@ -1,7 +1,7 @@
 """Recorded rollouts as inputs: replayed, kept, regenerated or stood in for.
 
 A golden rollout is the *input* of a training test. This module holds what
-:class:`~.replay.Golden` needs to treat it so: :class:`RolloutInputs` (a test's
+:class:`~.golden.Golden` needs to treat it so: :class:`RolloutInputs` (a test's
 rollouts, as the mode policy decides), which step stands in for a step never
 recorded (verl's SkipManager ``repeat`` rule), what changed when a rollout is
 regenerated, and running ``generate`` on a random stream of its own per step, without

@@ -2,7 +2,7 @@
 
 No I/O and no torch: :class:`ModePolicy` answers questions such as "may this run
 record?", "what does a metric missing from the golden mean?" or "what happens to a
-rollout step never recorded?" for :class:`~.replay.Golden`, which then acts on the
+rollout step never recorded?" for :class:`~.golden.Golden`, which then acts on the
 answer. The table, by mode (``UPDATE`` is ``--update-golden``, ``STRICT`` is
 ``--golden-strict``, CI or a replay-only golden):
 

@@ -29,7 +29,7 @@ from .failure_plugin import headlined
 from .golden_plugin import ORACLE_RUN, SETTINGS, GoldenPlugin, expected_to_fail
 
 if TYPE_CHECKING:
-    from ..golden.replay import Golden
+    from ..golden.golden import Golden
 
 CALIBRATION_RUN = pytest.StashKey[int]()  # which of the N runs of its test an item is
 # The user property that marks a failed report as a calibration run's golden mismatch; a

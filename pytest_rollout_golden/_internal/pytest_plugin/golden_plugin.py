@@ -44,8 +44,8 @@ from .options import (
 from .session import SessionState, UpdateMarks
 
 if TYPE_CHECKING:
+    from ..golden.golden import Golden
     from ..golden.lanes import LaneSetting
-    from ..golden.replay import Golden
     from .snapshot import RankSnapshot
 
 PLUGIN = pytest.StashKey["GoldenPlugin"]()
@@ -151,22 +151,21 @@ class GoldenPlugin:
             )
 
     def golden_for(self, item: pytest.Item) -> Golden:
-        from ..golden.replay import Golden, SessionLinks
+        # imported on first use: loading the plugin needs none of the engine (start-up time)
+        from ..golden.golden import Golden, SessionLinks
 
         options = self.marker_options(item)
         with as_usage_error():
             marker = markers.marker_level(options)
         item.stash[MARKER_LAYER] = marker[1]
         oracle = self.is_oracle(item)
-        tolerances, replay_only = markers.tolerance_stack(
-            self.session_tolerances,
-            marker,
-            options,
-            exact=self.config.option.golden_exact,
-            certify=oracle,
+        tolerances = markers.declared_tolerances(
+            self.session_tolerances, marker, options, exact=self.config.option.golden_exact
         )
+        replay_only = None
         directory = self.directory_of(item)
-        if replay_only is not None:
+        if markers.replays_reference(options):
+            replay_only = markers.reference_recipe(options, certify=oracle)
             self._await_reference(item, directory, oracle=oracle)
         self.state.opened_dirs.add(str(directory))  # used, however the fixture was reached
         link = link_out_of_root(self.root, directory)

@@ -16,10 +16,11 @@ from ...store.location import golden_dir, shared_golden_dir
 from ..golden.modes import ReplayOnly
 from ..report.presentation import close_match
 from ..tolerance import mismatch_bounds, trends
+from ..tolerance.build import Declared
 from ..tolerance.families import precision_layer
 from ..tolerance.spec import Layer, ignore_and_tolerance_layers
 from ..tolerance.stack import Stack
-from .options import OptionError, missing_step_policy, parse_seed, with_precision
+from .options import OptionError, missing_step_policy, parse_seed
 
 MARKER_DOC = (
     "golden(key=None, shared=None, tolerances=None, ignore=(), exact=False, deterministic=True, "
@@ -196,27 +197,20 @@ def marker_level(options: Mapping[str, Any]) -> tuple[Layer, Layer]:
     )
 
 
-def tolerance_stack(
-    session: Stack,
-    marker: tuple[Layer, Layer],
-    options: Mapping[str, Any],
-    *,
-    exact: bool,
-    certify: bool = False,
-) -> tuple[Stack, ReplayOnly | None]:
-    """A test's tolerance stack: ``session``'s (``--golden-tolerance``, ini) under the
-    ``marker`` level; ``exact``: ``--golden-exact``. For a layout variant, also how its
-    golden is recorded (``certify``: its float64 oracle)."""
-    stack = session.replace(marker=marker, exact=bool(options.get("exact")) or exact)
-    if options.get("precision") is not None:
-        stack = with_precision(stack, str(options["precision"]), "marker precision")
-    if not replays_reference(options):
-        return stack, None
-    # Another layout recorded these values: the layout lane replaces the same-layout
-    # defaults (the user's own marker tolerances still come first), never bit-exact.
-    stack = stack.replace(
-        layout=Layer("variant lane", options.get("layout_tolerances") or {}),
+def declared_tolerances(
+    session: Stack, marker: tuple[Layer, Layer], options: Mapping[str, Any], *, exact: bool
+) -> Declared:
+    """What a test declares of its tolerances (:func:`..tolerance.build.build` stacks it):
+    ``session``'s layers (``--golden-tolerance``, ini) under the ``marker`` level and the
+    marker's ``precision=`` and ``exact=``; ``exact``: ``--golden-exact``. A layout variant
+    declares its variant lane (``layout_tolerances=``): another layout recorded its values."""
+    precision = options.get("precision")
+    layout = (options.get("layout_tolerances") or {}) if replays_reference(options) else None
+    return Declared(
+        session=session,
+        marker=marker,
+        precision=None if precision is None else str(precision),
+        layout=layout,
         exact=bool(options.get("exact")),
-        variant=True,
+        exact_run=exact,
     )
-    return stack, reference_recipe(options, certify=certify)

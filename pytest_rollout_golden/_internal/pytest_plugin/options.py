@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..golden.modes import MISSING_STEP_POLICIES
 from ..golden.results import Mode
+from ..tolerance.families import precision_layer, profile_layers
 from ..tolerance.spec import ignore_and_tolerance_layers as layers
 from ..tolerance.stack import Stack
 
@@ -74,32 +75,19 @@ def session_tolerances(
     ``flags``: ``rollout-golden diff`` has its own) over ini ``golden_tolerances``/
     ``golden_ignore`` over ``golden_precision`` over the ``golden_metric_profile``
     (ValueError naming the source on a bad entry or an unknown profile or precision).
-    pytest and ``rollout-golden diff`` both build their stack here."""
-    stack = Stack(
-        cli=layers(flags[0], flag_tolerances, flags[1], flag_ignore),
-        ini=layers("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore),
+    pytest and the CLI's verbs both parse their session's layers here; each golden's stack
+    is built over them by :func:`..tolerance.build.build`."""
+    cli = layers(flags[0], flag_tolerances, flags[1], flag_ignore)
+    ini = layers("ini golden_tolerances", ini_tolerances, "ini golden_ignore", ini_ignore)
+    profiled, across_variants = profile_layers(profile) if profile.strip() else ((), None)
+    declared = precision_layer(precision, "ini golden_precision") if precision.strip() else None
+    return Stack(
+        cli=cli,
+        ini=ini,
+        precision=declared,
+        profile=profiled,
+        across_variants=across_variants,
     )
-    return with_precision(with_profile(stack, profile), precision, "ini golden_precision")
-
-
-def with_precision(stack: Stack, precision: str, source: str) -> Stack:
-    """``stack`` with the layer of a declared training precision (none if empty)."""
-    if not precision.strip():
-        return stack
-    from ..tolerance.families import precision_layer
-
-    return stack.replace(precision=precision_layer(precision, source))
-
-
-def with_profile(stack: Stack, profile: str) -> Stack:
-    """``stack`` with the layers of ini ``golden_metric_profile = profile`` (none if empty;
-    ValueError naming the known profiles for an unknown one)."""
-    if not profile.strip():
-        return stack
-    from ..tolerance.families import profile_layers
-
-    layers, across_variants = profile_layers(profile)
-    return stack.replace(profile=layers, across_variants=across_variants)
 
 
 def lane_setting(

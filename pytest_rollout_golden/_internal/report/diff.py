@@ -38,8 +38,8 @@ from ..golden import keyed
 from ..golden.files import load_golden, read_calibrated, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.results import GoldenDiff, Row
+from ..tolerance.build import Declared, Recorded, build
 from ..tolerance.compare import compare_named, dtype_name
-from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack
 from .presentation import (
@@ -123,7 +123,7 @@ def diff_paths(a: Path, b: Path, tolerances: Stack) -> list[GoldenDiff]:
     if a.is_file():
         if lane_a or lane_b:
             raise GoldenError(f"{a} and {b}: batch files have no lanes; GOLDEN@LANE takes goldens")
-        return [_diff_batches(a, b, tolerances.resolver())]
+        return [_diff_batches(a, b, build(Declared(tolerances)).resolver())]
     lanes = (lane_a, lane_b)
     single = (a / MANIFEST).is_file()
     return [diff_pair(p, tolerances, lanes, strict=single) for p in pairs]
@@ -179,9 +179,8 @@ def diff_goldens(
     manifest_a, left = load_golden(a)
     manifest_b, right = load_golden(b)
     calibrated = calibrated_layer(left.get(TOLERANCES), a / TOLERANCES, left.get(METRICS))
-    stack = tolerances.replace(calibrated=calibrated)
-    resolver = stack.resolver()
-    envelope = read_envelope(a)
+    built = build(Declared(tolerances), Recorded(calibrated, envelope=read_envelope(a)))
+    resolver = built.resolver()
     result = GoldenDiff(label, str(a), str(b))
     skipped = {TOLERANCES, ENVELOPE}
     if values_only:
@@ -191,8 +190,7 @@ def diff_goldens(
             result.problems.append(f"{filename} only in {'A' if filename in left else 'B'}")
             continue
         if filename == METRICS:
-            by_step = step_resolvers(stack, envelope, resolver)
-            result.rows += _metric_rows(left[filename], right[filename], by_step)
+            result.rows += _metric_rows(left[filename], right[filename], built.at)
             continue
         info = manifest_a["files"][filename]
         result.rows += _tensor_rows(
@@ -211,7 +209,7 @@ def diff_metric_tables(
     """Compare metric table ``b`` against ``a`` (``{step: {name: value}}``, as a
     ``metrics.json`` holds them) under ``tolerances``; ``sides`` names where each came from
     (two runs of a history)."""
-    resolver = tolerances.resolver()
+    resolver = build(Declared(tolerances)).resolver()
     rows = _metric_rows({"steps": a}, {"steps": b}, lambda step: resolver)
     return GoldenDiff(label, sides[0], sides[1], rows=rows)
 
@@ -224,21 +222,6 @@ def calibrated_layer(document: Any, path: Path, metrics: Any) -> Layer | None:
 
     steps = metrics["steps"] if metrics else {}
     return read_calibrated(document, path, functools.partial(recorded_magnitude, steps))[0]
-
-
-def step_resolvers(
-    stack: Stack, envelope: Envelope | None, resolver: Resolver
-) -> Callable[[int], Resolver]:
-    """The resolver of each step: with the envelope's bands at that step where it has them,
-    as replay resolves (:meth:`.Envelope.stack_at`)."""
-
-    @functools.cache
-    def at(step: int) -> Resolver:
-        if envelope is None or envelope.layer(step) is None:
-            return resolver
-        return envelope.stack_at(stack, step).resolver()
-
-    return at
 
 
 def _diff_batches(a: Path, b: Path, resolver: Resolver) -> GoldenDiff:

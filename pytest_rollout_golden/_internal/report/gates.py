@@ -23,7 +23,7 @@ def long_run_gates(outcomes: Iterable[Outcome]) -> list[str]:
 
 
 def _line(o: Outcome) -> str:
-    """The gates of one replay (``o.long_run``, :meth:`.Golden._long_run_facts`)."""
+    """The gates of one replay (``o.long_run``, :func:`..golden.long_runs.long_run_facts`)."""
     facts = o.long_run
     parts = [*_bands(facts), _series(o, "bias", "bias gate"), _series(o, "trend", "trend bound")]
     parts.append(_certificate(facts.get("certificate")))

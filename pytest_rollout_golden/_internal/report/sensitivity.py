@@ -421,19 +421,18 @@ def directory_gates(
 
     from ...store.location import METRICS, TOLERANCES
     from ..golden.files import read_envelope
-    from .diff import calibrated_layer, step_resolvers
+    from ..tolerance.build import Declared, Recorded, build
+    from .diff import calibrated_layer
 
     steps = (content.get(METRICS) or {}).get("steps", {})
     calibrated = calibrated_layer(content.get(TOLERANCES), Path(directory) / TOLERANCES,
                              content.get(METRICS))  # fmt: skip
-    stack = stack.replace(calibrated=calibrated)
-    envelope = read_envelope(Path(directory))
-    resolver_at = step_resolvers(stack, envelope, stack.resolver())
+    built = build(Declared(stack), Recorded(calibrated, envelope=read_envelope(Path(directory))))
 
     def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
-        return resolver_at(step).resolve(name, dtypes)
+        return built.at(step).resolve(name, dtypes)
 
-    return golden_gates(steps, tolerance_at, trends=trends, envelope=envelope)
+    return golden_gates(steps, tolerance_at, trends=trends, envelope=built.envelope)
 
 
 SHOW_HEADER = (

@@ -8,7 +8,7 @@ least :data:`MIN_STEPS` steps therefore also records, per metric and step, the b
 spanned around the golden's value (``below`` / ``above``: how far the lowest and highest run
 lay from it), in two lanes like ``tolerances.json`` (:data:`LANES`): the runs of the tests
 that record the golden, and across variants. On replay the band is that step's ``atol`` over
-the metric's uncalibrated tolerance (:meth:`Envelope.stack_at`), so it never holds a metric
+the metric's uncalibrated tolerance (:meth:`.build.GoldenStack.at`), so it never holds a metric
 tighter than the defaults::
 
     allowed at step s = M(s) x H(s) + DTYPE_FLOOR x eps(dtype) x the metric's magnitude
@@ -58,7 +58,6 @@ from typing import Any
 from ...errors import GoldenFormatError
 from ...store.location import ENVELOPE, LANES as LANES_DIR, in_golden
 from .spec import IGNORE, Layer, Tolerance, named_file
-from .stack import Stack
 
 FORMAT = "pytest-rollout-golden-envelope"
 # A run shorter than this has no trend to follow: its calibrated tolerances.json suffices.
@@ -216,23 +215,6 @@ class Envelope:
             return None
         source = named_file(DRIFTING_SOURCE, ENVELOPE, self.file)
         return Layer(source, dict.fromkeys(self.drifting, IGNORE), defaults=True)
-
-    def stack_at(self, stack: Stack, step: int) -> Stack:
-        """``stack`` at ``step``: the bands over the calibrated files for the metrics they
-        hold, so that a band adds to the uncalibrated tolerance and never holds a metric
-        tighter than it (the same-math runs of one calibration are a small sample)."""
-        band = self.layer(step)
-        if band is None:
-            return stack
-        held = set(band.entries)
-        files = {
-            part: None if layer is None else layer.excluding(held)
-            for part, layer in (
-                ("calibrated", stack.calibrated),
-                ("calibrated_layout", stack.calibrated_layout),
-            )
-        }
-        return stack.replace(envelope=band, **files)
 
 
 def deviation(
@@ -393,7 +375,7 @@ def _unit(band: Mapping[str, Any], magnitude: float | None) -> float | None:
 def held(band: Band, below: Tolerance, golden: Numbers, name: str) -> dict[int, float]:
     """Per step, the distance from the golden replay allows metric ``name``: the band's over
     its uncalibrated tolerance ``below`` (the band's ``atol``, ``below``'s ``rtol`` and
-    ``scale``), as :meth:`Envelope.stack_at` resolves it."""
+    ``scale``), as :meth:`.build.GoldenStack.at` resolves it."""
     out = {}
     for step, allowed in band.allowances().items():
         value = golden.get(str(step), {}).get(name)

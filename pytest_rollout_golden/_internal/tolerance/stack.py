@@ -113,19 +113,22 @@ class Stack:
     exact: bool = False
     certify: bool = False
 
-    def resolver(self) -> Resolver:
-        """The resolver of these layers, in :data:`ORDER`."""
-        layers: list[Layer | None] = []
+    def layers(self) -> list[tuple[str, Layer]]:
+        """``(role, layer)`` of every layer given, in :data:`ORDER` (top first); each
+        layer's :attr:`~.spec.Layer.source` says where its tolerances come from."""
+        layers: list[tuple[str, Layer]] = []
         for name, _ in ORDER:
             if name in VARIANT_ONLY and not self.variant:
                 continue
             part = builtin_layers() if name == "builtin" else getattr(self, name)
-            layers.extend(part if isinstance(part, (list, tuple)) else [part])
-        return Resolver(
-            [layer for layer in layers if layer is not None],
-            exact=self.exact,
-            certify=self.certify,
-        )
+            parts = part if isinstance(part, (list, tuple)) else [part]
+            layers.extend((name, layer) for layer in parts if layer is not None)
+        return layers
+
+    def resolver(self) -> Resolver:
+        """The resolver of these layers, in :data:`ORDER`."""
+        layers = [layer for _, layer in self.layers()]
+        return Resolver(layers, exact=self.exact, certify=self.certify)
 
     def replace(self, **parts: Any) -> Stack:
         """A copy with some parts replaced (``calibrated=``, ``exact=``...)."""

@@ -217,7 +217,7 @@ def test_a_commit_makes_its_directory_again_if_a_nested_lock_removed_it(tmp_path
 def test_updated_is_reported_only_for_a_commit_that_finished(tmp_path, monkeypatch):
     """A commit whose files could not all be moved in is an error naming what happens
     next, never 'updated'; the next open finishes it."""
-    from pytest_rollout_golden._internal.golden.replay import Golden
+    from pytest_rollout_golden._internal.golden.golden import Golden
     from pytest_rollout_golden._internal.golden.results import Mode, Status
     from pytest_rollout_golden.errors import GoldenError
 

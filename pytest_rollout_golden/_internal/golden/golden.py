@@ -23,19 +23,23 @@ from typing import Any, Protocol
 from ...errors import (
     REMEDY_UPDATE,
     GoldenError,
-    GoldenFormatError,
     GoldenMismatch,
     GoldenMissingError,
     GoldenToleranceWarning,
 )
-from ...store.location import ENVELOPE, METRICS, TOLERANCES, in_golden, tensors_filename
+from ...store.location import (
+    ENVELOPE,
+    METRICS,
+    TOLERANCES,
+    in_golden,
+    rollout_filename,
+    tensors_filename,
+)
 from ..report.presentation import (
     BOUND_KIND,
     OPTIMIZER_ENTRY_ABSENT,
     derived_fields_note,
     input_outside_base_lane,
-    lane_missing,
-    lane_on_other_inputs,
     mismatch_bound_exceeded,
     mismatch_message,
     missing_input,
@@ -44,26 +48,37 @@ from ..report.presentation import (
     never_recorded_tensors,
     not_same_math,
     nothing_selected,
-    oracle_missing,
-    oracle_on_other_inputs,
     oracle_without_inputs,
     recorded_lines,
-    regenerate_in_lane,
     stand_in_note,
     uncalibrated_lane_note,
     uncalibrated_variant_note,
     unused_tolerance,
 )
-from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, Envelope
+from ..report.sensitivity import TensorProbe, bound_gates, golden_gates, tensor_gate
+from ..tolerance.build import Declared, GoldenStack, Recorded, build
+from ..tolerance.calibration import tensor_distances
+from ..tolerance.envelope import Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
-from ..tolerance.stack import Resolver, Stack, ToleranceUsage
+from ..tolerance.stack import ToleranceUsage
 from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
-from . import checks, keyed, metric_codec, precision as precision_names
+from . import (
+    bitwise_lane,
+    checks,
+    keyed,
+    metric_codec,
+    precision as precision_names,
+    precision_lane,
+)
+from .determinism import fingerprint, fingerprint_changes
 from .files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
-from .lanes import LaneChoice, LaneSetting
+from .lane_opening import lane_refusal, open_lane
+from .lanes import LaneChoice, LaneSetting, input_digests
+from .long_runs import bias_checks, long_run_facts
 from .modes import ModePolicy, ReplayOnly
+from .optimizer import flat, optimizer_state
 from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
 from .results import Comparison, Mode, Outcome, Verdict
 from .scores import per_sample as scores_of
@@ -124,7 +139,7 @@ class Golden:
         directory: Path,
         *,
         mode: Mode = Mode.AUTO,
-        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Stack | None = None,
+        tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Declared | None = None,
         test_id: str = "",
         rebuild: Callable[..., Any] | None = None,
         regenerate: bool = False,
@@ -137,7 +152,8 @@ class Golden:
         certify: bool = False,
     ):
         """``tolerances``: per-metric tolerances (name or glob -> :class:`Tolerance` or
-        dict) above the built-in defaults. ``test_id``: the name recorded in the manifest.
+        dict) above the built-in defaults, or what a test declares (:class:`.build.Declared`,
+        the pytest plugin's). ``test_id``: the name recorded in the manifest.
         ``rebuild``: the factory of DataProto-like batches on replay. ``regenerate``: under
         ``--update-golden``, call ``generate`` again instead of keeping the recorded
         rollouts. ``missing_step``: the policy for a rollout step never recorded
@@ -157,8 +173,8 @@ class Golden:
         links = session or SessionLinks()
         usage, registry, replay_only = links.usage, links.registry, links.replay_only
         missing_step_source = links.missing_step_source
-        if tolerances is not None and not isinstance(tolerances, Stack):
-            tolerances = Stack(marker=[Layer("Golden(tolerances=)", tolerances)])
+        if tolerances is not None and not isinstance(tolerances, Declared):
+            tolerances = Declared(marker=[Layer("Golden(tolerances=)", tolerances)])
         self.directory = Path(directory)
         self.policy = ModePolicy.of(
             mode,
@@ -176,11 +192,11 @@ class Golden:
         self._precision = (
             precision_names.ORACLE if certify else precision_names.canonical(precision)
         )
-        self._stack = tolerances or Stack()
+        declared = tolerances or Declared()
+        self._declared = dataclasses.replace(declared, certify=True) if certify else declared
         if certify:
-            self._stack = self._stack.replace(certify=True, exact=False)
             lane = LaneSetting(precision_names.ORACLE_LANE, "--golden-certify")
-        self._resolver = self._stack.resolver()  # rebuilt only where the stack changes
+        self._built: GoldenStack | None = None  # built once, when the golden is opened
         self._usage = usage or ToleranceUsage()
         self._registry = registry
         self._inputs = GoldenFiles(self.directory, rebuild=rebuild)
@@ -194,7 +210,6 @@ class Golden:
         self._touched: set[str] = set()  # golden files this run used
         self._magnitudes: dict[str, float | None] = {}
         self._envelope: Envelope | None = None  # a long run's per-step bands, once opened
-        self._step_resolvers: dict[int, Resolver] = {}  # with the bands of each step
         self._uncalibrated: dict[tuple[str, str], Tolerance] = {}  # see _without_files
         self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
@@ -269,107 +284,45 @@ class Golden:
         self._files.replaces_damaged = self.policy.replaces_damaged
 
         only = self._replay_only is not None
-        stack = self._stack
+        calibrated: tuple[Layer | None, Layer | None] = (None, None)
         if not self._certify:  # the oracle's bound replaces what calibration measured
-            calibrated, lane = self._files.calibrated_layers(layout_variant=only)
-            stack = stack.replace(calibrated=calibrated, calibrated_layout=lane)
+            calibrated = self._files.calibrated_layers(layout_variant=only)
             self._envelope = self._files.envelope(layout_variant=only)
-        if self._envelope is not None:
-            stack = stack.replace(drifting=self._envelope.drifting_layer())
         recorder = self._files.recorded_by
         if self._replaying and not only and recorder not in (None, self.test_id):
             self._outcome.recorded_by = recorder  # a key=/shared= golden of another test
         if self._replaying:
-            from .determinism import fingerprint, fingerprint_changes
-
             recorded = self._files.manifest.get("fingerprint")  # type: ignore[union-attr]
-            changes = fingerprint_changes(recorded, fingerprint())
-            self._outcome.environment_changes = changes
-            if changes and stack.exact:
-                stack = stack.replace(exact=False)
-        if self._choice.role == "fallback":
-            stack = stack.replace(exact=False, lane_fallback=self._choice.tolerances)
-        if stack != self._stack:  # tolerances.json, the exact lane dropped, a fallback lane
-            self._stack, self._resolver = stack, stack.resolver()
+            self._outcome.environment_changes = fingerprint_changes(recorded, fingerprint())
+        self._built = build(
+            self._declared,
+            Recorded(
+                *calibrated,
+                envelope=self._envelope,
+                environment_changed=bool(self._outcome.environment_changes),
+                fallback=self._choice.role == "fallback",
+                fallback_tolerances=self._choice.tolerances,
+            ),
+        )
 
     def _open_lane(self) -> None:
-        """Make :attr:`_files` the values of the lane :func:`.lanes.choose` chooses.
-
-        The base lane's values sit beside the inputs; another lane's are opened (and
-        locked) in ``@lanes/<lane>/``; those not chosen are closed again. A refusal raises
-        with the values it refuses as :attr:`_files`.
-        """
-        from . import lanes
-
+        """Make :attr:`_files` the values of the lane :func:`.lanes.choose` chooses
+        (:func:`.lane_opening.open_lane`). A refusal raises with the values it refuses as
+        :attr:`_files`."""
         exists = self._inputs.exists
-        base = lanes.base_lane(self._inputs.manifest) if exists else None  # type: ignore[arg-type]
-        opened: dict[str, GoldenFiles] = {}
-
-        def values(name: str) -> GoldenFiles:
-            if name not in opened:
-                opened[name] = self._inputs if name == base else self._open_values(name)
-            return opened[name]
-
-        choice = None
-        try:
-            choice = lanes.choose(
-                self._lane,
-                self._inputs.manifest if exists else None,
-                lanes.other_lanes(self.directory) if exists else (),
-                recorded=lambda name: values(name).exists,
-                stale=lambda name: self._stale_inputs(values(name)),
-                records=self.policy.records,
-                rerecords=self.policy.rerecords,
-                regenerate=self.policy.regenerate,
-            )
-        finally:
-            kept = None if choice is None or choice.role == "base" else choice.values
-            for name, files in opened.items():
-                if files is not self._inputs and name != kept:
-                    files.close()
+        choice, self._files = open_lane(
+            self.directory, self._inputs, self._lane, self.policy, rebuild=self._rebuild
+        )
         self._choice = choice
         if choice.lane is not None:
             self._outcome.lane = {"name": choice.lane, "source": choice.setting.source}
             if exists and choice.refusal != "regenerate":
                 self._outcome.lane["base"] = choice.base
-        if choice.role != "base":
-            assert choice.values is not None
-            self._files = values(choice.values)
         if choice.refusal is not None:
-            raise self._lane_refused(choice)
+            where = self._files.directory
+            raise lane_refusal(choice, self.directory, where, self.test_id, self._remedy)
         if choice.role == "fallback":
             self._outcome.lane["fallback"] = choice.values
-
-    def _open_values(self, lane: str) -> GoldenFiles:
-        from .lanes import lane_dir, refuse_lane_link
-
-        refuse_lane_link(self.directory, lane)
-        values = GoldenFiles(lane_dir(self.directory, lane), rebuild=self._rebuild)
-        values.open(damaged_is_missing=self.policy.replaces_damaged)
-        return values
-
-    def _stale_inputs(self, values: GoldenFiles) -> list[str]:
-        """The input files changed since ``values`` (a lane's) were computed."""
-        from .lanes import input_digests, stale_inputs
-
-        if not values.exists:
-            return []
-        inputs = input_digests(self._inputs.recorded)
-        return stale_inputs(values.manifest, inputs)  # type: ignore[arg-type]
-
-    def _lane_refused(self, choice: LaneChoice) -> GoldenError:
-        """The error that says why :func:`.lanes.choose` refused this golden's lanes."""
-        where = self._files.directory
-        if choice.refusal == "regenerate":
-            lane = choice.base if choice.in_base else choice.lane
-            return GoldenError(regenerate_in_lane(self.directory, lane, choice.base, choice.held))
-        if choice.refusal == "oracle-missing":
-            return GoldenMissingError(oracle_missing(self.test_id, self.directory, self._remedy))
-        if choice.refusal == "missing":
-            return GoldenMissingError(lane_missing(self.directory, choice.setting, choice.held))
-        if choice.refusal == "oracle-stale":
-            return GoldenFormatError(oracle_on_other_inputs(where, choice.stale))
-        return GoldenFormatError(lane_on_other_inputs(where, str(choice.values), choice.stale))
 
     @property
     def _replaying(self) -> bool:
@@ -481,10 +434,10 @@ class Golden:
         self._open()
         if key in self._rollouts.not_recorded:
             return self._not_compared(list(metrics), step, kind="metric")
-        resolver, layer = self._step_resolver(step), None
+        resolver, layer = self._tolerances.at(step), None
         if tolerances:
             layer = Layer("golden.check(tolerances=)", tolerances)
-            resolver = self._resolver.above(layer)
+            resolver = self._tolerances.resolver().above(layer)
         seen = self._metrics.setdefault(key, {})
         never_recorded = functools.partial(self._never_recorded, key)
         recorded = self._files.metrics().get(key, {})
@@ -549,6 +502,7 @@ class Golden:
         beyond its bound fails the test when it ends, naming the bound, its source and the
         worst sequences and tokens.
         """
+        # imported on use: both import torch, which loading the plugin must not
         from ... import mismatch
         from ...reference.masking import as_bool_mask
 
@@ -610,8 +564,6 @@ class Golden:
         answer, called only when the lane fails. ``name`` tells several lanes of one step
         apart (``bitwise/<name>``). See :mod:`.bitwise_lane` for the verdicts.
         """
-        from . import bitwise_lane
-
         checks.step_key(step)
         self._open()
         if self._certify:
@@ -645,8 +597,6 @@ class Golden:
         layers (routers, norms, embeddings, the output head) quantized without ``declared``
         naming them, and (``same=True``) sides that disagree fail. ``name`` tells several
         manifests of one test apart (file ``precision-<name>.json``)."""
-        from . import precision_lane
-
         self._open()
         lane = precision_lane.Lane(self._files, self._touched, self.policy, self._remedy)
         found = precision_lane.comparisons(
@@ -707,6 +657,7 @@ class Golden:
         keyword arguments ``settings`` are (``micro_batch_sizes``, ``accumulation_steps``,
         ``settings``, ``data=st.data()`` to draw them with hypothesis, ``rtol``, ``atol``).
         Raises AssertionError naming the setting pair and the value that differs."""
+        # imported on use: the invariants import torch, which loading the plugin must not
         from ...invariants.accumulation import check_accumulation_invariance
 
         check_accumulation_invariance(step, batch, **settings)
@@ -732,8 +683,6 @@ class Golden:
         except under ``--update-golden``). Moments are compared against their largest
         recorded element (the built-in ``optimizer/*`` tolerances); the step count exactly.
         """
-        from .optimizer import flat, optimizer_state
-
         checks.step_key(step)
         tensors = flat(optimizer_state(optimizer, model, master_weights=master_weights))
         self._open()
@@ -777,7 +726,9 @@ class Golden:
         old = {} if old_info is None else self._files.load(filename, damaged={})
         where = {"step": step, "rank": rank, "micro": micro}
         never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
-        checker = checks.Checker(self._resolver, self.policy, self._usage, never_recorded)
+        checker = checks.Checker(
+            self._tolerances.resolver(), self.policy, self._usage, never_recorded
+        )
         closed = whole_state and old_info is not None and not self.policy.rerecords
         results = []
         for tensor_name, value in tensors.items():
@@ -812,8 +763,6 @@ class Golden:
         where it records), mask and tolerance at its first and last step so far."""
         if self._tensor_probes is None:
             return
-        from ..report.sensitivity import TensorProbe
-
         rank, micro, step = where["rank"], where["micro"], where["step"]
         suffix = "".join(
             f" {k} {v}" for k, v in (("rank", rank), ("micro", micro)) if v is not None
@@ -825,7 +774,9 @@ class Golden:
             value = recorded.get(tensor_name, tensors[tensor_name])
             tol, source = c.tolerance, c.tolerance_source
             if tol is None:  # new: the tolerance its replay will resolve
-                tol, source = self._resolver.resolve(c.name, (checks.dtype_name(value),) * 2)
+                tol, source = self._tolerances.resolver().resolve(
+                    c.name, (checks.dtype_name(value),) * 2
+                )
             kept = self._tensor_probes.setdefault(c.name + suffix, {})
             kept[step] = TensorProbe(value, masks.get(tensor_name), tol, source)
             for middle in sorted(kept)[1:-1]:
@@ -833,8 +784,6 @@ class Golden:
 
     def _note_derived(self, name: str, step: int, batch: Any) -> None:
         """Note, once per rollout name, a recorded batch holding fields the trainer derives."""
-        from ...store.location import rollout_filename
-
         if name in self._derived_noted or not self._inputs.staged(rollout_filename(name, step)):
             return
         self._derived_noted.add(name)
@@ -842,13 +791,13 @@ class Golden:
         if fields:
             self._outcome.rollouts.append(derived_fields_note(name, fields))
 
-    def _step_resolver(self, step: int) -> Resolver:
-        """The resolver of ``step``: with the envelope's bands at that step, if any."""
-        if self._envelope is None or self._envelope.layer(step) is None:
-            return self._resolver
-        if step not in self._step_resolvers:
-            self._step_resolvers[step] = self._envelope.stack_at(self._stack, step).resolver()
-        return self._step_resolvers[step]
+    @property
+    def _tolerances(self) -> GoldenStack:
+        """This golden's tolerance stack (:func:`.build.build`), built when it is opened; a
+        golden never opened holds nothing but what its test declared."""
+        if self._built is None:
+            self._built = build(self._declared)
+        return self._built
 
     def _note_loosened(self, results: list[Comparison]) -> None:
         """Note each tolerance from the golden's calibrated files looser than without them."""
@@ -885,8 +834,7 @@ class Golden:
         """Value ``name``'s tolerance without the files calibration wrote into the golden
         (the same at every step: the bands and the calibrated layers all go; cached)."""
         if (name, dtype) not in self._uncalibrated:
-            files = (self._stack.calibrated, self._stack.calibrated_layout)
-            found = self._resolver.without(*files).resolve(name, (dtype,))[0]
+            found = self._tolerances.uncalibrated().resolve(name, (dtype,))[0]
             self._uncalibrated[name, dtype] = found
         return self._uncalibrated[name, dtype]
 
@@ -903,8 +851,9 @@ class Golden:
         return results
 
     def _ignored(self, name: str) -> bool:
-        self._usage.note(self._resolver, name)
-        return self._resolver.resolve(name)[0].ignore
+        resolver = self._tolerances.resolver()
+        self._usage.note(resolver, name)
+        return resolver.resolve(name)[0].ignore
 
     def _warn_unused(
         self, layer: Layer, at: tuple[str, int] | None = None, *, always: bool = False
@@ -953,7 +902,13 @@ class Golden:
                 self._outcome.comparisons.extend(self._unchecked())
             self._outcome.comparisons.extend(self._series_checks())
             if self._replaying and not self._certify:
-                self._outcome.long_run = self._long_run_facts()
+                self._outcome.long_run = long_run_facts(
+                    self._outcome.comparisons,
+                    self._files,
+                    self._envelope,
+                    self.test_id,
+                    variant=self._replay_only is not None,
+                )
             for layer in tolerance_layers:
                 self._warn_unused(layer, warn_at)
             failures = [c for c in self._outcome.comparisons if c.failed]
@@ -1011,71 +966,14 @@ class Golden:
             return [checks.trend_comparison(c) for c in trends]
         found = [checks.trend_comparison(c, self._envelope) for c in trends]
         self._note_raised(trends, found)
-        from ..tolerance.envelope import band_source, biases
-
-        held: dict[str, dict[int, float]] = {}  # per metric, step -> what its band allowed
-        for c in self._outcome.comparisons:
-            lane = band_source(c.tolerance_source)
-            if c.kind == "metric" and lane == self._envelope.source and c.tolerance:
-                allowed = c.tolerance.allowance(float(c.expected), c.scale)
-                held.setdefault(c.name, {})[c.step] = allowed
-        source = (
-            f"{self._envelope.source}: {BIAS_MARGIN:g} x the calibration runs' largest (the "
-            f"band's margin for fewer than 8 distinct runs), at least {BIAS_FLOOR:g}"
-        )
-        for bias in biases(self._envelope, recorded, run, held):
-            found.append(checks.bias_comparison(bias, sorted(held[bias.name]), source))
-        return found
-
-    def _long_run_facts(self) -> dict[str, Any]:
-        """What decides this replay's long-run gates (:mod:`..report.gates`; ``{}`` where no
-        metric ran :data:`.envelope.MIN_STEPS` steps): per metric its steps and the envelope
-        lane its band came from; the lane's metrics, or why it has none; its float64
-        certificate from ``tolerances.json`` (``{}``: not a calibrated variant)."""
-        from ..tolerance.envelope import MIN_STEPS, band_source
-
-        steps: dict[str, set[int]] = {}
-        banded: dict[str, str] = {}  # metric -> the lane its band came from, as named
-        for c in self._outcome.comparisons:
-            if c.kind == "metric" and c.verdict in (Verdict.PASS, Verdict.FAIL):
-                steps.setdefault(c.name, set()).add(c.step)
-                if band_source(c.tolerance_source) is not None:
-                    parts = c.tolerance_source.split("; ")
-                    lane = [
-                        p.removeprefix("atol from ") for p in parts if p.startswith("atol from ")
-                    ]
-                    banded.setdefault(c.name, lane[0] if lane else c.tolerance_source)
-        long = {n: len(s) for n, s in sorted(steps.items()) if len(s) >= MIN_STEPS}
-        if not long:
-            return {}
-        found: dict[str, Any] = {"steps": long, "banded": banded, "certificate": {}}
-        if TOLERANCES in self._files.recorded:
-            try:
-                variants = self._files.load(TOLERANCES).get("variants") or {}
-                found["certificate"] = (variants.get(self.test_id) or {}).get("certificate") or {}
-            except GoldenError:  # damaged: replay has already said so
-                pass
-        if self._envelope is not None:
-            return {**found, "source": self._envelope.source, "bands": sorted(self._envelope.bands)}
-        if ENVELOPE not in self._files.recorded:
-            why = f"no {ENVELOPE}: `pytest --golden-calibrate N` measures one"
-        elif self._replay_only is not None:
-            why = (
-                f"{ENVELOPE} has no lane across variants: calibrate this variant with the "
-                "reference (`pytest --golden-calibrate N` over all of them)"
-            )
-        else:
-            why = f"{ENVELOPE} has no lane of this test's own runs"
-        return {**found, "none": why}
+        return found + bias_checks(self._envelope, recorded, run, self._outcome.comparisons)
 
     def _unchecked(self) -> list[Comparison]:
         """A missing comparison per recorded value this run did not check."""
         recorded, results = self._files.metrics(), self._outcome.comparisons
         metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
         tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
-        from .precision_lane import unchecked
-
-        return metrics + tensors + unchecked(self._files.recorded, self._touched)
+        return metrics + tensors + precision_lane.unchecked(self._files.recorded, self._touched)
 
     def _unreached(self) -> list[dict[str, Any]]:
         """The recorded values a test that raised never checked, ``{"metric", "step"}`` each,
@@ -1126,8 +1024,6 @@ class Golden:
     def _lane_fields(self, fresh: bool) -> dict[str, Any]:
         """The lane fields of the manifest a commit writes: a lane's name, and for a lane
         apart from the inputs the digests of the inputs its values were computed on."""
-        from .lanes import input_digests
-
         recorded = (self._files.manifest or {}).get("lane")
         lane = self._choice.lane
         lane = lane if lane is not None and (fresh or recorded is None) else recorded
@@ -1233,9 +1129,6 @@ class Golden:
         metrics as recorded (this run's where it recorded them) under the tolerance replay
         applied at each step (this run's comparisons', else the step's resolver), and its
         trend bounds."""
-        from ..report.sensitivity import bound_gates, golden_gates, tensor_gate
-        from .files import merge_metrics
-
         steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
         applied = {
             (c.name, c.step): (c.tolerance, c.tolerance_source)
@@ -1245,7 +1138,7 @@ class Golden:
 
         def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
             found = applied.get((name, step))
-            return found if found is not None else self._step_resolver(step).resolve(name, dtypes)
+            return found if found is not None else self._tolerances.at(step).resolve(name, dtypes)
 
         gates = golden_gates(steps, tolerance_at, trends=self._trends, envelope=self._envelope)
         gates += bound_gates(steps, self._bounds_held)
@@ -1258,8 +1151,6 @@ class Golden:
         tensor its greatest distance to the golden (:func:`.calibration.tensor_distances`),
         and the names its tolerances (the marker's
         included) do not compare."""
-        from ..tolerance.calibration import tensor_distances
-
         comparisons = self._outcome.comparisons
         metrics = self.checked_metrics()
         names = {name for values in metrics.values() for name in values}
