@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._internal.golden.results import Comparison, Mode, Outcome, Verdict
 from ._internal.lazy import lazy_attributes
+from ._internal.results import Comparison, Mode, Outcome, Verdict
 from ._internal.tolerance.spec import Tolerance
+from ._internal.version import VERSION
 from .errors import (
     GoldenError,
     GoldenFormatError,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .store import load_batch, save_batch
     from .store.codec import RolloutBatch
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 _LAZY = {
     "save_batch": "store",

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rollout_golden._internal.golden import checks
-from pytest_rollout_golden._internal.golden.results import Verdict
+from pytest_rollout_golden._internal.results import Verdict
 from pytest_rollout_golden._internal.tolerance import calibration, envelope, trends
 from pytest_rollout_golden._internal.tolerance.build import GoldenStack
 from pytest_rollout_golden._internal.tolerance.spec import Layer

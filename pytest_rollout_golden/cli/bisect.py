@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Called through its module: tests/project/doc_figures.py records what is drawn there.
+from .._internal.commits import timeline
 from .._internal.commits.bisect import BisectOptions, bisect
 from .._internal.commits.cache import Cache
-
-# Called through its module: tests/project/doc_figures.py records what is drawn there.
-from .._internal.report import timeline
-from .._internal.report.commits import bisect_lines, bisect_plan, bisect_progress
+from .._internal.commits.text import bisect_lines, bisect_plan, bisect_progress
 from .._internal.report.plot import figure_classes
 from ..errors import GoldenError
 from .arguments import commit_run_arguments, run_spec

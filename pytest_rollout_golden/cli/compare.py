@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from .._internal.commits.compare import compare
+from .._internal.commits.text import compare_lines, triage_lines
 from .._internal.commits.triage import triage
-from .._internal.report.commits import compare_lines, triage_lines
 from .._internal.tolerance.stack import Stack
 from ..errors import GoldenError
 from .arguments import commit_run_arguments, run_spec, tolerance_arguments

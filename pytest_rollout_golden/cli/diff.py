@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._internal.report.diff import diff_paths, summary
-from .._internal.report.presentation import diff_summary, golden_diff_lines
+from .._internal.report.diff_text import diff_summary, golden_diff_lines
 from .._internal.tolerance.stack import Stack
 from .arguments import tolerance_arguments
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .._internal.report.presentation import plural
+from .._internal.wording import plural
 from ..dumps import LAYOUTS, PATTERNS, convert
 
 

@@ -15,7 +15,7 @@ from .._internal.golden.lanes import lane_values, split_lane
 # (tests/project/doc_figures.py) records what is drawn by replacing them there.
 from .._internal.report import plot as drawing
 from .._internal.report.diff import diff_goldens, pair_paths
-from .._internal.report.presentation import lane_inputs_changed
+from .._internal.report.diff_text import lane_inputs_changed
 from .._internal.tolerance.envelope import band_source
 from .._internal.tolerance.stack import Stack
 from ..errors import GoldenError

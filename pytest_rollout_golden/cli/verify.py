@@ -10,16 +10,10 @@ from typing import Any
 from .. import store
 from .._internal.golden.files import load_golden
 from .._internal.golden.lanes import input_digests, lane_link, stale_inputs
-from .._internal.report.presentation import (
-    lane_inputs_changed,
-    lane_linked,
-    manifestless,
-    not_a_lane,
-    plural,
-    verify_row,
-    verify_totals,
-)
+from .._internal.golden.messages import lane_linked, manifestless
+from .._internal.report.diff_text import lane_inputs_changed
 from .._internal.tolerance.envelope import DRIFTING
+from .._internal.wording import plural
 from ..errors import GoldenError
 from ..store.location import (
     ENVELOPE,
@@ -30,6 +24,7 @@ from ..store.location import (
     find_goldens,
     find_manifestless,
 )
+from .tables import not_a_lane, verify_row, verify_totals
 
 
 def add_parser(sub: Any) -> None:

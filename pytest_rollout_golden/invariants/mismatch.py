@@ -277,7 +277,7 @@ def check_mismatch_metrics(
     """
     mask = batch["response_mask"]
     if not bool(as_bool_mask(mask).any()):
-        from .._internal.report.presentation import nothing_selected
+        from .._internal.wording import nothing_selected
 
         raise ValueError(
             f"check_mismatch_metrics: {nothing_selected(mask.numel(), 'the batch out')}"

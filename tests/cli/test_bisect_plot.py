@@ -66,7 +66,7 @@ def markers(ax) -> dict[str, list[tuple[float, float]]]:
 
 
 def test_each_try_sits_at_its_commit_with_what_was_still_in_question(tmp_path, figures):
-    from pytest_rollout_golden._internal.report.timeline import plot_bisect
+    from pytest_rollout_golden._internal.commits.timeline import plot_bisect
 
     tried = [
         run(5, "skip", reason="collection error"),
@@ -98,7 +98,7 @@ def test_each_try_sits_at_its_commit_with_what_was_still_in_question(tmp_path, f
 
 
 def test_an_ambiguous_answer_names_its_candidates(tmp_path, figures):
-    from pytest_rollout_golden._internal.report.timeline import plot_bisect
+    from pytest_rollout_golden._internal.commits.timeline import plot_bisect
 
     tried = [run(5, "skip", reason="collection error"), run(6, "bad"), run(4, "good")]
     plot_bisect(result(tried, None, [5, 6]), tmp_path / "b.png")

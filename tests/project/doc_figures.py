@@ -40,11 +40,11 @@ DRAWING = {  # what draws each kind of call: its source is in the figure's diges
     "metrics": ("pytest_rollout_golden/_internal/report/plot.py",),
     "bisect": (
         "pytest_rollout_golden/_internal/report/plot.py",
-        "pytest_rollout_golden/_internal/report/timeline.py",
+        "pytest_rollout_golden/_internal/commits/timeline.py",
     ),
     "changes": (
         "pytest_rollout_golden/_internal/report/plot.py",
-        "pytest_rollout_golden/_internal/report/changes_plot.py",
+        "pytest_rollout_golden/_internal/history/changes_plot.py",
         "pytest_rollout_golden/_internal/history/changepoints.py",
         "pytest_rollout_golden/_internal/history/changes.py",
     ),
@@ -282,7 +282,9 @@ def bisect_drawn(result: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def captured() -> Iterator[list[Any]]:
     """The arguments of every call of the drawing functions while the block runs."""
-    from pytest_rollout_golden._internal.report import changes_plot, plot, timeline
+    from pytest_rollout_golden._internal.commits import timeline
+    from pytest_rollout_golden._internal.history import changes_plot
+    from pytest_rollout_golden._internal.report import plot
 
     calls: list[Any] = []
     real_metrics, real_bisect = plot.plot_metrics, timeline.plot_bisect

@@ -50,6 +50,22 @@ RULES: list[tuple[str, str, tuple[str, ...]]] = [
 ]  # fmt: skip
 
 
+# The layers of ``_internal``, bottom first (docs/architecture.md, "Layers"): a module imports
+# its own layer and those below, never one above, directly or through a module outside the
+# layers (``golden/`` importing ``invariants/mismatch.py`` that imported ``report/`` is upward).
+LAYERS: list[tuple[str, ...]] = [
+    ("_internal/lazy.py", "_internal/version.py", "_internal/wording.py",
+     "_internal/rollout_rows.py", "_internal/hypothesis_profiles.py"),
+    ("_internal/tolerance/",),
+    ("_internal/results.py",),
+    ("_internal/golden/",),
+    ("_internal/report/",),
+    ("_internal/commits/",),
+    ("_internal/history/",),
+    ("_internal/pytest_plugin/",),
+]  # fmt: skip
+
+
 # --------------------------------------------------------------------------- the code
 
 
@@ -167,10 +183,64 @@ def violations(
     return found
 
 
+def _layer(module: str, layers: list[tuple[str, ...]]) -> int | None:
+    return next((i for i, members in enumerate(layers) if _any(module, members)), None)
+
+
+def layer_violations(layers: list[tuple[str, ...]], internal: Mapping[str, set[str]]) -> list[str]:
+    """Every import of a layered module that reaches a higher layer, directly or through
+    modules outside the layers, as ``importer -> ... -> imported: layer i imports layer j``."""
+    found = []
+    for start in sorted(internal):
+        own = _layer(start, layers)
+        if own is None:
+            continue
+        todo = [(t, (start, t)) for t in sorted(internal[start] - {start})]
+        seen: set[str] = set()
+        while todo:
+            module, path = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            layer = _layer(module, layers)
+            if layer is None:
+                todo += [(t, (*path, t)) for t in sorted(internal[module])]
+            elif layer > own:
+                found.append(f"{' -> '.join(path)}: layer {own} imports layer {layer}")
+    return found
+
+
 def test_every_import_keeps_the_rules():
     internal, external = import_graph(read_sources())
     assert len(internal) > 80 and internal["cli/__init__.py"], "the import graph is not read"
     assert violations(RULES, internal, external) == []
+
+
+def test_no_layer_imports_a_layer_above():
+    internal, _ = import_graph(read_sources())
+    unlayered = [m for m in internal if m.startswith("_internal/") and _layer(m, LAYERS) is None]
+    assert unlayered == ["_internal/__init__.py"]  # the package's docstring only
+    assert layer_violations(LAYERS, internal) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "through"),
+    [
+        ("_internal/tolerance/spec.py", "from ..results import Comparison", ()),
+        ("_internal/golden/keyed.py", "from ..report import stats", ()),
+        ("_internal/report/stats.py", "from ..commits import git", ()),
+        ("_internal/wording.py", "from .tolerance import spec", ()),
+        ("_internal/golden/keyed.py", "from ... import strategies", ("strategies.py",)),
+    ],
+)
+def test_a_planted_upward_import_is_found(module, line, through):
+    sources = read_sources()
+    if through:  # the public module in between imports upward
+        sources[through[0]] += "\nfrom ._internal.commits import git\n"
+    internal, _ = import_graph({**sources, module: sources[module] + f"\n{line}\n"})
+    found = layer_violations(LAYERS, internal)
+    assert found and all(f.startswith(f"{module} -> ") for f in found), found
+    assert all(through[0] in f for f in found if through), found
 
 
 def test_no_import_cycles():
@@ -242,7 +312,7 @@ def _rows(section: str) -> list[tuple[str, list[str]]]:
             heading = line[4:].strip()
         elif line.startswith("|") and not re.fullmatch(r"\|[\s|:-]+\|", line):
             rows.append((heading, [c.strip() for c in line.strip().strip("|").split("|")]))
-    return [(h, cells) for h, cells in rows if cells[0] not in ("module", "modules")]
+    return [(h, cells) for h, cells in rows if cells[0] not in ("module", "modules", "layer")]
 
 
 def _names(cell: str) -> list[str]:
@@ -291,6 +361,16 @@ def stated_rules(text: str) -> set[tuple[str, str, tuple[str, ...]]]:
 
 def test_the_page_lists_every_module_once_under_its_package():
     assert layout_mismatches(PAGE.read_text(), read_sources()) == []
+
+
+def stated_layers(text: str) -> list[tuple[str, ...]]:
+    """The rows of the page's "Layers" table, bottom first, as ``LAYERS`` writes them."""
+    rows = _rows(_section(text, "Layers"))
+    return [tuple(_names(cells[1])) for _, cells in sorted(rows, key=lambda r: int(r[1][0]))]
+
+
+def test_the_page_states_the_layers_this_test_enforces():
+    assert stated_layers(PAGE.read_text()) == LAYERS
 
 
 def test_the_page_states_the_rules_this_test_enforces():

@@ -11,7 +11,7 @@ import torch
 import torch.testing._comparison as torch_comparison
 from hypothesis import assume, event, given, settings, strategies as st
 
-from pytest_rollout_golden._internal.report.presentation import difference_detail
+from pytest_rollout_golden._internal.golden.messages import difference_detail
 from pytest_rollout_golden._internal.tolerance.compare import compare_values
 from pytest_rollout_golden._internal.tolerance.spec import DTYPE_DEFAULTS, Tolerance
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_rollout_golden._internal.golden.results import Comparison
-from pytest_rollout_golden._internal.report.presentation import difference_detail
+from pytest_rollout_golden._internal.golden.messages import difference_detail
+from pytest_rollout_golden._internal.results import Comparison
 from pytest_rollout_golden._internal.tolerance.compare import compare_values
 from pytest_rollout_golden._internal.tolerance.spec import EXACT, Tolerance
 

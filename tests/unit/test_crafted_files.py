@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pytest_rollout_golden import store
 from pytest_rollout_golden._internal.golden.golden import Golden
-from pytest_rollout_golden._internal.golden.results import Mode
+from pytest_rollout_golden._internal.results import Mode
 from pytest_rollout_golden.errors import (
     GoldenError,
     GoldenFormatError,

@@ -20,7 +20,7 @@ from test_crafted_files import _read_header, write_safetensors
 
 from pytest_rollout_golden import store
 from pytest_rollout_golden._internal.golden.golden import Golden
-from pytest_rollout_golden._internal.golden.results import Mode
+from pytest_rollout_golden._internal.results import Mode
 from pytest_rollout_golden.cli import main
 from pytest_rollout_golden.errors import GoldenFormatError
 from pytest_rollout_golden.store import location

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rollout_golden._internal.golden.results import Mode
 from pytest_rollout_golden._internal.pytest_plugin import (
     markers,
     options,
@@ -22,6 +21,7 @@ from pytest_rollout_golden._internal.pytest_plugin import (
 )
 from pytest_rollout_golden._internal.pytest_plugin.options import OptionError
 from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
+from pytest_rollout_golden._internal.results import Mode
 from pytest_rollout_golden.store import location
 
 
@@ -287,7 +287,7 @@ def _unused_state(tmp_path):
 
 
 def test_unused_and_pruned_finds_keeps_and_prunes(tmp_path):
-    from pytest_rollout_golden._internal.report.presentation import unused_kept_note
+    from pytest_rollout_golden._internal.pytest_plugin.summary import unused_kept_note
 
     root, state, gone_file, here = _unused_state(tmp_path)
     flags = {"stopped": False, "failed": False, "partial": ""}

@@ -84,7 +84,7 @@ def test_the_oracle_lane_is_not_a_lane_a_user_can_name():
 def test_a_certificate_gives_a_certified_variants_distance_in_units_of_the_bound():
     """A certified variant that is not bit-equal is "within x the bound", not "identical"
     (a passing comparison's ``excess`` is 0 whatever its distance)."""
-    from pytest_rollout_golden._internal.golden.results import Comparison, Verdict
+    from pytest_rollout_golden._internal.results import Comparison, Verdict
     from pytest_rollout_golden._internal.tolerance.calibration import certificate
 
     def compared(name, expected, actual):

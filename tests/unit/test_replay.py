@@ -27,7 +27,7 @@ from pytest_rollout_golden._internal.golden.modes import (
     REPLAY,
     ModePolicy,
 )
-from pytest_rollout_golden._internal.golden.results import Mode, Status, Verdict
+from pytest_rollout_golden._internal.results import Mode, Status, Verdict
 from pytest_rollout_golden.errors import GoldenError, GoldenFormatError, GoldenMismatch
 
 AUTO, UPDATE, STRICT = Mode.AUTO, Mode.UPDATE, Mode.STRICT
@@ -529,7 +529,7 @@ def test_new_manifest_takes_a_fresh_fingerprint_or_keeps_the_recorded_one(tmp_pa
 
 def test_staged_tensors_decision():
     from pytest_rollout_golden._internal.golden.checks import staged_tensors
-    from pytest_rollout_golden._internal.golden.results import Comparison
+    from pytest_rollout_golden._internal.results import Comparison
 
     recorded = {"a": "old a"}
     tensors = {"a": "new a", "b": "new b"}

@@ -1,4 +1,4 @@
-"""The minimum detectable effect of a gate (:mod:`.report.sensitivity`) against the value
+"""The minimum detectable effect of a gate (:mod:`.golden.sensitivity`) against the value
 its tolerance gives analytically: ``(atol + rtol * max(|v|, scale)) / |v|``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pytest_rollout_golden._internal.report.sensitivity import (
+from pytest_rollout_golden._internal.golden.sensitivity import (
     HIGH,
     LOW,
     NEVER,

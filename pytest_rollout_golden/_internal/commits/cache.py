@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import __version__
 from ...store.files import atomic_write
+from ..version import VERSION
 from .environments import installed
 from .git import Commit
 from .runs import CommitRun, RunSpec
@@ -54,7 +54,7 @@ def context(spec: RunSpec) -> dict[str, Any]:
     }
     return {
         "environment": environment,
-        "plugin": {"version": __version__, "source": _source_digest()},
+        "plugin": {"version": VERSION, "source": _source_digest()},
         "packages": _packages_digest(spec.python),
     }
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
-from ..golden.results import GoldenDiff
 from ..report.diff import Pair, diff_pair, summary
+from ..results import GoldenDiff
 from ..tolerance.stack import Stack
 from .git import resolve
 from .runs import CommitRun, RunSpec, run_commit

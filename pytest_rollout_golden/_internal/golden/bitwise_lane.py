@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..report.presentation import BITWISE_KINDS, nothing_selected
-from .results import Comparison, Verdict
+from ..results import Comparison, Verdict
+from ..wording import nothing_selected
+from .messages import BITWISE_KINDS
 
 LANE_KIND, CONTROL_KIND = BITWISE_KINDS
 PREFIX = "bitwise/"

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import GoldenNaNWarning, UnsupportedValueError
-from ..report.presentation import (
+from ..results import Comparison, Verdict, json_number
+from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
+from ..tolerance.envelope import TREND_MARGIN, Bias, Envelope
+from ..tolerance.mismatch_bounds import Bound
+from ..tolerance.spec import Tolerance
+from ..tolerance.stack import Resolver, ToleranceUsage
+from ..tolerance.trends import TrendCheck
+from . import metric_codec
+from .messages import (
     BIAS_KIND,
     DROPPED,
     TREND_KIND,
@@ -26,15 +34,7 @@ from ..report.presentation import (
     trend_beyond,
     typo_hint,
 )
-from ..tolerance.compare import compare_named, dtype_name, finite_magnitude
-from ..tolerance.envelope import TREND_MARGIN, Bias, Envelope
-from ..tolerance.mismatch_bounds import Bound
-from ..tolerance.spec import Tolerance
-from ..tolerance.stack import Resolver, ToleranceUsage
-from ..tolerance.trends import TrendCheck
-from . import metric_codec
 from .modes import ModePolicy
-from .results import Comparison, Verdict, json_number
 
 # ---------------------------------------------------------------------- arguments
 

@@ -31,10 +31,10 @@ from ...store.location import (
     files_without_manifest,
     in_golden,
 )
-from ..report.presentation import manifestless
 from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer
 from . import metric_codec
+from .messages import manifestless
 from .refresh import PROVENANCE
 
 _RAISE = object()  # load() without a fallback: a damaged file raises

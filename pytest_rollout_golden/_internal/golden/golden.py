@@ -35,27 +35,7 @@ from ...store.location import (
     rollout_filename,
     tensors_filename,
 )
-from ..report.presentation import (
-    BOUND_KIND,
-    OPTIMIZER_ENTRY_ABSENT,
-    derived_fields_note,
-    input_outside_base_lane,
-    mismatch_bound_exceeded,
-    mismatch_message,
-    missing_input,
-    missing_recording,
-    never_recorded_metric,
-    never_recorded_tensors,
-    not_same_math,
-    nothing_selected,
-    oracle_without_inputs,
-    recorded_lines,
-    stand_in_note,
-    uncalibrated_lane_note,
-    uncalibrated_variant_note,
-    unused_tolerance,
-)
-from ..report.sensitivity import TensorProbe, bound_gates, golden_gates, tensor_gate
+from ..results import Comparison, Mode, Outcome, Verdict
 from ..tolerance.build import Declared, GoldenStack, Recorded, build
 from ..tolerance.calibration import tensor_distances
 from ..tolerance.envelope import Envelope
@@ -63,6 +43,7 @@ from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bou
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import ToleranceUsage
 from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
+from ..wording import nothing_selected
 from . import (
     bitwise_lane,
     checks,
@@ -77,11 +58,30 @@ from .inputs import RolloutInputs, stand_in_marks
 from .lane_opening import lane_refusal, open_lane
 from .lanes import LaneChoice, LaneSetting, input_digests
 from .long_runs import bias_checks, long_run_facts
+from .messages import (
+    BOUND_KIND,
+    OPTIMIZER_ENTRY_ABSENT,
+    derived_fields_note,
+    input_outside_base_lane,
+    mismatch_bound_exceeded,
+    mismatch_message,
+    missing_input,
+    missing_recording,
+    never_recorded_metric,
+    never_recorded_tensors,
+    not_same_math,
+    oracle_without_inputs,
+    recorded_lines,
+    stand_in_note,
+    uncalibrated_lane_note,
+    uncalibrated_variant_note,
+    unused_tolerance,
+)
 from .modes import ModePolicy, ReplayOnly
 from .optimizer import flat, optimizer_state
 from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
-from .results import Comparison, Mode, Outcome, Verdict
 from .scores import per_sample as scores_of
+from .sensitivity import TensorProbe, bound_gates, golden_gates, tensor_gate
 
 _WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
 OPTIMIZER = "optimizer"  # the tensors name of check_optimizer: optimizer/<parameter>/<entry>
@@ -1039,9 +1039,9 @@ class Golden:
             self._outcome.discarded = True
 
     def failure_message(self, failures: list[Comparison]) -> str:
-        """The text of a GoldenMismatch (see :func:`.presentation.mismatch_message`); a
+        """The text of a GoldenMismatch (see :func:`.messages.mismatch_message`); a
         variant failing the float64 oracle is headed "not the same math" (see
-        :func:`.presentation.not_same_math`)."""
+        :func:`.messages.not_same_math`)."""
         only = self._replay_only
         notes = self._stand_in_notes(failures) + self._uncalibrated_notes()
         if self._certify:
@@ -1125,7 +1125,7 @@ class Golden:
         return metric_codec.numbers(self._metrics)
 
     def sensitivity(self) -> list[Any]:
-        """What each gate of this golden can detect (:mod:`..report.sensitivity`): its
+        """What each gate of this golden can detect (:mod:`.sensitivity`): its
         metrics as recorded (this run's where it recorded them) under the tolerance replay
         applied at each step (this run's comparisons', else the step's resolver), and its
         trend bounds."""

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import GoldenFormatError
 from ...store.location import rollout_filename
-from ..report.presentation import kept_lines, listed, step_ranges
+from ..wording import listed, step_ranges
 from . import keyed
+from .messages import kept_lines
 from .modes import ERROR, GENERATE, KEEP, RECORD, REFUSE, REPEAT, REPLAY, ModePolicy
 
 if TYPE_CHECKING:

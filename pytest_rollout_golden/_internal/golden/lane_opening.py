@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError, GoldenFormatError, GoldenMissingError
-from ..report.presentation import (
+from . import lanes
+from .files import GoldenFiles
+from .lanes import LaneChoice, LaneSetting
+from .messages import (
     lane_missing,
     lane_on_other_inputs,
     oracle_missing,
     oracle_on_other_inputs,
     regenerate_in_lane,
 )
-from . import lanes
-from .files import GoldenFiles
-from .lanes import LaneChoice, LaneSetting
 from .modes import ModePolicy
 
 

@@ -105,7 +105,7 @@ def lane_link(directory: Path, lane: str) -> Path | None:
 def refuse_lane_link(directory: Path, lane: str) -> None:
     """GoldenError naming the link if lane ``lane`` of ``directory`` is reached through one
     or holds one (:func:`lane_link`)."""
-    from ..report.presentation import lane_linked
+    from .messages import lane_linked
 
     link = lane_link(directory, lane)
     if link is not None:
@@ -369,7 +369,7 @@ def lane_values(directory: Path, lane: str | None) -> LaneValues:
     beside its inputs). Raises :class:`~.errors.GoldenError` naming the lanes it holds if it
     has no such lane, or naming the file if it is not a golden or its manifest is damaged."""
     from ... import store
-    from ..report.presentation import lane_not_held
+    from .messages import lane_not_held
 
     manifest = store.read_manifest(directory)
     if manifest is None:

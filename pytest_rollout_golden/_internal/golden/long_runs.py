@@ -9,10 +9,10 @@ from typing import Any
 
 from ...errors import GoldenError
 from ...store.location import ENVELOPE, TOLERANCES
+from ..results import Comparison, Verdict
 from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, MIN_STEPS, Envelope, band_source, biases
 from . import checks
 from .files import GoldenFiles
-from .results import Comparison, Verdict
 
 
 def bias_checks(

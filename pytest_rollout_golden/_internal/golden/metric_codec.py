@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import UnsupportedValueError
 from ...store import floatbits
-from .results import from_json_number, json_number
+from ..results import from_json_number, json_number
 
 _SPECIAL = ("nan", "inf", "-inf")  # how JSON holds non-finite floats (results.json_number)
 

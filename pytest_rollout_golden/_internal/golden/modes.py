@@ -32,7 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .results import Mode, Status, Verdict
+from ..results import Mode, Status, Verdict
 
 # The missing-step policies: what a rollout step never recorded means (ModePolicy.of)
 RECORD, ERROR, REPEAT, GENERATE = "record", "error", "repeat", "generate"

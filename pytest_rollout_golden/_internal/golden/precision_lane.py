@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...store.location import precision_filename
-from ..report.presentation import PRECISION_KINDS
-from .results import Comparison, Verdict
+from ..results import Comparison, Verdict
+from .messages import PRECISION_KINDS
 
 MANIFEST_KIND, AUDIT_KIND = PRECISION_KINDS
 PREFIX = "precision/"

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .results import Comparison, Verdict, json_number
+from ..results import Comparison, Verdict, json_number
 
 PROVENANCE = "provenance"  # the manifest key
 

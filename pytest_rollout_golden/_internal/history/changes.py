@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..report.presentation import number, plural
+from ..wording import number, plural
 from .changepoints import HORIZON, ChangePoint, NoCommitBetween, commit_range, detect
 from .commands import distance, every_series, named_test, runs_of, short
 
@@ -166,7 +166,7 @@ def changes_command(
 
 
 def _draw(item: SeriesChanges, plot: Path) -> Any:
-    from ..report.changes_plot import plot_changes
+    from .changes_plot import plot_changes
 
     lane = f" @{item.lane}" if item.lane else ""
     return plot_changes(

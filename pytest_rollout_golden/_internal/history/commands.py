@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
-from ..report.presentation import plural, table
+from ..wording import plural, table
 from .store import read_run, read_values, run_numbers
 
 PASSED = ("replayed", "recorded", "updated")

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..golden.results import Comparison, Outcome
+from ..results import Comparison, Outcome
 
 ROWS = ("actual", "expected", "excess")  # the rows of the array ``values``
 

@@ -140,7 +140,7 @@ class CalibrationPlugin:
             return
         if CALIBRATION_RUN not in item.stash:
             return
-        from ..golden.results import Verdict
+        from ..results import Verdict
         from ..tolerance.calibration import unperturbed
 
         options = self.core.marker_options(item)

@@ -24,8 +24,7 @@ from ...errors import (
     GoldenNotFetchedError,
 )
 from ...store.location import link_out_of_root
-from ..golden.results import Mode
-from ..report.presentation import link_outside_root
+from ..results import Mode
 from ..tolerance import mismatch_bounds, trends
 from ..tolerance.stack import Layer
 from . import markers
@@ -42,6 +41,7 @@ from .options import (
     session_tolerances,
 )
 from .session import SessionState, UpdateMarks
+from .summary import link_outside_root
 
 if TYPE_CHECKING:
     from ..golden.golden import Golden

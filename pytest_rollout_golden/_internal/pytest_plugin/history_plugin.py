@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ...errors import GoldenError
-from ..report.presentation import display, plural
+from ..wording import display, plural
 from .golden_plugin import GoldenPlugin
 from .options import history_limits
 

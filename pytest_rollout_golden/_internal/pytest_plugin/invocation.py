@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ..golden.refresh import Refresh
-from ..golden.results import Mode
+from ..results import Mode
 from .options import session_mode, truthy_env
 
 

@@ -14,12 +14,12 @@ from typing import Any
 from ...errors import update_command
 from ...store.location import golden_dir, shared_golden_dir
 from ..golden.modes import ReplayOnly
-from ..report.presentation import close_match
 from ..tolerance import mismatch_bounds, trends
 from ..tolerance.build import Declared
 from ..tolerance.families import precision_layer
 from ..tolerance.spec import Layer, ignore_and_tolerance_layers
 from ..tolerance.stack import Stack
+from ..wording import close_match
 from .options import OptionError, missing_step_policy, parse_seed
 
 MARKER_DOC = (

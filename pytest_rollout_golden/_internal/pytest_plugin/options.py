@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..golden.modes import MISSING_STEP_POLICIES
-from ..golden.results import Mode
+from ..results import Mode
 from ..tolerance.families import precision_layer, profile_layers
 from ..tolerance.spec import ignore_and_tolerance_layers as layers
 from ..tolerance.stack import Stack

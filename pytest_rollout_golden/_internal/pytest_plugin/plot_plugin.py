@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ..golden.results import Status
+from ..results import Status
 from .golden_plugin import GoldenPlugin
 
 # An earlier run's pictures, removed at this session's start (for the summary).

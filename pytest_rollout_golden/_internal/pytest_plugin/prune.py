@@ -25,8 +25,9 @@ from pathlib import Path
 
 from ...errors import GoldenError
 from ...store.location import SHARED, find_goldens, owning_test_files, test_file_entries
-from ..report.presentation import display, unused_kept_note
+from ..wording import display
 from .session import SessionState
+from .summary import unused_kept_note
 
 _LISTED = 5  # directories named in one note
 

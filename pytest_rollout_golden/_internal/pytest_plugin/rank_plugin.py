@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 
-from ..golden.results import Mode
+from ..results import Mode
 from .golden_plugin import GoldenPlugin
 from .snapshot import RankSnapshot
 

@@ -2,7 +2,7 @@
 
 Registered only when ``--golden-sensitivity``, ``--golden-sensitivity-require`` or ini
 ``golden_sensitivity_require`` is given. Once a golden test finished (passed, or failed on its
-values), its golden's gates are probed (:mod:`..report.sensitivity`: no test body runs
+values), its golden's gates are probed (:mod:`..golden.sensitivity`: no test body runs
 again); the controller prints them in the summary and, below a required floor, fails the
 session naming each gate that cannot detect it.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ..report.presentation import display
-from ..report.sensitivity import Gate, below_floor, floor_lines, gate_lines
+from ..golden.sensitivity import Gate, below_floor, floor_lines, gate_lines
+from ..wording import display
 from .golden_plugin import GoldenPlugin, as_usage_error
 from .options import sensitivity_floor
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
-from ..golden.results import STATUSES, Outcome, Status
-from ..report.presentation import report_document
+from ..results import STATUSES, Outcome, Status
 from ..tolerance.stack import ToleranceUsage
+from .summary import report_document
 
 
 def _session_folder(token: str) -> Path:

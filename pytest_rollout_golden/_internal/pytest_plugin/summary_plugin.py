@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from ..golden.results import Status, Verdict
-from ..report.presentation import CI_UPDATE, github_annotations, rootdir_note, summary_lines
+from ..results import Status, Verdict
+from .annotations import github_annotations
 from .golden_plugin import GoldenPlugin
 from .options import truthy_env
 from .plot_plugin import PLOTS_REMOVED
 from .prune import Unused
 from .report_plugin import REPORT_ERROR
+from .summary import CI_UPDATE, rootdir_note, summary_lines
 from .unused import UNUSED, judged, unused_tolerances
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..report.presentation import close_match, display
+from ..wording import close_match, display
 from .golden_plugin import GoldenPlugin
 from .prune import Unused, partial_project, unused_and_pruned
 

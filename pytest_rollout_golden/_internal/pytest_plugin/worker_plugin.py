@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ...store.location import MANIFEST
-from ..golden.results import Mode
+from ..results import Mode
 from . import markers
 from .golden_plugin import ORACLE_RUN, WORKER_OUTPUT, GoldenPlugin, as_usage_error
 from .session import FinishedTests

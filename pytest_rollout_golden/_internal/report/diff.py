@@ -37,19 +37,14 @@ from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_gold
 from ..golden import keyed
 from ..golden.files import load_golden, read_calibrated, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
-from ..golden.results import GoldenDiff, Row
+from ..golden.messages import ALLOW_NAN, difference_detail
+from ..results import GoldenDiff, Row
 from ..tolerance.build import Declared, Recorded, build
 from ..tolerance.compare import compare_named, dtype_name
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import Resolver, Stack
-from .presentation import (
-    ALLOW_NAN,
-    diff_allow_nan,
-    diff_mask_note,
-    difference_detail,
-    lane_inputs_changed,
-    listed,
-)
+from ..wording import listed
+from .diff_text import diff_allow_nan, diff_mask_note, lane_inputs_changed
 
 
 @dataclasses.dataclass(frozen=True)

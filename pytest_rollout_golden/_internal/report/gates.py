@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..golden.results import Outcome, Verdict
+from ..results import Outcome, Verdict
 
 MIN_STEPS = 10  # envelope.MIN_STEPS, which replay applies (a test checks they agree)
 HEADING = f"gates of long runs ({MIN_STEPS} steps or more):"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import GoldenError
-from .presentation import display
+from ..wording import display
 
 if TYPE_CHECKING:
     from ..tolerance.envelope import Band

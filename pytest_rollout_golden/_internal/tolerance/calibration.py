@@ -115,7 +115,7 @@ VARIANT_ALONE = (
 # by more than the order of their sums (a non-deterministic op, sampling left on).
 MAX_RTOL = 0.05
 _WRITTEN = ("rtol", "atol", "scale", "equal_nan")  # the fields calibration writes
-# The rounding level of float32 terms of order 1 (8 ulps; presentation.ROUNDING_LEVEL, the
+# The rounding level of float32 terms of order 1 (8 ulps; golden.messages.ROUNDING_LEVEL, the
 # failure notes' own): a metric whose every recorded value lies below it (TRL RLOO's loss, a
 # mean of centred advantages: |loss| <= 3.7e-8) holds no value of its own, only the rounding
 # of terms that cancel. Its spread is taken as absolute: relative to ~1e-8, rounding reads as

@@ -1,7 +1,7 @@
 """The one comparison routine: a recorded value against a replayed one, under a tolerance.
 
 Scalars and tensors take the same path (scalars are 0-d tensors). The outcome is numbers,
-a :class:`Difference`; :func:`.presentation.difference_detail` writes its text, which
+a :class:`Difference`; :func:`..golden.messages.difference_detail` writes its text, which
 follows torch.testing's: mismatched elements k / n (p%), greatest absolute and relative
 difference and their index.
 

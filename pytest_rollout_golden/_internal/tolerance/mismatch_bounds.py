@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ..report.presentation import close_match
+from ..wording import close_match
 
 METRIC_NAMES: tuple[str, ...] = (
     "token_mult_prob_error",

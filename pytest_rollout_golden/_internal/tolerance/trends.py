@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..report.presentation import close_match
+from ..wording import close_match
 from .mismatch_bounds import PREFIX, Bound, spec_lines, split_spec
 from .spec import entry_key
 

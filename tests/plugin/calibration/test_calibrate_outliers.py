@@ -287,13 +287,13 @@ def test_the_outlier_rule(distances, noise, excluded):
 
 
 def test_the_rounding_level_is_the_one_the_failure_notes_use():
-    from pytest_rollout_golden._internal.report.presentation import ROUNDING_LEVEL
+    from pytest_rollout_golden._internal.golden.messages import ROUNDING_LEVEL
 
     assert calibrate.ROUNDING_LEVEL == ROUNDING_LEVEL
 
 
 def test_the_summary_says_why_a_value_keeps_its_default_and_names_the_variants():
-    from pytest_rollout_golden._internal.report import presentation
+    from pytest_rollout_golden._internal.pytest_plugin import summary
 
     content = calibrate.document(
         {"loss": calibrate.Spread(rel=0.3, abs=0.1, step=1, dtype="float32", magnitude=0.5)},
@@ -338,7 +338,7 @@ def test_the_summary_says_why_a_value_keeps_its_default_and_names_the_variants()
         "variants": calibrate._notable_variants(content),
         "skipped": "",
     }
-    assert presentation.calibrated_table(entry, "golden/t") == [
+    assert summary.calibrated_table(entry, "golden/t") == [
         "calibrated tolerances written to golden/t/tolerances.json:",
         "    lane             metric  rel spread          abs spread  at step  rtol"
         "                   atol",

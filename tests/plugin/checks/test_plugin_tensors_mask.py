@@ -94,7 +94,7 @@ def test_forward(golden, values):
 def test_compare_values_with_a_mask_ignores_nan_and_inf_on_padding_in_both_lanes():
     import torch
 
-    from pytest_rollout_golden._internal.report.presentation import difference_detail
+    from pytest_rollout_golden._internal.golden.messages import difference_detail
     from pytest_rollout_golden._internal.tolerance.compare import compare_values
     from pytest_rollout_golden._internal.tolerance.spec import Tolerance
 

@@ -218,7 +218,7 @@ def test_updated_is_reported_only_for_a_commit_that_finished(tmp_path, monkeypat
     """A commit whose files could not all be moved in is an error naming what happens
     next, never 'updated'; the next open finishes it."""
     from pytest_rollout_golden._internal.golden.golden import Golden
-    from pytest_rollout_golden._internal.golden.results import Mode, Status
+    from pytest_rollout_golden._internal.results import Mode, Status
     from pytest_rollout_golden.errors import GoldenError
 
     directory = tmp_path / "golden" / "test_attention"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pytest_rollout_golden._internal.golden.golden import Golden
-from pytest_rollout_golden._internal.golden.results import Mode
+from pytest_rollout_golden._internal.results import Mode
 from pytest_rollout_golden.errors import GoldenFormatError
 
 

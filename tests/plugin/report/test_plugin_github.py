@@ -46,7 +46,7 @@ def test_each_failed_metric_is_an_error_annotation_on_the_test(project, monkeypa
 
 
 def test_annotation_properties_and_messages_are_escaped_as_github_reads_them():
-    from pytest_rollout_golden._internal.report.presentation import github_command
+    from pytest_rollout_golden._internal.pytest_plugin.annotations import github_command
 
     line = github_command("error", "100% off\r\nnext", file="a,b:c%.py", line=3, title="t")
     assert line == "::error file=a%2Cb%3Ac%25.py,line=3,title=t::100%25 off%0D%0Anext"

@@ -1,7 +1,8 @@
 """What a golden run decides, as data: modes, verdicts, comparisons and outcomes.
 
 Torch-free, so the plugin and the CLI can hold results without importing the
-replay machinery. Texts built from these live in :mod:`.presentation`.
+replay machinery. Texts built from these live in :mod:`.golden.messages`
+and :mod:`.pytest_plugin.summary`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import enum
 import math
 from typing import Any
 
-from ..tolerance.spec import Tolerance
+from .tolerance.spec import Tolerance
 
 
 class Mode(enum.Enum):

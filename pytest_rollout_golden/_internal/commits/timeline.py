@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .plot import BAD, figure_classes, shortened
-from .presentation import number
+from ..report.plot import BAD, figure_classes, shortened
+from ..wording import number
 
 if TYPE_CHECKING:
     from ..commits.bisect import BisectResult

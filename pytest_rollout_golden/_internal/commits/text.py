@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .presentation import diff_summary, golden_diff_lines, number, plural, table
+from ..report.diff_text import diff_summary, golden_diff_lines
+from ..wording import number, plural, table
 
 if TYPE_CHECKING:
-    from ..commits.bisect import BisectResult
-    from ..commits.compare import CompareResult
-    from ..commits.environments import Difference
-    from ..commits.git import Commit
-    from ..commits.runs import CommitRun, Divergence
-    from ..commits.triage import TriageResult, TriageRow
+    from .bisect import BisectResult
+    from .compare import CompareResult
+    from .environments import Difference
+    from .git import Commit
+    from .runs import CommitRun, Divergence
+    from .triage import TriageResult, TriageRow
 
 # ---------------------------------------------------------------------- compare
 
@@ -48,7 +49,7 @@ def triage_lines(result: TriageResult) -> list[str]:
     """``compare --python-a/--python-b``'s report: each side's commit and interpreter, what
     differs between the environments, the goldens, then a table per class of tests (the
     regressions first; those passing on both sides are only counted) and the totals."""
-    from ..commits.triage import CLASSES, PASSED
+    from .triage import CLASSES, PASSED
 
     lines = []
     for side, run, python, env in zip(

@@ -1,4 +1,6 @@
-"""Unit tests of the texts in :mod:`~pytest_rollout_golden._internal.report.presentation`.
+"""Unit tests of the package's texts: the shared wording
+(:mod:`~pytest_rollout_golden._internal.wording`), a golden's messages, the session summary,
+``diff``'s and the CLI's tables.
 
 The plugin tests check these texts end to end (pytester); here each formatter is
 checked on its own, on the corner cases a full run rarely reaches.
@@ -14,10 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_rollout_golden._internal.golden.results import Comparison, Outcome, Status, Verdict
+from pytest_rollout_golden._internal import wording
+from pytest_rollout_golden._internal.golden import messages
+from pytest_rollout_golden._internal.pytest_plugin import summary as session_text
 from pytest_rollout_golden._internal.pytest_plugin.session import SessionState
-from pytest_rollout_golden._internal.report import presentation as text
+from pytest_rollout_golden._internal.report import diff_text
+from pytest_rollout_golden._internal.results import Comparison, Outcome, Status, Verdict
 from pytest_rollout_golden._internal.tolerance.spec import Tolerance
+from pytest_rollout_golden.cli import tables
 from pytest_rollout_golden.errors import REMEDY_UPDATE, update_command
 
 TOL = Tolerance(rtol=1e-5, atol=1e-8)
@@ -48,15 +54,15 @@ BUILT_IN = "rtol=1e-05, atol=1e-08 (built-in default)"
     ],
 )
 def test_number(value, digits, shown):
-    assert text.number(value, digits) == shown
+    assert wording.number(value, digits) == shown
 
 
 def test_location_names_rank_and_micro_only_when_given():
-    assert text.location(3) == "step 3"
-    assert text.location(1, rank=2, micro=0) == "step 1, rank 2, micro 0"
-    assert text.location(1, micro=4) == "step 1, micro 4"
+    assert wording.location(3) == "step 3"
+    assert wording.location(1, rank=2, micro=0) == "step 1, rank 2, micro 0"
+    assert wording.location(1, micro=4) == "step 1, micro 4"
     c = Comparison("t", 1, Verdict.PASS, kind="tensor", rank=2, micro=0)
-    assert text.where(c) == "step 1, rank 2, micro 0"
+    assert wording.where(c) == "step 1, rank 2, micro 0"
 
 
 @pytest.mark.parametrize(
@@ -70,26 +76,26 @@ def test_location_names_rank_and_micro_only_when_given():
     ],
 )
 def test_step_ranges(values, ranges, words):
-    assert text.step_ranges(values) == ranges
-    assert text.steps(values) == words
+    assert wording.step_ranges(values) == ranges
+    assert wording.steps(values) == words
 
 
 def test_display_is_relative_to_the_working_directory_or_the_given_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert text.display(tmp_path / "golden" / "t") == os.path.join("golden", "t")
-    assert text.display(str(tmp_path / "golden")) == "golden"
+    assert wording.display(tmp_path / "golden" / "t") == os.path.join("golden", "t")
+    assert wording.display(str(tmp_path / "golden")) == "golden"
     root = tmp_path / "project"
-    assert text.display(root / "golden" / "t", relative_to=root) == os.path.join("golden", "t")
+    assert wording.display(root / "golden" / "t", relative_to=root) == os.path.join("golden", "t")
 
 
 def test_table_pads_columns_and_strips_trailing_blanks():
-    assert text.table([("a", "bb", ""), ("ccc", 1, "")], "  ") == ["  a    bb", "  ccc  1"]
+    assert wording.table([("a", "bb", ""), ("ccc", 1, "")], "  ") == ["  a    bb", "  ccc  1"]
 
 
 def test_every_remedy_is_built_from_one_wording():
-    assert REMEDY_UPDATE in text.DROPPED and REMEDY_UPDATE in text.IF_RIGHT
-    assert text.DROPPED.startswith("if it was dropped on purpose, ")
-    assert text.IF_RIGHT.startswith("If the new values are right, ")
+    assert REMEDY_UPDATE in messages.DROPPED and REMEDY_UPDATE in messages.IF_RIGHT
+    assert messages.DROPPED.startswith("if it was dropped on purpose, ")
+    assert messages.IF_RIGHT.startswith("If the new values are right, ")
     assert update_command('-k "ref"') == (
         '`pytest --update-golden -k "ref"` locally and commit the golden/ directory'
     )
@@ -143,7 +149,7 @@ def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result, failures = mismatch_example()
     result.directory = str(tmp_path / "golden" / "test_it" / "test_train")
-    lines = text.mismatch_message(result, failures).splitlines()
+    lines = messages.mismatch_message(result, failures).splitlines()
     assert lines == [
         "golden mismatch: first divergence at step 1: kl inf beyond tolerance, actor/lp; "
         "5 of 7 checks failed "
@@ -153,20 +159,20 @@ def test_mismatch_message_from_hand_built_comparisons(tmp_path, monkeypatch):
         "  ent      2     nan       nan     0         0         NaN     " + BUILT_IN,
         "  pg_loss  2     0.5       0.5005  0.0005    0.001     49.5x   " + BUILT_IN,
         "metric 'ent' (step 2): recorded NaN, got NaN (equal_nan is off): "
-        + text.ALLOW_NAN,
+        + messages.ALLOW_NAN,
         "tensor 'actor/lp' (step 1, rank 0, micro 1), allowed rtol=1e-05, atol=1e-08 (ini):",
         "    Mismatched elements: 1 / 2",
         "    Greatest",
         "metric 'vf_loss' (step 0): recorded but not checked",
         "not compared (excluded on purpose): clip (--golden-ignore)",
         "note: replayed under another environment than recorded: torch: 2.1 -> 2.2",
-        text.IF_RIGHT,
+        messages.IF_RIGHT,
     ]  # fmt: skip
 
 
 def test_mismatch_message_of_a_replay_only_golden_names_its_recorder():
     result, failures = mismatch_example()
-    message = text.mismatch_message(result, failures[:1], recorder="test_ref", remedy="run ref")
+    message = messages.mismatch_message(result, failures[:1], recorder="test_ref", remedy="run ref")
     lines = message.splitlines()
     assert lines[0].startswith(
         "golden mismatch: first divergence at step 2: pg_loss 49.5x beyond tolerance; 1 of 7"
@@ -185,11 +191,11 @@ def test_failures_are_ranked_by_how_far_beyond_their_tolerance_they_are():
                       abs_diff=1e-4, rel_diff=1e-3, excess=1.5)  # fmt: skip
     far = Comparison("actor/grad_norm", 0, Verdict.FAIL, expected=np.float64(2.0),
                      actual=np.float64(1.0), abs_diff=1.0, rel_diff=0.5, excess=1000.0)  # fmt: skip
-    assert text.first_divergence([near, far]) == (
+    assert messages.first_divergence([near, far]) == (
         "first divergence at step 0: actor/grad_norm 1e+03x beyond tolerance, "
         "actor/pg_clipfrac 1.5x; "
     )
-    message = text.mismatch_message(outcome(near, far), [near, far])
+    message = messages.mismatch_message(outcome(near, far), [near, far])
     rows = [line.split()[0] for line in message.splitlines()[2:4]]
     assert rows == ["actor/grad_norm", "actor/pg_clipfrac"]
     assert "np.float64" not in message
@@ -197,28 +203,28 @@ def test_failures_are_ranked_by_how_far_beyond_their_tolerance_they_are():
 
 
 def test_numbers_are_plain_whatever_type_carries_them():
-    assert text.number(np.float64(0.25)) == "0.25"
-    assert text.number(np.float32(0.5)) == "0.5"
-    assert text.number(np.int64(3)) == "3"
+    assert wording.number(np.float64(0.25)) == "0.25"
+    assert wording.number(np.float32(0.5)) == "0.5"
+    assert wording.number(np.int64(3)) == "3"
 
 
 def test_first_divergence_ignores_missing_values():
     missing = Comparison("a", 0, Verdict.MISSING)
-    assert text.first_divergence([missing]) == ""
+    assert messages.first_divergence([missing]) == ""
     late = Comparison("b", 3, Verdict.FAIL)
-    assert text.first_divergence([missing, late]) == "first divergence at step 3: b; "
+    assert messages.first_divergence([missing, late]) == "first divergence at step 3: b; "
 
 
 def test_the_headline_names_a_few_of_the_first_step_and_counts_the_rest():
     many = [Comparison(f"m{i}", 0, Verdict.FAIL, excess=float(i + 2)) for i in range(5)]
-    assert text.first_divergence([Comparison("later", 1, Verdict.FAIL, excess=1e6), *many]) == (
+    assert messages.first_divergence([Comparison("later", 1, Verdict.FAIL, excess=1e6), *many]) == (
         "first divergence at step 0: m4 6x beyond tolerance, m3 5x, m2 4x and 2 more; "
     )
 
 
 def test_typo_hint_only_for_a_close_name():
-    assert "did you mean 'pg_loss'?" in text.typo_hint("pg_loss", ["pg_los", "kl"])
-    assert text.typo_hint("pg_loss", ["entropy"]) == ""
+    assert "did you mean 'pg_loss'?" in messages.typo_hint("pg_loss", ["pg_los", "kl"])
+    assert messages.typo_hint("pg_loss", ["entropy"]) == ""
 
 
 def test_recorded_and_kept_lines_group_steps_by_name():
@@ -234,16 +240,16 @@ def test_recorded_and_kept_lines_group_steps_by_name():
         Comparison("kl", 3, Verdict.PASS),
         Comparison("actor/lp", 3, Verdict.NEW, kind="tensor"),
     ]
-    assert text.recorded_lines(files, True, {}, comparisons) == [
+    assert messages.recorded_lines(files, True, {}, comparisons) == [
         "rollout 'rollout': steps 0-1",
         "tensors 'actor': step 3",
         "2 metrics: steps 0, 2",
     ]
     # an addition to an existing golden lists only the files it added
-    assert text.recorded_lines(files, False, {"r0": {}, "r1": {}}, []) == [
+    assert messages.recorded_lines(files, False, {"r0": {}, "r1": {}}, []) == [
         "tensors 'actor': step 3"
     ]
-    assert text.kept_lines({"rollout": {0, 1, 2}, "critic": {4}}) == [
+    assert messages.kept_lines({"rollout": {0, 1, 2}, "critic": {4}}) == [
         "rollout 'rollout': kept steps 0-2 (recorded inputs replayed; --golden-regenerate "
         "re-runs generate)",
         "rollout 'critic': kept step 4 (recorded inputs replayed; --golden-regenerate re-runs "
@@ -288,7 +294,7 @@ def update_example() -> SessionState:
 def test_summary_lines_from_hand_built_outcomes():
     state = update_example()
     assert len(state.outcomes) == 4
-    lines = text.summary_lines(
+    lines = session_text.summary_lines(
         state,
         unused=[Path("/p/golden/old")],
         pruned=[],
@@ -323,9 +329,9 @@ def test_summary_lines_from_hand_built_outcomes():
 
 def test_summary_is_silent_when_no_golden_was_touched_and_sections_are_capped():
     kw = {"unused": [], "pruned": [], "unused_tolerances": [], "report_path": None}
-    assert text.summary_lines(SessionState(), relative_to=Path("."), **kw) == []
+    assert session_text.summary_lines(SessionState(), relative_to=Path("."), **kw) == []
     many = Outcome("t", "g", status=Status.RECORDED, recorded=[f"line {i}" for i in range(25)])
-    lines = text.summary_lines(session(many), relative_to=Path("."), **kw)
+    lines = session_text.summary_lines(session(many), relative_to=Path("."), **kw)
     assert lines[-2:] == ["    line 19", "    ... and 5 more"]
 
 
@@ -339,21 +345,21 @@ def test_calibrated_table():
         ],
         "skipped": "",
     }  # fmt: skip
-    assert text.calibrated_table(entry, "golden/t") == [
+    assert session_text.calibrated_table(entry, "golden/t") == [
         "calibrated tolerances written to golden/t/tolerances.json:",
         "    metric   rel spread  abs spread  at step  rtol          atol",
         "    pg_loss  1.23e-06    5e-07       2        1.2e-05       5.5e-06",
         "    kl       0           0           -        default kept  -",
     ]
     empty = {"rows": [], "skipped": "every run raised"}
-    assert text.calibrated_table(empty, "golden/t") == [
+    assert session_text.calibrated_table(empty, "golden/t") == [
         "not calibrated: golden/t (every run raised)"
     ]
 
 
 def test_json_report_from_hand_built_outcomes_is_strict_json():
     state = update_example()
-    doc = text.report_document(state, mode="update", unused=[Path("g/old")], pruned=[])
+    doc = session_text.report_document(state, mode="update", unused=[Path("g/old")], pruned=[])
     json.dumps(doc, allow_nan=False)
     assert doc["format"] == "pytest-rollout-golden-report" and doc["mode"] == "update"
     assert doc["summary"] == {"replayed": 0, "recorded": 1, "updated": 1, "failed": 1, "xfailed": 1}
@@ -380,33 +386,33 @@ def test_the_report_survives_the_xdist_round_trip():
     merged.merge_json(state.to_json())
     assert all(isinstance(o, Outcome) for o in merged.outcomes)
     kw = {"mode": "auto", "unused": [], "pruned": []}
-    assert json.dumps(text.report_document(merged, **kw)) == json.dumps(
-        text.report_document(state, **kw)
+    assert json.dumps(session_text.report_document(merged, **kw)) == json.dumps(
+        session_text.report_document(state, **kw)
     )
     summary = {"unused": [], "pruned": [], "unused_tolerances": [], "report_path": None}
-    assert text.summary_lines(merged, relative_to=Path("."), **summary) == text.summary_lines(
-        state, relative_to=Path("."), **summary
-    )
+    assert session_text.summary_lines(
+        merged, relative_to=Path("."), **summary
+    ) == session_text.summary_lines(state, relative_to=Path("."), **summary)
 
 
 def test_cli_rows():
-    assert text.verify_row("ok", Path("golden/t"), " (3 files)") == "ok   golden/t (3 files)"
-    assert text.verify_summary(2, 1, 0) == (
+    assert tables.verify_row("ok", Path("golden/t"), " (3 files)") == "ok   golden/t (3 files)"
+    assert tables.verify_summary(2, 1, 0) == (
         "2 goldens checked, 1 with problems, 0 could not be checked"
     )
-    assert text.metric_cell(None) == "-"
-    assert text.metric_cell(0.1 + 0.2) == "0.3"  # a recorded float, to 8 digits
-    assert text.metric_cell("nan") == "nan"
-    assert text.metric_cell({"dtype": "float32", "value": 0.25}) == "0.25"
-    assert text.metric_cell({"dtype": "float32", "shape": [2], "values": [1, 2]}) == "float32[2]"
+    assert tables.metric_cell(None) == "-"
+    assert tables.metric_cell(0.1 + 0.2) == "0.3"  # a recorded float, to 8 digits
+    assert tables.metric_cell("nan") == "nan"
+    assert tables.metric_cell({"dtype": "float32", "value": 0.25}) == "0.25"
+    assert tables.metric_cell({"dtype": "float32", "shape": [2], "values": [1, 2]}) == "float32[2]"
     counts = {"goldens": 1, "differ": 1, "within_tolerance": 0, "one_sided": 0}
-    assert text.diff_summary(counts) == (
+    assert diff_text.diff_summary(counts) == (
         "1 golden compared: 1 differ beyond tolerance, 0 within tolerance, 0 on one side only"
     )
 
 
 def test_golden_diff_lines_from_hand_built_rows():
-    from pytest_rollout_golden._internal.golden.results import GoldenDiff, Row
+    from pytest_rollout_golden._internal.results import GoldenDiff, Row
 
     allowed = {"allowed": "rtol=1e-05, atol=1e-08", "source": "built-in default"}
     d = GoldenDiff("t", "a/t", "b/t")
@@ -420,7 +426,7 @@ def test_golden_diff_lines_from_hand_built_rows():
         Row("tensor", "actor/ent", 1, True, **allowed),
         Row("metric", "clip", 0, True, compared=False, source="--ignore"),
     ]  # fmt: skip
-    assert text.golden_diff_lines(d) == [
+    assert diff_text.golden_diff_lines(d) == [
         "t: DIFFERS (2 beyond tolerance); 3 metric values, 2 tensors compared",
         "  metric   first divergence  steps beyond  max abs diff  max rel diff  allowed",
         "  pg_loss  step 1            1/2           0.0005        0.001         "
@@ -442,57 +448,57 @@ def test_golden_diff_lines_from_hand_built_rows():
         "  not compared (excluded on purpose): clip",
     ]
     one_sided = GoldenDiff("u", "a/u", None, problems=["only in A"])
-    assert text.golden_diff_lines(one_sided) == ["u: DIFFERS: only in A"]
+    assert diff_text.golden_diff_lines(one_sided) == ["u: DIFFERS: only in A"]
 
 
 def test_why_a_value_has_no_recording_names_what_the_golden_holds():
     remedy = "run it"
-    assert text.never_recorded_metric("2", None, remedy) == "no golden exists yet; run it"
-    assert text.never_recorded_metric("2", {"0": {}, "1": {}}, remedy) == (
+    assert messages.never_recorded_metric("2", None, remedy) == "no golden exists yet; run it"
+    assert messages.never_recorded_metric("2", {"0": {}, "1": {}}, remedy) == (
         "step 2 was never recorded (recorded steps: [0, 1]); run it"
     )
-    assert text.never_recorded_metric("1", {"1": {}}, remedy) == (
+    assert messages.never_recorded_metric("1", {"1": {}}, remedy) == (
         "never recorded at step 1; run it"
     )
-    assert text.never_recorded_tensors("fwd", 3, None, remedy) == (
+    assert messages.never_recorded_tensors("fwd", 3, None, remedy) == (
         "never recorded in this file; run it"
     )
-    assert text.never_recorded_tensors("fwd", 3, [0, 1], remedy) == (
+    assert messages.never_recorded_tensors("fwd", 3, [0, 1], remedy) == (
         "step 3 was never recorded (recorded steps: [0, 1]); run it"
     )
-    assert text.never_recorded_tensors("fwd", 3, [], remedy) == (
+    assert messages.never_recorded_tensors("fwd", 3, [], remedy) == (
         "step 3 was never recorded (no 'fwd' tensors were recorded); run it"
     )
 
 
 def test_a_missing_rollout_step_says_why_it_cannot_be_recorded(tmp_path):
-    message = text.missing_input("rollout 'r'", 4, [2, 0, 2], tmp_path / "g", "do X")
+    message = messages.missing_input("rollout 'r'", 4, [2, 0, 2], tmp_path / "g", "do X")
     assert message.endswith(
         "(recorded steps: [0, 2]). Recording is off (--golden-strict or CI); do X."
     )
     assert message.startswith("rollout 'r' at step 4 is not in the golden ")
-    replay_only = text.missing_input("r", 1, [], tmp_path, "do Y", recorder="t::ref")
+    replay_only = messages.missing_input("r", 1, [], tmp_path, "do Y", recorder="t::ref")
     assert "(nothing of it was recorded). This test only replays the golden of t::ref" in (
         replay_only
     )
 
 
 def test_counts_of_one_are_singular_in_every_summary():
-    assert text.verify_summary(1, 1, 1) == (
+    assert tables.verify_summary(1, 1, 1) == (
         "1 golden checked, 1 with problems, 1 could not be checked"
     )
-    assert text.verify_totals(1, 1, 0, 0).startswith("1 golden and 1 lane checked")
+    assert tables.verify_totals(1, 1, 0, 0).startswith("1 golden and 1 lane checked")
     one = [Comparison("pg_loss", 0, Verdict.NEW)]
-    assert text.recorded_lines({}, True, {}, one) == ["1 metric: step 0"]
-    from pytest_rollout_golden._internal.golden.results import GoldenDiff, Row
+    assert messages.recorded_lines({}, True, {}, one) == ["1 metric: step 0"]
+    from pytest_rollout_golden._internal.results import GoldenDiff, Row
 
     d = GoldenDiff("t", "a/t", "b/t")
     d.rows = [Row("metric", "pg_loss", 0, True), Row("tensor", "lp", 0, True)]
-    assert text.golden_diff_lines(d)[0] == "t: ok; 1 metric value, 1 tensor compared"
-    assert text.plural(1, "file") == "1 file"
-    assert text.plural(0, "file") == "0 files"
-    assert text.plural(2, "entry", "entries") == "2 entries"
-    assert text.golden_diff_lines(d)[-1] == "  1 of 1 tensor within tolerance"
+    assert diff_text.golden_diff_lines(d)[0] == "t: ok; 1 metric value, 1 tensor compared"
+    assert wording.plural(1, "file") == "1 file"
+    assert wording.plural(0, "file") == "0 files"
+    assert wording.plural(2, "entry", "entries") == "2 entries"
+    assert diff_text.golden_diff_lines(d)[-1] == "  1 of 1 tensor within tolerance"
 
 
 def test_a_nan_failure_is_beyond_by_nan_with_no_rounding_level_note():
@@ -504,14 +510,14 @@ def test_a_nan_failure_is_beyond_by_nan_with_no_rounding_level_note():
         "kl", 0, Verdict.FAIL, expected=nan, actual=nan, abs_diff=0.0, rel_diff=0.0,
         tolerance=tolerance, excess=math.inf, scale=0.0,
     )  # fmt: skip
-    assert text.beyond(failed) == "NaN"
-    assert text.first_divergence([failed]).startswith("first divergence at step 0: kl NaN")
-    assert text.cancelled_notes([failed]) == []
+    assert messages.beyond(failed) == "NaN"
+    assert messages.first_divergence([failed]).startswith("first divergence at step 0: kl NaN")
+    assert messages.cancelled_notes([failed]) == []
     tiny = Comparison(
         "loss", 0, Verdict.FAIL, expected=1e-9, actual=2e-9, tolerance=tolerance,
         excess=3.0, scale=1e-9,
     )  # fmt: skip
-    assert text.beyond(tiny) == "3x" and len(text.cancelled_notes([tiny])) == 1
+    assert messages.beyond(tiny) == "3x" and len(messages.cancelled_notes([tiny])) == 1
 
 
 def test_a_trend_failure_reads_as_a_trend_not_as_the_first_divergence():
@@ -519,10 +525,10 @@ def test_a_trend_failure_reads_as_a_trend_not_as_the_first_divergence():
     where values first diverged, and the update remedy stays for the values alone."""
     drift = Comparison("pg_loss", 3, Verdict.FAIL, expected=0.5, actual=0.6, excess=4.0)
     grown = Comparison(
-        "kl growth", 29, Verdict.FAIL, kind=text.TREND_KIND, actual=3.1, bound=2.0,
+        "kl growth", 29, Verdict.FAIL, kind=messages.TREND_KIND, actual=3.1, bound=2.0,
         excess=1.55, detail="trend beyond its bound over steps 0-29: ...\n    mean 1 -> 3.1",
     )  # fmt: skip
-    message = text.mismatch_message(outcome(drift, grown), [drift, grown]).splitlines()
+    message = messages.mismatch_message(outcome(drift, grown), [drift, grown]).splitlines()
     assert message[0].startswith(
         "golden mismatch: first divergence at step 3: pg_loss 4x beyond tolerance; "
         "trend beyond its bound: kl growth 3.1 > 2; 2 of 2 checks failed"
@@ -530,11 +536,11 @@ def test_a_trend_failure_reads_as_a_trend_not_as_the_first_divergence():
     assert message[3:] == [
         "trend beyond its bound over steps 0-29: ...",
         "    mean 1 -> 3.1",
-        text.TREND_REMEDY,
-        text.IF_RIGHT,
+        messages.TREND_REMEDY,
+        messages.IF_RIGHT,
     ]
-    alone = text.mismatch_message(outcome(grown), [grown])
-    assert alone.endswith(text.TREND_REMEDY) and "first divergence" not in alone
+    alone = messages.mismatch_message(outcome(grown), [grown])
+    assert alone.endswith(messages.TREND_REMEDY) and "first divergence" not in alone
     document = grown.to_json()
     assert document["bound"] == 2.0 and Comparison.from_json(document) == grown
     assert "bound" not in drift.to_json() and Comparison.from_json(drift.to_json()) == drift
@@ -544,7 +550,7 @@ def test_a_zero_dim_tensor_reads_as_its_value_in_a_table():
     import torch
 
     from pytest_rollout_golden._internal.golden.checks import summary
-    from pytest_rollout_golden._internal.report.presentation import number
+    from pytest_rollout_golden._internal.wording import number
 
     assert number(summary(torch.tensor(4.0))) == "4.0"
     assert number(summary(torch.tensor(float("inf")))) == "inf"

@@ -24,14 +24,14 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..golden import metric_codec
-from ..golden.checks import recorded_magnitude, trend_comparison
-from ..golden.results import Verdict
+from ..results import Verdict
 from ..tolerance.compare import compare_values, dtype_name
 from ..tolerance.envelope import Envelope
 from ..tolerance.mismatch_bounds import Bound
 from ..tolerance.spec import Tolerance
 from ..tolerance.trends import TrendBounds, evaluate, window
+from . import metric_codec
+from .checks import recorded_magnitude, trend_comparison
 
 LOW, HIGH = 1e-9, 10.0
 """The relative changes probed: below 1e-9 a float64 value is near its rounding; above ten
@@ -408,34 +408,3 @@ def floor_lines(below: Sequence[tuple[str, Gate]], floor: float, source: str) ->
         what = f"never fails: {gate.never}" if gate.never else f"detects {effect_text(gate.effect)}"
         lines.append(f"  {test}: {gate.name} {what}")
     return lines
-
-
-def directory_gates(
-    directory: Any, content: Mapping[str, Any], stack: Any, trends: TrendBounds
-) -> list[Gate]:
-    """The gates of the golden in ``directory`` (``content``: its files, as loaded) under
-    ``stack`` (a :class:`..tolerance.stack.Stack` of the project's session-wide layers), with
-    its calibrated ``tolerances.json`` and its envelope's band at each step, as replay
-    resolves them (what ``rollout-golden show`` prints)."""
-    from pathlib import Path
-
-    from ...store.location import METRICS, TOLERANCES
-    from ..golden.files import read_envelope
-    from ..tolerance.build import Declared, Recorded, build
-    from .diff import calibrated_layer
-
-    steps = (content.get(METRICS) or {}).get("steps", {})
-    calibrated = calibrated_layer(content.get(TOLERANCES), Path(directory) / TOLERANCES,
-                             content.get(METRICS))  # fmt: skip
-    built = build(Declared(stack), Recorded(calibrated, envelope=read_envelope(Path(directory))))
-
-    def tolerance_at(name: str, step: int, dtypes: tuple[str, str]) -> tuple[Tolerance, str]:
-        return built.at(step).resolve(name, dtypes)
-
-    return golden_gates(steps, tolerance_at, trends=trends, envelope=built.envelope)
-
-
-SHOW_HEADER = (
-    "sensitivity (the project's ini tolerances and the golden's calibrated files; a test's "
-    "marker and check(tolerances=) apply under pytest --golden-sensitivity):"
-)

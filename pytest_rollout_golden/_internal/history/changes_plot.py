@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .plot import BAD, figure_classes, shortened
-from .presentation import number
+from ..report.plot import BAD, figure_classes, shortened
+from ..wording import number
 
 if TYPE_CHECKING:
-    from ..history.changepoints import ChangePoint
+    from .changepoints import ChangePoint
 
 _RUNS, _MEAN, _RANGE = "#1f77b4", "#444444", "#f4c7c3"
 
@@ -91,7 +91,7 @@ def _change(
 def change_label(change: ChangePoint, commits: Sequence[str] | None, x: Sequence[int]) -> str:
     """``first bad run 120 (118-121)``, the means, the commits and what raised the alarm
     (runs by their numbers ``x``)."""
-    from ..history.changepoints import NoCommitBetween, commit_range
+    from .changepoints import NoCommitBetween, commit_range
 
     where = f"first bad run {x[change.index]}"
     if change.earliest != change.latest:
