@@ -9,8 +9,6 @@ from .._internal.golden.metric_codec import scalar
 from .._internal.wording import number, plural
 from ..store.location import MANIFEST
 
-# ---------------------------------------------------------------------- the CLI
-
 
 def verify_row(status: str, directory: Path, message: str) -> str:
     """One golden in ``rollout-golden verify``: ``ok``, ``FAIL`` or ``ERROR``, then what follows."""

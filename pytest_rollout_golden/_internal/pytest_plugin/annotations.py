@@ -12,8 +12,6 @@ from ..golden.messages import allowed, beyond, by_step
 from ..results import Comparison, Outcome, Status, Verdict
 from ..wording import number, steps, where
 
-# ---------------------------------------------------------------------- GitHub Actions
-
 ANNOTATION_TITLE = "golden mismatch"
 
 
