@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from .._internal.commits.compare import compare
+from .._internal.commits.compare_commits import compare
 from .._internal.commits.text import compare_lines, triage_lines
 from .._internal.commits.triage import triage
 from .._internal.tolerance.stack import Stack

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .._internal.golden.files import load_golden, read_envelope
+from .._internal.golden.golden_files import load_golden, read_envelope
 from .._internal.golden.lanes import lane_values, split_lane
 
 # The drawing functions are called through their modules: the docs' figure harness

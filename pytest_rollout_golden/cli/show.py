@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .._internal.golden.files import load_golden
+from .._internal.golden.golden_files import load_golden
 from .._internal.golden.sensitivity import gate_lines
 from .._internal.report.diff_text import lane_inputs_changed
 from .._internal.report.show_document import (

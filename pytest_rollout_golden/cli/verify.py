@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import store
-from .._internal.golden.files import load_golden
+from .._internal.golden.golden_files import load_golden
 from .._internal.golden.lanes import input_digests, lane_link, stale_inputs
 from .._internal.golden.messages import lane_linked, manifestless
 from .._internal.report.diff_text import lane_inputs_changed

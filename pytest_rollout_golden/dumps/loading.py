@@ -126,7 +126,7 @@ def sniffed(head: bytes) -> tuple[str, str]:
     """``(kind, clause)``: what a file starting with ``head`` is, ``kind`` one of ``empty``,
     ``format`` (a binary format named in the clause), ``json``, ``text`` or ``binary``, and
     the clause for an error (``it is JSON text (it starts '{"a": 1}')``)."""
-    from ..store.files import ZIP_MAGIC, is_pickle, torch_save_format
+    from ..store.disk import ZIP_MAGIC, is_pickle, torch_save_format
 
     if not head:
         return "empty", "it is empty"

@@ -1,6 +1,6 @@
 """On-disk format of goldens, by concern; every public name is re-exported here.
 
-* :mod:`.files`: the one writer (fsync and rename), whole-file reading, the one
+* :mod:`.disk`: the one writer (fsync and rename), whole-file reading, the one
   checksum, and the error naming a bad file.
 * :mod:`.jsonfile`: JSON files, deterministic to write and strict to read.
 * :mod:`.batchfile`: batch files, standard safetensors files that verify themselves.
@@ -30,7 +30,7 @@ from .directory import (
     recover as recover,
     remove_golden as remove_golden,
 )
-from .files import (
+from .disk import (
     FORMAT as FORMAT,
     SCHEMA as SCHEMA,
     TORCH_SAVE_HEAD as TORCH_SAVE_HEAD,

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import GoldenFormatError, UnsupportedValueError
 from . import codec
-from .files import (
+from .disk import (
     FORMAT,
     HASH_THREAD_MIN,
     LFS_POINTER,
@@ -350,7 +350,7 @@ def read_safetensors(
     Arrays are torch tensors, or numpy arrays for ``want="numpy"`` and for the
     entries the layout records as numpy. The header is read first, then every
     tensor straight into its own allocation, as torch.load does, and each
-    :data:`~.files.READ_CHUNK` of it is hashed as soon as it is read, while it is
+    :data:`~.disk.READ_CHUNK` of it is hashed as soon as it is read, while it is
     in cache: a load is one copy from the page cache, plus the checksum of bytes
     still in cache (on a helper thread for large files). Nothing is returned
     before every byte is verified. A single file-sized buffer would be slower:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import REMEDY_UPDATE, GoldenError, GoldenFormatError
 from .batchfile import save_batch
-from .files import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
+from .disk import FORMAT, READ_ONLY_ERRNOS, SCHEMA, atomic_write, format_error, unwritable_error
 from .jsonfile import encode_json, is_json_int, json_digest, read_json
 from .location import LANE_NAME, LANES, MANIFEST, staged_golden, staging_dir
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .files import checksum, format_error, read_bytes, refuse_lfs_pointer, sniff_foreign
+from .disk import checksum, format_error, read_bytes, refuse_lfs_pointer, sniff_foreign
 from .location import MANIFEST
 
 MAX_JSON_DEPTH = 128  # deeper nesting in a golden file is refused (recorded batches nest far less)

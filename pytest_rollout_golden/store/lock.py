@@ -8,7 +8,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..errors import GoldenError
-from .files import READ_ONLY_ERRNOS, unwritable_error
+from .disk import READ_ONLY_ERRNOS, unwritable_error
 from .location import lock_path
 
 LOCK_TIMEOUT_ENV = "ROLLOUT_GOLDEN_LOCK_TIMEOUT"

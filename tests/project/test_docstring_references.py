@@ -12,7 +12,7 @@ A reference is a Sphinx role, ``:mod:`x```, ``:func:`x```, ``:class:`x```, ``:me
   say "relative" and are dropped, as Sphinx's suffix search does;
 - a bare name also resolves when the module that mentions it imports or defines it.
 
-So a reference left behind by a move (``.golden_files`` after the module was renamed) fails.
+So a reference left behind by a move (``.presentation`` after the module was split) fails.
 The check runs once on a planted stale reference, so it can be seen failing.
 """
 
@@ -141,7 +141,7 @@ def test_every_docstring_reference_resolves():
 @pytest.mark.parametrize(
     "reference",
     [
-        ":mod:`~.golden_files`",
+        ":mod:`~.presentation`",
         ":func:`.calibrate.write_lane`",
         ":class:`NoSuchClass`",
         ":meth:`pytest_rollout_golden.store.codec.no_such_function`",

@@ -35,7 +35,7 @@ def test_lazy_names_are_listed_and_importing_the_package_loads_no_torch(package,
 # bookkeeping need before any tensor is read.
 TORCH_FREE = [
     "plugin", "cli", "store", "store.location",
-    "_internal.results", "_internal.golden.modes", "_internal.golden.files",
+    "_internal.results", "_internal.golden.modes", "_internal.golden.golden_files",
     "_internal.golden.checks", "_internal.golden.golden", "_internal.golden.lanes",
     "_internal.wording", "_internal.golden.messages", "_internal.pytest_plugin.summary",
     "_internal.tolerance.stack", "_internal.tolerance.calibration",

@@ -221,7 +221,7 @@ def test_tolerance_stack_of_a_test():
 
 
 def _golden(directory: Path) -> Path:
-    from pytest_rollout_golden._internal.golden.files import GoldenFiles
+    from pytest_rollout_golden._internal.golden.golden_files import GoldenFiles
 
     files = GoldenFiles(directory)
     files.open()

@@ -14,8 +14,12 @@ import pytest
 import torch
 
 from pytest_rollout_golden import store
-from pytest_rollout_golden._internal.golden.files import GoldenFiles, load_golden, merge_metrics
 from pytest_rollout_golden._internal.golden.golden import Golden, SessionLinks
+from pytest_rollout_golden._internal.golden.golden_files import (
+    GoldenFiles,
+    load_golden,
+    merge_metrics,
+)
 from pytest_rollout_golden._internal.golden.modes import (
     ERROR,
     GENERATE,

@@ -23,7 +23,7 @@ import torch
 
 from pytest_rollout_golden import store
 from pytest_rollout_golden.errors import GoldenFormatError
-from pytest_rollout_golden.store import batchfile, files
+from pytest_rollout_golden.store import batchfile, disk
 
 REMEDY = "--update-golden"
 SMALL_CHUNK = 4096
@@ -38,8 +38,8 @@ def hashing(request, monkeypatch) -> str:
 
 
 def idle_cpu(monkeypatch, idle: bool = True) -> None:
-    monkeypatch.setattr(files, "_cpus", lambda: 2)
-    monkeypatch.setattr(files, "_runnable", lambda: 1 if idle else 2)
+    monkeypatch.setattr(disk, "_cpus", lambda: 2)
+    monkeypatch.setattr(disk, "_runnable", lambda: 1 if idle else 2)
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_a_damaged_byte_of_any_other_tensor_is_detected(tmp_path, hashing, small
 )
 def test_damage_is_detected_with_the_real_chunk_size(tmp_path, hashing, at):
     """Megabyte chunks, a tensor of more than two of them."""
-    chunk = files.READ_CHUNK
+    chunk = disk.READ_CHUNK
     path = tmp_path / "batch.safetensors"
     store.save_batch(path, {"big": random_tensor(torch.uint8, (2 * chunk + chunk // 2,))})
     flip_byte(path, _where(path, "big", chunk, at))
@@ -257,7 +257,7 @@ def test_every_dtype_round_trips_bit_exactly_across_chunks(tmp_path, hashing, sm
 
 
 def test_a_tensor_of_several_real_chunks_round_trips(tmp_path, hashing):
-    chunk = files.READ_CHUNK
+    chunk = disk.READ_CHUNK
     batch = {
         "bf16": random_tensor(torch.bfloat16, (3 * chunk // 2 + 1,)),  # 3 MiB and 2 bytes
         "ids": random_tensor(torch.int64, (chunk // 8 + 3,), seed=1),
@@ -323,7 +323,7 @@ def test_chunk_hasher_matches_the_one_shot_checksum(monkeypatch, threaded):
     idle_cpu(monkeypatch)
     data = np.random.default_rng(1).integers(0, 256, 100_003, dtype=np.uint8)
     view = memoryview(data)
-    with files.ChunkHasher(files.new_hasher(b"head"), threaded=threaded) as feed:
+    with disk.ChunkHasher(disk.new_hasher(b"head"), threaded=threaded) as feed:
         for start in range(0, len(view), 777):
             feed.update(view[start : start + 777])
         digest = feed.hexdigest()
@@ -335,7 +335,7 @@ def test_chunk_hasher_stops_its_thread_on_an_error(monkeypatch):
     idle_cpu(monkeypatch)
     with (
         pytest.raises(RuntimeError, match="boom"),
-        files.ChunkHasher(files.new_hasher(), threaded=True) as feed,
+        disk.ChunkHasher(disk.new_hasher(), threaded=True) as feed,
     ):
         feed.update(b"x" * 10)
         raise RuntimeError("boom")
@@ -345,28 +345,28 @@ def test_chunk_hasher_stops_its_thread_on_an_error(monkeypatch):
 @pytest.mark.parametrize("cpus, runnable", [(1, 1), (2, 2), (4, 9)])
 def test_no_idle_cpu_hashes_inline(monkeypatch, cpus, runnable):
     """One CPU, or every CPU busy: a helper thread would wait for a core; hash inline."""
-    monkeypatch.setattr(files, "_cpus", lambda: cpus)
-    monkeypatch.setattr(files, "_runnable", lambda: runnable)
-    with files.ChunkHasher(files.new_hasher(), threaded=True) as feed:
+    monkeypatch.setattr(disk, "_cpus", lambda: cpus)
+    monkeypatch.setattr(disk, "_runnable", lambda: runnable)
+    with disk.ChunkHasher(disk.new_hasher(), threaded=True) as feed:
         feed.update(b"abc")
         assert no_helper_thread_left()
         assert feed.hexdigest() == store.checksum([b"abc"])
 
 
 def test_runnable_threads_include_this_one():
-    assert files._runnable() >= 1
+    assert disk._runnable() >= 1
 
 
 def test_large_files_are_hashed_on_the_helper_thread(tmp_path, monkeypatch):
     idle_cpu(monkeypatch)
     ran_on = []
-    run = files.ChunkHasher._run
+    run = disk.ChunkHasher._run
 
     def recording_run(self: Any, q: Any) -> None:
         ran_on.append(threading.current_thread().name)
         run(self, q)
 
-    monkeypatch.setattr(files.ChunkHasher, "_run", recording_run)
+    monkeypatch.setattr(disk.ChunkHasher, "_run", recording_run)
     path = tmp_path / "big.safetensors"
     small = tmp_path / "small.safetensors"
     batch = {"a": random_tensor(torch.uint8, (batchfile.HASH_THREAD_MIN,))}

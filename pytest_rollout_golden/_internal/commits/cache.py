@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...store.files import atomic_write
+from ...store.disk import atomic_write
 from ..version import VERSION
 from .environments import installed
 from .git import Commit

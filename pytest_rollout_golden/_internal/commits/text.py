@@ -10,7 +10,7 @@ from ..wording import number, plural, table
 
 if TYPE_CHECKING:
     from .bisect import BisectResult
-    from .compare import CompareResult
+    from .compare_commits import CompareResult
     from .environments import Difference
     from .git import Commit
     from .runs import CommitRun, Divergence

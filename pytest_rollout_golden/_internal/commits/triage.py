@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GoldenError
-from .compare import run_both
+from .compare_commits import run_both
 from .environments import Difference, Installed, difference, installed
 from .git import resolve
 from .runs import CommitRun, Divergence, RunSpec, failures, first_divergence, in_checkout

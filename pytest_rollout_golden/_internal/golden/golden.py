@@ -53,7 +53,7 @@ from . import (
     precision_lane,
 )
 from .determinism import fingerprint, fingerprint_changes
-from .files import GoldenFiles, merge_metrics
+from .golden_files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
 from .lane_opening import lane_refusal, open_lane
 from .lanes import LaneChoice, LaneSetting, input_digests
@@ -130,7 +130,7 @@ class Golden:
     """Record/replay/compare for one golden directory.
 
     What the mode allows is decided by :attr:`policy` (:mod:`.modes`); the files are read
-    and written through :class:`~.files.GoldenFiles`; what each check adds (its
+    and written through :class:`~.golden_files.GoldenFiles`; what each check adds (its
     comparison records, what it stages) is built by :mod:`.checks`.
     """
 

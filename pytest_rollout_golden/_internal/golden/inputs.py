@@ -25,7 +25,7 @@ from .modes import ERROR, GENERATE, KEEP, RECORD, REFUSE, REPEAT, REPLAY, ModePo
 
 if TYPE_CHECKING:
     from ...errors import GoldenMissingError
-    from .files import GoldenFiles
+    from .golden_files import GoldenFiles
 
 _DAMAGED = object()  # sentinel: the recorded rollout is unreadable; regenerate it
 

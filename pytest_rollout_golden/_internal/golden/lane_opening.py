@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import GoldenError, GoldenFormatError, GoldenMissingError
 from . import lanes
-from .files import GoldenFiles
+from .golden_files import GoldenFiles
 from .lanes import LaneChoice, LaneSetting
 from .messages import (
     lane_missing,

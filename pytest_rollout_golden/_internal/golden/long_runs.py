@@ -12,7 +12,7 @@ from ...store.location import ENVELOPE, TOLERANCES
 from ..results import Comparison, Verdict
 from ..tolerance.envelope import BIAS_FLOOR, BIAS_MARGIN, MIN_STEPS, Envelope, band_source, biases
 from . import checks
-from .files import GoldenFiles
+from .golden_files import GoldenFiles
 
 
 def bias_checks(

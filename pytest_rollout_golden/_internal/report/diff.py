@@ -35,7 +35,7 @@ from ... import store
 from ...errors import GoldenError
 from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES, find_goldens
 from ..golden import keyed
-from ..golden.files import load_golden, read_calibrated, read_envelope
+from ..golden.golden_files import load_golden, read_calibrated, read_envelope
 from ..golden.lanes import LaneValues, input_digests, lane_values, split_lane
 from ..golden.messages import ALLOW_NAN, difference_detail
 from ..results import GoldenDiff, Row

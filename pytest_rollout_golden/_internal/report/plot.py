@@ -747,7 +747,7 @@ def plot_outcome(outcome: Mapping[str, Any], out: Path) -> Picture:
 def _replayed_bands(outcome: Mapping[str, Any]) -> dict[str, Band]:
     """The envelope's bands of the metrics whose tolerance came from it in this replay (a
     tolerance given above it, such as ``--golden-tolerance``, draws none)."""
-    from ..golden.files import read_envelope
+    from ..golden.golden_files import read_envelope
     from ..tolerance.envelope import VARIANT_SOURCE, band_source
 
     sources = {

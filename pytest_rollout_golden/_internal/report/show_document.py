@@ -15,7 +15,7 @@ from ...errors import GoldenError
 from ...store import codec
 from ...store.location import ENVELOPE, MANIFEST, METRICS, TOLERANCES
 from ..golden import keyed, metric_codec
-from ..golden.files import load_golden, read_envelope
+from ..golden.golden_files import load_golden, read_envelope
 from ..golden.lanes import golden_lanes, input_digests, lane_values
 from ..golden.sensitivity import Gate, golden_gates
 from ..results import json_number

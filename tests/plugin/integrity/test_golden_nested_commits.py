@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rollout_golden import store
-from pytest_rollout_golden._internal.golden.files import GoldenFiles
+from pytest_rollout_golden._internal.golden.golden_files import GoldenFiles
 from pytest_rollout_golden.errors import GoldenFormatError
 from pytest_rollout_golden.store.location import MANIFEST
 
