@@ -99,6 +99,31 @@ class SessionLinks:
     refresh: Refresh | None = None
 
 
+def _mode_policy(
+    mode: Mode, links: SessionLinks, *, regenerate: bool, missing_step: str | None
+) -> ModePolicy:
+    """The mode policy of a golden before it is opened (:meth:`.ModePolicy.of`)."""
+    return ModePolicy.of(
+        mode,
+        replay_only=links.replay_only is not None,
+        regenerate=regenerate,
+        missing_step=missing_step,
+        missing_step_source=links.missing_step_source,
+        only_failing=links.refresh is not None and links.refresh.only_failing,
+    )
+
+
+def _declared_tolerances(
+    tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Declared | None, *, certify: bool
+) -> Declared:
+    """What a golden's test declares: ``Golden(tolerances=)`` as its marker's layer; the
+    float64 oracle's bound while certifying."""
+    if tolerances is not None and not isinstance(tolerances, Declared):
+        tolerances = Declared(marker=[Layer("Golden(tolerances=)", tolerances)])
+    declared = tolerances or Declared()
+    return dataclasses.replace(declared, certify=True) if certify else declared
+
+
 class Golden:
     """Record/replay/compare for one golden directory: opens it and takes the user's calls.
 
@@ -146,18 +171,9 @@ class Golden:
         at the float64 bound; ``lane`` and ``precision`` are then ignored."""
         links = session or SessionLinks()
         usage, registry, replay_only = links.usage, links.registry, links.replay_only
-        missing_step_source = links.missing_step_source
-        if tolerances is not None and not isinstance(tolerances, Declared):
-            tolerances = Declared(marker=[Layer("Golden(tolerances=)", tolerances)])
+        self._declared = _declared_tolerances(tolerances, certify=certify)
         self.directory = Path(directory)
-        self.policy = ModePolicy.of(
-            mode,
-            replay_only=replay_only is not None,
-            regenerate=regenerate,
-            missing_step=missing_step,
-            missing_step_source=missing_step_source,
-            only_failing=links.refresh is not None and links.refresh.only_failing,
-        )
+        self.policy = _mode_policy(mode, links, regenerate=regenerate, missing_step=missing_step)
         self._refresh = links.refresh
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
@@ -166,8 +182,6 @@ class Golden:
         self._precision = (
             precision_names.ORACLE if certify else precision_names.canonical(precision)
         )
-        declared = tolerances or Declared()
-        self._declared = dataclasses.replace(declared, certify=True) if certify else declared
         if certify:
             lane = LaneSetting(precision_names.ORACLE_LANE, "--golden-certify")
         self._built: GoldenStack | None = None  # built once, when the golden is opened
@@ -194,7 +208,7 @@ class Golden:
             notes=self._outcome.rollouts,
             touched=self._touched,
             missing=self._missing,
-            missing_step_source=missing_step_source,
+            missing_step_source=links.missing_step_source,
         )
 
     @property
