@@ -511,7 +511,8 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
                 "replay fails on NaN unless its tolerance sets equal_nan (e.g. "
                 f"`tolerances={{{name!r}: {{'equal_nan': True}}}}`): fix the NaN, or allow it"
             ),
-            stacklevel=4,  # the user, above Golden.check and its user_facing wrapper
+            # the user, above GoldenRun.check_metrics, Golden.check and its user_facing wrapper
+            stacklevel=5,
         )
 
 

@@ -1,6 +1,8 @@
 """The golden of one test: record what is missing, replay what is recorded, compare.
 
-:class:`Golden` works without pytest::
+:class:`Golden` opens the golden (its files, lane, tolerances and mode) and takes the
+user's calls; its :class:`~.run.GoldenRun` compares, stages and commits. It works without
+pytest::
 
     with Golden(Path("golden/my_case"), mode=Mode.AUTO) as golden:
         batch = golden.rollout(generate, step=0)
@@ -15,26 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ...errors import (
-    REMEDY_UPDATE,
-    GoldenError,
-    GoldenMismatch,
-    GoldenMissingError,
-    GoldenToleranceWarning,
-)
-from ...store.location import (
-    ENVELOPE,
-    METRICS,
-    TOLERANCES,
-    in_golden,
-    rollout_filename,
-    tensors_filename,
-)
+from ...errors import REMEDY_UPDATE, GoldenError, GoldenMismatch, GoldenMissingError
+from ...store.location import TOLERANCES, tensors_filename
 from ..results import Comparison, Mode, Outcome, Verdict
 from ..tolerance.build import Declared, GoldenStack, Recorded, build
 from ..tolerance.calibration import tensor_distances
@@ -42,7 +30,7 @@ from ..tolerance.envelope import Envelope
 from ..tolerance.mismatch_bounds import CALL_SOURCE, DEFAULT_BOUNDS, PREFIX, Bound, layer, resolve
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import ToleranceUsage
-from ..tolerance.trends import TrendBounds, TrendCheck, call_trends, evaluate
+from ..tolerance.trends import TrendBounds, call_trends
 from ..wording import nothing_selected
 from . import (
     bitwise_lane,
@@ -54,45 +42,30 @@ from . import (
 )
 from .determinism import fingerprint, fingerprint_changes
 from .golden_files import GoldenFiles, merge_metrics
-from .inputs import RolloutInputs, stand_in_marks
+from .inputs import RolloutInputs
 from .lane_opening import lane_refusal, open_lane
-from .lanes import LaneChoice, LaneSetting, input_digests
-from .long_runs import bias_checks, long_run_facts
+from .lanes import LaneChoice, LaneSetting
 from .messages import (
     BOUND_KIND,
-    OPTIMIZER_ENTRY_ABSENT,
-    derived_fields_note,
     input_outside_base_lane,
     mismatch_bound_exceeded,
     mismatch_message,
     missing_input,
     missing_recording,
-    never_recorded_metric,
-    never_recorded_tensors,
     not_same_math,
     oracle_without_inputs,
-    recorded_lines,
     stand_in_note,
     uncalibrated_lane_note,
     uncalibrated_variant_note,
-    unused_tolerance,
 )
 from .modes import ModePolicy, ReplayOnly
 from .optimizer import flat, optimizer_state
-from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
+from .refresh import Refresh
+from .run import GoldenRun, OpenedGolden, UpdateRegistry
 from .scores import per_sample as scores_of
-from .sensitivity import TensorProbe, bound_gates, golden_gates, tensor_gate
+from .sensitivity import bound_gates, golden_gates, tensor_gate
 
-_WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
 OPTIMIZER = "optimizer"  # the tensors name of check_optimizer: optimizer/<parameter>/<entry>
-
-
-class UpdateRegistry(Protocol):
-    """Which golden directories this session has re-recorded already (shared keys, xdist)."""
-
-    def contains(self, directory: Path) -> bool: ...
-
-    def add(self, directory: Path) -> None: ...
 
 
 def user_facing(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -126,11 +99,37 @@ class SessionLinks:
     refresh: Refresh | None = None
 
 
+def _mode_policy(
+    mode: Mode, links: SessionLinks, *, regenerate: bool, missing_step: str | None
+) -> ModePolicy:
+    """The mode policy of a golden before it is opened (:meth:`.ModePolicy.of`)."""
+    return ModePolicy.of(
+        mode,
+        replay_only=links.replay_only is not None,
+        regenerate=regenerate,
+        missing_step=missing_step,
+        missing_step_source=links.missing_step_source,
+        only_failing=links.refresh is not None and links.refresh.only_failing,
+    )
+
+
+def _declared_tolerances(
+    tolerances: Mapping[str, Tolerance | Mapping[str, Any]] | Declared | None, *, certify: bool
+) -> Declared:
+    """What a golden's test declares: ``Golden(tolerances=)`` as its marker's layer; the
+    float64 oracle's bound while certifying."""
+    if tolerances is not None and not isinstance(tolerances, Declared):
+        tolerances = Declared(marker=[Layer("Golden(tolerances=)", tolerances)])
+    declared = tolerances or Declared()
+    return dataclasses.replace(declared, certify=True) if certify else declared
+
+
 class Golden:
-    """Record/replay/compare for one golden directory.
+    """Record/replay/compare for one golden directory: opens it and takes the user's calls.
 
     What the mode allows is decided by :attr:`policy` (:mod:`.modes`); the files are read
-    and written through :class:`~.golden_files.GoldenFiles`; what each check adds (its
+    and written through :class:`~.golden_files.GoldenFiles`; once opened, the golden's run
+    (:class:`~.run.GoldenRun`) compares, stages and commits, and what each check adds (its
     comparison records, what it stages) is built by :mod:`.checks`.
     """
 
@@ -172,18 +171,9 @@ class Golden:
         at the float64 bound; ``lane`` and ``precision`` are then ignored."""
         links = session or SessionLinks()
         usage, registry, replay_only = links.usage, links.registry, links.replay_only
-        missing_step_source = links.missing_step_source
-        if tolerances is not None and not isinstance(tolerances, Declared):
-            tolerances = Declared(marker=[Layer("Golden(tolerances=)", tolerances)])
+        self._declared = _declared_tolerances(tolerances, certify=certify)
         self.directory = Path(directory)
-        self.policy = ModePolicy.of(
-            mode,
-            replay_only=replay_only is not None,
-            regenerate=regenerate,
-            missing_step=missing_step,
-            missing_step_source=missing_step_source,
-            only_failing=links.refresh is not None and links.refresh.only_failing,
-        )
+        self.policy = _mode_policy(mode, links, regenerate=regenerate, missing_step=missing_step)
         self._refresh = links.refresh
         self._replay_only = replay_only
         self._remedy = REMEDY_UPDATE if replay_only is None else replay_only.remedy
@@ -192,8 +182,6 @@ class Golden:
         self._precision = (
             precision_names.ORACLE if certify else precision_names.canonical(precision)
         )
-        declared = tolerances or Declared()
-        self._declared = dataclasses.replace(declared, certify=True) if certify else declared
         if certify:
             lane = LaneSetting(precision_names.ORACLE_LANE, "--golden-certify")
         self._built: GoldenStack | None = None  # built once, when the golden is opened
@@ -208,10 +196,7 @@ class Golden:
         self._opened = False
         self._metrics: dict[str, dict[str, Any]] = {}  # this run's metrics, by step
         self._touched: set[str] = set()  # golden files this run used
-        self._magnitudes: dict[str, float | None] = {}
         self._envelope: Envelope | None = None  # a long run's per-step bands, once opened
-        self._uncalibrated: dict[tuple[str, str], Tolerance] = {}  # see _without_files
-        self._derived_noted: set[str] = set()  # rollout names checked for derived fields
         self._finished = False
         self._bounds_held: dict[str, Bound] = {}  # mismatch metric -> its bound, last in force
         # --golden-sensitivity: per tensor, its first and last step's value, mask and tolerance
@@ -223,7 +208,7 @@ class Golden:
             notes=self._outcome.rollouts,
             touched=self._touched,
             missing=self._missing,
-            missing_step_source=missing_step_source,
+            missing_step_source=links.missing_step_source,
         )
 
     @property
@@ -328,14 +313,6 @@ class Golden:
     def _replaying(self) -> bool:
         return self.policy.replays(self._files.exists)
 
-    def _never_recorded(self, step_key: str) -> str:
-        recorded = self._files.metrics() if self._files.exists else None
-        return never_recorded_metric(step_key, recorded, self._remedy)
-
-    def _tensor_never_recorded(self, name: str, step: int, old_info: Any) -> str:
-        steps = None if old_info is not None else self._files.steps("tensors", name)
-        return never_recorded_tensors(name, step, steps, self._remedy)
-
     def _missing(
         self, what: str, step: int, recorded: Iterable[int], why: str = ""
     ) -> GoldenMissingError:
@@ -378,7 +355,7 @@ class Golden:
             raise GoldenMissingError(
                 input_outside_base_lane(name, step, self.directory, self._choice.lane)
             )
-        self._note_derived(name, step, batch)
+        self._run.note_derived(name, step, batch)
         if self._certify:
             batch = precision_names.as_float64(batch)
         return batch if device is None else checks.to_device(batch, device)
@@ -430,31 +407,9 @@ class Golden:
         when the test ends.
         """
         checks.require_metrics(metrics)
-        key = checks.step_key(step)
+        checks.step_key(step)
         self._open()
-        if key in self._rollouts.not_recorded:
-            return self._not_compared(list(metrics), step, kind="metric")
-        resolver, layer = self._tolerances.at(step), None
-        if tolerances:
-            layer = Layer("golden.check(tolerances=)", tolerances)
-            resolver = self._tolerances.resolver().above(layer)
-        seen = self._metrics.setdefault(key, {})
-        never_recorded = functools.partial(self._never_recorded, key)
-        recorded = self._files.metrics().get(key, {})
-        checker = checks.Checker(
-            resolver, self.policy, self._usage, never_recorded, magnitude=self._magnitude
-        )
-        results = []
-        for name, value in metrics.items():
-            seen[name] = node = checks.encode_metric(name, value, step, seen)
-            if self.policy.warns_nan(recorded=name in recorded):
-                checks.warn_nan(self.test_id, name, step, node)
-            results.append(checker.metric(name, step, recorded.get(name), node))
-        if layer is not None:
-            self._warn_unused(layer, always=True)
-        self._note_loosened(results)
-        self._outcome.comparisons.extend(results)
-        return results
+        return self._run.check_metrics(metrics, step=step, tolerances=tolerances)
 
     @user_facing
     def check_scores(
@@ -647,7 +602,7 @@ class Golden:
         checks.step_key(step)
         self._open()
         masks = checks.tensor_masks(name, tensors, mask)
-        return self._check_tensor_file(name, tensors, masks, step=step, rank=rank, micro=micro)
+        return self._run.check_tensor_file(name, tensors, masks, step=step, rank=rank, micro=micro)
 
     @user_facing
     def check_accumulation(self, step: Callable[..., Any], batch: Any, **settings: Any) -> None:
@@ -694,102 +649,40 @@ class Golden:
                 f"check_optimizer at step {step}: the optimizer holds no state to record; "
                 "call it after optimizer.step()"
             )
-        return self._check_tensor_file(
+        return self._run.check_tensor_file(
             OPTIMIZER, tensors, {}, step=step, rank=None, micro=None, whole_state=True
         )
 
-    def _check_tensor_file(
-        self,
-        name: str,
-        tensors: Mapping[str, Any],
-        masks: Mapping[str, Any],
-        *,
-        step: int,
-        rank: int | None,
-        micro: int | None,
-        whole_state: bool = False,
-    ) -> list[Comparison]:
-        """Compare or stage one tensors file (``check_tensors``, ``check_optimizer``).
-
-        ``whole_state``: the recorded file is the complete set (an optimizer's state), so
-        a tensor it lacks fails instead of being recorded beside the others, and one it
-        holds that this run lacks is missing, with the optimizer's wording.
-        """
-        if str(step) in self._rollouts.not_recorded:
-            return self._not_compared([f"{name}/{t}" for t in tensors], step, kind="tensor")
-        filename = tensors_filename(name, step, rank, micro)
-        checks.require_first_call(
-            name, filename in self._touched, step=step, rank=rank, micro=micro
+    @functools.cached_property
+    def _run(self) -> GoldenRun:
+        """The run that compares, stages and commits, over what opening decided (built on
+        first use, once the golden is opened, whose decisions are final then)."""
+        assert self._opened, "a golden's run starts once the golden is opened"
+        opened = OpenedGolden(
+            test_id=self.test_id,
+            directory=self.directory,
+            policy=self.policy,
+            inputs=self._inputs,
+            files=self._files,
+            lane=self._choice.lane,
+            envelope=self._envelope,
+            tolerances=self._tolerances,
+            trends=self._trends,
+            certify=self._certify,
+            replay_only=self._replay_only,
+            remedy=self._remedy,
+            usage=self._usage,
+            registry=self._registry,
+            refresh=self._refresh,
         )
-        self._touched.add(filename)
-        old_info = self._files.recorded.get(filename)
-        old = {} if old_info is None else self._files.load(filename, damaged={})
-        where = {"step": step, "rank": rank, "micro": micro}
-        never_recorded = functools.partial(self._tensor_never_recorded, name, step, old_info)
-        checker = checks.Checker(
-            self._tolerances.resolver(), self.policy, self._usage, never_recorded
+        return GoldenRun(
+            opened,
+            outcome=self._outcome,
+            rollouts=self._rollouts,
+            metrics=self._metrics,
+            touched=self._touched,
+            probes=self._tensor_probes,
         )
-        closed = whole_state and old_info is not None and not self.policy.rerecords
-        results = []
-        for tensor_name, value in tensors.items():
-            recorded, selected = old.get(tensor_name), masks.get(tensor_name)
-            label = f"{name}/{tensor_name}"
-            if closed and recorded is None:
-                results.append(checks.extra_optimizer_entry(label, old, **where))
-                continue
-            results.append(checker.tensor(label, recorded, value, mask=selected, **where))
-        if self.policy.reports_unchecked:
-            absent = {"detail": OPTIMIZER_ENTRY_ABSENT} if whole_state else {}
-            results += checks.dropped_tensors(name, old.keys() - tensors.keys(), **where, **absent)
-        staged = checks.staged_tensors(old, tensors, results, self.policy)
-        if staged is not None:
-            counts = checks.mask_counts(masks, staged)
-            masked = {"masked": counts} if counts else {}
-            self._files.stage_batch(filename, staged, kind="tensors", name=name, **masked, **where)
-        self._note_loosened(results)
-        self._outcome.comparisons.extend(results)
-        self._keep_probes(old, tensors, masks, results, where)
-        return results
-
-    def _keep_probes(
-        self,
-        recorded: Mapping[str, Any],
-        tensors: Mapping[str, Any],
-        masks: Mapping[str, Any],
-        results: list[Comparison],
-        where: Mapping[str, Any],
-    ) -> None:
-        """Under ``--golden-sensitivity``: keep, per tensor, its recorded value (this run's
-        where it records), mask and tolerance at its first and last step so far."""
-        if self._tensor_probes is None:
-            return
-        rank, micro, step = where["rank"], where["micro"], where["step"]
-        suffix = "".join(
-            f" {k} {v}" for k, v in (("rank", rank), ("micro", micro)) if v is not None
-        )
-        for c in results:
-            tensor_name = c.name.partition("/")[2]
-            if c.kind != "tensor" or tensor_name not in tensors:
-                continue
-            value = recorded.get(tensor_name, tensors[tensor_name])
-            tol, source = c.tolerance, c.tolerance_source
-            if tol is None:  # new: the tolerance its replay will resolve
-                tol, source = self._tolerances.resolver().resolve(
-                    c.name, (checks.dtype_name(value),) * 2
-                )
-            kept = self._tensor_probes.setdefault(c.name + suffix, {})
-            kept[step] = TensorProbe(value, masks.get(tensor_name), tol, source)
-            for middle in sorted(kept)[1:-1]:
-                del kept[middle]
-
-    def _note_derived(self, name: str, step: int, batch: Any) -> None:
-        """Note, once per rollout name, a recorded batch holding fields the trainer derives."""
-        if name in self._derived_noted or not self._inputs.staged(rollout_filename(name, step)):
-            return
-        self._derived_noted.add(name)
-        fields = checks.derived_fields(batch)
-        if fields:
-            self._outcome.rollouts.append(derived_fields_note(name, fields))
 
     @property
     def _tolerances(self) -> GoldenStack:
@@ -798,79 +691,6 @@ class Golden:
         if self._built is None:
             self._built = build(self._declared)
         return self._built
-
-    def _note_loosened(self, results: list[Comparison]) -> None:
-        """Note each tolerance from the golden's calibrated files looser than without them."""
-        for c in results:
-            if c.tolerance is None or not _calibrated_file(c.tolerance_source):
-                continue
-            dtype = c.expected.get("dtype", "float64") if isinstance(c.expected, dict) else ""
-            without = self._without_files(c.name, dtype or "float64")
-            if not checks.looser(c.tolerance, without):
-                continue
-            file = ENVELOPE if ENVELOPE in c.tolerance_source else TOLERANCES
-            where = in_golden(self._files.directory, file)  # a lane's: its own file
-            noted = self._outcome.loosened.setdefault(
-                c.name,
-                {"tolerance": c.tolerance.describe(), "without": without.describe(), "file": where},
-            )
-            if file == ENVELOPE:  # a band's width changes with the step: its widest, and where
-                noted["file"] = where
-                noted["steps"] = [*noted.get("steps", []), c.step]
-                if c.tolerance.atol >= noted.get("atol", 0.0):
-                    noted.update(tolerance=c.tolerance.describe(), atol=c.tolerance.atol)
-
-    def _note_raised(self, trends: list[TrendCheck], found: list[Comparison]) -> None:
-        """Note each trend bound the envelope raised on replay (passed or failed)."""
-        for check, c in zip(trends, found, strict=True):
-            if c.bound is not None and c.bound != check.bound.value:
-                self._outcome.loosened[c.name] = {
-                    "tolerance": f"<= {c.bound:g}",
-                    "without": f"<= {check.bound.value:g}",
-                    "file": in_golden(self._files.directory, ENVELOPE),
-                }
-
-    def _without_files(self, name: str, dtype: str) -> Tolerance:
-        """Value ``name``'s tolerance without the files calibration wrote into the golden
-        (the same at every step: the bands and the calibrated layers all go; cached)."""
-        if (name, dtype) not in self._uncalibrated:
-            found = self._tolerances.uncalibrated().resolve(name, (dtype,))[0]
-            self._uncalibrated[name, dtype] = found
-        return self._uncalibrated[name, dtype]
-
-    def _magnitude(self, name: str) -> float | None:
-        """Metric ``name``'s largest recorded magnitude over every step (cached)."""
-        if name not in self._magnitudes:
-            self._magnitudes[name] = checks.recorded_magnitude(self._files.metrics(), name)
-        return self._magnitudes[name]
-
-    def _not_compared(self, names: list[str], step: int, *, kind: str) -> list[Comparison]:
-        why = self._rollouts.not_recorded[str(step)]
-        results = checks.not_compared(names, step, kind=kind, why=why)
-        self._outcome.comparisons.extend(results)
-        return results
-
-    def _ignored(self, name: str) -> bool:
-        resolver = self._tolerances.resolver()
-        self._usage.note(resolver, name)
-        return resolver.resolve(name)[0].ignore
-
-    def _warn_unused(
-        self, layer: Layer, at: tuple[str, int] | None = None, *, always: bool = False
-    ) -> None:
-        """Warn about ``layer``'s unmatched entries, at the caller of check() or at ``at``.
-
-        ``always``: the layer's metrics were all seen (check(tolerances=)), so it may warn
-        on a recording run too.
-        """
-        if not self._replaying and not always:  # nothing was compared, so nothing could match
-            return
-        for name in self._usage.unused(layer):
-            warning = GoldenToleranceWarning(unused_tolerance(self.test_id, layer.source, name))
-            if at is None:
-                warnings.warn(warning, stacklevel=4)
-            else:
-                warnings.warn_explicit(warning, GoldenToleranceWarning, at[0], at[1])
 
     # ------------------------------------------------------------------ finishing
 
@@ -892,151 +712,15 @@ class Golden:
         try:
             if not self._opened:
                 return self._outcome
-            self._outcome.rollouts[:0] = self._rollouts.kept_notes()
-            if error:
-                if self._replaying:
-                    self._outcome.unreached = self._unreached()
-                self._discard()
-                return self._outcome
-            if self._replaying:
-                self._outcome.comparisons.extend(self._unchecked())
-            self._outcome.comparisons.extend(self._series_checks())
-            if self._replaying and not self._certify:
-                self._outcome.long_run = long_run_facts(
-                    self._outcome.comparisons,
-                    self._files,
-                    self._envelope,
-                    self.test_id,
-                    variant=self._replay_only is not None,
-                )
-            for layer in tolerance_layers:
-                self._warn_unused(layer, warn_at)
-            failures = [c for c in self._outcome.comparisons if c.failed]
-            if failures:
-                self._outcome.fail()
-                self._discard()
-                raise GoldenMismatch(self.failure_message(failures))
-            beyond = [c for c in self._outcome.comparisons if c.verdict == Verdict.UPDATED]
-            if beyond and self.policy.only_failing:
-                self._refuse_placeholders(beyond)
-            wrote = self.policy.needs_write(
-                staged=self._files.staging,
-                checked_metrics=bool(self._metrics),
-                new_values=any(c.verdict == Verdict.NEW for c in self._outcome.comparisons),
-                beyond=bool(beyond),
+            failures = self._run.finish(
+                error=error, tolerance_layers=tolerance_layers, warn_at=warn_at
             )
-            if wrote:
-                self._commit()
-            touched = bool(self._outcome.comparisons or self._touched)
-            status = self.policy.status(exists=self._files.exists, wrote=wrote, touched=touched)
-            if status is not None:
-                self._outcome.status = status
+            if failures:
+                raise GoldenMismatch(self.failure_message(failures))
             return self._outcome
         finally:
             self._files.close()
             self._inputs.close()
-
-    def _refuse_placeholders(self, beyond: list[Comparison]) -> None:
-        """``--update-golden-failing``: raise GoldenMismatch, writing nothing, where the new
-        values of a metric beyond tolerance look like a placeholder (:mod:`.refresh`)."""
-        if self._refresh is None or self._refresh.allow_placeholder:
-            return
-        names = sorted({c.name for c in beyond if c.kind == "metric"})
-        found = [(n, why) for n in names if (why := placeholder_problem(self._metrics, n))]
-        if not found:
-            return
-        self._outcome.fail()
-        self._discard()
-        where = self.values_directory / METRICS
-        lines = [f"{where}: not re-recorded, the old golden is kept: new values that look "
-                 "like placeholders"]  # fmt: skip
-        lines += [f"  metric {name!r}: {why}" for name, why in found]
-        lines.append("If these are the real values, run again with --golden-allow-placeholder.")
-        raise GoldenMismatch("\n".join(lines))
-
-    def _series_checks(self) -> list[Comparison]:
-        """The bounds over this run's series of each metric (:mod:`.trends`), recording or
-        replaying; replaying, each names the recorded golden's own statistic, and each band
-        of the envelope holds the run's mean deviation from the golden to its bias bound
-        (:func:`.envelope.biases`) unless a tolerance above the envelope decides."""
-        recorded = metric_codec.numbers(self._files.metrics()) if self._replaying else None
-        run = metric_codec.numbers(self._metrics)
-        trends = evaluate(run, self._trends, recorded)
-        if recorded is None or self._envelope is None:
-            return [checks.trend_comparison(c) for c in trends]
-        found = [checks.trend_comparison(c, self._envelope) for c in trends]
-        self._note_raised(trends, found)
-        return found + bias_checks(self._envelope, recorded, run, self._outcome.comparisons)
-
-    def _unchecked(self) -> list[Comparison]:
-        """A missing comparison per recorded value this run did not check."""
-        recorded, results = self._files.metrics(), self._outcome.comparisons
-        metrics = checks.unchecked_metrics(recorded, self._metrics, results, self._ignored)
-        tensors = checks.unchecked_tensors(self._files.recorded, self._touched, self._ignored)
-        return metrics + tensors + precision_lane.unchecked(self._files.recorded, self._touched)
-
-    def _unreached(self) -> list[dict[str, Any]]:
-        """The recorded values a test that raised never checked, ``{"metric", "step"}`` each,
-        in step order: what its run says nothing about; none where the golden's values cannot
-        be read (the test's own error says why)."""
-        try:
-            missing = sorted(self._unchecked(), key=lambda c: (c.step, c.name))
-        except GoldenError:
-            return []
-        return [{"metric": c.name, "step": c.step} for c in missing]
-
-    def _commit(self) -> None:
-        fresh = self.policy.fresh(self._files.exists)
-        steps = merge_metrics(self._files.metrics(), self._metrics, replace=self.policy.rerecords)
-
-        def keep(filename: str) -> bool:
-            used, calibrated = filename in self._touched, filename in (TOLERANCES, ENVELOPE)
-            return self.policy.keeps_file(used=used, calibrated=calibrated)
-
-        written = {str(c.step) for c in self._outcome.comparisons if c.verdict in _WRITTEN}
-        stand_ins = stand_in_marks(
-            self._files.stand_ins,
-            self._rollouts.stood_in,
-            written,
-            replace=self.policy.rerecords,
-        )
-        manifest = self._files.new_manifest(self.test_id, fresh=fresh, stand_ins=stand_ins)
-        manifest.update(self._lane_fields(fresh))
-        if self.policy.rerecords and self._refresh is not None and self._files.exists:
-            manifest.update(self._provenance(manifest.get("lane")))
-        files = self._files.commit(manifest, metrics=steps, keep=keep)
-        if self.policy.rerecords and self._registry is not None:
-            self._registry.add(self.directory)
-        self._outcome.recorded = recorded_lines(
-            files, fresh, self._files.recorded, self._outcome.comparisons
-        )
-
-    def _provenance(self, lane: str | None) -> dict[str, Any]:
-        """The manifest's ``provenance`` of a re-recording: new where a value changed; else
-        the old one, if any, so that re-recording the same values rewrites the same bytes."""
-        assert self._refresh is not None
-        comparisons = self._outcome.comparisons
-        if changed_values(comparisons):
-            return {PROVENANCE: self._refresh.provenance(comparisons, lane)}
-        old = (self._files.manifest or {}).get(PROVENANCE)
-        return {} if old is None else {PROVENANCE: old}
-
-    def _lane_fields(self, fresh: bool) -> dict[str, Any]:
-        """The lane fields of the manifest a commit writes: a lane's name, and for a lane
-        apart from the inputs the digests of the inputs its values were computed on."""
-        recorded = (self._files.manifest or {}).get("lane")
-        lane = self._choice.lane
-        lane = lane if lane is not None and (fresh or recorded is None) else recorded
-        fields: dict[str, Any] = {} if lane is None else {"lane": lane}
-        if self._files is not self._inputs:
-            fields["inputs"] = input_digests(self._inputs.recorded)
-        return fields
-
-    def _discard(self) -> None:
-        """Drop what this run staged; the outcome says whether new values were lost."""
-        staged = self._files.abort()
-        if staged or any(c.verdict == Verdict.NEW for c in self._outcome.comparisons):
-            self._outcome.discarded = True
 
     def failure_message(self, failures: list[Comparison]) -> str:
         """The text of a GoldenMismatch (see :func:`.messages.mismatch_message`); a
@@ -1154,7 +838,7 @@ class Golden:
         comparisons = self._outcome.comparisons
         metrics = self.checked_metrics()
         names = {name for values in metrics.values() for name in values}
-        magnitudes = {name: self._magnitude(name) for name in sorted(names)}
+        magnitudes = {name: self._run.magnitude(name) for name in sorted(names)}
         return {
             "metrics": metrics,
             "recorded": metric_codec.numbers(self._files.metrics()) if self._replaying else {},
@@ -1162,11 +846,6 @@ class Golden:
             "tensors": tensor_distances(comparisons),
             "ignored": sorted({c.name for c in comparisons if c.verdict == Verdict.IGNORED}),
         }
-
-
-def _calibrated_file(source: str) -> bool:
-    """Whether a tolerance source is a file calibration wrote into the golden."""
-    return TOLERANCES in source or ENVELOPE in source
 
 
 __all__ = ["Golden", "SessionLinks", "UpdateRegistry", "user_facing"]

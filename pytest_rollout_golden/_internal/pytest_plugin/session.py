@@ -34,7 +34,7 @@ def _mark(folder: Path, key: str) -> Path:
 class UpdateMarks:
     """Marks, shared by all workers of a session, of the goldens re-recorded so far.
 
-    Satisfies :class:`..golden.golden.UpdateRegistry`.
+    Satisfies :class:`..golden.run.UpdateRegistry`.
     """
 
     def __init__(self, token: str):
