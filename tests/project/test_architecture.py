@@ -55,7 +55,8 @@ RULES: list[tuple[str, str, tuple[str, ...]]] = [
 # layers (``golden/`` importing ``invariants/mismatch.py`` that imported ``report/`` is upward).
 LAYERS: list[tuple[str, ...]] = [
     ("_internal/lazy.py", "_internal/version.py", "_internal/wording.py",
-     "_internal/rollout_rows.py", "_internal/hypothesis_profiles.py"),
+     "_internal/user_warnings.py", "_internal/rollout_rows.py",
+     "_internal/hypothesis_profiles.py"),
     ("_internal/tolerance/",),
     ("_internal/results.py",),
     ("_internal/golden/",),

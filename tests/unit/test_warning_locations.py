@@ -36,3 +36,19 @@ def _line() -> int:
     frame = inspect.currentframe()
     assert frame is not None and frame.f_back is not None
     return frame.f_back.f_lineno
+
+
+def test_check_scores_warns_at_the_line_that_called_it(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        golden = Golden(tmp_path / "g", test_id="t")
+        golden.check_scores([1.0, 2.0], tolerances={"nomatch": {"rtol": 0.1}})
+        scores_line = _line()
+        golden.check_scores([1.0, float("nan")], step=1)
+        nan_line = _line()
+        golden.finish()
+    found = [(w.category, w.filename, w.lineno) for w in caught]
+    assert found == [
+        (GoldenToleranceWarning, __file__, scores_line - 1),
+        (GoldenNaNWarning, __file__, nan_line - 1),
+    ]

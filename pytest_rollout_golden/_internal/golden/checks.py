@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from ..tolerance.mismatch_bounds import Bound
 from ..tolerance.spec import Tolerance
 from ..tolerance.stack import Resolver, ToleranceUsage
 from ..tolerance.trends import TrendCheck
+from ..user_warnings import warn_user
 from . import metric_codec
 from .messages import (
     BIAS_KIND,
@@ -505,14 +505,12 @@ def warn_nan(test_id: str, name: str, step: int, node: Any) -> None:
     else:
         has_nan = isinstance(value, float) and math.isnan(value)
     if has_nan:
-        warnings.warn(
+        warn_user(
             GoldenNaNWarning(
                 f"{test_id}: metric {name!r} at step {step} is NaN and is recorded as NaN; "
                 "replay fails on NaN unless its tolerance sets equal_nan (e.g. "
                 f"`tolerances={{{name!r}: {{'equal_nan': True}}}}`): fix the NaN, or allow it"
-            ),
-            # the user, above GoldenRun.check_metrics, Golden.check and its user_facing wrapper
-            stacklevel=5,
+            )
         )
 
 

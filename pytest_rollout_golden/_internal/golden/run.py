@@ -29,6 +29,7 @@ from ..tolerance.envelope import Envelope
 from ..tolerance.spec import Layer, Tolerance
 from ..tolerance.stack import ToleranceUsage
 from ..tolerance.trends import TrendBounds, TrendCheck, evaluate
+from ..user_warnings import warn_user
 from . import checks, metric_codec, precision_lane
 from .golden_files import GoldenFiles, merge_metrics
 from .inputs import RolloutInputs, stand_in_marks
@@ -47,9 +48,6 @@ from .refresh import PROVENANCE, Refresh, changed_values, placeholder_problem
 from .sensitivity import TensorProbe
 
 _WRITTEN = (Verdict.NEW, Verdict.UPDATED)  # the verdicts of values a commit writes
-# Frames from _warn_unused up to the user's call: GoldenRun's check_metrics or finish,
-# Golden's method of the same name, its user_facing wrapper.
-_USER_FRAME = 5
 
 
 class UpdateRegistry(Protocol):
@@ -321,7 +319,7 @@ class GoldenRun:
             text = unused_tolerance(self._golden.test_id, layer.source, name)
             warning = GoldenToleranceWarning(text)
             if at is None:
-                warnings.warn(warning, stacklevel=_USER_FRAME)
+                warn_user(warning)
             else:
                 warnings.warn_explicit(warning, GoldenToleranceWarning, at[0], at[1])
 
